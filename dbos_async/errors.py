@@ -1,0 +1,125 @@
+"""Exceptions raised by dbos_async.
+
+Every error the library raises derives from :class:`DBOSError`, so callers can catch the
+library's failures apart from their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DBOSError(Exception):
+    """Base class of every error raised by dbos_async."""
+
+
+class ConfigurationError(DBOSError):
+    """The configuration is invalid (a malformed URL, a bad schema name, ...)."""
+
+
+class DatabaseUnavailableError(DBOSError):
+    """The system database could not be reached."""
+
+
+class MigrationError(DBOSError):
+    """The system database schema is missing, too old, or from an unknown future version."""
+
+
+class SerializationError(DBOSError):
+    """A value could not be serialized for, or read back from, the system database."""
+
+
+class NonExistentWorkflowError(DBOSError):
+    """No workflow with this ID exists."""
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(f"Workflow {workflow_id!r} does not exist")
+        self.workflow_id = workflow_id
+
+
+class WorkflowNotRegisteredError(DBOSError):
+    """A workflow's function is not registered with this executor."""
+
+    def __init__(self, workflow_id: str, name: str) -> None:
+        super().__init__(
+            f"Workflow {workflow_id!r} runs function {name!r}, which is not registered "
+            "with this executor; decorate it with @dbos.workflow() before entering DBOS"
+        )
+        self.workflow_id = workflow_id
+        self.name = name
+
+
+class NondeterminismError(DBOSError):
+    """A replayed workflow called a different step than the one recorded at this position."""
+
+    def __init__(self, workflow_id: str, step_id: int, recorded: str, called: str) -> None:
+        super().__init__(
+            f"Workflow {workflow_id!r} is not deterministic: step {step_id} was recorded as "
+            f"{recorded!r} but this execution called {called!r}"
+        )
+        self.workflow_id = workflow_id
+        self.step_id = step_id
+        self.recorded = recorded
+        self.called = called
+
+
+class WorkflowConflictError(DBOSError):
+    """This execution no longer owns the workflow: another execution took it over."""
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(f"Workflow {workflow_id!r} is owned by another execution")
+        self.workflow_id = workflow_id
+
+
+class WorkflowCancelledError(DBOSError):
+    """The workflow was cancelled (by an operator or by its deadline)."""
+
+    def __init__(self, workflow_id: str, reason: str = "cancelled") -> None:
+        super().__init__(f"Workflow {workflow_id!r} was {reason}")
+        self.workflow_id = workflow_id
+
+
+class DeadLetteredError(DBOSError):
+    """The workflow exceeded its recovery attempts and was moved to the dead-letter state."""
+
+    def __init__(self, workflow_id: str) -> None:
+        super().__init__(
+            f"Workflow {workflow_id!r} exceeded its maximum recovery attempts"
+        )
+        self.workflow_id = workflow_id
+
+
+class StepRetriesExceededError(DBOSError):
+    """A step failed on every attempt its retry policy allowed."""
+
+    def __init__(self, step_name: str, attempts: int, errors: list[BaseException]) -> None:
+        last = errors[-1] if errors else None
+        super().__init__(
+            f"Step {step_name!r} failed after {attempts} attempts; last error: "
+            f"{type(last).__name__}: {last}"
+        )
+        self.step_name = step_name
+        self.attempts = attempts
+        self.errors = errors
+
+
+class RecordedError(DBOSError):
+    """An error read back from the system database.
+
+    Workflows and steps record their exceptions as portable JSON (name, message, code, data);
+    a replay or another process gets this exception back. When the recorded type is a Python
+    builtin exception, the raised object is also an instance of that builtin, so
+    ``except ValueError`` keeps working on replay.
+    """
+
+    def __init__(
+        self, name: str, message: str, code: int | str | None = None, data: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.name = name
+        self.message = message
+        self.code = code
+        self.data = data
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.message}"
