@@ -1,0 +1,99 @@
+"""Configuration, validated at the edge.
+
+Values come from, in increasing precedence: defaults, environment variables (``DBOS_`` and the
+field name in capitals, e.g. ``DBOS_SYSTEM_DATABASE_URL``; also the ``dbos`` package's
+``DBOS__VMID`` and ``DBOS__APPVERSION``), and arguments given in code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dbos_async.errors import ConfigurationError
+
+_ENV_ALIASES = {"executor_id": "DBOS__VMID", "application_version": "DBOS__APPVERSION"}
+
+
+class DBOSConfig(BaseModel):
+    """Settings of one DBOS executor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("dbos_async", min_length=1, description="The application's name.")
+    system_database_url: str | None = Field(
+        None,
+        description="PostgreSQL URL of the system database; none starts an embedded server.",
+    )
+    schema_name: str = Field("dbos", min_length=1, max_length=63)
+    pool_size: int = Field(10, ge=2, le=1000)
+    executor_id: str = Field("local", min_length=1)
+    application_version: str | None = Field(
+        None, description="Defaults to a hash of the registered workflows' source code."
+    )
+    run_migrations: bool = Field(True, description="Migrate on start; False only verifies.")
+    shutdown_grace_period: float = Field(
+        10.0, ge=0, description="Seconds running workflows get to finish when DBOS exits."
+    )
+    data_dir: Path = Field(Path(".dbos"), description="Where the embedded server keeps its data.")
+    connect_timeout: float = Field(10.0, gt=0)
+    db_retry_timeout: float = Field(
+        60.0, ge=0, description="How long transient database errors are retried."
+    )
+    result_poll_interval: float = Field(
+        1.0, gt=0, description="Longest wait between polls for a remote workflow's result."
+    )
+    connection_name: str = Field(
+        "dbos_async", description="application_name of this executor's connections."
+    )
+
+    @field_validator("system_database_url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        return normalize_database_url(url)
+
+    @classmethod
+    def load(cls, **overrides: Any) -> DBOSConfig:
+        """Defaults, then environment variables, then ``overrides``; bad values raise clearly."""
+        values: dict[str, Any] = {}
+        for field_name in cls.model_fields:
+            env = os.environ.get(f"DBOS_{field_name.upper()}")
+            alias = _ENV_ALIASES.get(field_name)
+            if env is None and alias is not None:
+                env = os.environ.get(alias)
+            if env is not None:
+                values[field_name] = env
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**values)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in e['loc']) or 'config'}: {e['msg']}"
+                for e in error.errors()
+            )
+            raise ConfigurationError(f"Invalid DBOS configuration: {problems}") from None
+
+
+def normalize_database_url(url: str) -> str:
+    """Check a PostgreSQL URL and drop a SQLAlchemy driver suffix (``postgresql+psycopg``)."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme not in ("postgresql", "postgres"):
+        raise ValueError(
+            f"system_database_url must be a postgresql:// URL, got scheme {parts.scheme!r}"
+        )
+    try:
+        port = parts.port
+    except ValueError as error:
+        raise ValueError(f"system_database_url has an invalid port: {error}") from None
+    if not parts.hostname and "host=" not in parts.query:
+        raise ValueError("system_database_url names no host")
+    if port == 0:
+        raise ValueError("system_database_url has port 0")
+    return parts._replace(scheme=scheme).geturl()

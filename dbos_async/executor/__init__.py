@@ -1,0 +1,1 @@
+"""The executor: workflows, steps, handles, recovery and the DBOS lifecycle."""

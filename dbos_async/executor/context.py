@@ -1,0 +1,125 @@
+"""Context variables: the running workflow, and options set for the next start.
+
+A workflow's context object is shared by every task its body spawns (``asyncio.gather``,
+``TaskGroup``), so step IDs come from one counter, allocated when a step is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from dbos_async.errors import DBOSError
+from dbos_async.sysdb.database import StepRecord
+
+if TYPE_CHECKING:
+    from dbos_async.executor.dbos import DBOS
+
+
+@dataclass
+class WorkflowContext:
+    """One execution of one workflow."""
+
+    dbos: DBOS
+    workflow_id: str
+    owner_xid: str
+    checkpoints: dict[int, StepRecord]
+    deadline_epoch_ms: int | None
+    next_step_id: int = field(default=0)
+
+    def allocate_step_id(self) -> int:
+        step_id = self.next_step_id
+        self.next_step_id += 1
+        return step_id
+
+
+_workflow: ContextVar[WorkflowContext | None] = ContextVar("dbos_workflow", default=None)
+_in_step: ContextVar[bool] = ContextVar("dbos_in_step", default=False)
+_next_workflow_id: ContextVar[str | None] = ContextVar("dbos_next_workflow_id", default=None)
+_timeout: ContextVar[float | None] = ContextVar("dbos_workflow_timeout", default=None)
+
+
+def current_workflow() -> WorkflowContext | None:
+    """The workflow whose body is running here, or None outside workflows and inside steps."""
+    if _in_step.get():
+        return None
+    return _workflow.get()
+
+
+def in_step() -> bool:
+    return _in_step.get()
+
+
+@contextmanager
+def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
+    token = _workflow.set(ctx)
+    step_token = _in_step.set(False)
+    try:
+        yield
+    finally:
+        _in_step.reset(step_token)
+        _workflow.reset(token)
+
+
+@contextmanager
+def running_step() -> Iterator[None]:
+    token = _in_step.set(True)
+    try:
+        yield
+    finally:
+        _in_step.reset(token)
+
+
+def take_workflow_id() -> str | None:
+    """The ID set by :class:`SetWorkflowID` for the next start; using it clears it."""
+    workflow_id = _next_workflow_id.get()
+    if workflow_id is not None:
+        _next_workflow_id.set(None)
+    return workflow_id
+
+
+def workflow_timeout() -> float | None:
+    return _timeout.get()
+
+
+class SetWorkflowID:
+    """Give the next workflow started in this block a chosen ID, making the start idempotent.
+
+    Starting a workflow with an ID that already exists returns that workflow (its recorded
+    result once it finished) instead of running it again.
+    """
+
+    def __init__(self, workflow_id: str) -> None:
+        if not isinstance(workflow_id, str) or not workflow_id:
+            raise DBOSError("SetWorkflowID needs a non-empty string")
+        self.workflow_id = workflow_id
+
+    def __enter__(self) -> SetWorkflowID:
+        self._token = _next_workflow_id.set(self.workflow_id)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _next_workflow_id.reset(self._token)
+
+
+class SetWorkflowTimeout:
+    """Give workflows started in this block a start-to-close timeout, in seconds.
+
+    The deadline is fixed when a workflow starts and is inherited by its children; an overdue
+    workflow is cancelled. ``None`` removes an enclosing timeout.
+    """
+
+    def __init__(self, seconds: float | None) -> None:
+        if seconds is not None and not seconds > 0:
+            raise DBOSError(f"A workflow timeout must be positive, got {seconds!r}")
+        self.seconds = seconds
+
+    def __enter__(self) -> SetWorkflowTimeout:
+        self._token = _timeout.set(self.seconds)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _timeout.reset(self._token)

@@ -1,0 +1,126 @@
+"""Handles on workflows: their ID, status and result."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import asyncpg
+
+from dbos_async.errors import (
+    DBOSError,
+    DeadLetteredError,
+    NonExistentWorkflowError,
+    WorkflowCancelledError,
+)
+from dbos_async.executor.serialization import Signature, deserialize_error, from_json
+from dbos_async.sysdb.database import Outcome
+from dbos_async.sysdb.statements import CANCELLED, ERROR, MAX_RECOVERY_ATTEMPTS_EXCEEDED, SUCCESS
+
+if TYPE_CHECKING:
+    from dbos_async.executor.dbos import DBOS
+
+R = TypeVar("R", covariant=True)
+
+
+@dataclass(frozen=True)
+class WorkflowStatus:
+    """A workflow's row in the system database."""
+
+    workflow_id: str
+    status: str
+    name: str
+    class_name: str | None
+    config_name: str | None
+    queue_name: str | None
+    executor_id: str | None
+    application_version: str | None
+    created_at: int
+    updated_at: int
+    recovery_attempts: int
+    timeout_ms: int | None
+    deadline_epoch_ms: int | None
+    parent_workflow_id: str | None
+    completed_at: int | None
+
+    @classmethod
+    def from_record(cls, row: asyncpg.Record) -> WorkflowStatus:
+        return cls(
+            workflow_id=row["workflow_uuid"],
+            status=row["status"],
+            name=row["name"],
+            class_name=row["class_name"],
+            config_name=row["config_name"],
+            queue_name=row["queue_name"],
+            executor_id=row["executor_id"],
+            application_version=row["application_version"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            recovery_attempts=row["recovery_attempts"] or 0,
+            timeout_ms=row["workflow_timeout_ms"],
+            deadline_epoch_ms=row["workflow_deadline_epoch_ms"],
+            parent_workflow_id=row["parent_workflow_id"],
+            completed_at=row["completed_at"],
+        )
+
+
+def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | None) -> Any:
+    """The value a terminal outcome returns, or the exception it raises."""
+    if outcome.status == SUCCESS:
+        if signature is None:
+            return from_json(outcome.output, outcome.serialization, f"the result of {workflow_id}")
+        return signature.deserialize_result(outcome.output, outcome.serialization)
+    if outcome.status == ERROR:
+        raise deserialize_error(outcome.error, outcome.serialization)
+    if outcome.status == CANCELLED:
+        raise WorkflowCancelledError(workflow_id)
+    if outcome.status == MAX_RECOVERY_ATTEMPTS_EXCEEDED:
+        raise DeadLetteredError(workflow_id)
+    raise DBOSError(f"Workflow {workflow_id!r} ended in unknown status {outcome.status!r}")
+
+
+class WorkflowHandle(Generic[R]):
+    """A workflow started or retrieved by this executor.
+
+    A workflow running in this process is awaited directly; any other is read from the
+    system database until it finishes.
+    """
+
+    def __init__(
+        self,
+        dbos: DBOS,
+        workflow_id: str,
+        result: asyncio.Future[Any] | None = None,
+        signature: Signature | None = None,
+    ) -> None:
+        self._dbos = dbos
+        self._result = result
+        self._signature = signature
+        self.workflow_id = workflow_id
+
+    def __repr__(self) -> str:
+        return f"WorkflowHandle({self.workflow_id!r})"
+
+    async def get_result(self) -> R:
+        """Wait for the workflow to finish; return its result or raise its error."""
+        if self._result is not None:
+            # Shielded: a caller that gives up waiting must not cancel the workflow.
+            value: R = await asyncio.shield(self._result)
+            return value
+        running = self._dbos.running_result(self.workflow_id)
+        if running is not None:
+            value = await asyncio.shield(running)
+            return value
+        outcome = await self._dbos.system_database.await_outcome(
+            self.workflow_id, self._dbos.config.result_poll_interval
+        )
+        signature = self._signature or self._dbos.signature_of(outcome.name)
+        result: R = outcome_value(self.workflow_id, outcome, signature)
+        return result
+
+    async def get_status(self) -> WorkflowStatus:
+        row = await self._dbos.system_database.get_workflow(self.workflow_id)
+        if row is None:
+            raise NonExistentWorkflowError(self.workflow_id)
+        return WorkflowStatus.from_record(row)

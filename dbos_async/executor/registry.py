@@ -1,0 +1,75 @@
+"""The workflows and steps registered with one DBOS instance."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from dbos_async.errors import DBOSError
+from dbos_async.executor.serialization import Signature
+
+AsyncFunction = Callable[..., Coroutine[Any, Any, Any]]
+
+
+def is_method(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is defined in a class body and takes ``self``."""
+    owner = fn.__qualname__.rsplit("<locals>.", 1)[-1]
+    params = list(inspect.signature(fn).parameters)
+    return "." in owner and bool(params) and params[0] == "self"
+
+
+@dataclass(frozen=True)
+class WorkflowInfo:
+    name: str
+    fn: AsyncFunction
+    signature: Signature
+    is_method: bool
+    owner: object  # The DBOS instance that registered it.
+
+    @property
+    def class_name(self) -> str | None:
+        return self.fn.__qualname__.rsplit(".", 1)[0] if self.is_method else None
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.workflows: dict[str, WorkflowInfo] = {}
+        self.instances: dict[tuple[str, str], object] = {}
+
+    def add_workflow(self, info: WorkflowInfo) -> None:
+        if info.name in self.workflows:
+            raise DBOSError(
+                f"A workflow named {info.name!r} is already registered; give one a distinct "
+                "name with @dbos.workflow(name=...)"
+            )
+        self.workflows[info.name] = info
+
+    def add_instance(self, instance: object, name: str) -> None:
+        key = (type(instance).__qualname__, name)
+        if key in self.instances and self.instances[key] is not instance:
+            raise DBOSError(f"An instance of {key[0]} named {name!r} is already registered")
+        self.instances[key] = instance
+
+    def instance(self, class_name: str | None, config_name: str | None) -> object:
+        if class_name is None or config_name is None:
+            raise DBOSError("This workflow is a method but its row names no instance")
+        try:
+            return self.instances[(class_name, config_name)]
+        except KeyError:
+            raise DBOSError(
+                f"No instance of {class_name} named {config_name!r} is registered; call "
+                "dbos.register_instance() before entering DBOS"
+            ) from None
+
+    def version_hash(self) -> str:
+        """A digest of every registered workflow's source, the default application version."""
+        digest = hashlib.sha256()
+        for name in sorted(self.workflows):
+            digest.update(name.encode())
+            with contextlib.suppress(OSError, TypeError):
+                digest.update(inspect.getsource(self.workflows[name].fn).encode())
+        return digest.hexdigest()[:32]

@@ -1,0 +1,202 @@
+"""DBOS portable JSON, with values coerced back to the annotated types.
+
+Inputs are stored as ``{"positionalArgs": [...], "namedArgs": {...}}``, results as plain JSON
+and errors as ``{"name", "message", "code", "data"}``, so DBOS clients in other languages can
+read and write them. On the way back, pydantic validates each value against its parameter's
+or return annotation: a workflow taking an ``Order`` model gets an ``Order`` on recovery.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+import json
+from collections.abc import Callable
+from functools import cached_property
+from typing import Any, get_type_hints
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from dbos_async.errors import RecordedError, SerializationError
+from dbos_async.sysdb.statements import PORTABLE_JSON
+
+
+def to_json(value: Any, what: str) -> str:
+    """Serialize ``value`` as portable JSON; ``what`` names it in the error."""
+    try:
+        return json.dumps(to_jsonable_python(value), separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (PydanticSerializationError, TypeError, ValueError) as error:
+        raise SerializationError(
+            f"Cannot serialize {what} ({type(value).__name__}) as portable JSON: {error}"
+        ) from None
+
+
+def check_serialization(serialization: str | None, what: str) -> None:
+    if serialization not in (PORTABLE_JSON, None):
+        raise SerializationError(
+            f"{what} was stored with serialization {serialization!r}; dbos_async reads only "
+            f"{PORTABLE_JSON!r}"
+        )
+
+
+def from_json(text: str | None, serialization: str | None, what: str) -> Any:
+    check_serialization(serialization, what)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise SerializationError(f"{what} is not valid JSON: {error}") from None
+
+
+class Signature:
+    """A function's parameters and return type, for serializing calls and coercing results."""
+
+    def __init__(self, fn: Callable[..., Any], skip_first: bool = False) -> None:
+        self.qualname = getattr(fn, "__qualname__", repr(fn))
+        self._fn = fn
+        parameters = list(inspect.signature(fn).parameters.values())
+        self.parameters = parameters[1:] if skip_first else parameters
+        self.skip_first = skip_first
+
+    @cached_property
+    def _hints(self) -> dict[str, Any]:
+        try:
+            return get_type_hints(self._fn)
+        except Exception:
+            # Unresolvable annotations (a forward reference to a local class): values come
+            # back as plain JSON rather than failing the workflow.
+            return {}
+
+    def _adapter(self, name: str) -> TypeAdapter[Any] | None:
+        hint = self._hints.get(name)
+        if hint is None or hint is Any:
+            return None
+        adapters: dict[str, TypeAdapter[Any]] = self.__dict__.setdefault("_adapters", {})
+        if name not in adapters:
+            adapters[name] = TypeAdapter(hint)
+        return adapters[name]
+
+    def coerce(self, name: str, value: Any, what: str) -> Any:
+        adapter = self._adapter(name)
+        if adapter is None:
+            return value
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as error:
+            raise SerializationError(f"{what} does not match its annotation: {error}") from None
+
+    def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        try:
+            inspect.signature(self._fn).bind(*((None,) if self.skip_first else ()), *args,
+                                             **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{self.qualname}(): {error}") from None
+        positional = [to_json_value(a, f"argument {i} of {self.qualname}")
+                      for i, a in enumerate(args)]
+        named = {k: to_json_value(v, f"argument {k!r} of {self.qualname}")
+                 for k, v in kwargs.items()}
+        return json.dumps({"positionalArgs": positional, "namedArgs": named},
+                          separators=(",", ":"), ensure_ascii=False)
+
+    def deserialize_inputs(
+        self, text: str | None, serialization: str | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        what = f"the inputs of {self.qualname}"
+        data = from_json(text, serialization, what)
+        if not isinstance(data, dict):
+            raise SerializationError(f"{what} are not a JSON object")
+        positional = data.get("positionalArgs") or []
+        named = data.get("namedArgs") or {}
+        args: list[Any] = []
+        params = iter(self.parameters)
+        current: inspect.Parameter | None = None
+        for index, value in enumerate(positional):
+            if current is None or current.kind is not inspect.Parameter.VAR_POSITIONAL:
+                current = next(params, None)
+            name = current.name if current is not None else ""
+            args.append(self.coerce(name, value, f"argument {index} of {self.qualname}"))
+        by_name = {p.name: p for p in self.parameters}
+        var_keyword = next((p.name for p in self.parameters
+                            if p.kind is inspect.Parameter.VAR_KEYWORD), "")
+        kwargs = {
+            k: self.coerce(k if k in by_name else var_keyword, v,
+                           f"argument {k!r} of {self.qualname}")
+            for k, v in named.items()
+        }
+        return tuple(args), kwargs
+
+    def serialize_result(self, value: Any) -> str:
+        return to_json(value, f"the result of {self.qualname}")
+
+    def deserialize_result(self, text: str | None, serialization: str | None) -> Any:
+        what = f"the result of {self.qualname}"
+        return self.coerce("return", from_json(text, serialization, what), what)
+
+
+def to_json_value(value: Any, what: str) -> Any:
+    try:
+        return to_jsonable_python(value)
+    except (PydanticSerializationError, TypeError, ValueError) as error:
+        raise SerializationError(
+            f"Cannot serialize {what} ({type(value).__name__}) as portable JSON: {error}"
+        ) from None
+
+
+# ---- Errors ----
+
+def _error_code(error: BaseException) -> int | str | None:
+    for attribute in ("code", "error_code", "errno", "status_code"):
+        value = getattr(error, attribute, None)
+        if isinstance(value, int | str) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def serialize_error(error: BaseException) -> str:
+    """Record an exception as a portable error; a replayed :class:`RecordedError` keeps its name."""
+    if isinstance(error, RecordedError):
+        name, message, code, data = error.name, error.message, error.code, error.data
+    else:
+        name, message, code, data = type(error).__name__, str(error), _error_code(error), None
+    try:
+        data = to_jsonable_python(data)
+    except (PydanticSerializationError, TypeError, ValueError):
+        data = repr(data)
+    payload = {"name": name, "message": message, "code": code, "data": data}
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+_builtin_error_types: dict[str, type[RecordedError]] = {}
+
+
+def _recorded_type(name: str) -> type[RecordedError]:
+    """A RecordedError subclass that is also the builtin exception ``name``, if there is one."""
+    if name in _builtin_error_types:
+        return _builtin_error_types[name]
+    builtin = getattr(builtins, name, None)
+    cls: type[RecordedError] = RecordedError
+    if (isinstance(builtin, type) and issubclass(builtin, Exception)
+            and not issubclass(builtin, RecordedError)):
+        try:
+            cls = type(name, (RecordedError, builtin), {"__module__": "dbos_async.errors"})
+        except TypeError:
+            cls = RecordedError  # A builtin whose layout cannot be mixed in.
+    _builtin_error_types[name] = cls
+    return cls
+
+
+def deserialize_error(text: str | None, serialization: str | None) -> RecordedError:
+    data = from_json(text, serialization, "a recorded error")
+    if not isinstance(data, dict):
+        return RecordedError("Error", str(data))
+    name = str(data.get("name") or "Error")
+    message = str(data.get("message") or "")
+    code = data.get("code")
+    cls = _recorded_type(name)
+    try:
+        return cls(name, message, code if isinstance(code, int | str) else None, data.get("data"))
+    except Exception:
+        return RecordedError(name, message, None, data.get("data"))

@@ -1,0 +1,134 @@
+"""Steps: retried attempts, and the checkpoint that makes a completed step run only once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from dbos_async.errors import DBOSError, NondeterminismError, StepRetriesExceededError
+from dbos_async.executor.context import WorkflowContext, running_step
+from dbos_async.executor.serialization import Signature, deserialize_error, serialize_error
+from dbos_async.sysdb.database import StepRecord, now_ms
+
+logger = logging.getLogger("dbos_async")
+
+RetryOn = (
+    type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
+)
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a step is attempted.
+
+    ``retries`` is the number of attempts after the first; the wait between attempts starts at
+    ``retry_interval`` seconds and grows by ``backoff_rate`` up to ``max_retry_interval``.
+    ``retry_on`` chooses which errors are retried (exception types or a predicate; every
+    ``Exception`` by default). ``timeout`` bounds each attempt, in seconds.
+    """
+
+    name: str
+    retries: int = 0
+    retry_interval: float = 1.0
+    backoff_rate: float = 2.0
+    max_retry_interval: float = 60.0
+    retry_on: RetryOn | None = None
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise DBOSError(f"Step {self.name!r}: retries must be >= 0, got {self.retries}")
+        if self.retry_interval < 0 or self.max_retry_interval < 0:
+            raise DBOSError(f"Step {self.name!r}: retry intervals must be >= 0")
+        if self.backoff_rate < 1:
+            raise DBOSError(f"Step {self.name!r}: backoff_rate must be >= 1")
+        if self.timeout is not None and not self.timeout > 0:
+            raise DBOSError(f"Step {self.name!r}: timeout must be positive")
+
+    def should_retry(self, error: Exception) -> bool:
+        if self.retry_on is None:
+            return True
+        if isinstance(self.retry_on, type | tuple):
+            return isinstance(error, self.retry_on)
+        return bool(self.retry_on(error))
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    fn: Callable[..., Coroutine[Any, Any, Any]]
+    options: StepOptions
+    signature: Signature
+
+
+async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run the step under its retry policy, marked as inside a step."""
+    options = info.options
+    errors: list[BaseException] = []
+    delay = options.retry_interval
+    with running_step():
+        for attempt_number in range(options.retries + 1):
+            try:
+                if options.timeout is None:
+                    return await info.fn(*args, **kwargs)
+                async with asyncio.timeout(options.timeout):
+                    return await info.fn(*args, **kwargs)
+            except Exception as error:
+                if not options.should_retry(error):
+                    raise
+                errors.append(error)
+                if attempt_number == options.retries:
+                    break
+                logger.warning(
+                    "Step %s failed (attempt %d of %d), retrying in %.2fs: %r",
+                    options.name, attempt_number + 1, options.retries + 1, delay, error,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * options.backoff_rate, options.max_retry_interval)
+    if options.retries == 0:
+        raise errors[-1]
+    raise StepRetriesExceededError(options.name, len(errors), errors) from errors[-1]
+
+
+def replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord,
+           signature: Signature) -> Any:
+    """The recorded outcome of a step, as the live call returned or raised it."""
+    if record.function_name != name:
+        raise NondeterminismError(ctx.workflow_id, step_id, record.function_name, name)
+    if record.error is not None:
+        raise deserialize_error(record.error, record.serialization)
+    return signature.deserialize_result(record.output, record.serialization)
+
+
+async def run_checkpointed(
+    ctx: WorkflowContext, step_id: int, info: StepInfo, args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Run a step of ``ctx``'s workflow once: replay it if recorded, else run and record it."""
+    name = info.options.name
+    recorded = ctx.checkpoints.get(step_id)
+    if recorded is not None:
+        return replay(ctx, step_id, name, recorded, info.signature)
+    sysdb = ctx.dbos.system_database
+    started = now_ms()
+    try:
+        value = await attempt(info, args, kwargs)
+    except Exception as error:
+        existing = await sysdb.record_step(
+            ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
+            error=serialize_error(error), started_at_ms=started, completed_at_ms=now_ms(),
+        )
+        if existing is not None:
+            return replay(ctx, step_id, name, existing, info.signature)
+        raise
+    # A value that cannot be serialized fails here, before anything is written.
+    output = info.signature.serialize_result(value)
+    existing = await sysdb.record_step(
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
+        started_at_ms=started, completed_at_ms=now_ms(),
+    )
+    if existing is not None:
+        return replay(ctx, step_id, name, existing, info.signature)
+    return value

@@ -1,0 +1,8 @@
+"""The system database: SQL, migrations, connection handling and shard-key routing.
+
+Nothing here knows about Python functions or serialization; it stores and returns strings.
+"""
+
+from dbos_async.sysdb.database import StepRecord, SystemDatabase, WorkflowRow
+
+__all__ = ["StepRecord", "SystemDatabase", "WorkflowRow"]

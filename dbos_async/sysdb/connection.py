@@ -1,0 +1,82 @@
+"""Opening connections to the system database, and creating it when it is missing."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from dbos_async.errors import DatabaseUnavailableError
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def database_name(url: str) -> str:
+    return urlsplit(url).path.lstrip("/") or "postgres"
+
+
+def with_database(url: str, database: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + database))
+
+
+async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connection:
+    """One connection, failing with a message that names the server instead of a socket error."""
+    try:
+        return await asyncpg.connect(
+            url, timeout=connect_timeout, server_settings={"application_name": name}
+        )
+    except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError):
+        raise
+    except (TimeoutError, OSError, asyncpg.PostgresError) as error:
+        raise DatabaseUnavailableError(
+            f"Cannot connect to the system database at {redact(url)}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
+async def ensure_database(url: str, connect_timeout: float) -> None:
+    """Create the URL's database if it does not exist and we may create databases."""
+    try:
+        conn = await connect(url, connect_timeout, "dbos_async")
+    except asyncpg.InvalidCatalogNameError:
+        pass
+    else:
+        await conn.close()
+        return
+    name = database_name(url)
+    admin = await connect(with_database(url, "postgres"), connect_timeout, "dbos_async")
+    try:
+        quoted = '"' + name.replace('"', '""') + '"'
+        await admin.execute(f"CREATE DATABASE {quoted}")
+    except asyncpg.DuplicateDatabaseError:
+        pass  # Another starter created it first.
+    except asyncpg.InsufficientPrivilegeError as error:
+        raise DatabaseUnavailableError(
+            f"The system database {name!r} does not exist and this user may not create it: "
+            f"{error}"
+        ) from error
+    finally:
+        await admin.close()
+
+
+async def create_pool(url: str, size: int, connect_timeout: float, name: str) -> asyncpg.Pool:
+    try:
+        pool = await asyncpg.create_pool(
+            url,
+            min_size=1,
+            max_size=size,
+            timeout=connect_timeout,
+            server_settings={"application_name": name},
+        )
+    except (TimeoutError, OSError, asyncpg.PostgresError) as error:
+        raise DatabaseUnavailableError(
+            f"Cannot open a connection pool to {redact(url)}: {type(error).__name__}: {error}"
+        ) from error
+    return pool

@@ -1,0 +1,314 @@
+"""The system database: an asyncpg pool and every operation on workflow rows.
+
+It stores and returns strings; serialization and types belong to the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import asyncpg
+
+from dbos_async.errors import (
+    NondeterminismError,
+    NonExistentWorkflowError,
+    WorkflowCancelledError,
+    WorkflowConflictError,
+)
+from dbos_async.sysdb import connection, migrations
+from dbos_async.sysdb.retry import RetryPolicy
+from dbos_async.sysdb.statements import (
+    ACTIVE_STATUSES,
+    CANCELLED,
+    ERROR,
+    PENDING,
+    SUCCESS,
+    NewWorkflow,
+    ParentStep,
+    Query,
+    Statements,
+)
+
+logger = logging.getLogger("dbos_async")
+
+T = TypeVar("T")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A recorded step: its name and either its output or its error, as stored."""
+
+    function_id: int
+    function_name: str
+    output: str | None
+    error: str | None
+    child_workflow_id: str | None
+    serialization: str | None
+
+
+@dataclass(frozen=True)
+class WorkflowRow:
+    """A workflow_status row as returned by the start and recovery statements."""
+
+    workflow_id: str
+    status: str
+    name: str
+    class_name: str | None
+    config_name: str | None
+    owner_xid: str | None
+    serialization: str | None
+    deadline_epoch_ms: int | None
+    recovery_attempts: int
+    inputs: str | None = None
+
+    @classmethod
+    def from_record(cls, row: asyncpg.Record) -> WorkflowRow:
+        return cls(
+            workflow_id=row["workflow_uuid"],
+            status=row["status"],
+            name=row["name"],
+            class_name=row["class_name"],
+            config_name=row["config_name"],
+            owner_xid=row["owner_xid"],
+            serialization=row["serialization"],
+            deadline_epoch_ms=row["workflow_deadline_epoch_ms"],
+            recovery_attempts=row["recovery_attempts"] or 0,
+            inputs=row.get("inputs"),
+        )
+
+
+@dataclass(frozen=True)
+class StartResult:
+    """What starting a workflow found: the row, and whether this call created it."""
+
+    row: WorkflowRow
+    created: bool
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A workflow's recorded state; output and error are set once it is terminal."""
+
+    name: str
+    status: str
+    output: str | None
+    error: str | None
+    serialization: str | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status not in ACTIVE_STATUSES
+
+
+class SystemDatabase:
+    """All SQL on the DBOS system schema, on one asyncpg pool."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "dbos",
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        retry_timeout: float = 60.0,
+        connection_name: str = "dbos_async",
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self.sql = self.make_statements(migrations.quote_schema(schema))
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._connection_name = connection_name
+        self._pool: asyncpg.Pool | None = None
+        self._closing = False
+        self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
+
+    def make_statements(self, quoted_schema: str) -> Statements:
+        """The statement builder; a sharded database returns its own."""
+        return Statements(quoted_schema)
+
+    # ---- Lifecycle ----
+
+    async def open(self, *, run_migrations: bool = True) -> None:
+        """Create the database if allowed, migrate or verify the schema, and open the pool."""
+        if run_migrations:
+            await connection.ensure_database(self.url, self._connect_timeout)
+        conn = await connection.connect(self.url, self._connect_timeout, self._connection_name)
+        try:
+            if run_migrations:
+                await migrations.migrate(conn, self.schema)
+            else:
+                await migrations.verify(conn, self.schema)
+        finally:
+            await conn.close()
+        self._pool = await connection.create_pool(
+            self.url, self._pool_size, self._connect_timeout, self._connection_name
+        )
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("The system database is not open")
+        return self._pool
+
+    async def _retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        return await self._retry.run(operation, what)
+
+    async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
+        return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))
+
+    async def _fetchrow(self, query: Query, what: str) -> asyncpg.Record | None:
+        return await self._retried(what, lambda: self.pool.fetchrow(query.sql, *query.params))
+
+    # ---- Workflows ----
+
+    async def start_workflow(
+        self, wf: NewWorkflow, creator_xid: str, parent: ParentStep | None = None
+    ) -> StartResult:
+        """Insert a workflow (or find the existing one with its ID), in one round trip.
+
+        Safe to retry: a row carrying our creator token is ours even if the first attempt's
+        reply was lost.
+        """
+        query = self.sql.insert_workflow(wf, creator_xid, parent)
+        row = await self._fetchrow(query, f"starting workflow {wf.workflow_id}")
+        if row is None:
+            raise RuntimeError(f"Inserting workflow {wf.workflow_id} returned no row")
+        if parent is not None and row["workflow_uuid"] is None:
+            # The fence refused the insert: the parent was cancelled or handed to another owner.
+            if row["parent_status"] == CANCELLED:
+                raise WorkflowCancelledError(parent.workflow_id)
+            raise WorkflowConflictError(parent.workflow_id)
+        return StartResult(WorkflowRow.from_record(row), row["creator_xid"] == creator_xid)
+
+    async def claim_pending(
+        self, executor_id: str, application_version: str | None, exclude: Sequence[str] = ()
+    ) -> list[WorkflowRow]:
+        query = self.sql.claim_pending(executor_id, application_version, now_ms(), exclude)
+        # Not retried: a lost reply would leave rows claimed under tokens we never learned;
+        # recovery runs again on the next start and claims them afresh.
+        rows = await self.pool.fetch(query.sql, *query.params)
+        return [WorkflowRow.from_record(row) for row in rows]
+
+    async def load_checkpoints(self, workflow_id: str) -> dict[int, StepRecord]:
+        rows = await self._fetch(self.sql.load_checkpoints(workflow_id), "loading checkpoints")
+        return {row["function_id"]: _step_record(row) for row in rows}
+
+    async def record_step(
+        self,
+        workflow_id: str,
+        function_id: int,
+        function_name: str,
+        owner_xid: str,
+        *,
+        output: str | None,
+        error: str | None,
+        started_at_ms: int,
+        completed_at_ms: int,
+    ) -> StepRecord | None:
+        """Checkpoint a step; returns the existing record if one was already there.
+
+        Raises :class:`WorkflowCancelledError` if the workflow was cancelled and
+        :class:`WorkflowConflictError` if this execution no longer owns it.
+        """
+        query = self.sql.record_step(
+            workflow_id, function_id, function_name, owner_xid, output, error,
+            started_at_ms, completed_at_ms,
+        )
+        row = await self._fetchrow(query, f"checkpointing step {function_id} of {workflow_id}")
+        if row is None:
+            raise NonExistentWorkflowError(workflow_id)
+        if row["status"] == CANCELLED:
+            raise WorkflowCancelledError(workflow_id)
+        if row["status"] != PENDING or not row["owned"]:
+            raise WorkflowConflictError(workflow_id)
+        if row["inserted"]:
+            return None
+        existing = await self._fetchrow(
+            self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
+        )
+        if existing is None:
+            raise RuntimeError(f"Step {function_id} of {workflow_id} vanished while recorded")
+        record = _step_record(existing)
+        if record.function_name != function_name:
+            raise NondeterminismError(workflow_id, function_id, record.function_name, function_name)
+        return record
+
+    async def record_outcome(
+        self,
+        workflow_id: str,
+        owner_xid: str,
+        *,
+        output: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """Record SUCCESS (no error) or ERROR; False if this execution no longer owned it."""
+        status = ERROR if error is not None else SUCCESS
+        query = self.sql.record_outcome(workflow_id, status, owner_xid, output, error, now_ms())
+        row = await self._fetchrow(query, f"recording the outcome of {workflow_id}")
+        return row is not None and int(row["count"]) > 0
+
+    async def cancel_workflows(self, workflow_ids: Sequence[str]) -> None:
+        query = self.sql.cancel_workflows(workflow_ids, now_ms())
+        await self._retried(
+            "cancelling workflows", lambda: self.pool.execute(query.sql, *query.params)
+        )
+
+    async def get_workflow(
+        self, workflow_id: str, *, load_input: bool = False, load_output: bool = False
+    ) -> asyncpg.Record | None:
+        query = self.sql.get_workflow(workflow_id, load_input=load_input, load_output=load_output)
+        return await self._fetchrow(query, f"reading workflow {workflow_id}")
+
+    async def get_outcome(self, workflow_id: str) -> Outcome | None:
+        row = await self.get_workflow(workflow_id, load_output=True)
+        if row is None:
+            return None
+        return Outcome(
+            row["name"], row["status"], row["output"], row["error"], row["serialization"]
+        )
+
+    async def await_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
+        """Wait until the workflow is terminal, polling with backoff up to ``poll_interval``."""
+        delay = min(0.01, poll_interval)
+        while True:
+            outcome = await self.get_outcome(workflow_id)
+            if outcome is None:
+                raise NonExistentWorkflowError(workflow_id)
+            if outcome.terminal:
+                return outcome
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, poll_interval)
+
+    async def register_version(self, version_name: str) -> None:
+        query = self.sql.register_version(version_name, now_ms())
+        await self._retried(
+            "registering the application version",
+            lambda: self.pool.execute(query.sql, *query.params),
+        )
+
+
+def _step_record(row: asyncpg.Record) -> StepRecord:
+    return StepRecord(
+        function_id=row["function_id"],
+        function_name=row["function_name"],
+        output=row["output"],
+        error=row["error"],
+        child_workflow_id=row["child_workflow_id"],
+        serialization=row["serialization"],
+    )
