@@ -1,0 +1,34 @@
+"""Every example runs, twice: the second run returns recorded results without re-running steps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
+
+
+def run_example(path: Path, database_url: str, cwd: Path) -> str:
+    env = dict(os.environ, DBOS_SYSTEM_DATABASE_URL=database_url)
+    done = subprocess.run(
+        [sys.executable, str(path)], env=env, cwd=cwd, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Path) -> None:
+    first = run_example(example, database_url, tmp_path)
+    second = run_example(example, database_url, tmp_path)
+    assert first.strip(), "the example printed nothing"
+    if example.stem == "quickstart":
+        assert first.count("step ") == 3
+        assert "step " not in second
+        assert first.splitlines()[-1] == second.splitlines()[-1]
+        assert "is SUCCESS" in second
