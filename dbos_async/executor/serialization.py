@@ -22,15 +22,25 @@ from dbos_async.errors import RecordedError, SerializationError
 from dbos_async.sysdb.statements import PORTABLE_JSON
 
 
-def to_json(value: Any, what: str) -> str:
-    """Serialize ``value`` as portable JSON; ``what`` names it in the error."""
+def to_json_value(value: Any, what: str) -> Any:
+    """``value`` as plain JSON data; ``what`` names it in the error."""
     try:
-        return json.dumps(to_jsonable_python(value), separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
+        return to_jsonable_python(value)
     except (PydanticSerializationError, TypeError, ValueError) as error:
         raise SerializationError(
             f"Cannot serialize {what} ({type(value).__name__}) as portable JSON: {error}"
         ) from None
+
+
+def dumps(data: Any, what: str) -> str:
+    try:
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError as error:  # NaN and infinities have no JSON form.
+        raise SerializationError(f"Cannot serialize {what} as portable JSON: {error}") from None
+
+
+def to_json(value: Any, what: str) -> str:
+    return dumps(to_json_value(value, what), what)
 
 
 def check_serialization(serialization: str | None, what: str) -> None:
@@ -98,8 +108,8 @@ class Signature:
                       for i, a in enumerate(args)]
         named = {k: to_json_value(v, f"argument {k!r} of {self.qualname}")
                  for k, v in kwargs.items()}
-        return json.dumps({"positionalArgs": positional, "namedArgs": named},
-                          separators=(",", ":"), ensure_ascii=False)
+        return dumps({"positionalArgs": positional, "namedArgs": named},
+                     f"the arguments of {self.qualname}")
 
     def deserialize_inputs(
         self, text: str | None, serialization: str | None
@@ -134,15 +144,6 @@ class Signature:
     def deserialize_result(self, text: str | None, serialization: str | None) -> Any:
         what = f"the result of {self.qualname}"
         return self.coerce("return", from_json(text, serialization, what), what)
-
-
-def to_json_value(value: Any, what: str) -> Any:
-    try:
-        return to_jsonable_python(value)
-    except (PydanticSerializationError, TypeError, ValueError) as error:
-        raise SerializationError(
-            f"Cannot serialize {what} ({type(value).__name__}) as portable JSON: {error}"
-        ) from None
 
 
 # ---- Errors ----
