@@ -1,0 +1,334 @@
+"""System-database migrations: build, check and record the DBOS system schema.
+
+The schema is the one the ``dbos`` package (3.4.0) creates, so a database made here can be
+used by DBOS itself and the other way round. DBOS records its schema version as the single row
+of ``<schema>.dbos_migrations``; this module reads and writes that same row.
+
+Migration files
+    The SQL lives in ``sql/`` at the repository root (shipped in wheels as ``dbos_async/_sql``).
+    A file is named ``<version>_<part>.sql``, e.g. ``0125_01_tables.sql``: the four-digit
+    number is the DBOS schema version the file brings the database to. All files sharing a
+    version form one *step*; a step's files run in name order, in one transaction, together with
+    the update of ``dbos_migrations``. So a step is either fully applied and recorded, or not at
+    all. A future DBOS migration 126 becomes ``0126_<part>.sql``.
+
+    The lowest version is the *baseline* (125): it builds the whole schema from nothing. This
+    package ships no history before it, so a database recorded at 1..124 (made by an older DBOS)
+    must first be upgraded with DBOS's own tooling (e.g. ``dbos migrate``); :func:`migrate` then
+    refuses it with a :class:`MigrationError` rather than guessing.
+
+Placeholders
+    Files write ``{{schema}}`` wherever the schema is named; it is replaced by the output of
+    :func:`quote_schema`, a validated, double-quoted identifier, so any schema name (spaces,
+    quotes, upper case) is safe. Function bodies are dollar-quoted as ``$dbos_fn$``; if that text
+    occurs inside the quoted schema name, another tag is used so the body cannot end early.
+
+Versions newer than this package knows
+    A database recorded above :data:`LATEST_VERSION` was migrated by a newer DBOS. DBOS keeps
+    such databases usable by older releases (DBOS itself runs on a database ahead of it), so it
+    is accepted, with a log line: :func:`migrate` changes nothing and :func:`verify` passes,
+    both returning the recorded version.
+
+The bookkeeping table ``dbos_migrations`` is created by the runner, not by a step, because it
+must exist before any step can be recorded (DBOS does the same).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+from dbos_async.errors import ConfigurationError, MigrationError
+
+__all__ = ["LATEST_VERSION", "migrate", "quote_schema", "verify"]
+
+logger = logging.getLogger(__name__)
+
+LATEST_VERSION: int = 125
+"""The DBOS system-schema version this package builds and requires."""
+
+_SCHEMA_PLACEHOLDER = "{{schema}}"
+_BODY_TAG = "$dbos_fn$"
+_FILE_NAME = re.compile(r"^(?P<version>\d{4})_[a-z0-9_]+\.sql$")
+_MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1; longer names are silently cut.
+
+# The advisory-lock key DBOS (Python) takes around its own migrations. Holding it too makes a
+# dbos_async process and a DBOS process that start on the same empty database take turns
+# instead of both creating the schema. Advisory locks are per database, so this never blocks
+# work on other databases.
+_DBOS_MIGRATION_LOCK_KEY = 1234567890
+
+
+@dataclass(frozen=True)
+class _Step:
+    version: int
+    files: tuple[str, ...]
+    template: str
+
+
+def quote_schema(schema: str) -> str:
+    """Validate a schema name and return it as a double-quoted SQL identifier.
+
+    Quoting (rather than restricting names to ``[a-z_]``) keeps every name PostgreSQL accepts
+    usable, and makes the name impossible to misread as SQL.
+    """
+    if not isinstance(schema, str):
+        raise ConfigurationError(f"schema name must be a string, not {type(schema).__name__}")
+    if schema == "":
+        raise ConfigurationError("schema name must not be empty")
+    if "\x00" in schema:
+        raise ConfigurationError(f"schema name {schema!r} must not contain a NUL character")
+    size = len(schema.encode("utf-8"))
+    if size > _MAX_IDENTIFIER_BYTES:
+        raise ConfigurationError(
+            f"schema name {schema!r} is {size} bytes long; PostgreSQL identifiers are at most "
+            f"{_MAX_IDENTIFIER_BYTES} bytes (longer names would be silently truncated)"
+        )
+    return '"' + schema.replace('"', '""') + '"'
+
+
+def _lock_key(schema: str) -> int:
+    """A stable advisory-lock key per schema, so different schemas migrate independently."""
+    digest = hashlib.sha256(f"dbos_async.migrations:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _sql_dir() -> Path:
+    """Where the migration files are: the wheel's copy first, else the source checkout's."""
+    here = Path(__file__).resolve()
+    candidates = (here.parents[1] / "_sql", here.parents[2] / "sql")
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise MigrationError(
+        "cannot find the system-database migration files: looked in "
+        + " and ".join(str(c) for c in candidates)
+        + " (the package is installed incompletely)"
+    )
+
+
+@functools.cache
+def _steps() -> tuple[_Step, ...]:
+    """Load and group the migration files once; they do not change while running."""
+    directory = _sql_dir()
+    grouped: dict[int, list[Path]] = {}
+    for path in sorted(directory.glob("*.sql")):
+        match = _FILE_NAME.match(path.name)
+        if match is None:
+            raise MigrationError(
+                f"unexpected migration file name {path.name!r} in {directory}: "
+                "expected <4-digit version>_<part>.sql, e.g. 0125_01_tables.sql"
+            )
+        grouped.setdefault(int(match["version"]), []).append(path)
+    steps = tuple(
+        _Step(
+            version=version,
+            files=tuple(p.name for p in paths),
+            template="\n".join(p.read_text(encoding="utf-8") for p in paths),
+        )
+        for version, paths in sorted(grouped.items())
+    )
+    if not steps or steps[-1].version != LATEST_VERSION:
+        found = steps[-1].version if steps else "none"
+        raise MigrationError(
+            f"migration files in {directory} end at version {found}, but this package "
+            f"expects {LATEST_VERSION}"
+        )
+    return steps
+
+
+def _render(template: str, quoted_schema: str) -> str:
+    """Fill in the schema, first moving the body tag out of its way if the name contains it."""
+    tag = _BODY_TAG
+    n = 0
+    while tag in quoted_schema or (tag != _BODY_TAG and tag in template):
+        n += 1
+        tag = f"$dbos_fn_{n}$"
+    if tag != _BODY_TAG:
+        template = template.replace(_BODY_TAG, tag)
+    return template.replace(_SCHEMA_PLACEHOLDER, quoted_schema)
+
+
+async def _schema_exists(conn: asyncpg.Connection, schema: str) -> bool:
+    found = await conn.fetchval(
+        "SELECT true FROM pg_catalog.pg_namespace WHERE nspname = $1", schema
+    )
+    return bool(found)
+
+
+async def _table_exists(conn: asyncpg.Connection, schema: str) -> bool:
+    # pg_class, not information_schema: the latter hides tables the role has no rights on.
+    found = await conn.fetchval(
+        """
+        SELECT true
+        FROM pg_catalog.pg_class c
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = $1 AND c.relname = 'dbos_migrations' AND c.relkind = 'r'
+        """,
+        schema,
+    )
+    return bool(found)
+
+
+async def _recorded_version(conn: asyncpg.Connection, schema: str) -> int | None:
+    """The recorded version; 0 if the table is empty; None if the table does not exist."""
+    if not await _table_exists(conn, schema):
+        return None
+    version = await conn.fetchval(
+        f"SELECT max(version) FROM {quote_schema(schema)}.dbos_migrations"
+    )
+    return int(version) if version is not None else 0
+
+
+def _too_old(schema: str, version: int) -> MigrationError:
+    return MigrationError(
+        f"the DBOS system schema {schema!r} was created by an older DBOS release and is at "
+        f"version {version}; dbos_async only ships the version-{_steps()[0].version} baseline. "
+        f"Upgrade it to version {LATEST_VERSION} with DBOS's own tooling first "
+        f"(e.g. `dbos migrate` from the dbos Python package), then start again"
+    )
+
+
+def _needs_migration(schema: str, version: int) -> bool:
+    """Whether steps must run on a database at `version`; raises if they cannot."""
+    if version >= LATEST_VERSION:
+        _note_if_newer(schema, version)
+        return False
+    if 0 < version < _steps()[0].version:
+        raise _too_old(schema, version)
+    return True
+
+
+def _note_if_newer(schema: str, version: int) -> None:
+    if version > LATEST_VERSION:
+        logger.info(
+            "DBOS system schema %r is at version %d, newer than %d: it was migrated by a "
+            "newer DBOS release; using it as is",
+            schema,
+            version,
+            LATEST_VERSION,
+        )
+
+
+async def migrate(conn: asyncpg.Connection, schema: str = "dbos") -> int:
+    """Bring the system schema up to :data:`LATEST_VERSION`; return the final version.
+
+    Safe to call from many processes at once (an advisory lock serialises them; the losers
+    find the work done) and on every start-up (an up-to-date database costs two queries).
+    Call it outside a transaction: each step commits on its own.
+    """
+    quoted = quote_schema(schema)
+    steps = _steps()
+    if conn.is_in_transaction():
+        raise MigrationError("migrate() must be called outside a transaction")
+
+    # Fast path without the lock: the usual case is a database that is already migrated.
+    version = await _recorded_version(conn, schema)
+    if version is not None and not _needs_migration(schema, version):
+        return version
+
+    held: list[int] = []
+    try:
+        for key in (_lock_key(schema), _DBOS_MIGRATION_LOCK_KEY):
+            await conn.execute("SELECT pg_catalog.pg_advisory_lock($1)", key)
+            held.append(key)
+        await _ensure_bookkeeping(conn, schema, quoted)
+
+        # Re-read under the lock: another process may have migrated meanwhile.
+        version = await _recorded_version(conn, schema)
+        assert version is not None
+        if not _needs_migration(schema, version):
+            return version
+        for step in steps:
+            if step.version > version:
+                await _apply(conn, schema, quoted, step)
+                version = step.version
+        return version
+    finally:
+        # A closed connection has already dropped its session locks.
+        for key in reversed(held):
+            if not conn.is_closed():
+                await conn.execute("SELECT pg_catalog.pg_advisory_unlock($1)", key)
+
+
+async def _ensure_bookkeeping(conn: asyncpg.Connection, schema: str, quoted: str) -> None:
+    """Create the schema and dbos_migrations if missing.
+
+    Existence is checked first because CREATE SCHEMA IF NOT EXISTS still demands the CREATE
+    privilege on the database, which a role using a pre-made schema may lack.
+    """
+    try:
+        if not await _schema_exists(conn, schema):
+            await conn.execute(f"CREATE SCHEMA {quoted}")
+        if not await _table_exists(conn, schema):
+            await conn.execute(
+                f"CREATE TABLE {quoted}.dbos_migrations (version bigint NOT NULL PRIMARY KEY)"
+            )
+    except asyncpg.PostgresError as e:
+        raise MigrationError(f"cannot create the DBOS system schema {schema!r}: {e}") from e
+
+
+async def _apply(conn: asyncpg.Connection, schema: str, quoted: str, step: _Step) -> None:
+    """Run one step and record it atomically, so a failure leaves the old version intact."""
+    logger.info(
+        "migrating DBOS system schema %r to version %d (%s)",
+        schema,
+        step.version,
+        ", ".join(step.files),
+    )
+    try:
+        async with conn.transaction():
+            await conn.execute(_render(step.template, quoted))
+            # DBOS reads dbos_migrations as exactly one row: insert it once, then update it.
+            updated = await conn.execute(
+                f"UPDATE {quoted}.dbos_migrations SET version = $1", step.version
+            )
+            if updated == "UPDATE 0":
+                await conn.execute(
+                    f"INSERT INTO {quoted}.dbos_migrations (version) VALUES ($1)", step.version
+                )
+    except asyncpg.PostgresError as e:
+        raise MigrationError(
+            f"migrating DBOS system schema {schema!r} to version {step.version} failed "
+            f"({', '.join(step.files)}): {type(e).__name__}: {e}"
+        ) from e
+
+
+async def verify(conn: asyncpg.Connection, schema: str = "dbos") -> int:
+    """Check, without changing anything, that the system schema is usable; return its version.
+
+    For deployments where the application role may not run DDL and migrations are applied
+    separately (by :func:`migrate` or by DBOS's tooling).
+    """
+    quote_schema(schema)
+    if not await _schema_exists(conn, schema):
+        raise MigrationError(
+            f"the DBOS system schema {schema!r} does not exist in this database; "
+            "run dbos_async's migrate() (or `dbos migrate`) first"
+        )
+    version = await _recorded_version(conn, schema)
+    if version is None:
+        raise MigrationError(
+            f"schema {schema!r} has no dbos_migrations table, so it is not a DBOS system "
+            "schema (or was never migrated); run dbos_async's migrate() first"
+        )
+    if version == 0:
+        raise MigrationError(
+            f"the DBOS system schema {schema!r} records no migration; "
+            "run dbos_async's migrate() first"
+        )
+    if version < _steps()[0].version:
+        raise _too_old(schema, version)
+    if version < LATEST_VERSION:
+        raise MigrationError(
+            f"the DBOS system schema {schema!r} is at version {version}, older than the "
+            f"version {LATEST_VERSION} dbos_async requires; run dbos_async's migrate()"
+        )
+    _note_if_newer(schema, version)
+    return version
