@@ -50,6 +50,20 @@ class DBOSConfig(BaseModel):
     connection_name: str = Field(
         "dbos_async", description="application_name of this executor's connections."
     )
+    use_listen_notify: bool = Field(
+        True, description="Wake waiters with LISTEN/NOTIFY; False polls instead."
+    )
+    notification_coalesce_ms: float = Field(
+        10.0, ge=0, description="How long outgoing notifications are batched, in milliseconds."
+    )
+    notification_poll_interval: float = Field(
+        1.0, gt=0,
+        description="Longest wait between reads for recv/get_event/read_stream when "
+        "LISTEN/NOTIFY is off or its connection is down.",
+    )
+    max_polling_queries: int | None = Field(
+        None, ge=1, description="Concurrent polling reads of waiters; default pool_size // 2."
+    )
 
     @field_validator("system_database_url")
     @classmethod

@@ -53,6 +53,11 @@ def in_step() -> bool:
     return _in_step.get()
 
 
+def workflow_of_step() -> WorkflowContext | None:
+    """Inside a step of a workflow, that workflow's context; else None."""
+    return _workflow.get() if _in_step.get() else None
+
+
 @contextmanager
 def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
     token = _workflow.set(ctx)

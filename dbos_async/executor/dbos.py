@@ -6,21 +6,28 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.executor import recovery, workflows
-from dbos_async.executor.context import current_workflow, take_workflow_id, workflow_timeout
+from dbos_async.executor import messaging, recovery, workflows
+from dbos_async.executor.context import (
+    current_workflow,
+    take_workflow_id,
+    workflow_of_step,
+    workflow_timeout,
+)
 from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method
-from dbos_async.executor.serialization import Signature
+from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
 from dbos_async.executor.tasks import TaskOwner
+from dbos_async.sysdb import connection
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.notifications import NotificationDispatcher
 
 logger = logging.getLogger("dbos_async")
 
@@ -47,6 +54,8 @@ class DBOS:
         self._running: dict[str, workflows.Execution] = {}
         self._sysdb: SystemDatabase | None = None
         self.tasks = TaskOwner()
+        # Listener and notifier: stopped after the workflows, before the pool closes.
+        self.background = TaskOwner()
         self.application_version: str | None = self.config.application_version
         self.recovery_errors: list[DBOSError] = []
         self._state = "new"
@@ -202,6 +211,90 @@ class DBOS:
             raise DBOSError(f"Workflow {info.name!r} is registered with another DBOS instance")
         return info, args
 
+    # ---- Messages, events, streams and durable sleep ----
+
+    def send(self, destination_id: str, message: Any, topic: str | None = None,
+             idempotency_key: str | None = None) -> Coroutine[Any, Any, None]:
+        """Send ``message`` to workflow ``destination_id`` under ``topic``.
+
+        In a workflow the send is a checkpoint (exactly once); in a step it is not recorded
+        but lands only while the workflow is still owned by this execution; elsewhere it is a
+        plain insert. With ``idempotency_key`` a repeated send delivers once.
+        """
+        text = to_json(message, "a message")
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.send(self, ctx, workflow_of_step(), step_id, destination_id, text,
+                              topic, idempotency_key)
+
+    def recv(self, topic: str | None = None,
+             timeout: float | None = 60.0) -> Coroutine[Any, Any, Any]:
+        """In a workflow: consume the oldest message on ``topic``; None after ``timeout``."""
+        ctx = current_workflow()
+        if ctx is None:
+            raise DBOSError("recv can only be called from a workflow (not a step)")
+        step_id = ctx.allocate_step_id()
+        timeout_id = ctx.allocate_step_id()
+        return messaging.recv(ctx, step_id, timeout_id, topic, timeout)
+
+    def set_event(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
+        """Publish ``value`` under ``key`` for the current workflow (from it or a step)."""
+        text = to_json(value, f"event {key!r}")
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.set_event(ctx, workflow_of_step(), step_id, key, text)
+
+    def get_event(self, workflow_id: str, key: str,
+                  timeout: float | None = 60.0) -> Coroutine[Any, Any, Any]:
+        """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset."""
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        timeout_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.get_event(self, ctx, step_id, timeout_id, workflow_id, key, timeout)
+
+    async def get_all_events(self, workflow_id: str) -> dict[str, Any]:
+        """Every event of ``workflow_id`` with its latest value (a read, not a checkpoint)."""
+        self._require_running()
+        return await messaging.get_all_events(self, workflow_id)
+
+    def write_stream(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
+        """Append ``value`` to the current workflow's stream ``key``."""
+        text = to_json(value, f"a value of stream {key!r}")
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.write_stream(ctx, workflow_of_step(), step_id, key, text,
+                                      messaging.WRITE_STREAM)
+
+    def close_stream(self, key: str) -> Coroutine[Any, Any, None]:
+        """Close the current workflow's stream ``key``: readers stop after its last value."""
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.write_stream(ctx, workflow_of_step(), step_id, key,
+                                      messaging.STREAM_CLOSED_SERIALIZED,
+                                      messaging.CLOSE_STREAM)
+
+    def read_stream(self, workflow_id: str, key: str, offset: int = 0) -> AsyncIterator[Any]:
+        """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come.
+
+        Ends at the close marker, or when the workflow is finished and nothing more is there.
+        """
+        return messaging.read_stream(self, workflow_id, key, offset)
+
+    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
+        """Sleep durably: in a workflow the wake-up time is a checkpoint, so a recovered
+        workflow sleeps only what remains."""
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.sleep(ctx, step_id, seconds)
+
+    async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+        """The first of ``handles`` whose workflow finishes (successfully or not)."""
+        return await messaging.wait_first(handles)
+
+    async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
+        """The results of all ``handles``, in order; raises the first error met."""
+        return await messaging.wait_all(handles)
+
     # ---- Bookkeeping used by the executor's modules ----
 
     @property
@@ -262,6 +355,7 @@ class DBOS:
         )
         try:
             await self._sysdb.open(run_migrations=self.config.run_migrations)
+            await self._start_notifications(url)
             if self.application_version is None:
                 self.application_version = self._registry.version_hash()
             await self._sysdb.register_version(self.application_version)
@@ -269,6 +363,7 @@ class DBOS:
             await recovery.recover_pending(self)
         except BaseException:
             self._state = "closed"
+            await self._stop_notifications()
             await self._sysdb.close()
             raise
         logger.info(
@@ -290,8 +385,31 @@ class DBOS:
             await self.tasks.close(self.config.shutdown_grace_period)
         finally:
             self._state = "closed"
+            await self._stop_notifications()
             if self._sysdb is not None:
                 await self._sysdb.close()
+
+    async def _start_notifications(self, url: str) -> None:
+        sysdb = self._sysdb
+        assert sysdb is not None
+        config = self.config
+        dispatcher = NotificationDispatcher(
+            connect=functools.partial(connection.connect, url, config.connect_timeout,
+                                      config.connection_name),
+            pool=lambda: sysdb.pool,
+            use_listen_notify=config.use_listen_notify,
+            coalesce_ms=config.notification_coalesce_ms,
+            poll_interval=config.notification_poll_interval,
+            max_polling_queries=config.max_polling_queries or max(1, config.pool_size // 2),
+        )
+        sysdb.notifications = dispatcher
+        await dispatcher.start(self.background.spawn)
+
+    async def _stop_notifications(self) -> None:
+        """Flush notifications and stop the listener, then reap the background tasks."""
+        if self._sysdb is not None and self._sysdb.notifications is not None:
+            await self._sysdb.notifications.stop()
+        await self.background.close(0)
 
 
 def _require_async(fn: Callable[..., Any], decorator: str) -> None:

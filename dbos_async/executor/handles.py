@@ -112,7 +112,7 @@ class WorkflowHandle(Generic[R]):
         if running is not None:
             value = await asyncio.shield(running)
             return value
-        outcome = await self._dbos.system_database.await_outcome(
+        outcome = await self._dbos.system_database.wait_outcome(
             self.workflow_id, self._dbos.config.result_poll_interval
         )
         signature = self._signature or self._dbos.signature_of(outcome.name)

@@ -41,8 +41,11 @@ class TaskOwner:
 
         Tasks may still start others during the grace period (a workflow starting a child).
         """
-        if self._tasks and grace_period > 0:
-            await asyncio.wait(set(self._tasks), timeout=grace_period)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_period
+        # Again while tasks remain: a task started during the wait gets the rest of the period.
+        while self._tasks and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(set(self._tasks), timeout=left)
         self.closed = True
         remaining = set(self._tasks)
         for task in remaining:

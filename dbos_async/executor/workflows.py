@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import (
     DBOSError,
+    NondeterminismError,
     SerializationError,
     WorkflowCancelledError,
     WorkflowConflictError,
 )
 from dbos_async.executor.context import WorkflowContext, running_workflow
 from dbos_async.executor.handles import WorkflowHandle, outcome_value
+from dbos_async.executor.messaging import notify_completion
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.serialization import serialize_error
 from dbos_async.executor.steps import replay
@@ -80,9 +82,6 @@ async def start(dbos: DBOS, request: StartRequest) -> WorkflowHandle[Any]:
         workflow_id = request.workflow_id or f"{parent.workflow_id}-{request.parent_step_id}"
     else:
         workflow_id = request.workflow_id or str(uuid.uuid4())
-    running = dbos.running_result(workflow_id)
-    if running is not None and parent is None:
-        return WorkflowHandle(dbos, workflow_id, running, info.signature)
     created_at = now_ms()
     deadline = parent.deadline_epoch_ms if parent is not None else None
     if request.timeout is not None:
@@ -129,7 +128,10 @@ def _replayed_child(dbos: DBOS, parent: WorkflowContext, step_id: int, info: Wor
         # Raises the nondeterminism error naming both steps.
         replay(parent, step_id, f"child workflow {info.name}", recorded, info.signature)
         raise DBOSError(f"Step {step_id} of {parent.workflow_id} recorded no child workflow")
-    replay(parent, step_id, info.name, recorded, info.signature)
+    # A child start records no output of its own: check the name only; the result is the
+    # child's, read through its handle.
+    if recorded.function_name != info.name:
+        raise NondeterminismError(parent.workflow_id, step_id, recorded.function_name, info.name)
     child_id = recorded.child_workflow_id
     return WorkflowHandle(dbos, child_id, dbos.running_result(child_id), info.signature)
 
@@ -167,6 +169,7 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
         raise
     except _DeadlineExceeded:
         await dbos.system_database.cancel_workflows([workflow_id])
+        notify_completion(dbos, workflow_id)
         future.set_exception(WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
     except Exception as error:
         await _finish(ctx, execution, error=error)
@@ -217,6 +220,8 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
             else:
                 recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, output=output)
         if recorded:
+            # Handles waiting elsewhere wake on this (sent after the outcome committed).
+            notify_completion(ctx.dbos, workflow_id)
             if error is not None:
                 future.set_exception(error)
             else:
@@ -225,7 +230,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
         # Another execution owns the workflow now, or it was cancelled: report what is recorded.
         logger.info("Workflow %s is recorded by another execution; adopting its outcome",
                     workflow_id)
-        outcome = await sysdb.await_outcome(workflow_id, ctx.dbos.config.result_poll_interval)
+        outcome = await sysdb.wait_outcome(workflow_id, ctx.dbos.config.result_poll_interval)
         adopted = outcome_value(workflow_id, outcome, execution.info.signature)
         future.set_result(adopted)
     except asyncio.CancelledError:

@@ -21,6 +21,10 @@ from dbos_async.errors import (
     WorkflowConflictError,
 )
 from dbos_async.sysdb import connection, migrations
+from dbos_async.sysdb.notifications import (
+    WORKFLOW_COMPLETION_CHANNEL,
+    NotificationDispatcher,
+)
 from dbos_async.sysdb.retry import RetryPolicy
 from dbos_async.sysdb.statements import (
     ACTIVE_STATUSES,
@@ -131,6 +135,8 @@ class SystemDatabase:
         self._pool: asyncpg.Pool | None = None
         self._closing = False
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
+        # Set by the executor once started; None means every wait polls.
+        self.notifications: NotificationDispatcher | None = None
 
     def make_statements(self, quoted_schema: str) -> Statements:
         """The statement builder; a sharded database returns its own."""
@@ -301,6 +307,166 @@ class SystemDatabase:
             "registering the application version",
             lambda: self.pool.execute(query.sql, *query.params),
         )
+
+
+    # ---- Messages, events and streams ----
+
+    def _check_fence(self, row: asyncpg.Record | None, workflow_id: str) -> bool:
+        """Raise if the fenced write found the workflow gone, cancelled or owned elsewhere."""
+        if row is None:
+            raise NonExistentWorkflowError(workflow_id)
+        if row["status"] == CANCELLED:
+            raise WorkflowCancelledError(workflow_id)
+        if row["status"] != PENDING or not row["owned"]:
+            raise WorkflowConflictError(workflow_id)
+        return bool(row["inserted"])
+
+    async def _recorded_or_existing(
+        self, row: asyncpg.Record | None, workflow_id: str, function_id: int, function_name: str
+    ) -> StepRecord | None:
+        """None if this statement recorded the step; else the record already there."""
+        if self._check_fence(row, workflow_id):
+            return None
+        existing = await self._fetchrow(
+            self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
+        )
+        if existing is None:
+            raise RuntimeError(f"Step {function_id} of {workflow_id} vanished while recorded")
+        record = _step_record(existing)
+        if record.function_name != function_name:
+            raise NondeterminismError(workflow_id, function_id, record.function_name, function_name)
+        return record
+
+    async def _fetchrow_fk(self, query: Query, what: str, destination_id: str
+                           ) -> asyncpg.Record | None:
+        try:
+            return await self._fetchrow(query, what)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(destination_id) from None
+
+    async def send(self, destination_id: str, message_uuid: str, topic: str, message: str
+                   ) -> None:
+        """Send from outside a workflow; idempotent by ``message_uuid``."""
+        query = self.sql.send_message(destination_id, message_uuid, topic, message)
+        try:
+            await self._retried(
+                f"sending to {destination_id}", lambda: self.pool.execute(query.sql, *query.params)
+            )
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(destination_id) from None
+
+    async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
+                          message_uuid: str, topic: str, message: str) -> None:
+        query = self.sql.send_message_fenced(workflow_id, owner_xid, destination_id,
+                                             message_uuid, topic, message)
+        row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
+        self._check_fence(row, workflow_id)
+
+    async def send_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
+                            destination_id: str, message_uuid: str, topic: str, message: str
+                            ) -> StepRecord | None:
+        query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
+                                               destination_id, message_uuid, topic, message,
+                                               now_ms())
+        row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
+        return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.send")
+
+    async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
+                              topic: str) -> tuple[bool, str | None, str | None]:
+        """recv's consuming write: (found, message, serialization); found is False if none."""
+        query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic, now_ms())
+        row = await self._fetchrow(query, f"receiving for {workflow_id}")
+        self._check_fence(row, workflow_id)
+        assert row is not None
+        if row["inserted"]:
+            return True, row["message"], row["serialization"]
+        if row["recorded"]:
+            existing = await self._fetchrow(
+                self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
+            )
+            if existing is not None:
+                record = _step_record(existing)
+                if record.function_name != "DBOS.recv":
+                    raise NondeterminismError(workflow_id, function_id, record.function_name,
+                                              "DBOS.recv")
+                return True, record.output, record.serialization
+        return False, None, None
+
+    async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
+                                 key: str, value: str) -> StepRecord | None:
+        query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key, value,
+                                            now_ms())
+        row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
+        return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
+
+    async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str
+                               ) -> None:
+        query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
+        self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
+
+    async def get_event(self, workflow_id: str, key: str) -> tuple[str, str | None] | None:
+        row = await self._fetchrow(self.sql.get_event(workflow_id, key), "reading an event")
+        return (row["value"], row["serialization"]) if row is not None else None
+
+    async def get_all_events(self, workflow_id: str) -> list[tuple[str, str, str | None]]:
+        rows = await self._fetch(self.sql.get_all_events(workflow_id), "reading events")
+        return [(row["key"], row["value"], row["serialization"]) for row in rows]
+
+    async def _write_stream(self, query: Query, workflow_id: str, key: str
+                            ) -> asyncpg.Record | None:
+        # Two writers can derive the same next offset; the loser fails the primary key (the
+        # whole statement rolls back) and simply runs again.
+        for _ in range(100):
+            try:
+                return await self._fetchrow(query, f"writing stream {key!r} of {workflow_id}")
+            except asyncpg.UniqueViolationError:
+                await asyncio.sleep(0)
+        raise RuntimeError(f"Could not append to stream {key!r} of {workflow_id}")
+
+    async def write_stream_recorded(self, workflow_id: str, function_id: int,
+                                    function_name: str, owner_xid: str, key: str, value: str
+                                    ) -> StepRecord | None:
+        query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
+                                               owner_xid, key, value, now_ms())
+        row = await self._write_stream(query, workflow_id, key)
+        return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
+
+    async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str,
+                                  function_id: int = 0) -> None:
+        query = self.sql.write_stream_fenced(workflow_id, owner_xid, key, value, function_id)
+        self._check_fence(await self._write_stream(query, workflow_id, key), workflow_id)
+
+    async def read_stream_value(self, workflow_id: str, key: str, offset: int
+                                ) -> tuple[str | None, str | None, str | None, bool]:
+        """(writer status or None if no workflow, value, serialization, whether found)."""
+        row = await self._fetchrow(self.sql.read_stream_value(workflow_id, key, offset),
+                                   "reading a stream")
+        if row is None:
+            return None, None, None, False
+        found = row["stream_offset"] is not None
+        return row["status"], row["value"], row["serialization"], found
+
+    async def completed_among(self, workflow_ids: Sequence[str]) -> set[str]:
+        rows = await self._fetch(self.sql.completed_among(workflow_ids), "reading statuses")
+        return {row["workflow_uuid"] for row in rows}
+
+    async def wait_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
+        """Wait until the workflow is terminal: woken by completion notifications, polling
+        at most every ``poll_interval`` seconds (other clients may not notify)."""
+        dispatcher = self.notifications
+        if dispatcher is None:
+            return await self.await_outcome(workflow_id, poll_interval)
+        delay = min(0.05, poll_interval)
+        with dispatcher.register(WORKFLOW_COMPLETION_CHANNEL, workflow_id) as waiter:
+            while True:
+                async with dispatcher.polling():
+                    outcome = await self.get_outcome(workflow_id)
+                if outcome is None:
+                    raise NonExistentWorkflowError(workflow_id)
+                if outcome.terminal:
+                    return outcome
+                await waiter.wait(delay)
+                delay = min(delay * 2, poll_interval)
 
 
 def _step_record(row: asyncpg.Record) -> StepRecord:

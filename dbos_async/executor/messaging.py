@@ -1,0 +1,342 @@
+"""Durable communication: messages (send/recv), events, streams, durable sleep, and waits.
+
+Inside a workflow each primitive is a checkpoint at a step ID allocated when it is *called*
+(the ``DBOS`` methods are plain functions returning coroutines), so a replay meets the same
+IDs. Writes are fenced by the workflow's ``owner_xid`` in the same statement that records
+the checkpoint. Timeouts of ``recv`` and ``get_event`` and the wake-up time of ``sleep`` are
+recorded as a ``DBOS.sleep`` checkpoint before waiting, so a recovered workflow waits only
+what remains. Waits register with the notification dispatcher *before* reading the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dbos_async.errors import DBOSError, NondeterminismError, NonExistentWorkflowError
+from dbos_async.executor.context import WorkflowContext
+from dbos_async.executor.serialization import (
+    deserialize_error,
+    from_json,
+    serialize_error,
+    to_json,
+)
+from dbos_async.sysdb.database import StepRecord, SystemDatabase, now_ms
+from dbos_async.sysdb.notifications import (
+    NOTIFICATIONS_CHANNEL,
+    STREAMS_CHANNEL,
+    WORKFLOW_COMPLETION_CHANNEL,
+    WORKFLOW_EVENTS_CHANNEL,
+    NotificationDispatcher,
+    payload_key,
+    remaining,
+)
+from dbos_async.sysdb.statements import ACTIVE_STATUSES
+
+if TYPE_CHECKING:
+    from dbos_async.executor.dbos import DBOS
+    from dbos_async.executor.handles import WorkflowHandle
+
+NULL_TOPIC = "__null__topic__"
+"""The topic of a message sent without one (the same sentinel every DBOS SDK uses)."""
+STREAM_CLOSED_SENTINEL = "__DBOS_STREAM_CLOSED__"
+"""The value that marks a closed stream, as in every DBOS SDK."""
+STREAM_CLOSED_SERIALIZED = to_json(STREAM_CLOSED_SENTINEL, "the stream sentinel")
+"""The sentinel as stored: portable JSON, ``"__DBOS_STREAM_CLOSED__"`` with its quotes."""
+
+SEND = "DBOS.send"
+RECV = "DBOS.recv"
+SET_EVENT = "DBOS.setEvent"
+GET_EVENT = "DBOS.getEvent"
+SLEEP = "DBOS.sleep"
+WRITE_STREAM = "DBOS.writeStream"
+CLOSE_STREAM = "DBOS.closeStream"
+
+
+def _dispatcher(sysdb: SystemDatabase) -> NotificationDispatcher:
+    dispatcher = sysdb.notifications
+    if dispatcher is None:
+        raise DBOSError("The notification dispatcher is not running")
+    return dispatcher
+
+
+def _replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord) -> Any:
+    if record.function_name != name:
+        raise NondeterminismError(ctx.workflow_id, step_id, record.function_name, name)
+    if record.error is not None:
+        raise deserialize_error(record.error, record.serialization)
+    return from_json(record.output, record.serialization, f"the output of {name}")
+
+
+def _recorded(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, Any]:
+    record = ctx.checkpoints.get(step_id)
+    if record is None:
+        return False, None
+    return True, _replay(ctx, step_id, name, record)
+
+
+async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
+                           *, complete_at_deadline: bool) -> int:
+    """Record (or read back) the epoch-ms deadline ``seconds`` from now as a checkpoint.
+
+    For a real sleep the checkpoint's completion time is the deadline; for a timeout marker it
+    is the start, since the deadline may never be reached.
+    """
+    done, value = _recorded(ctx, step_id, SLEEP)
+    if done:
+        return int(value)
+    started = now_ms()
+    deadline = started + math.ceil(max(0.0, seconds) * 1000)
+    existing = await ctx.dbos.system_database.record_step(
+        ctx.workflow_id, step_id, SLEEP, ctx.owner_xid, output=to_json(deadline, "a deadline"),
+        error=None, started_at_ms=started,
+        completed_at_ms=deadline if complete_at_deadline else started,
+    )
+    if existing is not None:
+        return int(_replay(ctx, step_id, SLEEP, existing))
+    return deadline
+
+
+async def _record_value(ctx: WorkflowContext, step_id: int, name: str, output: str) -> Any:
+    """Record a read's result as its checkpoint; a record already there wins."""
+    started = now_ms()
+    existing = await ctx.dbos.system_database.record_step(
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
+        started_at_ms=started, completed_at_ms=started,
+    )
+    if existing is not None:
+        return _replay(ctx, step_id, name, existing)
+    return from_json(output, None, f"the output of {name}")
+
+
+# ---- send / recv ----
+
+
+async def send(dbos: DBOS, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+               step_id: int | None, destination_id: str, message: str, topic: str | None,
+               idempotency_key: str | None) -> None:
+    # A workflow's own executor, which is the one that owns it.
+    owner = ctx or step_ctx
+    sysdb = (owner.dbos if owner is not None else dbos).system_database
+    topic = topic if topic is not None else NULL_TOPIC
+    message_uuid = (f"{idempotency_key}::{destination_id}" if idempotency_key is not None
+                    else str(uuid.uuid4()))
+    if ctx is not None and step_id is not None:
+        done, _ = _recorded(ctx, step_id, SEND)
+        if done:
+            return
+        try:
+            existing = await sysdb.send_recorded(ctx.workflow_id, step_id, ctx.owner_xid,
+                                                 destination_id, message_uuid, topic, message)
+        except NonExistentWorkflowError as missing:
+            # Recorded as the step's outcome, so a replay raises the same error.
+            started = now_ms()
+            await sysdb.record_step(ctx.workflow_id, step_id, SEND, ctx.owner_xid, output=None,
+                                    error=serialize_error(missing), started_at_ms=started,
+                                    completed_at_ms=started)
+            raise
+        if existing is not None:
+            _replay(ctx, step_id, SEND, existing)
+            return
+    elif step_ctx is not None:
+        await sysdb.send_fenced(step_ctx.workflow_id, step_ctx.owner_xid, destination_id,
+                                message_uuid, topic, message)
+    else:
+        await sysdb.send(destination_id, message_uuid, topic, message)
+    # The trigger on notifications NOTIFYs other processes; wake this one's waiters now.
+    _dispatcher(sysdb).wake(NOTIFICATIONS_CHANNEL, payload_key(destination_id, topic))
+
+
+async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str | None,
+               timeout: float | None) -> Any:  # noqa: ASYNC109
+    done, value = _recorded(ctx, step_id, RECV)
+    if done:
+        return value
+    sysdb = ctx.dbos.system_database
+    dispatcher = _dispatcher(sysdb)
+    topic = topic if topic is not None else NULL_TOPIC
+    deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
+                if timeout is not None else None)
+    with dispatcher.register(NOTIFICATIONS_CHANNEL, payload_key(ctx.workflow_id, topic)) as w:
+        while True:
+            async with dispatcher.polling():
+                found, message, serialization = await sysdb.consume_message(
+                    ctx.workflow_id, step_id, ctx.owner_xid, topic
+                )
+            if found:
+                return from_json(message, serialization, "a received message")
+            left = remaining(deadline)
+            if left is not None and left <= 0:
+                return await _record_value(ctx, step_id, RECV, "null")
+            await w.wait(left)
+
+
+# ---- Events ----
+
+
+async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+                    step_id: int | None, key: str, value: str) -> None:
+    if ctx is not None and step_id is not None:
+        done, _ = _recorded(ctx, step_id, SET_EVENT)
+        if done:
+            return
+        sysdb = ctx.dbos.system_database
+        existing = await sysdb.set_event_recorded(ctx.workflow_id, step_id, ctx.owner_xid,
+                                                  key, value)
+        if existing is not None:
+            _replay(ctx, step_id, SET_EVENT, existing)
+            return
+        workflow_id = ctx.workflow_id
+    elif step_ctx is not None:
+        sysdb = step_ctx.dbos.system_database
+        await sysdb.set_event_fenced(step_ctx.workflow_id, step_ctx.owner_xid, key, value)
+        workflow_id = step_ctx.workflow_id
+    else:
+        raise DBOSError("set_event can only be called from a workflow or one of its steps")
+    _dispatcher(sysdb).notify(WORKFLOW_EVENTS_CHANNEL, payload_key(workflow_id, key))
+
+
+async def _poll_event(sysdb: SystemDatabase, workflow_id: str, key: str,
+                      deadline: int | None) -> tuple[str, str | None] | None:
+    dispatcher = _dispatcher(sysdb)
+    with dispatcher.register(WORKFLOW_EVENTS_CHANNEL, payload_key(workflow_id, key)) as waiter:
+        while True:
+            async with dispatcher.polling():
+                found = await sysdb.get_event(workflow_id, key)
+            if found is not None:
+                return found
+            left = remaining(deadline)
+            if left is not None and left <= 0:
+                return None
+            await waiter.wait(left)
+
+
+async def get_event(dbos: DBOS, ctx: WorkflowContext | None, step_id: int | None,
+                    timeout_id: int | None, workflow_id: str, key: str,
+                    timeout: float | None) -> Any:  # noqa: ASYNC109
+    sysdb = (ctx.dbos if ctx is not None else dbos).system_database
+    if ctx is None or step_id is None or timeout_id is None:
+        deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
+        found = await _poll_event(sysdb, workflow_id, key, deadline)
+        return from_json(found[0], found[1], "an event") if found is not None else None
+    done, value = _recorded(ctx, step_id, GET_EVENT)
+    if done:
+        return value
+    deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
+                if timeout is not None else None)
+    found = await _poll_event(sysdb, workflow_id, key, deadline)
+    if found is None:
+        return await _record_value(ctx, step_id, GET_EVENT, "null")
+    from_json(found[0], found[1], "an event")  # check it before recording it
+    return await _record_value(ctx, step_id, GET_EVENT, found[0])
+
+
+async def get_all_events(dbos: DBOS, workflow_id: str) -> dict[str, Any]:
+    rows = await dbos.system_database.get_all_events(workflow_id)
+    return {key: from_json(value, serialization, f"event {key!r}")
+            for key, value, serialization in rows}
+
+
+# ---- Streams ----
+
+
+async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+                       step_id: int | None, key: str, value: str, name: str) -> None:
+    if ctx is not None and step_id is not None:
+        done, _ = _recorded(ctx, step_id, name)
+        if done:
+            return
+        sysdb = ctx.dbos.system_database
+        existing = await sysdb.write_stream_recorded(ctx.workflow_id, step_id, name,
+                                                     ctx.owner_xid, key, value)
+        if existing is not None:
+            _replay(ctx, step_id, name, existing)
+            return
+        workflow_id = ctx.workflow_id
+    elif step_ctx is not None:
+        sysdb = step_ctx.dbos.system_database
+        await sysdb.write_stream_fenced(step_ctx.workflow_id, step_ctx.owner_xid, key, value)
+        workflow_id = step_ctx.workflow_id
+    else:
+        raise DBOSError("Streams can be written only from a workflow or one of its steps")
+    _dispatcher(sysdb).notify(STREAMS_CHANNEL, payload_key(workflow_id, key))
+
+
+async def read_stream(dbos: DBOS, workflow_id: str, key: str, offset: int
+                      ) -> AsyncIterator[Any]:
+    sysdb = dbos.system_database
+    dispatcher = _dispatcher(sysdb)
+    # Other clients may not announce completion: re-read at least this often.
+    cap = dbos.config.result_poll_interval
+    with dispatcher.register(STREAMS_CHANNEL, payload_key(workflow_id, key),
+                             also=[(WORKFLOW_COMPLETION_CHANNEL, workflow_id)]) as waiter:
+        while True:
+            async with dispatcher.polling():
+                status, value, serialization, found = await sysdb.read_stream_value(
+                    workflow_id, key, offset
+                )
+            if status is None:
+                raise NonExistentWorkflowError(workflow_id)
+            if found:
+                if value == STREAM_CLOSED_SERIALIZED:
+                    return
+                yield from_json(value, serialization, f"stream {key!r} at offset {offset}")
+                offset += 1
+                continue
+            if status not in ACTIVE_STATUSES:
+                return
+            await waiter.wait(cap)
+
+
+# ---- Sleep ----
+
+
+async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float) -> None:
+    if ctx is None or step_id is None:
+        await asyncio.sleep(max(0.0, seconds))
+        return
+    deadline = await durable_deadline(ctx, step_id, seconds, complete_at_deadline=True)
+    left = remaining(deadline)
+    if left:
+        await asyncio.sleep(left)
+
+
+# ---- Completion ----
+
+
+def notify_completion(dbos: DBOS, workflow_id: str) -> None:
+    """Announce that ``workflow_id`` reached a terminal status (after that committed)."""
+    sysdb = dbos.system_database
+    if sysdb.notifications is not None:
+        sysdb.notifications.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
+
+
+async def _settled(handle: WorkflowHandle[Any]) -> None:
+    # Finished with an error is finished too.
+    with contextlib.suppress(Exception):
+        await handle.get_result()
+
+
+async def wait_first(handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+    if not handles:
+        raise DBOSError("wait_first needs at least one handle")
+    tasks = [asyncio.ensure_future(_settled(handle)) for handle in handles]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for handle, task in zip(handles, tasks, strict=True):
+        if task.done() and not task.cancelled():
+            return handle
+    raise DBOSError("wait_first was interrupted")
+
+
+async def wait_all(handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
+    return list(await asyncio.gather(*(handle.get_result() for handle in handles)))

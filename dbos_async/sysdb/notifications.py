@@ -1,0 +1,364 @@
+"""LISTEN/NOTIFY: one listener connection, a registry of waiters, and a coalescing notifier.
+
+Waiters follow one protocol so that no wake-up is lost: register first, then read the
+database, then wait. A notification that arrives between the read and the wait leaves the
+waiter's flag set, so the wait returns at once and the caller reads again.
+
+- The listener is a dedicated connection (not a pool slot) LISTENing on the channels below.
+  When it drops, every waiter is woken (each re-reads the database) and the listener
+  reconnects with backoff; until it is back, waits are capped at the poll interval.
+- Writers never NOTIFY inside their transactions: :meth:`NotificationDispatcher.notify`
+  queues a payload (and wakes this process's waiters at once); the notifier task sends each
+  batch, coalesced for ``coalesce_ms``, in one ``pg_notify`` statement after the writes
+  committed.
+- With ``use_listen_notify=False`` there is no listener and no NOTIFY: waits poll at
+  ``poll_interval``. A semaphore bounds how many polling reads run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import asyncpg
+
+logger = logging.getLogger("dbos_async")
+
+NOTIFICATIONS_CHANNEL = "dbos_notifications_channel"
+"""Fed by the trigger on ``notifications``; payload ``<destination>::<topic>``."""
+WORKFLOW_EVENTS_CHANNEL = "dbos_workflow_events_channel"
+"""Payload ``<workflow>::<key>``, sent after set_event."""
+STREAMS_CHANNEL = "dbos_streams_channel"
+"""Payload ``<workflow>::<key>``, sent after a stream write or close."""
+WORKFLOW_COMPLETION_CHANNEL = "dbos_workflow_completion_channel"
+"""Payload: the workflow ID, sent when a workflow reaches a terminal status."""
+ENQUEUE_CHANNEL = "dbos_enqueue_channel"
+"""Payload: a queue name, sent when a workflow is enqueued."""
+
+CHANNELS = (
+    NOTIFICATIONS_CHANNEL,
+    WORKFLOW_EVENTS_CHANNEL,
+    STREAMS_CHANNEL,
+    WORKFLOW_COMPLETION_CHANNEL,
+    ENQUEUE_CHANNEL,
+)
+
+Target = tuple[str, str]
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+Connect = Callable[[], Awaitable[asyncpg.Connection]]
+
+_NOTIFY_SQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
+
+
+def payload_key(workflow_id: str, name: str) -> str:
+    """The payload of a message, event or stream notification: ``<workflow>::<name>``."""
+    return f"{workflow_id}::{name}"
+
+
+class Waiter:
+    """A registration for one or more (channel, key) targets; use it as a context manager."""
+
+    def __init__(self, dispatcher: NotificationDispatcher, targets: Sequence[Target]) -> None:
+        self._dispatcher = dispatcher
+        self.targets = tuple(targets)
+        self._event = asyncio.Event()
+        self._registered = False
+
+    def _attach(self) -> None:
+        if not self._registered:
+            self._dispatcher._attach(self)
+            self._registered = True
+
+    def close(self) -> None:
+        if self._registered:
+            self._dispatcher._detach(self)
+            self._registered = False
+
+    def wake(self) -> None:
+        self._event.set()
+
+    @property
+    def woken(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self, timeout: float | None) -> bool:  # noqa: ASYNC109
+        """Wait for a notification or ``timeout`` seconds; True if notified.
+
+        Without a live listener the wait is capped at the dispatcher's poll interval, so the
+        caller re-reads the database at least that often. The flag is cleared on return, so
+        a notification arriving while the caller reads again is not lost.
+        """
+        cap = self._dispatcher.wait_cap()
+        if timeout is None or (cap is not None and cap < timeout):
+            timeout = cap
+        try:
+            if timeout is None:
+                await self._event.wait()
+            elif timeout > 0:
+                async with asyncio.timeout(timeout):
+                    await self._event.wait()
+        except TimeoutError:
+            pass
+        notified = self._event.is_set()
+        self._event.clear()
+        return notified
+
+    def __enter__(self) -> Waiter:
+        self._attach()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Waiter:
+        self._attach()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class NotificationDispatcher:
+    """The listener, the waiter registry and the notifier of one executor."""
+
+    def __init__(
+        self,
+        *,
+        connect: Connect,
+        pool: Callable[[], asyncpg.Pool],
+        use_listen_notify: bool = True,
+        coalesce_ms: float = 10.0,
+        poll_interval: float = 1.0,
+        max_polling_queries: int = 5,
+        reconnect_max_delay: float = 5.0,
+    ) -> None:
+        self._connect = connect
+        self._pool = pool
+        self.use_listen_notify = use_listen_notify
+        self.coalesce = coalesce_ms / 1000
+        self.poll_interval = poll_interval
+        self.reconnect_max_delay = reconnect_max_delay
+        self._poll_slots = asyncio.Semaphore(max(1, max_polling_queries))
+        self._waiters: dict[Target, set[Waiter]] = {}
+        self._pending: list[Target] = []
+        self._pending_event = asyncio.Event()
+        self._connection: asyncpg.Connection | None = None
+        self._lost = asyncio.Event()
+        self._stopping = False
+        self._listener_task: asyncio.Task[None] | None = None
+        self._notifier_task: asyncio.Task[None] | None = None
+        self.reconnects = 0
+        """How many times the listener reconnected after losing its connection."""
+        self.notifications_sent = 0
+        """How many payloads the notifier sent (after coalescing)."""
+        self.batches_sent = 0
+
+    # ---- Waiters ----
+
+    def register(self, channel: str, key: str, also: Iterable[Target] = ()) -> Waiter:
+        """A waiter for ``key`` on ``channel`` (and any ``also`` targets).
+
+        It is registered at once (and again on ``with``); read the database after this call
+        and before :meth:`Waiter.wait`.
+        """
+        waiter = Waiter(self, [(channel, key), *also])
+        waiter._attach()
+        return waiter
+
+    def _attach(self, waiter: Waiter) -> None:
+        for target in waiter.targets:
+            self._waiters.setdefault(target, set()).add(waiter)
+
+    def _detach(self, waiter: Waiter) -> None:
+        for target in waiter.targets:
+            waiters = self._waiters.get(target)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[target]
+
+    def waiter_count(self) -> int:
+        return len({w for ws in self._waiters.values() for w in ws})
+
+    def wake(self, channel: str, key: str) -> None:
+        """Wake this process's waiters on (channel, key)."""
+        for waiter in self._waiters.get((channel, key), ()):
+            waiter.wake()
+
+    def wake_all(self) -> None:
+        """Wake every waiter, so each reads the database again."""
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.wake()
+
+    @property
+    def listening(self) -> bool:
+        return self._connection is not None and not self._connection.is_closed()
+
+    @property
+    def listener_pid(self) -> int | None:
+        """The server process ID of the listener's connection, while connected."""
+        conn = self._connection
+        return conn.get_server_pid() if conn is not None and not conn.is_closed() else None
+
+    def wait_cap(self) -> float | None:
+        """The longest a waiter may wait before reading again; None while LISTEN is live."""
+        if self.use_listen_notify and self.listening:
+            return None
+        return self.poll_interval
+
+    def polling(self) -> asyncio.Semaphore:
+        """Hold this (``async with``) around a waiter's read, to bound concurrent polls."""
+        return self._poll_slots
+
+    # ---- Outgoing notifications ----
+
+    def notify(self, channel: str, key: str) -> None:
+        """Wake local waiters now and queue a NOTIFY for other processes.
+
+        Call this only after the write it announces has committed.
+        """
+        self.wake(channel, key)
+        if not self.use_listen_notify or self._stopping:
+            return
+        self._pending.append((channel, key))
+        self._pending_event.set()
+
+    async def flush(self) -> None:
+        """Send the queued notifications now, in one statement."""
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        self._pending_event.clear()
+        unique = list(dict.fromkeys(batch))
+        channels = [c for c, _ in unique]
+        payloads = [p for _, p in unique]
+        try:
+            await self._pool().execute(_NOTIFY_SQL, channels, payloads)
+        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as error:
+            # Waiters elsewhere fall back to their poll intervals; nothing is lost for good.
+            logger.warning("Could not send %d notifications: %r", len(unique), error)
+            return
+        self.notifications_sent += len(unique)
+        self.batches_sent += 1
+
+    async def _run_notifier(self) -> None:
+        while True:
+            await self._pending_event.wait()
+            if self.coalesce > 0:
+                await asyncio.sleep(self.coalesce)
+            await self.flush()
+
+    # ---- The listener ----
+
+    def _on_notification(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
+        self.wake(channel, str(payload))
+
+    def _on_termination(self, _conn: object) -> None:
+        self._lost.set()
+
+    async def _listen_once(self) -> bool:
+        """Open the listener connection and LISTEN on every channel; False if it failed."""
+        try:
+            conn = await self._connect()
+        except Exception as error:  # any failure means: retry later
+            logger.warning("The notification listener could not connect: %r", error)
+            return False
+        try:
+            for channel in CHANNELS:
+                await conn.add_listener(channel, self._on_notification)
+            conn.add_termination_listener(self._on_termination)
+        except Exception as error:
+            logger.warning("The notification listener could not LISTEN: %r", error)
+            conn.terminate()
+            return False
+        self._lost.clear()
+        self._connection = conn
+        return True
+
+    def _drop_connection(self) -> None:
+        conn, self._connection = self._connection, None
+        if conn is not None and not conn.is_closed():
+            conn.terminate()
+
+    async def _run_listener(self) -> None:
+        delay = 0.05
+        try:
+            while True:
+                if self._connection is None:
+                    if await self._listen_once():
+                        delay = 0.05
+                        self.reconnects += 1
+                        # Notifications may have been missed while disconnected.
+                        self.wake_all()
+                    else:
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, self.reconnect_max_delay)
+                        continue
+                await self._watch_connection()
+                logger.warning("The notification listener lost its connection; reconnecting")
+                self._drop_connection()
+                # Every waiter re-reads now, and polls until the listener is back.
+                self.wake_all()
+        finally:
+            self._drop_connection()
+
+    async def _watch_connection(self) -> None:
+        """Return when the listener's connection is lost."""
+        conn = self._connection
+        assert conn is not None
+        while True:
+            try:
+                async with asyncio.timeout(5.0):
+                    await self._lost.wait()
+                return
+            except TimeoutError:
+                pass
+            # A health check catches a silently dead connection.
+            try:
+                async with asyncio.timeout(5.0):
+                    await conn.fetchval("SELECT 1")
+            except Exception:
+                return
+
+    # ---- Lifecycle ----
+
+    async def start(self, spawn: Spawn) -> None:
+        """Connect the listener (if enabled) and start the background tasks."""
+        if self.use_listen_notify:
+            await self._listen_once()
+            self._listener_task = spawn(self._run_listener(), "notification listener")
+            self._notifier_task = spawn(self._run_notifier(), "notifier")
+
+    async def stop(self) -> None:
+        """Send what is queued, stop the tasks and close the listener connection."""
+        self._stopping = True
+        for task in (self._notifier_task, self._listener_task):
+            if task is not None and not task.done():
+                task.cancel()
+        tasks = [t for t in (self._notifier_task, self._listener_task) if t is not None]
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            async with asyncio.timeout(5.0):
+                await self.flush()
+        except TimeoutError:
+            logger.warning("Gave up sending the last notifications on shutdown")
+        self._drop_connection()
+        self.wake_all()
+
+
+def remaining(deadline_ms: int | None) -> float | None:
+    """Seconds until ``deadline_ms`` (epoch milliseconds), or None for no deadline."""
+    if deadline_ms is None:
+        return None
+    return max(0.0, deadline_ms / 1000 - time.time())

@@ -1,0 +1,198 @@
+"""The notification dispatcher: LISTEN/NOTIFY, coalescing, reconnects, polling, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dbos_async import DBOS, SetWorkflowID
+from dbos_async.sysdb.notifications import (
+    NOTIFICATIONS_CHANNEL,
+    WORKFLOW_EVENTS_CHANNEL,
+    NotificationDispatcher,
+)
+
+
+def make(url: str, listen: bool = True, **settings: Any) -> DBOS:
+    options: dict[str, Any] = {"notification_poll_interval": 0.1, "shutdown_grace_period": 1,
+                               "application_version": "notify-v1", **settings}
+    return DBOS(system_database_url=url, use_listen_notify=listen, **options)
+
+
+def dispatcher_of(dbos: DBOS) -> NotificationDispatcher:
+    dispatcher = dbos.system_database.notifications
+    assert dispatcher is not None
+    return dispatcher
+
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    c = await asyncpg.connect(database_url)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_register_then_notify_is_never_lost(database_url: str,
+                                                  conn: asyncpg.Connection) -> None:
+    async with make(database_url) as dbos:
+        dispatcher = dispatcher_of(dbos)
+        assert dispatcher.listening and dispatcher.wait_cap() is None
+        with dispatcher.register(WORKFLOW_EVENTS_CHANNEL, "wf::k") as waiter:
+            # A notification landing before the wait (between "read" and "wait").
+            await conn.execute("SELECT pg_notify('dbos_workflow_events_channel', 'wf::k')")
+            async with asyncio.timeout(5):
+                assert await waiter.wait(None)
+            assert not await waiter.wait(0.05)  # consumed by the previous wait
+        assert dispatcher.waiter_count() == 0
+
+
+async def test_notifier_coalesces_into_batches(database_url: str,
+                                               conn: asyncpg.Connection) -> None:
+    heard: list[str] = []
+    await conn.add_listener(WORKFLOW_EVENTS_CHANNEL, lambda *a: heard.append(a[3]))
+    async with make(database_url, notification_coalesce_ms=50) as dbos:
+        dispatcher = dispatcher_of(dbos)
+        for i in range(100):
+            dispatcher.notify(WORKFLOW_EVENTS_CHANNEL, f"wf::{i % 10}")
+        async with asyncio.timeout(5):
+            while True:
+                if len(heard) >= 10:
+                    break
+                await asyncio.sleep(0.01)
+        assert sorted(heard) == sorted(f"wf::{i}" for i in range(10))
+        assert dispatcher.batches_sent == 1 and dispatcher.notifications_sent == 10
+
+
+async def test_listener_killed_mid_wait(database_url: str, conn: asyncpg.Connection) -> None:
+    dbos = make(database_url, notification_poll_interval=60)
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv(timeout=60)
+
+    async with dbos:
+        dispatcher = dispatcher_of(dbos)
+        with SetWorkflowID("r"):
+            handle = await dbos.start_workflow(receiver)
+        await asyncio.sleep(0.2)
+        pid = dispatcher.listener_pid
+        assert pid is not None
+        assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+        # A message from another session right away, possibly while the listener is down.
+        await conn.execute("SELECT dbos.send_message('r', '\"after kill\"'::json)")
+        t0 = time.monotonic()
+        async with asyncio.timeout(10):  # far below the receive timeout and poll interval
+            assert await handle.get_result() == "after kill"
+        assert time.monotonic() - t0 < 10
+        async with asyncio.timeout(10):
+            while True:
+                if dispatcher.listener_pid not in (None, pid):
+                    break
+                await asyncio.sleep(0.02)
+        assert dispatcher.reconnects >= 1
+        # And notifications flow again on the new connection.
+        with dispatcher.register(NOTIFICATIONS_CHANNEL, "x::y") as waiter:
+            await conn.execute("SELECT pg_notify('dbos_notifications_channel', 'x::y')")
+            async with asyncio.timeout(5):
+                assert await waiter.wait(None)
+
+
+async def test_listener_killed_wakes_every_waiter(database_url: str,
+                                                  conn: asyncpg.Connection) -> None:
+    async with make(database_url, notification_poll_interval=60) as dbos:
+        dispatcher = dispatcher_of(dbos)
+        waiters = [dispatcher.register(WORKFLOW_EVENTS_CHANNEL, f"w::{i}") for i in range(20)]
+        waits = [asyncio.ensure_future(w.wait(60)) for w in waiters]
+        await asyncio.sleep(0.05)
+        await conn.execute("SELECT pg_terminate_backend($1)", dispatcher.listener_pid)
+        async with asyncio.timeout(10):
+            await asyncio.gather(*waits)
+        for w in waiters:
+            w.close()
+
+
+async def test_polling_mode_has_no_listener(database_url: str,
+                                            conn: asyncpg.Connection) -> None:
+    dbos = make(database_url, listen=False, connection_name="polling_exec")
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv(timeout=10)
+
+    async with dbos:
+        dispatcher = dispatcher_of(dbos)
+        assert not dispatcher.listening and dispatcher.wait_cap() == 0.1
+        listening = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'polling_exec' "
+            "AND query ILIKE 'LISTEN%'")
+        assert listening == 0
+        with SetWorkflowID("r"):
+            handle = await dbos.start_workflow(receiver)
+        await asyncio.sleep(0.2)
+        await conn.execute("SELECT dbos.send_message('r', '1'::json)")
+        async with asyncio.timeout(5):
+            assert await handle.get_result() == 1
+        dispatcher.notify(WORKFLOW_EVENTS_CHANNEL, "a::b")
+        assert dispatcher.notifications_sent == 0
+
+
+async def test_polling_queries_are_bounded(database_url: str) -> None:
+    dbos = make(database_url, listen=False, pool_size=4, max_polling_queries=2)
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv(timeout=30)
+
+    async with dbos:
+        dispatcher = dispatcher_of(dbos)
+        slots = dispatcher.polling()
+        peak = 0
+        handles = []
+        for i in range(60):
+            with SetWorkflowID(f"r{i}"):
+                handles.append(await dbos.start_workflow(receiver))
+
+        async def watch() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, 2 - slots._value)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.ensure_future(watch())
+        await asyncio.sleep(0.3)
+        await asyncio.gather(*(dbos.send(f"r{i}", i) for i in range(60)))
+        async with asyncio.timeout(20):
+            assert await dbos.wait_all(handles) == list(range(60))
+        watcher.cancel()
+        assert 1 <= peak <= 2
+
+
+@pytest.mark.parametrize("listen", [True, False], ids=["listen", "poll"])
+async def test_nothing_outlives_the_executor(database_url: str, conn: asyncpg.Connection,
+                                             listen: bool) -> None:
+    dbos = make(database_url, listen, connection_name="lifecycle_exec")
+
+    @dbos.workflow()
+    async def waiter() -> Any:
+        return await dbos.recv(timeout=60)
+
+    before = set(asyncio.all_tasks())
+    async with dbos:
+        await dbos.start_workflow(waiter)
+        dispatcher_of(dbos).notify(WORKFLOW_EVENTS_CHANNEL, "x::y")
+        await asyncio.sleep(0.1)
+    assert set(asyncio.all_tasks()) - before - {asyncio.current_task()} == set()
+    assert len(dbos.background) == 0 and len(dbos.tasks) == 0
+    async with asyncio.timeout(5):
+        while True:
+            if not await conn.fetchval("SELECT count(*) FROM pg_stat_activity "
+                                       "WHERE application_name = 'lifecycle_exec'"):
+                break
+            await asyncio.sleep(0.05)
