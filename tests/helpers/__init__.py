@@ -1,0 +1,167 @@
+"""Shared helpers of the executor tests: DBOS instances for tests, and reads of the system DB.
+
+Everything here reads the database directly with asyncpg, so the tests check what was really
+written, not what the executor believes it wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from dbos_async import DBOS
+
+EXECUTOR_ID = "test-executor"
+APP_VERSION = "test-version-1"
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other test (or xdist worker) uses, e.g. for ``connection_name``."""
+    return f"{prefix}_{uuid.uuid4().hex[:16]}"
+
+
+def new_dbos(url: str, **settings: Any) -> DBOS:
+    """A DBOS instance for a test: its own connection name, a fixed executor and version.
+
+    Instances created with the same ``executor_id`` and ``application_version`` recover each
+    other's PENDING workflows, which is what the recovery tests rely on.
+    """
+    defaults: dict[str, Any] = {
+        "system_database_url": url,
+        "executor_id": EXECUTOR_ID,
+        "application_version": APP_VERSION,
+        "connection_name": unique_name("dbos_test"),
+        "shutdown_grace_period": 5.0,
+        "result_poll_interval": 0.05,
+        "connect_timeout": 10.0,
+        "pool_size": 4,
+    }
+    defaults.update(settings)
+    return DBOS(**defaults)
+
+
+def url_with_database(url: str, database: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + database))
+
+
+async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        return await conn.fetch(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def fetchval(url: str, sql: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        return await conn.fetchval(sql, *args)
+    finally:
+        await conn.close()
+
+
+async def execute(url: str, sql: str, *args: Any) -> None:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        await conn.execute(sql, *args)
+    finally:
+        await conn.close()
+
+
+@dataclass(frozen=True)
+class StepRow:
+    function_id: int
+    function_name: str
+    output: Any
+    error: dict[str, Any] | None
+    child_workflow_id: str | None
+
+
+async def step_rows(url: str, workflow_id: str) -> list[StepRow]:
+    """The workflow's ``dbos.operation_outputs`` rows, by function_id, JSON decoded."""
+    rows = await fetch(
+        url,
+        """SELECT function_id, function_name, output, error, child_workflow_id
+           FROM dbos.operation_outputs WHERE workflow_uuid = $1 ORDER BY function_id""",
+        workflow_id,
+    )
+    return [
+        StepRow(
+            r["function_id"],
+            r["function_name"],
+            json.loads(r["output"]) if r["output"] is not None else None,
+            json.loads(r["error"]) if r["error"] is not None else None,
+            r["child_workflow_id"],
+        )
+        for r in rows
+    ]
+
+
+async def workflow_row(url: str, workflow_id: str) -> asyncpg.Record | None:
+    """The ``dbos.workflow_status`` row, with the stored output and error."""
+    rows = await fetch(
+        url,
+        """SELECT ws.*, COALESCE(wo.output, ws.output) AS stored_output,
+                  COALESCE(wo.error, ws.error) AS stored_error
+           FROM dbos.workflow_status ws
+           LEFT JOIN dbos.workflow_output wo USING (workflow_uuid)
+           WHERE ws.workflow_uuid = $1""",
+        workflow_id,
+    )
+    return rows[0] if rows else None
+
+
+async def count_workflows(url: str) -> int:
+    return int(await fetchval(url, "SELECT count(*) FROM dbos.workflow_status"))
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], *, patience: float = 30.0, interval: float = 0.02,
+    what: str = "condition",
+) -> None:
+    """Poll ``predicate`` until it holds; fail after a generous ``patience`` (not a timing test)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + patience
+    while not await predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {patience}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def wait_for_steps(url: str, workflow_id: str, count: int, *, patience: float = 30.0) -> None:
+    """Wait until at least ``count`` steps of the workflow are recorded."""
+
+    async def recorded() -> bool:
+        return len(await step_rows(url, workflow_id)) >= count
+
+    await wait_until(recorded, patience=patience, what=f"{count} steps of {workflow_id}")
+
+
+async def connections_named(url: str, name: str) -> int:
+    """How many server connections carry ``application_name = name``."""
+    return int(
+        await fetchval(
+            url, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name
+        )
+    )
+
+
+async def wait_no_connections(url: str, name: str, *, patience: float = 15.0) -> None:
+    # A closed client connection disappears from pg_stat_activity once its backend has
+    # exited, which is asynchronous to the client's close: wait for it, generously.
+    async def gone() -> bool:
+        return await connections_named(url, name) == 0
+
+    await wait_until(gone, patience=patience, interval=0.05, what=f"connections {name!r} to close")
+
+
+def other_tasks() -> set[asyncio.Task[Any]]:
+    """Every task of the running loop except the current one."""
+    return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[arg-type]

@@ -1,0 +1,102 @@
+"""A worker process for the crash-recovery tests (run with the test's own interpreter).
+
+usage: python recovery_worker.py URL MODE KIND WORKFLOW_ID
+
+``MODE`` is ``start``: start workflow ``KIND`` under ``WORKFLOW_ID`` and wait forever (the
+test SIGKILLs the process mid-workflow); or ``recover``: enter DBOS, which recovers this
+executor's PENDING workflows, wait for ``WORKFLOW_ID`` to finish and print its result as one
+line of JSON.
+
+Every step first inserts its name into ``side_effects(step text)`` in the same database (on
+its own connection, outside the step's checkpoint) and then sleeps, so the test can tell how
+often each step's body really ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import asyncpg
+
+from dbos_async import DBOS, SetWorkflowID
+
+# Both processes must use the same executor ID and application version: recovery claims only
+# the PENDING workflows of its own executor and version.
+EXECUTOR_ID = "crash-test-executor"
+APP_VERSION = "crash-test-version"
+SEQUENTIAL_STEPS = 5
+SEQUENTIAL_SLEEP = 0.3
+FAN_WIDTH = 4
+
+
+def build(url: str) -> tuple[DBOS, dict[str, Any]]:
+    dbos = DBOS(
+        system_database_url=url,
+        executor_id=EXECUTOR_ID,
+        application_version=APP_VERSION,
+        connection_name=f"crash_worker_{os.getpid()}",
+        shutdown_grace_period=0,
+        result_poll_interval=0.05,
+    )
+
+    async def side_effect(name: str) -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("INSERT INTO side_effects (step) VALUES ($1)", name)
+        finally:
+            await conn.close()
+
+    @dbos.step(name="seq_step")
+    async def seq_step(i: int) -> str:
+        await side_effect(f"seq-{i}")
+        await asyncio.sleep(SEQUENTIAL_SLEEP)
+        return f"done-{i}"
+
+    @dbos.workflow(name="sequential")
+    async def sequential() -> list[str]:
+        return [await seq_step(i) for i in range(SEQUENTIAL_STEPS)]
+
+    @dbos.step(name="fan_step")
+    async def fan_step(i: int) -> int:
+        await side_effect(f"fan-{i}")
+        # Staggered, and longer for later calls: the kill lands with some recorded and some
+        # still in flight.
+        await asyncio.sleep(0.2 + 0.4 * i)
+        return i * i
+
+    @dbos.step(name="sum_step")
+    async def sum_step(values: list[int]) -> int:
+        await side_effect("sum")
+        return sum(values)
+
+    @dbos.workflow(name="fanout")
+    async def fanout() -> dict[str, Any]:
+        squares = await asyncio.gather(*(fan_step(i) for i in range(FAN_WIDTH)))
+        total = await sum_step(list(squares))
+        return {"squares": list(squares), "total": total}
+
+    return dbos, {"sequential": sequential, "fanout": fanout}
+
+
+async def main(url: str, mode: str, kind: str, workflow_id: str) -> None:
+    dbos, workflows = build(url)
+    async with dbos:
+        if mode == "start":
+            with SetWorkflowID(workflow_id):
+                await dbos.start_workflow(workflows[kind])
+            print("started", flush=True)
+            await asyncio.Event().wait()  # until SIGKILL
+        elif mode == "recover":
+            handle = await dbos.retrieve_workflow(workflow_id)
+            result = await handle.get_result()
+            print(json.dumps(result), flush=True)
+        else:
+            raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:5]))
