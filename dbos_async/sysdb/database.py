@@ -237,23 +237,7 @@ class SystemDatabase:
             started_at_ms, completed_at_ms,
         )
         row = await self._fetchrow(query, f"checkpointing step {function_id} of {workflow_id}")
-        if row is None:
-            raise NonExistentWorkflowError(workflow_id)
-        if row["status"] == CANCELLED:
-            raise WorkflowCancelledError(workflow_id)
-        if row["status"] != PENDING or not row["owned"]:
-            raise WorkflowConflictError(workflow_id)
-        if row["inserted"]:
-            return None
-        existing = await self._fetchrow(
-            self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
-        )
-        if existing is None:
-            raise RuntimeError(f"Step {function_id} of {workflow_id} vanished while recorded")
-        record = _step_record(existing)
-        if record.function_name != function_name:
-            raise NondeterminismError(workflow_id, function_id, record.function_name, function_name)
-        return record
+        return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
 
     async def record_outcome(
         self,
@@ -307,7 +291,6 @@ class SystemDatabase:
             "registering the application version",
             lambda: self.pool.execute(query.sql, *query.params),
         )
-
 
     # ---- Messages, events and streams ----
 

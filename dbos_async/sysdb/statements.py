@@ -322,7 +322,6 @@ class Statements:
         error: str | None,
         started_at_ms: int,
         completed_at_ms: int,
-        child_workflow_id: str | None = None,
     ) -> Query:
         """Fence, notice cancellation and record a step's outcome, in one round trip.
 
@@ -332,38 +331,11 @@ class Statements:
         step; the caller reads an existing one back when ``inserted`` is false.
         """
         p = Params()
-        values = {
-            **self.wf_values(workflow_id),
-            "workflow_uuid": workflow_id,
-            "function_id": function_id,
-            "function_name": function_name,
-            "output": output,
-            "error": error,
-            "child_workflow_id": child_workflow_id,
-            "started_at_epoch_ms": started_at_ms,
-            "completed_at_epoch_ms": completed_at_ms,
-            "serialization": PORTABLE_JSON,
-        }
-        casts = {"function_id": "integer", "started_at_epoch_ms": "bigint",
-                 "completed_at_epoch_ms": "bigint"}
-        owner = p(owner_xid)
-        return Query(
-            f"""WITH owner AS (
-                  SELECT status, owner_xid FROM {self.table('workflow_status')}
-                  WHERE {self.wf(None, workflow_id, p)}
-                  FOR NO KEY UPDATE
-                ), inserted AS (
-                  INSERT INTO {self.table('operation_outputs')} ({', '.join(values)})
-                  SELECT {', '.join(p(v, casts.get(k, 'text')) for k, v in values.items())}
-                  FROM owner WHERE owner.status = {p(PENDING)} AND owner.owner_xid = {owner}
-                  ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id')}) DO NOTHING
-                  RETURNING 1
-                )
-                SELECT owner.status, owner.owner_xid IS NOT DISTINCT FROM {owner} AS owned,
-                       EXISTS (SELECT 1 FROM inserted) AS inserted
-                FROM owner""",
-            p.values,
-        )
+        owner = self._owner_cte(workflow_id, p)
+        step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
+                              output=output, error=error, started_at_ms=started_at_ms,
+                              completed_at_ms=completed_at_ms)
+        return Query(f"WITH {owner}, {step} {self._verdict(owner_xid, 'step', p)}", p.values)
 
     def get_checkpoint(self, workflow_id: str, function_id: int) -> Query:
         p = Params()
@@ -492,6 +464,14 @@ class Statements:
     def _owned(self, owner_xid: str, p: Params) -> str:
         return f"owner.status = {p(PENDING)} AND owner.owner_xid = {p(owner_xid)}"
 
+    def _verdict(self, owner_xid: str, write: str, p: Params) -> str:
+        """What a fenced statement returns: the status, whether we own it, whether ``write``
+        landed."""
+        owned = f"owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)}"
+        return f"""SELECT owner.status, {owned} AS owned,
+                       EXISTS (SELECT 1 FROM {write}) AS inserted
+                FROM owner"""
+
     def _step_cte(
         self,
         workflow_id: str,
@@ -503,6 +483,7 @@ class Statements:
         output: str | None,
         started_at_ms: int,
         completed_at_ms: int,
+        error: str | None = None,
         output_sql: str | None = None,
         source: str = "owner",
     ) -> str:
@@ -515,6 +496,7 @@ class Statements:
             "function_id": p(function_id, "integer"),
             "function_name": p(function_name, "text"),
             "output": output_sql if output_sql is not None else p(output, "text"),
+            "error": p(error, "text"),
             "started_at_epoch_ms": p(started_at_ms, "bigint"),
             "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
             "serialization": p(PORTABLE_JSON, "text"),
@@ -578,9 +560,7 @@ class Statements:
                   ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING
                   RETURNING 1
                 )
-                SELECT owner.status, owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned,
-                       EXISTS (SELECT 1 FROM sent) AS inserted
-                FROM owner""",
+                {self._verdict(owner_xid, 'sent', p)}""",
             p.values,
         )
 
@@ -605,9 +585,7 @@ class Statements:
                   ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING
                   RETURNING 1
                 )
-                SELECT owner.status, owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned,
-                       EXISTS (SELECT 1 FROM step) AS inserted
-                FROM owner""",
+                {self._verdict(owner_xid, 'step', p)}""",
             p.values,
         )
 
@@ -717,9 +695,7 @@ class Statements:
         events = self._event_ctes(workflow_id, key, value, function_id, "step", p)
         return Query(
             f"""WITH {owner}, {step}, {events}
-                SELECT owner.status, owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned,
-                       EXISTS (SELECT 1 FROM step) AS inserted
-                FROM owner""",
+                {self._verdict(owner_xid, 'step', p)}""",
             p.values,
         )
 
@@ -731,9 +707,7 @@ class Statements:
                                   f"owner WHERE {self._owned(owner_xid, p)}", p)
         return Query(
             f"""WITH {owner}, {events}
-                SELECT owner.status, owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned,
-                       EXISTS (SELECT 1 FROM event) AS inserted
-                FROM owner""",
+                {self._verdict(owner_xid, 'event', p)}""",
             p.values,
         )
 
@@ -789,9 +763,7 @@ class Statements:
         written = self._stream_cte(workflow_id, key, value, function_id, "step", p)
         return Query(
             f"""WITH {owner}, {step}, {written}
-                SELECT owner.status, owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned,
-                       EXISTS (SELECT 1 FROM step) AS inserted
-                FROM owner""",
+                {self._verdict(owner_xid, 'step', p)}""",
             p.values,
         )
 
@@ -805,9 +777,7 @@ class Statements:
                                    f"owner WHERE {self._owned(owner_xid, p)}", p)
         return Query(
             f"""WITH {owner}, {written}
-                SELECT owner.status, owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned,
-                       EXISTS (SELECT 1 FROM written) AS inserted
-                FROM owner""",
+                {self._verdict(owner_xid, 'written', p)}""",
             p.values,
         )
 
