@@ -67,7 +67,8 @@ class Signature:
     def __init__(self, fn: Callable[..., Any], skip_first: bool = False) -> None:
         self.qualname = getattr(fn, "__qualname__", repr(fn))
         self._fn = fn
-        parameters = list(inspect.signature(fn).parameters.values())
+        self._signature = inspect.signature(fn)
+        parameters = list(self._signature.parameters.values())
         self.parameters = parameters[1:] if skip_first else parameters
         self.skip_first = skip_first
 
@@ -100,8 +101,7 @@ class Signature:
 
     def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         try:
-            inspect.signature(self._fn).bind(*((None,) if self.skip_first else ()), *args,
-                                             **kwargs)
+            self._signature.bind(*((None,) if self.skip_first else ()), *args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{self.qualname}(): {error}") from None
         positional = [to_json_value(a, f"argument {i} of {self.qualname}")
