@@ -17,15 +17,15 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dbos_async.errors import DBOSError, NondeterminismError, NonExistentWorkflowError
+from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.executor.context import WorkflowContext
 from dbos_async.executor.serialization import (
-    deserialize_error,
     from_json,
     serialize_error,
     to_json,
 )
-from dbos_async.sysdb.database import StepRecord, SystemDatabase, now_ms
+from dbos_async.executor.steps import replay
+from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     STREAMS_CHANNEL,
@@ -64,19 +64,11 @@ def _dispatcher(sysdb: SystemDatabase) -> NotificationDispatcher:
     return dispatcher
 
 
-def _replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord) -> Any:
-    if record.function_name != name:
-        raise NondeterminismError(ctx.workflow_id, step_id, record.function_name, name)
-    if record.error is not None:
-        raise deserialize_error(record.error, record.serialization)
-    return from_json(record.output, record.serialization, f"the output of {name}")
-
-
 def _recorded(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, Any]:
     record = ctx.checkpoints.get(step_id)
     if record is None:
         return False, None
-    return True, _replay(ctx, step_id, name, record)
+    return True, replay(ctx, step_id, name, record)
 
 
 async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
@@ -97,7 +89,7 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
         completed_at_ms=deadline if complete_at_deadline else started,
     )
     if existing is not None:
-        return int(_replay(ctx, step_id, SLEEP, existing))
+        return int(replay(ctx, step_id, SLEEP, existing))
     return deadline
 
 
@@ -109,7 +101,7 @@ async def _record_value(ctx: WorkflowContext, step_id: int, name: str, output: s
         started_at_ms=started, completed_at_ms=started,
     )
     if existing is not None:
-        return _replay(ctx, step_id, name, existing)
+        return replay(ctx, step_id, name, existing)
     return from_json(output, None, f"the output of {name}")
 
 
@@ -140,7 +132,7 @@ async def send(dbos: DBOS, ctx: WorkflowContext | None, step_ctx: WorkflowContex
                                     completed_at_ms=started)
             raise
         if existing is not None:
-            _replay(ctx, step_id, SEND, existing)
+            replay(ctx, step_id, SEND, existing)
             return
     elif step_ctx is not None:
         await sysdb.send_fenced(step_ctx.workflow_id, step_ctx.owner_xid, destination_id,
@@ -188,7 +180,7 @@ async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | Non
         existing = await sysdb.set_event_recorded(ctx.workflow_id, step_id, ctx.owner_xid,
                                                   key, value)
         if existing is not None:
-            _replay(ctx, step_id, SET_EVENT, existing)
+            replay(ctx, step_id, SET_EVENT, existing)
             return
         workflow_id = ctx.workflow_id
     elif step_ctx is not None:
@@ -254,7 +246,7 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
         existing = await sysdb.write_stream_recorded(ctx.workflow_id, step_id, name,
                                                      ctx.owner_xid, key, value)
         if existing is not None:
-            _replay(ctx, step_id, name, existing)
+            replay(ctx, step_id, name, existing)
             return
         workflow_id = ctx.workflow_id
     elif step_ctx is not None:

@@ -10,7 +10,12 @@ from typing import Any
 
 from dbos_async.errors import DBOSError, NondeterminismError, StepRetriesExceededError
 from dbos_async.executor.context import WorkflowContext, running_step
-from dbos_async.executor.serialization import Signature, deserialize_error, serialize_error
+from dbos_async.executor.serialization import (
+    Signature,
+    deserialize_error,
+    from_json,
+    serialize_error,
+)
 from dbos_async.sysdb.database import StepRecord, now_ms
 
 logger = logging.getLogger("dbos_async")
@@ -93,12 +98,17 @@ async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any])
 
 
 def replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord,
-           signature: Signature) -> Any:
-    """The recorded outcome of a step, as the live call returned or raised it."""
+           signature: Signature | None = None) -> Any:
+    """The recorded outcome of a step, as the live call returned or raised it.
+
+    With a signature the output is coerced to its return annotation; without, it is plain JSON.
+    """
     if record.function_name != name:
         raise NondeterminismError(ctx.workflow_id, step_id, record.function_name, name)
     if record.error is not None:
         raise deserialize_error(record.error, record.serialization)
+    if signature is None:
+        return from_json(record.output, record.serialization, f"the output of {name}")
     return signature.deserialize_result(record.output, record.serialization)
 
 
