@@ -28,13 +28,20 @@ SCRIPT = Path(__file__).resolve()
 async def run_subprocess(url: str, *, workflows: int, concurrency: int, pool_size: int,
                          warmup: int, time_limit: float = 300.0) -> dict[str, Any]:
     """Run this file as a child process and return the result it prints."""
+    return await run_child(SCRIPT, [
+        "--url", url, "--workflows", str(workflows), "--concurrency", str(concurrency),
+        "--pool-size", str(pool_size), "--warmup", str(warmup),
+    ], time_limit)
+
+
+async def run_child(script: Path, argv: list[str], time_limit: float) -> dict[str, Any]:
+    """Run ``script`` with ``argv`` in a child process without any ``DBOS_*``, ``DBOS__*`` or
+    ``OTEL_*`` environment variable; return what it prints after :data:`MARKER`."""
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("DBOS_", "DBOS__", "OTEL_"))}
     env["PYTHONUNBUFFERED"] = "1"
     child = await asyncio.create_subprocess_exec(
-        sys.executable, str(SCRIPT),
-        "--url", url, "--workflows", str(workflows), "--concurrency", str(concurrency),
-        "--pool-size", str(pool_size), "--warmup", str(warmup),
+        sys.executable, str(script), *argv,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
     )
     try:
@@ -42,13 +49,14 @@ async def run_subprocess(url: str, *, workflows: int, concurrency: int, pool_siz
     except TimeoutError:
         child.kill()
         await child.wait()
-        raise RuntimeError(f"the dbos benchmark did not finish within {time_limit:.0f}s") from None
+        raise RuntimeError(
+            f"{script.name} did not finish within {time_limit:.0f}s") from None
     for line in reversed(stdout.decode(errors="replace").splitlines()):
         if line.startswith(MARKER):
             result: dict[str, Any] = json.loads(line[len(MARKER):])
             return result
     raise RuntimeError(
-        f"the dbos benchmark exited with {child.returncode} and no result\n"
+        f"{script.name} exited with {child.returncode} and no result\n"
         f"--- stdout ---\n{stdout.decode(errors='replace')[-3000:]}\n"
         f"--- stderr ---\n{stderr.decode(errors='replace')[-3000:]}"
     )

@@ -12,6 +12,12 @@ One run, one PostgreSQL server, three scratch databases (dropped and recreated e
    over a pool of the same size; once with no pool reset (the floor) and once with asyncpg's
    default reset query on release (what a pool gives unless told otherwise).
 
+Then, unless --skip-latency (--latency-only runs only this part), the latency of single
+operations, one at a time: send -> recv wake-up, set_event -> get_event, write_stream ->
+read_stream and start_workflow -> get_result, median and p99, for dbos_async
+(bench_latency_dbos_async.py) and for the `dbos` package in a child process
+(bench_latency_dbos.py), on two more scratch databases; see latency.py.
+
 See benchmarks/README.md for what each figure means.
 """
 
@@ -32,7 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_dbos
 import bench_dbos_async
+import bench_latency_dbos
+import bench_latency_dbos_async
 import bench_raw
+import latency
 from common import DEFAULT_URL, drop_database, recreate_database, server_facts
 
 WORKFLOW_RATIO_TARGET = 5.0
@@ -43,6 +52,7 @@ EXPECTED_PER_STEP = 1.0
 # Statement counts within 5% of the expectation pass: amortized extras (a batched
 # notification statement, say) are reported but do not fail the line.
 COUNT_TOLERANCE = 1.05
+LATENCY_MEDIAN_TARGET_MS = 10.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -69,6 +79,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also write the results as JSON to PATH")
     parser.add_argument("--skip-dbos", action="store_true",
                         help="do not run the dbos package (no ratio)")
+    parser.add_argument("--latency-samples", type=int, default=200,
+                        help="dbos_async samples per latency operation (default 200; half "
+                             "as many through another executor)")
+    parser.add_argument("--dbos-latency-samples", type=int, default=50,
+                        help="samples per latency operation for the dbos package (default 50)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--skip-latency", action="store_true",
+                       help="do not measure the latencies (throughput only)")
+    which.add_argument("--latency-only", action="store_true",
+                       help="measure only the latencies (no throughput)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the scratch databases after the run")
     parser.add_argument("--profile", action="store_true",
@@ -81,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rounds must be >= 1")
     if args.dbos_workflows is not None and args.dbos_workflows < 1:
         parser.error("--dbos-workflows must be >= 1")
+    if args.latency_samples < 1 or args.dbos_latency_samples < 1:
+        parser.error("--latency-samples and --dbos-latency-samples must be >= 1")
     if args.profile:
         args.rounds = 1
     if args.dbos_workflows is None:
@@ -89,17 +111,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    n, c, pool = args.workflows, args.concurrency, args.pool_size
-    names = {kind: f"{args.db_prefix}_{kind}" for kind in ("dbos_async", "dbos", "raw")}
     facts = await server_facts(args.url)
     results: dict[str, Any] = {
         "server": facts,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "parameters": {
-            "workflows": n, "dbos_workflows": args.dbos_workflows, "concurrency": c,
-            "pool_size": pool, "steps_per_workflow": 3, "rounds": args.rounds,
-        },
+        "parameters": {"pool_size": args.pool_size},
     }
+    if not args.latency_only:
+        await run_throughput(args, results)
+    if not args.skip_latency:
+        results["latency"] = await run_latency(args)
+    return results
+
+
+async def run_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    n, c, pool = args.workflows, args.concurrency, args.pool_size
+    names = {kind: f"{args.db_prefix}_{kind}" for kind in ("dbos_async", "dbos", "raw")}
+    results["parameters"].update({
+        "workflows": n, "dbos_workflows": args.dbos_workflows, "concurrency": c,
+        "steps_per_workflow": 3, "rounds": args.rounds,
+    })
     rounds: dict[str, list[dict[str, Any]]] = {key: [] for key in SYSTEMS}
     urls = {kind: await recreate_database(args.url, name) for kind, name in names.items()}
     try:
@@ -138,7 +169,51 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             results[key] = aggregate(key, runs)
     results["rounds"] = rounds
     results["summary"] = summarize(results)
-    return results
+
+
+async def run_latency(args: argparse.Namespace) -> dict[str, Any]:
+    """dbos_async's latencies, then the dbos package's (child process), one operation at a
+    time; figures per operation, and dbos median / dbos_async median."""
+    samples, pool = args.latency_samples, args.pool_size
+    other = max(1, samples // 2)
+    names = {kind: f"{args.db_prefix}_latency_{kind}" for kind in ("dbos_async", "dbos")}
+    if args.skip_dbos:
+        del names["dbos"]
+    out: dict[str, Any] = {}
+    urls = {kind: await recreate_database(args.url, name) for kind, name in names.items()}
+    try:
+        _progress(f"latency: dbos_async, {samples} samples per operation "
+                  f"({other} through another executor)")
+        out["dbos_async"] = await bench_latency_dbos_async.run(
+            urls["dbos_async"], samples=samples, other_samples=other,
+            warmup=min(samples, 20), pool_size=pool)
+        if "dbos" in urls:
+            m = args.dbos_latency_samples
+            _progress(f"latency: dbos, {m} samples per operation (child process)")
+            try:
+                out["dbos"] = await bench_latency_dbos.run_subprocess(
+                    urls["dbos"], samples=m, warmup=min(m, 5), pool_size=pool)
+            except RuntimeError as error:
+                _progress(f"dbos package latency run failed: {error}")
+                out["dbos_error"] = str(error)
+    finally:
+        if not args.keep:
+            for name in names.values():
+                await drop_database(args.url, name)
+    out["ratio_dbos_over_dbos_async_median"] = _latency_ratios(out)
+    return out
+
+
+def _latency_ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """dbos median / dbos_async median, per operation and per dbos_async path."""
+    peer = out.get("dbos", {}).get("operations", {})
+    ratios: dict[str, dict[str, float]] = {}
+    for path in ("same_executor", "other_executor"):
+        for op, fast in out["dbos_async"][path].items():
+            slow = peer.get(op, {})
+            if fast.get("median_ms") and slow.get("median_ms"):
+                ratios.setdefault(path, {})[op] = slow["median_ms"] / fast["median_ms"]
+    return ratios
 
 
 SYSTEMS = ("dbos_async", "dbos", "raw", "raw_default_reset")
@@ -236,19 +311,31 @@ def _verdict(ok: bool) -> str:
 
 
 def report(results: dict[str, Any], profiled: bool) -> str:
-    p, s = results["parameters"], results["summary"]
-    fast, server = results["dbos_async"], results["server"]
+    server = results["server"]
     out = [
-        "dbos_async benchmark: three-step workflows started concurrently",
+        "dbos_async benchmark",
         f"  PostgreSQL {server['server_version']}: synchronous_commit="
         f"{server['synchronous_commit']}, fsync={server['fsync']}, "
         f"shared_buffers={server['shared_buffers']}",
         f"  {results['machine']['cpus']} CPUs, Python {results['machine']['python']}",
+    ]
+    if "summary" in results:
+        out += throughput_report(results, profiled)
+    if "latency" in results:
+        out += latency_report(results["latency"])
+    return "\n".join(out)
+
+
+def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
+    p, s = results["parameters"], results["summary"]
+    fast = results["dbos_async"]
+    out = [
+        "",
+        "Throughput: three-step workflows started concurrently",
         f"  N={p['workflows']} workflows for dbos_async, {p['dbos_workflows']} for dbos; "
         f"concurrency C={p['concurrency']}; pool size {p['pool_size']} for all three",
         f"  {p['rounds']} interleaved round(s) per system; rates are medians (min-max)",
         "",
-        "Throughput",
     ]
     rows: list[tuple[str, ...]] = [
         ("system", "per round", "seconds", "workflows/s", "steps or inserts/s", "min-max")]
@@ -332,7 +419,66 @@ def report(results: dict[str, Any], profiled: bool) -> str:
         out += ["", "cProfile of the dbos_async measured run"]
         for title, text in fast["profile"].items():
             out += ["", f"--- {title} ---", text.rstrip()]
-    return "\n".join(out)
+    return out
+
+
+def _ms(figures: dict[str, Any], name: str) -> str:
+    return f"{figures[name]:.1f}" if name in figures else "n/a"
+
+
+def latency_report(lat: dict[str, Any]) -> list[str]:
+    fast = lat["dbos_async"]
+    peer = lat.get("dbos")
+    ratios = lat["ratio_dbos_over_dbos_async_median"]
+    dbos_label = f"dbos {peer.get('dbos_version') or ''}".rstrip() if peer else "dbos"
+    out = [
+        "",
+        "Latency: one operation at a time, ms from the write call to the waiter's wake-up",
+        f"  dbos_async: {fast['samples']} samples per operation through the executor running "
+        f"the workflows, {fast['other_executor_samples']} through another executor (a second "
+        "DBOS instance: LISTEN/NOTIFY, "
+        f"notification_coalesce_ms={fast['notification_coalesce_ms']:g}), after "
+        f"{fast['warmup']} warm-up samples",
+    ]
+    if peer:
+        out.append(f"  {dbos_label} (child process): {peer['samples']} samples per operation "
+                   f"after {peer['warmup']}; with so few, p99 is close to the maximum")
+    out.append("  p99 is nearest-rank; 'skipped': samples whose waiter was not waiting yet")
+    rows: list[tuple[str, ...]] = [("operation", "system", "samples", "median", "p99", "max",
+                                    "skipped", "dbos/this", "target")]
+    for op, label in latency.OPERATIONS.items():
+        systems = [("dbos_async", fast["same_executor"].get(op),
+                    ratios.get("same_executor", {}).get(op)),
+                   ("dbos_async, other executor", fast["other_executor"].get(op),
+                    ratios.get("other_executor", {}).get(op))]
+        if peer:
+            systems.append((f"{dbos_label} (child process)",
+                            peer["operations"].get(op), None))
+        elif "dbos_error" in lat:
+            systems.append(("dbos (FAILED, see stderr)", None, None))
+        for index, (system, figures, ratio) in enumerate(systems):
+            first = label if index == 0 else ""
+            if figures is None or "error" in figures:
+                note = figures["error"].splitlines()[0][:60] if figures else "n/a"
+                rows.append((first, system, "", "n/a", "n/a", "", "", "", note
+                             if figures else ""))
+                continue
+            target = ""
+            if system.startswith("dbos_async") and "median_ms" in figures:
+                target = (f"< {LATENCY_MEDIAN_TARGET_MS:.0f} ms "
+                          + _verdict(figures["median_ms"] < LATENCY_MEDIAN_TARGET_MS))
+            rows.append((first, system, str(figures["samples"]), _ms(figures, "median_ms"),
+                         _ms(figures, "p99_ms"), _ms(figures, "max_ms"),
+                         str(figures["not_waiting"]) if figures["not_waiting"] else "",
+                         f"{ratio:.1f}x" if ratio is not None else "", target))
+    out += _table(rows, "<<>>>>>><")
+    if peer:
+        out.append(f"  {dbos_label}: conductor connected: {peer['conductor']}, "
+                   f"OTLP export: {peer['otlp']}")
+    if "dbos_error" in lat:
+        out += ["  dbos package latency run FAILED:",
+                "  " + lat["dbos_error"].splitlines()[0]]
+    return out
 
 
 def _without_profile(value: Any) -> Any:

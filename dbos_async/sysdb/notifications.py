@@ -252,11 +252,13 @@ class NotificationDispatcher:
         self.batches_sent += 1
 
     async def _run_notifier(self) -> None:
+        # Leading edge: the first notification after a quiet spell goes out at once; those
+        # arriving while the window is open form the next batch.
         while True:
             await self._pending_event.wait()
+            await self.flush()
             if self.coalesce > 0:
                 await asyncio.sleep(self.coalesce)
-            await self.flush()
 
     # ---- The listener ----
 
