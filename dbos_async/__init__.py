@@ -9,6 +9,8 @@ from dbos_async.errors import (
     MigrationError,
     NondeterminismError,
     NonExistentWorkflowError,
+    QueueDeduplicatedError,
+    QueueNotFoundError,
     RecordedError,
     SerializationError,
     StepRetriesExceededError,
@@ -18,31 +20,42 @@ from dbos_async.errors import (
 )
 from dbos_async.executor.context import SetWorkflowID, SetWorkflowTimeout
 from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
+from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
+from dbos_async.executor.operations import ApplicationVersion, WorkflowStepInfo
+from dbos_async.executor.queues import Debouncer, Queue, RateLimit, SetEnqueueOptions
 from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DBOS",
+    "ApplicationVersion",
     "ConfigurationError",
     "DBOSConfig",
     "DBOSError",
     "DatabaseUnavailableError",
     "DeadLetteredError",
+    "Debouncer",
     "MigrationError",
     "NonExistentWorkflowError",
     "NondeterminismError",
+    "Queue",
+    "QueueDeduplicatedError",
+    "QueueNotFoundError",
+    "RateLimit",
     "RecordedError",
     "SerializationError",
+    "SetEnqueueOptions",
     "SetWorkflowID",
     "SetWorkflowTimeout",
     "StepRetriesExceededError",
     "WorkflowCancelledError",
     "WorkflowConflictError",
     "WorkflowHandle",
+    "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowStatus",
+    "WorkflowStepInfo",
     "bind_shard_keys",
     "shard_key_scope",
 ]

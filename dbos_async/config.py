@@ -64,6 +64,45 @@ class DBOSConfig(BaseModel):
     max_polling_queries: int | None = Field(
         None, ge=1, description="Concurrent polling reads of waiters; default pool_size // 2."
     )
+    # Operating workflows (see dbos_async/executor/cancellation.py and maintenance.py).
+    cancellation_poll_interval: float = Field(
+        1.0, gt=0,
+        description="Longest wait between the cancellation watcher's status reads while "
+        "steps or waits run (notifications wake it sooner).",
+    )
+    retention_hours: float | None = Field(
+        None, gt=0,
+        description="Delete terminal workflows that finished this many hours ago; None: off.",
+    )
+    retention_batch_size: int = Field(
+        1000, ge=1, description="Workflows the retention job deletes per statement."
+    )
+    global_timeout_hours: float | None = Field(
+        None, gt=0,
+        description="Cancel in-flight workflows created this many hours ago; None: off.",
+    )
+    maintenance_interval: float = Field(
+        300.0, gt=0, description="Seconds between runs of the retention and timeout jobs."
+    )
+
+    max_recovery_attempts: int = Field(
+        100, ge=0,
+        description="Recoveries a workflow gets before it is dead-lettered "
+        "(MAX_RECOVERY_ATTEMPTS_EXCEEDED).",
+    )
+    listen_queues: list[str] | None = Field(
+        None,
+        description="Queues this executor dequeues from (declared here or stored in the "
+        "queues table); default: every queue declared with it.",
+    )
+
+    @field_validator("listen_queues", mode="before")
+    @classmethod
+    def _split_queues(cls, value: Any) -> Any:
+        # From the environment: DBOS_LISTEN_QUEUES=a,b
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
 
     @field_validator("system_database_url")
     @classmethod

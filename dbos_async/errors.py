@@ -123,3 +123,29 @@ class RecordedError(DBOSError):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.message}"
+
+
+class QueueDeduplicatedError(DBOSError):
+    """An enqueue's deduplication ID is held by an active workflow on that queue."""
+
+    def __init__(self, queue_name: str, deduplication_id: str,
+                 workflow_id: str | None = None) -> None:
+        holder = f" (held by workflow {workflow_id!r})" if workflow_id else ""
+        super().__init__(
+            f"Queue {queue_name!r} already has an active workflow with deduplication ID "
+            f"{deduplication_id!r}{holder}"
+        )
+        self.queue_name = queue_name
+        self.deduplication_id = deduplication_id
+        self.workflow_id = workflow_id
+
+
+class QueueNotFoundError(DBOSError):
+    """No queue with this name is declared in code or stored in the ``queues`` table."""
+
+    def __init__(self, queue_name: str) -> None:
+        super().__init__(
+            f"Queue {queue_name!r} is not declared with this DBOS instance "
+            "(dbos.queue(...) / dbos.register_queue(...)) nor stored in the queues table"
+        )
+        self.queue_name = queue_name

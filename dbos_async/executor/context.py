@@ -29,6 +29,8 @@ class WorkflowContext:
     checkpoints: dict[int, StepRecord]
     deadline_epoch_ms: int | None
     next_step_id: int = field(default=0)
+    # Set by the cancellation watcher: no new step or wait of this execution starts.
+    cancelled: bool = field(default=False)
 
     def allocate_step_id(self) -> int:
         step_id = self.next_step_id

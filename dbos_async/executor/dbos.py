@@ -11,22 +11,27 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from dbos_async.config import DBOSConfig
-from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.executor import messaging, recovery, workflows
+from dbos_async.errors import DBOSError, NonExistentWorkflowError, QueueNotFoundError
+from dbos_async.executor import maintenance, messaging, operations, patches, recovery, workflows
+from dbos_async.executor.cancellation import CancellationWatcher
 from dbos_async.executor.context import (
     current_workflow,
     take_workflow_id,
     workflow_of_step,
     workflow_timeout,
 )
+from dbos_async.executor.dispatcher import QueueRuntime
 from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
+from dbos_async.executor.operations import ApplicationVersion, WorkflowStepInfo
+from dbos_async.executor.queues import LimiterSpec, Queue, internal_queue
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method
 from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb import connection
 from dbos_async.sysdb.connection import redact
-from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.control import WorkflowFilter
+from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import NotificationDispatcher
 
 logger = logging.getLogger("dbos_async")
@@ -59,6 +64,13 @@ class DBOS:
         self.application_version: str | None = self.config.application_version
         self.recovery_errors: list[DBOSError] = []
         self._state = "new"
+        # Queues declared here, queues to dispatch (None: every declared one), dispatchers.
+        self._queues: dict[str, Queue] = {}
+        self._listen: set[str] | None = (set(self.config.listen_queues)
+                                         if self.config.listen_queues is not None else None)
+        self.queue_runtime: QueueRuntime | None = None
+        # Interrupts steps and waits of cancelled workflows (one task for all of them).
+        self.cancellation = CancellationWatcher(self)
 
     # ---- Registration ----
 
@@ -98,6 +110,7 @@ class DBOS:
         max_retry_interval: float = 60.0,
         retry_on: RetryOn | None = None,
         timeout: float | None = None,
+        cancellable: bool = True,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Make an ``async def`` function a step: run once per workflow, its result recorded.
 
@@ -109,7 +122,7 @@ class DBOS:
             options = StepOptions(
                 name=name or fn.__qualname__, retries=retries, retry_interval=retry_interval,
                 backoff_rate=backoff_rate, max_retry_interval=max_retry_interval,
-                retry_on=retry_on, timeout=timeout,
+                retry_on=retry_on, timeout=timeout, cancellable=cancellable,
             )
             info = StepInfo(fn, options, Signature(fn))
 
@@ -140,6 +153,86 @@ class DBOS:
                 "call dbos.register_instance(obj, name) first"
             )
         return name
+
+    # ---- Queues (see executor/queues.py and executor/dispatcher.py) ----
+
+    def queue(
+        self,
+        name: str,
+        concurrency: int | None = None,
+        worker_concurrency: int | None = None,
+        limiter: LimiterSpec | None = None,
+        *,
+        partition_queue: bool = False,
+        partition_concurrency: int | None = None,
+        partition_worker_concurrency: int | None = None,
+        partition_limiter: LimiterSpec | None = None,
+        polling_interval: float = 1.0,
+    ) -> Queue:
+        """Declare a queue with this executor (see :class:`~dbos_async.Queue`)."""
+        return Queue(name, concurrency, worker_concurrency, limiter,
+                     partition_queue=partition_queue,
+                     partition_concurrency=partition_concurrency,
+                     partition_worker_concurrency=partition_worker_concurrency,
+                     partition_limiter=partition_limiter, polling_interval=polling_interval,
+                     dbos=self)
+
+    def register_queue(self, queue: Queue) -> Queue:
+        """Declare ``queue`` with this executor: stored in the queues table on enter, and
+        dispatched here unless :meth:`listen` chose other queues."""
+        if self._state != "new":
+            raise DBOSError("Declare queues before entering DBOS")
+        existing = self._queues.get(queue.name)
+        if existing is not None and existing is not queue:
+            raise DBOSError(f"A queue named {queue.name!r} is already declared")
+        queue.bind(self)
+        self._queues[queue.name] = queue
+        return queue
+
+    def listen(self, *queues: str | Queue) -> None:
+        """Dequeue only from these queues (declared here, or stored in the queues table by
+        another process); call before entering. Repeated calls add queues."""
+        if self._state != "new":
+            raise DBOSError("Call listen() before entering DBOS")
+        names = {q.name if isinstance(q, Queue) else q for q in queues}
+        self._listen = (self._listen or set()) | names
+
+    async def get_queue(self, name: str) -> Queue:
+        """A queue declared here, or one stored in the queues table (by any process)."""
+        self._require_running()
+        queue = self._queues.get(name)
+        if queue is not None:
+            return queue
+        records = await self.system_database.list_queues([name])
+        if not records:
+            raise QueueNotFoundError(name)
+        queue = Queue.from_record(records[0])
+        queue.bind(self)
+        return queue
+
+    async def _start_queues(self) -> None:
+        sysdb = self.system_database
+        for queue in self._queues.values():
+            await sysdb.upsert_queue(queue.record)
+        names = set(self._queues) if self._listen is None else set(self._listen)
+        records = [self._queues[n].record for n in sorted(names) if n in self._queues]
+        missing = sorted(names - set(self._queues))
+        if missing:
+            stored = {r.name: r for r in await sysdb.list_queues(missing)}
+            for name in missing:
+                if name not in stored:
+                    raise QueueNotFoundError(name)
+                records.append(stored[name])
+        # Every executor runs resumed workflows (DBOS's internal queue).
+        internal = internal_queue().record
+        if internal.name not in names:
+            records.append(internal)
+        self.queue_runtime = QueueRuntime(self, records)
+        self.queue_runtime.start()
+
+    async def _stop_queues(self) -> None:
+        if self.queue_runtime is not None:
+            await self.queue_runtime.stop()
 
     # ---- Starting and retrieving workflows ----
 
@@ -295,6 +388,163 @@ class DBOS:
         """The results of all ``handles``, in order; raises the first error met."""
         return await messaging.wait_all(handles)
 
+    # ---- Operating workflows (see executor/operations.py and sysdb/control.py) ----
+
+    async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
+        """Cancel a workflow (and with ``cancel_children`` every workflow it started,
+        recursively). A finished one keeps its outcome; cancelling twice changes nothing;
+        an unknown ID raises :class:`NonExistentWorkflowError`. A running workflow stops at
+        once (its step or wait is interrupted) and its ``get_result()`` raises
+        :class:`WorkflowCancelledError`."""
+        await self.cancel_workflows([workflow_id], cancel_children=cancel_children)
+
+    async def cancel_workflows(self, workflow_ids: Sequence[str],
+                               cancel_children: bool = False) -> list[str]:
+        """Cancel several workflows in one transaction (all or, if one is unknown, none).
+        Returns the IDs whose status changed."""
+        self._require_running()
+        return await operations.cancel(self, list(workflow_ids), cancel_children)
+
+    async def delete_workflow(self, workflow_id: str, delete_children: bool = False) -> None:
+        """Delete every row of a workflow (status, inputs, outputs, steps, messages,
+        events, streams), and with ``delete_children`` of its descendants. Unknown IDs are
+        ignored."""
+        await self.delete_workflows([workflow_id], delete_children=delete_children)
+
+    async def delete_workflows(self, workflow_ids: Sequence[str],
+                               delete_children: bool = False) -> None:
+        """Delete several workflows, in one transaction."""
+        self._require_running()
+        await operations.delete(self, list(workflow_ids), delete_children)
+
+    async def list_workflows(
+        self,
+        *,
+        workflow_ids: Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        name: str | Sequence[str] | None = None,
+        start_time: operations.TimeBound | None = None,
+        end_time: operations.TimeBound | None = None,
+        queue_name: str | Sequence[str] | None = None,
+        parent_workflow_id: str | Sequence[str] | None = None,
+        forked_from: str | Sequence[str] | None = None,
+        executor_id: str | Sequence[str] | None = None,
+        application_version: str | Sequence[str] | None = None,
+        authenticated_user: str | Sequence[str] | None = None,
+        workflow_id_prefix: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort_desc: bool = False,
+        load_input: bool = True,
+        load_output: bool = True,
+        queues_only: bool = False,
+    ) -> list[WorkflowStatus]:
+        """Workflows matching every given filter (a list matches any of its values), by
+        creation time (``sort_desc`` for newest first), a page of ``limit`` after
+        ``offset``. ``start_time``/``end_time`` bound ``created_at`` (inclusive).
+        ``load_input``/``load_output`` fill ``input``, ``output`` and ``error``."""
+        self._require_running()
+        return await operations.list_workflows(self, WorkflowFilter(
+            workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
+            statuses=operations.as_list(status),
+            names=operations.as_list(name),
+            start_ms=operations.epoch_ms(start_time, "start_time"),
+            end_ms=operations.epoch_ms(end_time, "end_time"),
+            queue_names=operations.as_list(queue_name),
+            queues_only=queues_only,
+            parent_workflow_ids=operations.as_list(parent_workflow_id),
+            forked_from=operations.as_list(forked_from),
+            executor_ids=operations.as_list(executor_id),
+            application_versions=operations.as_list(application_version),
+            authenticated_users=operations.as_list(authenticated_user),
+            workflow_id_prefixes=operations.as_list(workflow_id_prefix),
+            limit=limit, offset=offset, sort_desc=sort_desc,
+            load_input=load_input, load_output=load_output,
+        ))
+
+    async def list_queued_workflows(
+        self,
+        *,
+        queue_name: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        name: str | Sequence[str] | None = None,
+        start_time: operations.TimeBound | None = None,
+        end_time: operations.TimeBound | None = None,
+        executor_id: str | Sequence[str] | None = None,
+        workflow_id_prefix: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort_desc: bool = False,
+        load_input: bool = True,
+        load_output: bool = False,
+    ) -> list[WorkflowStatus]:
+        """Workflows on a queue that have not finished (DELAYED, ENQUEUED or PENDING
+        unless ``status`` says otherwise), with the filters of :meth:`list_workflows`."""
+        return await self.list_workflows(
+            queue_name=queue_name, status=status, name=name, start_time=start_time,
+            end_time=end_time, executor_id=executor_id,
+            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
+            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
+            queues_only=True,
+        )
+
+    async def list_workflow_steps(self, workflow_id: str) -> list[WorkflowStepInfo]:
+        """The recorded steps (and other checkpoints) of a workflow, by position; an
+        unknown ID raises :class:`NonExistentWorkflowError`."""
+        self._require_running()
+        steps = await operations.list_steps(self, workflow_id)
+        if not steps and await self.system_database.get_workflow(workflow_id) is None:
+            raise NonExistentWorkflowError(workflow_id)
+        return steps
+
+    async def list_application_versions(self) -> list[ApplicationVersion]:
+        """Every registered application version, latest first."""
+        self._require_running()
+        records = await operations.control(self).list_versions()
+        return [ApplicationVersion.from_record(r) for r in records]
+
+    async def get_latest_application_version(self) -> ApplicationVersion | None:
+        """The version with the newest timestamp (None if none is registered)."""
+        self._require_running()
+        record = await operations.control(self).latest_version()
+        return ApplicationVersion.from_record(record) if record is not None else None
+
+    async def set_latest_application_version(self, version_name: str) -> None:
+        """Make ``version_name`` the latest (registering it if it is unknown)."""
+        self._require_running()
+        await operations.control(self).set_latest_version(version_name, now_ms())
+
+    async def garbage_collect(self, cutoff_epoch_ms: int,
+                              batch_size: int | None = None) -> int | None:
+        """Run the retention job now: delete terminal workflows finished before the cutoff.
+        Returns how many, or None if another executor is running the job."""
+        self._require_running()
+        return await maintenance.run_retention(
+            self, cutoff_epoch_ms, batch_size or self.config.retention_batch_size)
+
+    async def global_timeout(self, cutoff_epoch_ms: int) -> list[str] | None:
+        """Run the global timeout now: cancel in-flight workflows created before the
+        cutoff. Returns their IDs, or None if another executor is running the job."""
+        self._require_running()
+        return await maintenance.run_global_timeout(self, cutoff_epoch_ms)
+
+    def patch(self, name: str) -> Coroutine[Any, Any, bool]:
+        """In a workflow: True where new executions take the new code path (recorded as a
+        ``DBOS.patch-<name>`` checkpoint), False where a replay of an execution recorded
+        before the patch must take the old one. See executor/patches.py."""
+        ctx = current_workflow()
+        if ctx is None:
+            raise DBOSError("patch can only be called from a workflow (not a step)")
+        return patches.patch(ctx, name)
+
+    def deprecate_patch(self, name: str) -> Coroutine[Any, Any, bool]:
+        """In a workflow, once no execution from before patch ``name`` remains: always
+        True; consumes the marker's position where an execution recorded it."""
+        ctx = current_workflow()
+        if ctx is None:
+            raise DBOSError("deprecate_patch can only be called from a workflow (not a step)")
+        return patches.deprecate_patch(ctx, name)
+
     # ---- Bookkeeping used by the executor's modules ----
 
     @property
@@ -356,13 +606,17 @@ class DBOS:
         try:
             await self._sysdb.open(run_migrations=self.config.run_migrations)
             await self._start_notifications(url)
+            self.cancellation.start(self._sysdb)
             if self.application_version is None:
                 self.application_version = self._registry.version_hash()
             await self._sysdb.register_version(self.application_version)
             self._state = "running"
+            await self._start_queues()
             await recovery.recover_pending(self)
+            maintenance.start(self)
         except BaseException:
             self._state = "closed"
+            await self._stop_queues()
             await self._stop_notifications()
             await self._sysdb.close()
             raise
@@ -382,6 +636,8 @@ class DBOS:
             return
         self._state = "stopping"
         try:
+            # Dispatchers first: nothing new starts while running workflows finish.
+            await self._stop_queues()
             await self.tasks.close(self.config.shutdown_grace_period)
         finally:
             self._state = "closed"

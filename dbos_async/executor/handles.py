@@ -43,6 +43,19 @@ class WorkflowStatus:
     deadline_epoch_ms: int | None
     parent_workflow_id: str | None
     completed_at: int | None
+    authenticated_user: str | None = None
+    assumed_role: str | None = None
+    authenticated_roles: str | None = None
+    forked_from: str | None = None
+    started_at_epoch_ms: int | None = None
+    deduplication_id: str | None = None
+    priority: int = 0
+    queue_partition_key: str | None = None
+    serialization: str | None = None
+    # Loaded only on request (list_workflows(load_input=..., load_output=...)).
+    input: WorkflowInputs | None = None
+    output: Any = None
+    error: BaseException | None = None
 
     @classmethod
     def from_record(cls, row: asyncpg.Record) -> WorkflowStatus:
@@ -62,7 +75,24 @@ class WorkflowStatus:
             deadline_epoch_ms=row["workflow_deadline_epoch_ms"],
             parent_workflow_id=row["parent_workflow_id"],
             completed_at=row["completed_at"],
+            authenticated_user=row.get("authenticated_user"),
+            assumed_role=row.get("assumed_role"),
+            authenticated_roles=row.get("authenticated_roles"),
+            forked_from=row.get("forked_from"),
+            started_at_epoch_ms=row.get("started_at_epoch_ms"),
+            deduplication_id=row.get("deduplication_id"),
+            priority=row.get("priority") or 0,
+            queue_partition_key=row.get("queue_partition_key"),
+            serialization=row.get("serialization"),
         )
+
+
+@dataclass(frozen=True)
+class WorkflowInputs:
+    """A workflow's recorded arguments, deserialized."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
 
 
 def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | None) -> Any:

@@ -164,7 +164,9 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
             left = remaining(deadline)
             if left is not None and left <= 0:
                 return await _record_value(ctx, step_id, RECV, "null")
-            await w.wait(left)
+            # Interrupted if the workflow is cancelled meanwhile.
+            with ctx.dbos.cancellation.region(ctx):
+                await w.wait(left)
 
 
 # ---- Events ----
@@ -220,7 +222,8 @@ async def get_event(dbos: DBOS, ctx: WorkflowContext | None, step_id: int | None
         return value
     deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
                 if timeout is not None else None)
-    found = await _poll_event(sysdb, workflow_id, key, deadline)
+    with ctx.dbos.cancellation.region(ctx):
+        found = await _poll_event(sysdb, workflow_id, key, deadline)
     if found is None:
         return await _record_value(ctx, step_id, GET_EVENT, "null")
     from_json(found[0], found[1], "an event")  # check it before recording it
@@ -294,7 +297,8 @@ async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float
     deadline = await durable_deadline(ctx, step_id, seconds, complete_at_deadline=True)
     left = remaining(deadline)
     if left:
-        await asyncio.sleep(left)
+        with ctx.dbos.cancellation.region(ctx):
+            await asyncio.sleep(left)
 
 
 # ---- Completion ----

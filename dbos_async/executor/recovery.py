@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
 from dbos_async.executor import workflows
 from dbos_async.executor.handles import WorkflowHandle
+from dbos_async.executor.messaging import notify_completion
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 
 if TYPE_CHECKING:
     from dbos_async.executor.dbos import DBOS
@@ -23,6 +25,7 @@ async def recover_pending(dbos: DBOS) -> list[WorkflowHandle[Any]]:
     can run it.
     """
     sysdb = dbos.system_database
+    await _dead_letter_and_requeue(dbos)
     rows = await sysdb.claim_pending(
         dbos.config.executor_id, dbos.application_version, exclude=dbos.running_ids()
     )
@@ -47,3 +50,28 @@ async def recover_pending(dbos: DBOS) -> list[WorkflowHandle[Any]]:
     if rows:
         logger.info("Recovered %d of %d pending workflows", len(handles), len(rows))
     return handles
+
+
+async def _dead_letter_and_requeue(dbos: DBOS) -> None:
+    """Dead-letter workflows past ``max_recovery_attempts``; re-enqueue queued ones.
+
+    A queued workflow goes back to ENQUEUED on its queue rather than resuming here, so the
+    queue's claim, under the queue's limits, admits exactly one runner (any executor).
+    """
+    sysdb = dbos.system_database
+    running = dbos.running_ids()
+    version = dbos.application_version
+    executor_id = dbos.config.executor_id
+    for workflow_id in await sysdb.dead_letter_pending(
+            executor_id, version, dbos.config.max_recovery_attempts, exclude=running):
+        logger.error("Workflow %s exceeded %d recovery attempts and was dead-lettered "
+                     "(MAX_RECOVERY_ATTEMPTS_EXCEEDED)", workflow_id,
+                     dbos.config.max_recovery_attempts)
+        notify_completion(dbos, workflow_id)
+    requeued = await sysdb.requeue_pending(executor_id, version, exclude=running)
+    notifications = sysdb.notifications
+    for queue_name in {queue for _, queue in requeued}:
+        if notifications is not None:
+            notifications.notify(ENQUEUE_CHANNEL, queue_name)
+    if requeued:
+        logger.info("Re-enqueued %d pending queued workflows", len(requeued))

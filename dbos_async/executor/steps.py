@@ -8,7 +8,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from dbos_async.errors import DBOSError, NondeterminismError, StepRetriesExceededError
+from dbos_async.errors import (
+    DBOSError,
+    NondeterminismError,
+    StepRetriesExceededError,
+    WorkflowCancelledError,
+)
 from dbos_async.executor.context import WorkflowContext, running_step
 from dbos_async.executor.serialization import (
     Signature,
@@ -32,7 +37,9 @@ class StepOptions:
     ``retries`` is the number of attempts after the first; the wait between attempts starts at
     ``retry_interval`` seconds and grows by ``backoff_rate`` up to ``max_retry_interval``.
     ``retry_on`` chooses which errors are retried (exception types or a predicate; every
-    ``Exception`` by default). ``timeout`` bounds each attempt, in seconds.
+    ``Exception`` by default). ``timeout`` bounds each attempt, in seconds. A
+    ``cancellable`` step is interrupted when its workflow is cancelled; otherwise it runs to
+    the end and its result is discarded at the checkpoint.
     """
 
     name: str
@@ -42,6 +49,7 @@ class StepOptions:
     max_retry_interval: float = 60.0
     retry_on: RetryOn | None = None
     timeout: float | None = None
+    cancellable: bool = True
 
     def __post_init__(self) -> None:
         if self.retries < 0:
@@ -124,8 +132,14 @@ async def run_checkpointed(
     sysdb = ctx.dbos.system_database
     started = now_ms()
     try:
-        value = await attempt(info, args, kwargs)
+        with ctx.dbos.cancellation.region(ctx, info.options.cancellable):
+            value = await attempt(info, args, kwargs)
     except Exception as error:
+        if ctx.cancelled:
+            # Interrupted (or cancelled meanwhile): nothing to record, the workflow stops.
+            if isinstance(error, WorkflowCancelledError):
+                raise
+            raise WorkflowCancelledError(ctx.workflow_id) from error
         existing = await sysdb.record_step(
             ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
             error=serialize_error(error), started_at_ms=started, completed_at_ms=now_ms(),

@@ -150,6 +150,7 @@ def launch(
     execution = Execution(info)
     ctx = WorkflowContext(dbos, workflow_id, owner_xid, checkpoints, deadline_epoch_ms)
     dbos.track(workflow_id, execution)
+    dbos.cancellation.attach(ctx)
     dbos.tasks.spawn(_run(ctx, execution, args, kwargs), name=f"workflow {workflow_id}")
     return execution
 
@@ -177,6 +178,7 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
         await _finish(ctx, execution, value=value)
     finally:
         dbos.untrack(workflow_id, execution)
+        dbos.cancellation.detach(ctx)
 
 
 class _DeadlineExceeded(Exception):

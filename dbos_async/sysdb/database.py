@@ -35,6 +35,7 @@ from dbos_async.sysdb.statements import (
     NewWorkflow,
     ParentStep,
     Query,
+    QueueRecord,
     Statements,
 )
 
@@ -450,6 +451,154 @@ class SystemDatabase:
                     return outcome
                 await waiter.wait(delay)
                 delay = min(delay * 2, poll_interval)
+
+    # ---- Queues (see dbos_async/executor/dispatcher.py) ----
+
+    async def upsert_queue(self, queue: QueueRecord) -> None:
+        query = self.sql.upsert_queue(queue, now_ms())
+        await self._retried(f"registering queue {queue.name!r}",
+                            lambda: self.pool.execute(query.sql, *query.params))
+
+    async def list_queues(self, names: Sequence[str] | None = None) -> list[QueueRecord]:
+        rows = await self._fetch(self.sql.list_queues(names), "reading queues")
+        return [QueueRecord(**dict(row)) for row in rows]
+
+    async def claim_queued(
+        self, queue: QueueRecord, partition_key: str | None, *, executor_id: str,
+        application_version: str | None, names: Sequence[str], room: int | None,
+    ) -> Claim:
+        """Claim and start the queue's next workflows under every limit, in one transaction.
+
+        ``room`` is what this executor's own limits (worker concurrency) allow; the shared
+        limits are read here. A budget shared by every executor (concurrency, rate limit) is
+        spent under SERIALIZABLE: the counts and the claimed rows are one snapshot, and a
+        concurrent claim of the same budget, even of disjoint rows (executors running
+        different functions, different partitions), fails one of the two with 40001 instead
+        of overspending; with NOWAIT a claimer of locked rows fails at once with 55P03. The
+        caller backs off and retries. Without a shared budget, READ COMMITTED with SKIP
+        LOCKED: claimers take disjoint rows and never wait. Not retried here: a lost reply
+        leaves the rows PENDING on this executor, and recovery re-enqueues them.
+        """
+        shared = queue.shared_budget
+        now = now_ms()
+        async with self.pool.acquire() as conn, conn.transaction(
+            isolation="serializable" if shared else "read_committed"
+        ):
+            limit = room
+            retry_at: int | None = None
+            limiters: list[tuple[int | None, float | None, str | None]] = [
+                (queue.rate_limit_max, queue.rate_limit_period_sec, None)]
+            if partition_key is not None:
+                limiters.append((queue.partition_rate_limit_max,
+                                 queue.partition_rate_limit_period_sec, partition_key))
+            for maximum, period, key in limiters:
+                if maximum is None or period is None:
+                    continue
+                window = int(period * 1000)
+                q = self.sql.queue_started_since(queue.name, key, now - window)
+                row = await conn.fetchrow(q.sql, *q.params)
+                assert row is not None
+                left = maximum - int(row["started"])
+                if left <= 0 and row["oldest"] is not None:
+                    retry_at = max(retry_at or 0, int(row["oldest"]) + window)
+                limit = left if limit is None else min(limit, left)
+            if limit is not None and limit <= 0:
+                return Claim([], "limiter", retry_at)
+            budgets: list[tuple[int | None, str | None]] = [(queue.concurrency, None)]
+            if partition_key is not None:
+                budgets.append((queue.partition_concurrency, partition_key))
+            for budget, key in budgets:
+                if budget is None:
+                    continue
+                q = self.sql.queue_pending_count(queue.name, key)
+                running = int(await conn.fetchval(q.sql, *q.params))
+                left = budget - running
+                limit = left if limit is None else min(limit, left)
+            if limit is not None and limit <= 0:
+                return Claim([], "concurrency")
+            q = self.sql.select_startable(queue.name, partition_key, names,
+                                          application_version, limit, nowait=shared)
+            ids = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
+            if not ids:
+                return Claim([])
+            rate_limited = (queue.rate_limit_max is not None
+                            or queue.partition_rate_limit_max is not None)
+            q = self.sql.flip_claimed(ids, queue.name, executor_id, application_version,
+                                      rate_limited, now)
+            flipped = {r["workflow_uuid"]: r for r in await conn.fetch(q.sql, *q.params)}
+        return Claim([_claimed(flipped[i]) for i in ids if i in flipped])
+
+    async def claim_partition_heads(
+        self, queue: QueueRecord, *, executor_id: str, application_version: str | None,
+        names: Sequence[str], cap: int,
+    ) -> Claim:
+        """Partition concurrency 1 without queue-wide limits: start each idle partition's
+        head-of-line workflow, in one READ COMMITTED transaction (see the statements)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            q = self.sql.partition_heads(queue.name, application_version, cap)
+            heads = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
+            if not heads:
+                return Claim([])
+            q = self.sql.lock_partition_heads(heads, queue.name, names)
+            locked = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
+            if not locked:
+                return Claim([])
+            q = self.sql.flip_claimed(locked, queue.name, executor_id, application_version,
+                                      False, now_ms(), partition_heads=True)
+            flipped = {r["workflow_uuid"]: r for r in await conn.fetch(q.sql, *q.params)}
+        return Claim([_claimed(flipped[i]) for i in heads if i in flipped])
+
+    async def queue_partitions(self, queue_name: str, cap: int) -> list[str]:
+        rows = await self._fetch(self.sql.queue_partitions(queue_name, cap), "reading partitions")
+        return [row["pk"] for row in rows]
+
+    async def promote_delayed(self) -> tuple[list[str], int | None]:
+        """Make due DELAYED workflows ENQUEUED: (their queues, the next due time in ms)."""
+        row = await self._fetchrow(self.sql.promote_delayed(now_ms()), "promoting delayed")
+        if row is None:
+            return [], None
+        return list(row["queues"] or []), row["next_due"]
+
+    async def requeue_pending(self, executor_id: str, application_version: str | None,
+                              exclude: Sequence[str] = ()) -> list[tuple[str, str]]:
+        """Re-enqueue this executor's PENDING queued workflows: [(workflow, queue)]."""
+        query = self.sql.requeue_pending(executor_id, application_version, now_ms(), exclude)
+        rows = await self._fetch(query, "re-enqueuing pending workflows")
+        return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
+
+    async def dead_letter_pending(self, executor_id: str, application_version: str | None,
+                                  max_attempts: int, exclude: Sequence[str] = ()) -> list[str]:
+        query = self.sql.dead_letter_pending(executor_id, application_version, max_attempts,
+                                             now_ms(), exclude)
+        rows = await self._fetch(query, "dead-lettering workflows")
+        return [row["workflow_uuid"] for row in rows]
+
+    async def find_deduplicated(self, queue_name: str, deduplication_id: str
+                                ) -> tuple[str, str] | None:
+        row = await self._fetchrow(self.sql.find_deduplicated(queue_name, deduplication_id),
+                                   "reading a deduplicated workflow")
+        return (row["workflow_uuid"], row["name"]) if row is not None else None
+
+    async def debounce_existing(self, queue_name: str, key: str, name: str, inputs: str,
+                                delay_until_ms: int) -> str | None:
+        query = self.sql.debounce_existing(queue_name, key, name, inputs, delay_until_ms,
+                                           now_ms())
+        # Idempotent: a retry sets the same delay and inputs again.
+        row = await self._fetchrow(query, f"debouncing {key!r} on {queue_name!r}")
+        return row["workflow_uuid"] if row is not None else None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a queue claim started: the rows (with partition keys), and if none, why."""
+
+    rows: list[tuple[WorkflowRow, str | None]]
+    stop_reason: str | None = None
+    retry_at_ms: int | None = None
+
+
+def _claimed(row: asyncpg.Record) -> tuple[WorkflowRow, str | None]:
+    return WorkflowRow.from_record(row), row["queue_partition_key"]
 
 
 def _step_record(row: asyncpg.Record) -> StepRecord:

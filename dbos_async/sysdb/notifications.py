@@ -38,6 +38,8 @@ WORKFLOW_COMPLETION_CHANNEL = "dbos_workflow_completion_channel"
 """Payload: the workflow ID, sent when a workflow reaches a terminal status."""
 ENQUEUE_CHANNEL = "dbos_enqueue_channel"
 """Payload: a queue name, sent when a workflow is enqueued."""
+WORKFLOW_CANCEL_CHANNEL = "dbos_workflow_cancel_channel"
+"""Payload: the workflow ID, sent after a cancel of that workflow committed."""
 
 CHANNELS = (
     NOTIFICATIONS_CHANNEL,
@@ -45,6 +47,7 @@ CHANNELS = (
     STREAMS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     ENQUEUE_CHANNEL,
+    WORKFLOW_CANCEL_CHANNEL,
 )
 
 Target = tuple[str, str]
@@ -149,6 +152,8 @@ class NotificationDispatcher:
         self.reconnect_max_delay = reconnect_max_delay
         self._poll_slots = asyncio.Semaphore(max(1, max_polling_queries))
         self._waiters: dict[Target, set[Waiter]] = {}
+        # Callbacks receiving every key notified on a channel (the cancellation watcher).
+        self._subscribers: dict[str, list[Callable[[str], None]]] = {}
         self._pending: list[Target] = []
         self._pending_event = asyncio.Event()
         self._connection: asyncpg.Connection | None = None
@@ -193,6 +198,12 @@ class NotificationDispatcher:
         """Wake this process's waiters on (channel, key)."""
         for waiter in self._waiters.get((channel, key), ()):
             waiter.wake()
+        for callback in self._subscribers.get(channel, ()):
+            callback(key)
+
+    def subscribe(self, channel: str, callback: Callable[[str], None]) -> None:
+        """Call ``callback(key)`` for every notification on ``channel`` (local or remote)."""
+        self._subscribers.setdefault(channel, []).append(callback)
 
     def wake_all(self) -> None:
         """Wake every waiter, so each reads the database again."""

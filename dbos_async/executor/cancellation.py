@@ -1,0 +1,168 @@
+"""Stopping cancelled workflows promptly: interruptible regions and one watcher per executor.
+
+A cancelled workflow stops at its next checkpoint anyway (every fenced write fails on a
+CANCELLED row). What the watcher adds is promptness: a step running for minutes, or a wait
+in ``recv``/``get_event``/``sleep``, runs inside a :class:`Region`; the watcher cancels the
+asyncio task of each region of a workflow it finds CANCELLED, and the region turns that
+into :class:`~dbos_async.errors.WorkflowCancelledError` (as ``asyncio.timeout`` turns its
+cancellation into ``TimeoutError``). A step declared ``cancellable=False`` is not
+interrupted: it finishes, and its result is discarded at the checkpoint.
+
+The watcher is one task for every running workflow of the executor. It is woken by
+notifications on :data:`~dbos_async.sysdb.notifications.WORKFLOW_CANCEL_CHANNEL` (sent
+after a cancel commits, by any dbos_async executor or client), and while regions exist it
+also polls at ``cancellation_poll_interval`` for cancellations by clients that do not
+notify. An idle executor (no regions) issues no statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from dbos_async.errors import WorkflowCancelledError
+from dbos_async.executor.context import WorkflowContext
+from dbos_async.sysdb.control import WorkflowControl
+from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL
+
+if TYPE_CHECKING:
+    from dbos_async.executor.dbos import DBOS
+
+logger = logging.getLogger("dbos_async")
+
+_CANCEL_MESSAGE = "dbos_async: the workflow was cancelled"
+
+
+class Region:
+    """A stretch of a workflow (a step, a wait) that the watcher may interrupt."""
+
+    def __init__(self, watcher: CancellationWatcher, ctx: WorkflowContext,
+                 cancellable: bool) -> None:
+        self._watcher = watcher
+        self.ctx = ctx
+        self.cancellable = cancellable
+        self._task: asyncio.Task[object] | None = None
+        self._cancelling = 0
+        self._interrupted = False
+
+    def interrupt(self) -> None:
+        self.ctx.cancelled = True
+        if self.cancellable and not self._interrupted and self._task is not None:
+            self._interrupted = True
+            self._task.cancel(_CANCEL_MESSAGE)
+
+    def __enter__(self) -> Region:
+        if self.ctx.cancelled:
+            raise WorkflowCancelledError(self.ctx.workflow_id)
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._watcher._add(self)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._watcher._remove(self)
+        # Ours to absorb only if nobody else (shutdown, a deadline) cancelled the task too.
+        if (self._interrupted and self._task is not None
+                and self._task.uncancel() <= self._cancelling
+                and exc_type is asyncio.CancelledError):
+            raise WorkflowCancelledError(self.ctx.workflow_id) from None
+
+
+class CancellationWatcher:
+    """The regions running in this executor, and the task that interrupts cancelled ones."""
+
+    def __init__(self, dbos: DBOS) -> None:
+        self._dbos = dbos
+        self._regions: dict[str, set[Region]] = {}
+        # Every execution running here, so a cancel marks even one between steps.
+        self._contexts: dict[str, list[WorkflowContext]] = {}
+        self._suspects: set[str] = set()
+        self._event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.polls = 0
+        """How many status reads the watcher made (for tests and diagnostics)."""
+
+    def region(self, ctx: WorkflowContext, cancellable: bool = True) -> Region:
+        return Region(self, ctx, cancellable)
+
+    def attach(self, ctx: WorkflowContext) -> None:
+        self._contexts.setdefault(ctx.workflow_id, []).append(ctx)
+
+    def detach(self, ctx: WorkflowContext) -> None:
+        contexts = self._contexts.get(ctx.workflow_id)
+        if contexts is not None:
+            contexts[:] = [c for c in contexts if c is not ctx]
+            if not contexts:
+                del self._contexts[ctx.workflow_id]
+
+    def _add(self, region: Region) -> None:
+        was_idle = not self._regions
+        self._regions.setdefault(region.ctx.workflow_id, set()).add(region)
+        if was_idle:
+            # The watcher waits without a timeout while idle: let it start its poll timer.
+            self._event.set()
+
+    def _remove(self, region: Region) -> None:
+        regions = self._regions.get(region.ctx.workflow_id)
+        if regions is not None:
+            regions.discard(region)
+            if not regions:
+                del self._regions[region.ctx.workflow_id]
+
+    def on_notification(self, workflow_id: str) -> None:
+        """A cancel notification (local or from another process)."""
+        if workflow_id in self._regions:
+            self._suspects.add(workflow_id)
+            self._event.set()
+
+    def interrupt(self, workflow_ids: set[str]) -> None:
+        """Stop the executions of these (cancelled) workflows running here: interrupt their
+        regions, and mark them so no further step or wait starts."""
+        for workflow_id in workflow_ids:
+            for ctx in self._contexts.get(workflow_id, ()):
+                ctx.cancelled = True
+            for region in list(self._regions.get(workflow_id, ())):
+                region.interrupt()
+
+    def start(self, sysdb: SystemDatabase) -> None:
+        """Subscribe to cancel notifications and start the watcher (a background task)."""
+        if sysdb.notifications is not None:
+            sysdb.notifications.subscribe(WORKFLOW_CANCEL_CHANNEL, self.on_notification)
+        self._task = self._dbos.background.spawn(self._run(WorkflowControl(sysdb)),
+                                                 "cancellation watcher")
+
+    async def _run(self, control: WorkflowControl) -> None:
+        interval = self._dbos.config.cancellation_poll_interval
+        while True:
+            timed_out = False
+            if not self._suspects:
+                try:
+                    async with asyncio.timeout(interval if self._regions else None):
+                        await self._event.wait()
+                except TimeoutError:
+                    timed_out = True
+            self._event.clear()
+            if self._suspects:
+                ids = self._suspects & set(self._regions)
+                self._suspects.clear()
+            elif timed_out:
+                ids = set(self._regions)
+            else:
+                continue  # regions appeared: wait again, now with the poll timer
+            if not ids:
+                continue
+            try:
+                self.polls += 1
+                cancelled = await control.cancelled_among(sorted(ids))
+            except Exception as error:  # the database is down: try again next round
+                logger.warning("The cancellation watcher could not read statuses: %r", error)
+                continue
+            if cancelled:
+                logger.info("Interrupting cancelled workflows: %s", ", ".join(sorted(cancelled)))
+                self.interrupt(cancelled)

@@ -1,0 +1,224 @@
+"""Queue dispatchers: claim enqueued workflows under the queues' limits and run them.
+
+One dispatcher task per queue this executor listens to. Each claim is one transaction (see
+``SystemDatabase.claim_queued``): the limits are read, the next workflows locked and flipped
+to PENDING with a fresh owner token each, and their inputs returned; each claimed workflow
+then runs as a task of the DBOS instance. A dispatcher sleeps until an enqueue notification
+for its queue (``dbos_enqueue_channel``, payload: the queue's name), a completion of one of
+its workflows (it frees a slot; announced on the same channel so other executors wake too),
+the end of a rate-limit window, or its polling interval, whichever is first. A claim that
+loses a race for a shared budget (55P03 lock not available, 40001 serialization failure)
+backs off with jitter and tries again.
+
+A promoter task makes DELAYED workflows ENQUEUED when due, waking at the next due time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+import asyncpg
+
+from dbos_async.errors import DBOSError
+from dbos_async.executor import workflows
+from dbos_async.executor.messaging import notify_completion
+from dbos_async.executor.queues import DELAYED_KEY
+from dbos_async.executor.serialization import serialize_error
+from dbos_async.executor.tasks import TaskOwner
+from dbos_async.sysdb.database import Claim, StepRecord, WorkflowRow
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.statements import QueueRecord
+
+if TYPE_CHECKING:
+    from dbos_async.executor.dbos import DBOS
+
+logger = logging.getLogger("dbos_async")
+
+CONFLICTS = (
+    asyncpg.LockNotAvailableError,  # 55P03: NOWAIT found the rows locked by another claim
+    asyncpg.SerializationError,  # 40001: a concurrent claim spent the same budget
+    asyncpg.DeadlockDetectedError,
+)
+
+SWEEP_CAP = 1000
+"""Most partitions one claim round visits (and heads one sweep admits)."""
+
+
+class QueueDispatcher:
+    """Claims and starts the workflows of one queue in this executor."""
+
+    def __init__(self, dbos: DBOS, queue: QueueRecord) -> None:
+        self.dbos = dbos
+        self.queue = queue
+        self.running: dict[str, str | None] = {}  # workflow ID -> partition key
+        self.claimed = 0
+        self.conflicts = 0
+        self.rounds = 0
+
+    def _room(self) -> int | None:
+        if self.queue.worker_concurrency is None:
+            return None
+        return max(0, self.queue.worker_concurrency - len(self.running))
+
+    def _partition_room(self, key: str, room: int | None) -> int | None:
+        limit = self.queue.partition_worker_concurrency
+        if limit is None:
+            return room
+        mine = sum(1 for k in self.running.values() if k == key)
+        left = max(0, limit - mine)
+        return left if room is None else min(room, left)
+
+    async def run(self) -> None:
+        notifications = self.dbos.system_database.notifications
+        assert notifications is not None
+        backoff = 0.0
+        poll = self.queue.polling_interval_sec
+        # Registered before the first read: a notification arriving mid-claim is kept.
+        with notifications.register(ENQUEUE_CHANNEL, self.queue.name) as waiter:
+            while True:
+                try:
+                    started, retry_at = await self.claim_once()
+                    backoff = 0.0
+                except CONFLICTS as conflict:
+                    self.conflicts += 1
+                    backoff = min(max(backoff * 2, 0.005), poll)
+                    logger.debug("Queue %s: claim conflict (%s), retrying in %.3fs",
+                                 self.queue.name, type(conflict).__name__, backoff)
+                    await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+                    continue
+                except Exception:
+                    # Database trouble or a bug: keep the dispatcher alive, try again later.
+                    logger.exception("Queue %s: claim failed", self.queue.name)
+                    await asyncio.sleep(poll)
+                    continue
+                if started:
+                    continue  # There may be more: claim again before sleeping.
+                timeout = poll
+                if retry_at is not None:
+                    timeout = min(timeout, max(0.001, retry_at / 1000 - time.time()))
+                await waiter.wait(timeout)
+
+    async def claim_once(self) -> tuple[int, int | None]:
+        """One claim round: (workflows started, when a rate limit frees a slot, if known)."""
+        queue, dbos = self.queue, self.dbos
+        sysdb = dbos.system_database
+        self.rounds += 1
+        names = list(dbos.registry.workflows)
+        room = self._room()
+        if room == 0 or not names:
+            return 0, None
+        executor_id, version = dbos.config.executor_id, dbos.application_version
+        if not queue.partition_queue:
+            claim = await sysdb.claim_queued(queue, None, room=room, executor_id=executor_id,
+                                             application_version=version, names=names)
+            await self._start(claim)
+            return len(claim.rows), claim.retry_at_ms
+        if queue.head_of_line:
+            claim = await sysdb.claim_partition_heads(
+                queue, cap=min(room, SWEEP_CAP) if room is not None else SWEEP_CAP,
+                executor_id=executor_id, application_version=version, names=names)
+            await self._start(claim)
+            return len(claim.rows), None
+        started = 0
+        retry_at: int | None = None
+        for key in await sysdb.queue_partitions(queue.name, SWEEP_CAP):
+            partition_room = self._partition_room(key, room)
+            if partition_room == 0:
+                continue
+            claim = await sysdb.claim_queued(queue, key, room=partition_room,
+                                             executor_id=executor_id,
+                                             application_version=version, names=names)
+            await self._start(claim)
+            started += len(claim.rows)
+            if claim.retry_at_ms is not None:
+                retry_at = min(retry_at or claim.retry_at_ms, claim.retry_at_ms)
+            if room is not None:
+                room -= len(claim.rows)
+                if room <= 0:
+                    break
+        return started, retry_at
+
+    async def _start(self, claim: Claim) -> None:
+        for row, partition_key in claim.rows:
+            self.claimed += 1
+            await self._launch(row, partition_key)
+
+    async def _launch(self, row: WorkflowRow, partition_key: str | None) -> None:
+        dbos = self.dbos
+        sysdb = dbos.system_database
+        workflow_id = row.workflow_id
+        info = dbos.registry.workflows.get(row.name)
+        assert row.owner_xid is not None
+        try:
+            if info is None:  # Filtered out by the claim; kept as a guard.
+                raise DBOSError(f"Workflow {row.name!r} is not registered here")
+            args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
+            if info.is_method:
+                args = (dbos.registry.instance(row.class_name, row.config_name), *args)
+            # A first start has no checkpoints; a re-enqueued workflow resumes from its own.
+            checkpoints: dict[int, StepRecord] = (
+                await sysdb.load_checkpoints(workflow_id) if row.recovery_attempts > 1 else {})
+        except DBOSError as error:
+            # It cannot run anywhere as stored: record why, rather than retry forever.
+            logger.error("Queued workflow %s cannot start: %s", workflow_id, error)
+            if await sysdb.record_outcome(workflow_id, row.owner_xid,
+                                          error=serialize_error(error)):
+                notify_completion(dbos, workflow_id)
+            self._freed()
+            return
+        execution = workflows.launch(dbos, info, workflow_id, row.owner_xid, args, kwargs,
+                                     checkpoints, row.deadline_epoch_ms)
+        self.running[workflow_id] = partition_key
+        execution.result.add_done_callback(lambda _: self._finished(workflow_id))
+
+    def _finished(self, workflow_id: str) -> None:
+        self.running.pop(workflow_id, None)
+        self._freed()
+
+    def _freed(self) -> None:
+        # A slot is free: wake this dispatcher, and the queue's dispatchers elsewhere.
+        notifications = self.dbos.system_database.notifications
+        if notifications is not None:
+            notifications.notify(ENQUEUE_CHANNEL, self.queue.name)
+
+
+class QueueRuntime:
+    """The dispatchers and the delayed-workflow promoter of one DBOS instance."""
+
+    def __init__(self, dbos: DBOS, queues: list[QueueRecord]) -> None:
+        self.dbos = dbos
+        self.dispatchers = {q.name: QueueDispatcher(dbos, q) for q in queues}
+        self.tasks = TaskOwner()
+        self.poll = min((q.polling_interval_sec for q in queues), default=1.0)
+
+    def start(self) -> None:
+        for name, dispatcher in self.dispatchers.items():
+            self.tasks.spawn(dispatcher.run(), name=f"queue dispatcher {name}")
+        if self.dispatchers:
+            self.tasks.spawn(self._promote(), name="delayed workflow promoter")
+
+    async def stop(self) -> None:
+        await self.tasks.close(0)
+
+    async def _promote(self) -> None:
+        sysdb = self.dbos.system_database
+        notifications = sysdb.notifications
+        assert notifications is not None
+        with notifications.register(ENQUEUE_CHANNEL, DELAYED_KEY) as waiter:
+            while True:
+                next_due: int | None = None
+                try:
+                    queues, next_due = await sysdb.promote_delayed()
+                except Exception:
+                    logger.exception("Promoting delayed workflows failed")
+                    queues = []
+                for name in queues:
+                    notifications.notify(ENQUEUE_CHANNEL, name)
+                timeout = self.poll
+                if next_due is not None:
+                    timeout = min(timeout, max(0.001, next_due / 1000 - time.time()))
+                await waiter.wait(timeout)

@@ -1,0 +1,96 @@
+"""Maintenance jobs: retention (delete old terminal workflows) and the global timeout
+(cancel old in-flight ones).
+
+Each run takes a transaction-scoped advisory lock (``pg_try_advisory_xact_lock``, key from
+SHA-256 of ``dbos.background_job.<schema>..<job>``) and does its work in that transaction,
+so across every executor on the database at most one runs a given job at a time; an
+executor that finds the lock taken skips that round. Both jobs are off by default
+(``retention_hours``, ``global_timeout_hours``); when either is set, one background task of
+the DBOS instance runs them every ``maintenance_interval`` seconds, the first time at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from dbos_async.executor.operations import announce_cancelled
+from dbos_async.sysdb.control import JobConnection, WorkflowControl
+from dbos_async.sysdb.database import now_ms
+
+if TYPE_CHECKING:
+    from dbos_async.executor.dbos import DBOS
+
+logger = logging.getLogger("dbos_async")
+
+RETENTION_JOB = "retention"
+GLOBAL_TIMEOUT_JOB = "global_timeout"
+
+
+async def run_retention(dbos: DBOS, cutoff_ms: int, batch_size: int) -> int | None:
+    """Delete terminal workflows finished before ``cutoff_ms``, ``batch_size`` per
+    statement. Returns how many, or None if another executor holds the job's lock."""
+    ctl = WorkflowControl(dbos.system_database)
+
+    async def job(conn: JobConnection) -> int:
+        total = 0
+        while True:
+            q = ctl.sql.delete_terminal_batch(cutoff_ms, batch_size)
+            deleted = len(await conn.fetch(q.sql, *q.params))
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+    ran, total = await ctl.run_locked(RETENTION_JOB, job)
+    if not ran:
+        return None
+    if total:
+        logger.info("Retention deleted %d workflows finished before %d", total, cutoff_ms)
+    return total
+
+
+async def run_global_timeout(dbos: DBOS, cutoff_ms: int) -> list[str] | None:
+    """Cancel in-flight workflows created before ``cutoff_ms``. Returns their IDs, or None
+    if another executor holds the job's lock."""
+    ctl = WorkflowControl(dbos.system_database)
+
+    async def job(conn: JobConnection) -> list[tuple[str, str | None]]:
+        q = ctl.sql.cancel_created_before(cutoff_ms, now_ms())
+        return [(r["workflow_uuid"], r["queue_name"]) for r in await conn.fetch(q.sql, *q.params)]
+
+    ran, rows = await ctl.run_locked(GLOBAL_TIMEOUT_JOB, job)
+    if not ran or rows is None:
+        return None
+    # Committed: stop what runs here, and tell the others.
+    announce_cancelled(dbos, rows)
+    cancelled = [workflow_id for workflow_id, _ in rows]
+    if cancelled:
+        logger.info("Global timeout cancelled %d workflows created before %d",
+                    len(cancelled), cutoff_ms)
+    return cancelled
+
+
+async def run_jobs_once(dbos: DBOS) -> None:
+    config = dbos.config
+    now = now_ms()
+    if config.retention_hours is not None:
+        await run_retention(dbos, now - int(config.retention_hours * 3_600_000),
+                            config.retention_batch_size)
+    if config.global_timeout_hours is not None:
+        await run_global_timeout(dbos, now - int(config.global_timeout_hours * 3_600_000))
+
+
+async def maintenance_loop(dbos: DBOS) -> None:
+    while True:
+        try:
+            await run_jobs_once(dbos)
+        except Exception as error:  # the database may be down: next round
+            logger.warning("A maintenance job failed: %r", error)
+        await asyncio.sleep(dbos.config.maintenance_interval)
+
+
+def start(dbos: DBOS) -> None:
+    config = dbos.config
+    if config.retention_hours is not None or config.global_timeout_hours is not None:
+        dbos.background.spawn(maintenance_loop(dbos), "maintenance jobs")

@@ -1,0 +1,202 @@
+"""Operating workflows from an executor: cancel, delete, list, steps, application versions.
+
+The SQL lives in :mod:`dbos_async.sysdb.control`; this module turns rows into typed values
+(inputs, outputs and errors deserialized with the registered workflow's signature when this
+executor has it, as plain JSON otherwise) and sends the notifications a cancel owes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from dbos_async.errors import DBOSError, SerializationError
+from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
+from dbos_async.executor.serialization import deserialize_error, from_json
+from dbos_async.sysdb.control import VersionRecord, WorkflowControl, WorkflowFilter
+from dbos_async.sysdb.database import now_ms
+from dbos_async.sysdb.notifications import (
+    ENQUEUE_CHANNEL,
+    WORKFLOW_CANCEL_CHANNEL,
+    WORKFLOW_COMPLETION_CHANNEL,
+)
+
+if TYPE_CHECKING:
+    from dbos_async.executor.dbos import DBOS
+
+logger = logging.getLogger("dbos_async")
+
+TimeBound = datetime | str | int
+"""A time filter: a datetime (naive means UTC), an ISO 8601 string, or epoch milliseconds."""
+
+
+@dataclass(frozen=True)
+class WorkflowStepInfo:
+    """One recorded step (or other checkpoint) of a workflow."""
+
+    function_id: int
+    name: str
+    output: Any
+    error: BaseException | None
+    child_workflow_id: str | None
+    started_at_epoch_ms: int | None
+    completed_at_epoch_ms: int | None
+
+
+@dataclass(frozen=True)
+class ApplicationVersion:
+    """A row of ``application_versions``; the latest is the one with the newest timestamp."""
+
+    version_id: str
+    version_name: str
+    version_timestamp: int
+    created_at: int
+
+    @classmethod
+    def from_record(cls, record: VersionRecord) -> ApplicationVersion:
+        return cls(record.version_id, record.version_name, record.version_timestamp,
+                   record.created_at)
+
+
+def control(dbos: DBOS) -> WorkflowControl:
+    return WorkflowControl(dbos.system_database)
+
+
+def epoch_ms(value: TimeBound | None, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise DBOSError(f"{what} must be a datetime, an ISO 8601 string or epoch milliseconds")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise DBOSError(f"{what} is not an ISO 8601 time: {value!r}") from None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return int(value.timestamp() * 1000)
+    raise DBOSError(f"{what} must be a datetime, an ISO 8601 string or epoch milliseconds")
+
+
+def as_list(value: str | Sequence[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+# ---- Cancel and delete ----
+
+
+async def cancel(dbos: DBOS, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
+    rows = await control(dbos).cancel(workflow_ids, children=cancel_children, now_ms=now_ms())
+    announce_cancelled(dbos, rows)
+    cancelled = [workflow_id for workflow_id, _ in rows]
+    if cancelled:
+        logger.info("Cancelled workflows: %s", ", ".join(cancelled))
+    return cancelled
+
+
+def announce_cancelled(dbos: DBOS, rows: Sequence[tuple[str, str | None]]) -> None:
+    """After a cancel committed: interrupt what runs here at once, and notify the rest
+    (handles wake on completion, watchers on the cancel channel, the dispatchers of the
+    queues whose slots were freed on the enqueue channel)."""
+    dbos.cancellation.interrupt({workflow_id for workflow_id, _ in rows})
+    notifications = dbos.system_database.notifications
+    if notifications is None:
+        return
+    for workflow_id, _ in rows:
+        notifications.notify(WORKFLOW_CANCEL_CHANNEL, workflow_id)
+        notifications.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
+    for queue_name in sorted({queue for _, queue in rows if queue is not None}):
+        notifications.notify(ENQUEUE_CHANNEL, queue_name)
+
+
+async def delete(dbos: DBOS, workflow_ids: Sequence[str], delete_children: bool) -> None:
+    ids = list(workflow_ids)
+    ctl = control(dbos)
+    if delete_children:
+        ids += await ctl.descendants(ids)
+    await ctl.delete(ids)
+
+
+# ---- Listing ----
+
+
+def _status(dbos: DBOS, row: asyncpg.Record, load_input: bool,
+            load_output: bool) -> WorkflowStatus:
+    status = WorkflowStatus.from_record(row)
+    if not (load_input or load_output):
+        return status
+    info = dbos.registry.workflows.get(status.name)
+    signature = info.signature if info is not None else None
+    serialization = row["serialization"]
+    changes: dict[str, Any] = {}
+    try:
+        if load_input and row["inputs"] is not None:
+            if signature is not None:
+                args, kwargs = signature.deserialize_inputs(row["inputs"], serialization)
+                changes["input"] = WorkflowInputs(args, kwargs)
+            else:
+                data = from_json(row["inputs"], serialization, f"the inputs of {status.name}")
+                if isinstance(data, dict):
+                    changes["input"] = WorkflowInputs(tuple(data.get("positionalArgs") or ()),
+                                                      dict(data.get("namedArgs") or {}))
+        if load_output:
+            if row["error"] is not None:
+                changes["error"] = deserialize_error(row["error"], serialization)
+            elif row["output"] is not None:
+                changes["output"] = (
+                    signature.deserialize_result(row["output"], serialization)
+                    if signature is not None
+                    else from_json(row["output"], serialization, f"the result of {status.name}")
+                )
+    except SerializationError as error:
+        # A payload another library stored in a format we do not read (e.g. py_pickle): the
+        # status is still listed, with what could be read.
+        logger.debug("Workflow %s: payload not loaded: %s", status.workflow_id, error)
+    return dataclasses.replace(status, **changes)
+
+
+async def list_workflows(dbos: DBOS, f: WorkflowFilter) -> list[WorkflowStatus]:
+    if f.limit is not None and f.limit < 0:
+        raise DBOSError(f"limit must be >= 0, got {f.limit}")
+    if f.offset is not None and f.offset < 0:
+        raise DBOSError(f"offset must be >= 0, got {f.offset}")
+    rows = await control(dbos).list_workflows(f)
+    return [_status(dbos, row, f.load_input, f.load_output) for row in rows]
+
+
+async def list_steps(dbos: DBOS, workflow_id: str) -> list[WorkflowStepInfo]:
+    rows = await control(dbos).list_steps(workflow_id)
+    steps = []
+    for row in rows:
+        serialization = row["serialization"]
+        output: Any = None
+        error: BaseException | None = None
+        try:
+            if row["error"] is not None:
+                error = deserialize_error(row["error"], serialization)
+            elif row["output"] is not None:
+                output = from_json(row["output"], serialization,
+                                   f"the output of step {row['function_id']}")
+        except SerializationError as bad:
+            logger.debug("Step %s of %s: output not loaded: %s", row["function_id"],
+                         workflow_id, bad)
+        steps.append(WorkflowStepInfo(
+            function_id=row["function_id"], name=row["function_name"], output=output,
+            error=error, child_workflow_id=row["child_workflow_id"],
+            started_at_epoch_ms=row["started_at_epoch_ms"],
+            completed_at_epoch_ms=row["completed_at_epoch_ms"],
+        ))
+    return steps

@@ -1,0 +1,381 @@
+"""Queues in one process: enqueue options, priorities, deduplication, delays, debouncing,
+enqueue from a workflow, dead-lettering, and bad input. Limits across processes are in
+``test_queues_processes.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from helpers import fetch, fetchval, new_dbos, wait_until
+
+from dbos_async import (
+    DBOS,
+    ConfigurationError,
+    DBOSError,
+    DeadLetteredError,
+    Queue,
+    QueueDeduplicatedError,
+    QueueNotFoundError,
+    RateLimit,
+    SetEnqueueOptions,
+    SetWorkflowID,
+)
+
+
+def with_workflows(dbos: DBOS) -> tuple[dict[str, Any], list[str]]:
+    """Register the test workflows; returns them and the log their bodies append to."""
+    log: list[str] = []
+    release = asyncio.Event()
+    held: list[str] = []
+
+    @dbos.step(name="note")
+    async def note(text: str) -> str:
+        log.append(text)
+        return text
+
+    @dbos.workflow(name="echo")
+    async def echo(text: str) -> str:
+        return await note(text)
+
+    @dbos.step(name="hold")
+    async def hold() -> None:
+        held.append("holding")
+        await release.wait()
+
+    @dbos.workflow(name="blocker")
+    async def blocker(text: str) -> str:
+        await note(text)
+        await hold()
+        return text
+
+    wfs: dict[str, Any] = {"echo": echo, "blocker": blocker, "release": release,
+                           "held": held}
+    return wfs, log
+
+
+async def statuses(url: str, queue: str) -> dict[str, str]:
+    rows = await fetch(url, "SELECT workflow_uuid, status FROM dbos.workflow_status "
+                            "WHERE queue_name = $1", queue)
+    return {r["workflow_uuid"]: r["status"] for r in rows}
+
+
+# ---- Basics and options ----
+
+
+async def test_enqueue_runs_and_returns_a_typed_handle(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    queue = dbos.queue("basic", polling_interval=0.2)
+    wfs, log = with_workflows(dbos)
+    async with dbos:
+        with SetWorkflowID("chosen-id"):
+            handle = await queue.enqueue(wfs["echo"], "hello")
+        assert handle.workflow_id == "chosen-id"
+        assert await handle.get_result() == "hello"
+        status = await handle.get_status()
+        assert status.queue_name == "basic" and status.status == "SUCCESS"
+        # The same ID again returns the finished workflow; nothing runs twice.
+        with SetEnqueueOptions(workflow_id="chosen-id"):
+            again = await queue.enqueue(wfs["echo"], "other")
+        assert await again.get_result() == "hello"
+        assert log == ["hello"]
+        stored = await fetch(database_url, "SELECT name, concurrency FROM dbos.queues")
+        assert {r["name"] for r in stored} == {"basic"}
+
+
+async def test_priorities_run_lowest_first(database_url: str) -> None:
+    producer = new_dbos(database_url)
+    producer.listen()  # dispatches none of the test queues
+    wfs, _ = with_workflows(producer)
+    queue = producer.queue("prio", worker_concurrency=1, polling_interval=0.2)
+    async with producer:
+        for text, priority in [("c", 5), ("a", 1), ("d", 5), ("b", 2), ("z", 0)]:
+            with SetEnqueueOptions(priority=priority):
+                await queue.enqueue(wfs["echo"], text)
+            await asyncio.sleep(0.002)  # equal priorities run by age (created_at, in ms)
+    consumer = new_dbos(database_url)
+    consumer.queue("prio", worker_concurrency=1, polling_interval=0.2)
+    _, log = with_workflows(consumer)
+    async with consumer:
+        async def done() -> bool:
+            return len(log) == 5
+
+        await wait_until(done, what="five workflows")
+    assert log == ["z", "a", "b", "c", "d"]
+
+
+async def test_deduplication_reject_and_return_existing(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    queue = dbos.queue("dedup", polling_interval=0.2)
+    wfs, log = with_workflows(dbos)
+    async with dbos:
+        with SetEnqueueOptions(deduplication_id="order-1"):
+            first = await queue.enqueue(wfs["blocker"], "first")
+            with pytest.raises(QueueDeduplicatedError) as caught:
+                await queue.enqueue(wfs["blocker"], "second")
+            assert "dedup" in str(caught.value) and "order-1" in str(caught.value)
+            assert caught.value.queue_name == "dedup"
+            assert caught.value.workflow_id == first.workflow_id
+            with SetEnqueueOptions(deduplication_policy="return_existing"):
+                existing = await queue.enqueue(wfs["blocker"], "third")
+            assert existing.workflow_id == first.workflow_id
+        wfs["release"].set()
+        assert await first.get_result() == "first"
+        # Finished: the deduplication ID is free again.
+        with SetEnqueueOptions(deduplication_id="order-1"):
+            later = await queue.enqueue(wfs["echo"], "later")
+        assert await later.get_result() == "later"
+        assert log == ["first", "later"]
+
+
+async def test_delayed_start(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    queue = dbos.queue("later", polling_interval=0.2)
+    wfs, _ = with_workflows(dbos)
+    async with dbos:
+        with SetEnqueueOptions(delay=0.4):
+            handle = await queue.enqueue(wfs["echo"], "late")
+        assert (await handle.get_status()).status == "DELAYED"
+        assert await handle.get_result() == "late"
+        row = (await fetch(database_url, "SELECT delay_until_epoch_ms, started_at_epoch_ms "
+                                         "FROM dbos.workflow_status WHERE workflow_uuid = $1",
+                           handle.workflow_id))[0]
+        assert row["started_at_epoch_ms"] >= row["delay_until_epoch_ms"]
+
+
+async def test_debounce_collapses_a_burst_into_one_run_with_the_latest_arguments(
+        database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    queue = dbos.queue("bounce", polling_interval=0.2)
+    wfs, log = with_workflows(dbos)
+    async with dbos:
+        debouncer = queue.debouncer(wfs["echo"], period=0.5, max_delay=5.0)
+        handles = [await debouncer.debounce("user-1", f"v{i}") for i in range(5)]
+        other = await debouncer.debounce("user-2", "w")
+        assert len({h.workflow_id for h in handles}) == 1
+        assert other.workflow_id != handles[0].workflow_id
+        assert await handles[-1].get_result() == "v4"
+        assert await other.get_result() == "w"
+        # The window closed: the same key starts a new workflow.
+        after = await debouncer.debounce("user-1", "next")
+        assert after.workflow_id != handles[0].workflow_id
+        assert await after.get_result() == "next"
+        assert sorted(log) == ["next", "v4", "w"]
+
+
+async def test_debounce_is_bounded_by_max_delay(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    queue = dbos.queue("bounded", polling_interval=0.2)
+    wfs, _ = with_workflows(dbos)
+    async with dbos:
+        debouncer = queue.debouncer(wfs["echo"], period=0.3, max_delay=0.6)
+        first = await debouncer.debounce("k", "a")
+        for _ in range(15):  # keeps pushing the start back for ~1.5 s
+            await debouncer.debounce("k", "b")
+            await asyncio.sleep(0.1)
+        assert await first.get_result() in ("a", "b")
+        row = (await fetch(database_url, "SELECT created_at, delay_until_epoch_ms, "
+                                         "debounce_deadline_epoch_ms FROM dbos.workflow_status "
+                                         "WHERE workflow_uuid = $1", first.workflow_id))[0]
+        assert row["delay_until_epoch_ms"] <= row["debounce_deadline_epoch_ms"]
+        assert row["debounce_deadline_epoch_ms"] - row["created_at"] <= 600 + 50
+
+
+async def test_enqueue_from_a_workflow_is_replayed_without_duplicates(
+        database_url: str) -> None:
+    first = new_dbos(database_url, shutdown_grace_period=0)
+    first.queue("children", polling_interval=0.2)
+    wfs, log = with_workflows(first)
+    queue = first._queues["children"]
+
+    @first.workflow(name="parent")
+    async def parent() -> list[str]:
+        child = await queue.enqueue(wfs["echo"], "child")
+        await wfs["blocker"]("parent-waits")  # a child workflow that blocks until released
+        return [await child.get_result()]
+
+    async with first:
+        with SetWorkflowID("the-parent"):
+            await first.start_workflow(parent)
+
+        async def enqueued() -> bool:
+            return "parent-waits" in log
+
+        await wait_until(enqueued, what="the parent to reach its blocking child")
+    # The parent and its blocking child are PENDING; recovery replays the parent.
+    second = new_dbos(database_url)
+    second.queue("children", polling_interval=0.2)
+    wfs2, _ = with_workflows(second)
+    queue = second._queues["children"]
+
+    @second.workflow(name="parent")
+    async def parent2() -> list[str]:
+        child = await queue.enqueue(wfs2["echo"], "child")
+        await wfs2["blocker"]("parent-waits")
+        return [await child.get_result()]
+
+    async with second:
+        wfs2["release"].set()
+        handle = await second.retrieve_workflow("the-parent")
+        assert await handle.get_result() == ["child"]
+    children = await fetch(database_url, "SELECT workflow_uuid FROM dbos.workflow_status "
+                                         "WHERE parent_workflow_id = 'the-parent' "
+                                         "AND queue_name = 'children'")
+    assert [r["workflow_uuid"] for r in children] == ["the-parent-0"]
+
+
+async def test_recovery_reenqueues_and_dead_letters(database_url: str) -> None:
+    async def run_once() -> str:
+        dbos = new_dbos(database_url, shutdown_grace_period=0, max_recovery_attempts=1)
+        dbos.queue("fragile", polling_interval=0.2)
+        wfs, _ = with_workflows(dbos)
+        async with dbos:
+            status = await dbos.get_workflow_status("fragile-1")
+            if status is None:
+                with SetWorkflowID("fragile-1"):
+                    await dbos._queues["fragile"].enqueue(wfs["blocker"], "x")
+            if status is not None and status.status == "MAX_RECOVERY_ATTEMPTS_EXCEEDED":
+                return status.status
+
+            async def running() -> bool:
+                return bool(wfs["held"])
+
+            await wait_until(running, what="the workflow to run")
+        return "interrupted"
+
+    assert await run_once() == "interrupted"  # attempt 1
+    assert await run_once() == "interrupted"  # recovered once: re-enqueued, attempt 2
+    assert await run_once() == "MAX_RECOVERY_ATTEMPTS_EXCEEDED"
+    dbos = new_dbos(database_url)
+    async with dbos:
+        handle = await dbos.retrieve_workflow("fragile-1")
+        with pytest.raises(DeadLetteredError):
+            await handle.get_result()
+    assert await fetchval(database_url, "SELECT recovery_attempts FROM dbos.workflow_status "
+                                        "WHERE workflow_uuid = 'fragile-1'") == 2
+
+
+# ---- Queues from the table, listening, missing functions ----
+
+
+async def test_queue_defined_elsewhere_is_found_and_dispatched(database_url: str) -> None:
+    definer = new_dbos(database_url)
+    definer.queue("shared", concurrency=3, limiter=(10, 1.0), polling_interval=0.2)
+    definer.listen()
+    with_workflows(definer)
+    async with definer:
+        pass
+    worker = new_dbos(database_url, listen_queues=["shared"])
+    wfs, _ = with_workflows(worker)
+    async with worker:
+        queue = await worker.get_queue("shared")
+        assert queue.concurrency == 3 and queue.limiter == RateLimit(10, 1.0)
+        assert worker.queue_runtime is not None
+        assert "shared" in worker.queue_runtime.dispatchers
+        handle = await queue.enqueue(wfs["echo"], "via-table")
+        assert await handle.get_result() == "via-table"
+
+
+async def test_unknown_queue_names_fail_clearly(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    with_workflows(dbos)
+    async with dbos:
+        with pytest.raises(QueueNotFoundError, match="'nope'"):
+            await dbos.get_queue("nope")
+    listener = new_dbos(database_url, listen_queues=["missing-queue"])
+    with pytest.raises(QueueNotFoundError, match="missing-queue"):
+        async with listener:
+            pass
+    undeclared = Queue("loose")
+    with pytest.raises(DBOSError, match="not registered with a DBOS instance"):
+        undeclared.enqueue(lambda: None)  # type: ignore[arg-type, return-value]
+
+
+async def test_workflow_without_its_function_stays_enqueued(database_url: str) -> None:
+    producer = new_dbos(database_url)
+    producer.listen()
+    queue = producer.queue("mixed", polling_interval=0.1)
+    wfs, _ = with_workflows(producer)
+
+    @producer.workflow(name="rare")
+    async def rare(x: int) -> int:
+        return x + 1
+
+    async with producer:
+        orphan = await queue.enqueue(rare, 41)
+        common = await queue.enqueue(wfs["echo"], "common")
+    lacking = new_dbos(database_url)
+    lacking.queue("mixed", polling_interval=0.1)
+    with_workflows(lacking)  # has echo, not rare
+    async with lacking:
+        assert await (await lacking.retrieve_workflow(common.workflow_id)).get_result() \
+            == "common"
+        assert lacking.queue_runtime is not None
+        dispatcher = lacking.queue_runtime.dispatchers["mixed"]
+        rounds = dispatcher.rounds
+
+        async def more_rounds() -> bool:
+            return dispatcher.rounds >= rounds + 3
+
+        await wait_until(more_rounds, what="three more claim rounds")
+        assert (await statuses(database_url, "mixed"))[orphan.workflow_id] == "ENQUEUED"
+    having = new_dbos(database_url)
+    having.queue("mixed", polling_interval=0.1)
+
+    @having.workflow(name="rare")
+    async def rare2(x: int) -> int:
+        return x + 1
+
+    async with having:
+        assert await (await having.retrieve_workflow(orphan.workflow_id)).get_result() == 42
+
+
+async def test_partition_keys_are_required_exactly_on_partitioned_queues(
+        database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    plain = dbos.queue("plain")
+    parted = dbos.queue("parted", partition_queue=True, partition_concurrency=1)
+    wfs, _ = with_workflows(dbos)
+    async with dbos:
+        with pytest.raises(DBOSError, match="is partitioned"):
+            await parted.enqueue(wfs["echo"], "x")
+        with SetEnqueueOptions(partition_key="k"), \
+                pytest.raises(DBOSError, match="not partitioned"):
+            await plain.enqueue(wfs["echo"], "x")
+        with SetEnqueueOptions(partition_key="k"):
+            assert await (await parted.enqueue(wfs["echo"], "y")).get_result() == "y"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"concurrency": 0}, "concurrency must be an integer >= 1"),
+        ({"concurrency": 1.5}, "concurrency must be an integer >= 1"),
+        ({"worker_concurrency": -1}, "worker_concurrency must be"),
+        ({"concurrency": 2, "worker_concurrency": 3}, "exceeds concurrency"),
+        ({"limiter": (0, 1.0)}, "limit must be an integer >= 1"),
+        ({"limiter": (5, 0)}, "period must be a positive"),
+        ({"limiter": "fast"}, "limiter must be"),
+        ({"partition_concurrency": 1}, "partition limits need partition_queue=True"),
+        ({"partition_queue": True, "partition_limiter": (1, -2)}, "period must be a positive"),
+        ({"partition_queue": True, "partition_concurrency": 1,
+          "partition_worker_concurrency": 2}, "partition_worker_concurrency exceeds"),
+        ({"polling_interval": 0}, "polling_interval must be"),
+    ],
+)
+def test_invalid_limits_are_rejected(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Queue("bad", **kwargs)
+
+
+def test_invalid_options_are_rejected() -> None:
+    with pytest.raises(DBOSError, match="priority"):
+        SetEnqueueOptions(priority=-1)
+    with pytest.raises(DBOSError, match="delay"):
+        SetEnqueueOptions(delay=-1)
+    with pytest.raises(DBOSError, match="deduplication_policy"):
+        SetEnqueueOptions(deduplication_policy="maybe")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="non-empty name"):
+        Queue("")
+    assert Queue("ok", limiter={"limit": 3, "period": 2}).limiter == RateLimit(3, 2.0)
