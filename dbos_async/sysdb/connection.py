@@ -12,7 +12,7 @@ from dbos_async.errors import DatabaseUnavailableError
 def redact(url: str) -> str:
     """The URL without its password, for messages."""
     parts = urlsplit(url)
-    if parts.password is None:
+    if not parts.password:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
     return urlunsplit(parts._replace(netloc=netloc))
