@@ -12,6 +12,11 @@ One run, one PostgreSQL server, three scratch databases (dropped and recreated e
    over a pool of the same size; once with no pool reset (the floor) and once with asyncpg's
    default reset query on release (what a pool gives unless told otherwise).
 
+Then, unless --skip-queues (--queues-only runs only this part), queues (bench_queues.py,
+queue_child.py): the drain rate of a backlog enqueued by a separate client process through
+the SQL function dbos.enqueue_workflow, with 1 and 2 executor processes, and the enqueue ->
+start latency, beside the `dbos` package's figures.
+
 Then, unless --skip-latency (--latency-only runs only this part), the latency of single
 operations, one at a time: send -> recv wake-up, set_event -> get_event, write_stream ->
 read_stream and start_workflow -> get_result, median and p99, for dbos_async
@@ -40,6 +45,7 @@ import bench_dbos
 import bench_dbos_async
 import bench_latency_dbos
 import bench_latency_dbos_async
+import bench_queues
 import bench_raw
 import latency
 from common import DEFAULT_URL, drop_database, recreate_database, server_facts
@@ -53,6 +59,8 @@ EXPECTED_PER_STEP = 1.0
 # notification statement, say) are reported but do not fail the line.
 COUNT_TOLERANCE = 1.05
 LATENCY_MEDIAN_TARGET_MS = 10.0
+QUEUE_RATIO_TARGET = 5.0
+QUEUE_LATENCY_TARGET_MS = 20.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,7 +96,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     which.add_argument("--skip-latency", action="store_true",
                        help="do not measure the latencies (throughput only)")
     which.add_argument("--latency-only", action="store_true",
-                       help="measure only the latencies (no throughput)")
+                       help="measure only the latencies (no throughput, no queues)")
+    which.add_argument("--queues-only", action="store_true",
+                       help="run only the queue section")
+    parser.add_argument("--skip-queues", action="store_true",
+                        help="leave out the queue section")
+    parser.add_argument("--queue-workflows", type=int, default=10_000,
+                        help="workflows enqueued per dbos_async queue drain (default 10000)")
+    parser.add_argument("--dbos-queue-workflows", type=int, default=1_000,
+                        help="workflows per dbos package queue drain (default 1000)")
+    parser.add_argument("--queue-worker-concurrency", type=int, default=100,
+                        help="worker_concurrency of the benchmark queue, both systems, per "
+                             "executor process (default 100)")
+    parser.add_argument("--queue-polling-interval", type=float, default=0.1,
+                        help="queue polling interval of both systems in seconds (default 0.1; "
+                             "the dbos package's default, 1 s, is measured too)")
+    parser.add_argument("--queue-latency-samples", type=int, default=100,
+                        help="dbos_async enqueue -> start samples, notified path (default 100)")
+    parser.add_argument("--queue-poll-samples", type=int, default=30,
+                        help="enqueue -> start samples at the common polling interval, per "
+                             "system (default 30)")
+    parser.add_argument("--dbos-default-poll-samples", type=int, default=10,
+                        help="enqueue -> start samples of the dbos package at its default "
+                             "polling interval (default 10)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the scratch databases after the run")
     parser.add_argument("--profile", action="store_true",
@@ -103,6 +133,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--dbos-workflows must be >= 1")
     if args.latency_samples < 1 or args.dbos_latency_samples < 1:
         parser.error("--latency-samples and --dbos-latency-samples must be >= 1")
+    if args.skip_queues and args.queues_only:
+        parser.error("--skip-queues and --queues-only exclude each other")
+    if min(args.queue_workflows, args.dbos_queue_workflows, args.queue_worker_concurrency,
+           args.queue_latency_samples, args.queue_poll_samples,
+           args.dbos_default_poll_samples) < 1 or args.queue_polling_interval <= 0:
+        parser.error("queue counts must be >= 1 and --queue-polling-interval > 0")
     if args.profile:
         args.rounds = 1
     if args.dbos_workflows is None:
@@ -117,9 +153,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "parameters": {"pool_size": args.pool_size},
     }
-    if not args.latency_only:
+    if not args.latency_only and not args.queues_only:
         await run_throughput(args, results)
-    if not args.skip_latency:
+    if not args.skip_queues and not args.latency_only:
+        results["queues"] = await bench_queues.run(
+            args.url, args.db_prefix, workflows=args.queue_workflows,
+            dbos_workflows=args.dbos_queue_workflows,
+            worker_concurrency=args.queue_worker_concurrency,
+            polling_interval=args.queue_polling_interval, pool_size=args.pool_size,
+            latency_samples=args.queue_latency_samples, poll_samples=args.queue_poll_samples,
+            dbos_default_samples=args.dbos_default_poll_samples, skip_dbos=args.skip_dbos,
+            progress=_progress)
+    if not args.skip_latency and not args.queues_only:
         results["latency"] = await run_latency(args)
     return results
 
@@ -321,6 +366,8 @@ def report(results: dict[str, Any], profiled: bool) -> str:
     ]
     if "summary" in results:
         out += throughput_report(results, profiled)
+    if "queues" in results:
+        out += queue_report(results["queues"])
     if "latency" in results:
         out += latency_report(results["latency"])
     return "\n".join(out)
@@ -419,6 +466,69 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
         out += ["", "cProfile of the dbos_async measured run"]
         for title, text in fast["profile"].items():
             out += ["", f"--- {title} ---", text.rstrip()]
+    return out
+
+
+def queue_report(q: dict[str, Any]) -> list[str]:
+    p = q["parameters"]
+    out = [
+        "",
+        "Queues: drain a backlog enqueued by a separate client process "
+        "(SQL function dbos.enqueue_workflow, one transaction)",
+        f"  one-step workflows; {p['workflows']} for dbos_async, {p['dbos_workflows']} for dbos; "
+        f"worker_concurrency {p['worker_concurrency']} per executor process, polling "
+        f"interval {p['polling_interval']:g} s, pool size {p['pool_size']}, for both",
+        "  drain = first start to last completion (workflow_status timestamps)",
+        "",
+    ]
+    rows: list[tuple[str, ...]] = [("system", "executors", "workflows", "drain s",
+                                    "workflows/s", "commit->1st start", "split",
+                                    "enqueue/s")]
+    for r in q["throughput"].values():
+        rows.append((r["system"], str(r["processes"]), str(r["workflows"]),
+                     f"{r['drain_seconds']:.2f}", f"{r['workflows_per_s']:,.0f}",
+                     f"{r['commit_to_first_start_ms']:.0f} ms",
+                     "/".join(str(n) for n in r["per_executor"].values()),
+                     f"{r['enqueue']['per_s']:,.0f}"))
+        if r["succeeded"] != r["workflows"]:
+            rows.append(("", "", f"only {r['succeeded']} succeeded", "", "", "", "", ""))
+    out += _table(rows, "<>>>>>><")
+    for processes, ratio in q["ratio_dbos_async_over_dbos"].items():
+        out.append(f"  drain rate dbos_async / dbos, {processes} executor process(es): "
+                   f"{ratio:.1f}x (target >= {QUEUE_RATIO_TARGET:.0f}x: "
+                   f"{_verdict(ratio >= QUEUE_RATIO_TARGET)})")
+    out += ["", "Queues: enqueue -> start latency, one at a time (ms from the SQL function's "
+            "return, its commit done, to the workflow body's first line; one clock)"]
+    rows = [("system", "enqueue", "poll s", "samples", "median", "p99", "max", "target")]
+    lat = q["latency"]
+    lines: list[tuple[str, str, dict[str, Any] | None, bool]] = [
+        ("dbos_async", "SQL function + NOTIFY", lat.get("dbos_async", {}).get("notify"), True),
+        ("dbos_async", "SQL function only", lat.get("dbos_async", {}).get("equal_poll"),
+         False),
+        ("dbos " + str(lat.get("dbos", {}).get("dbos_version") or ""), "SQL function",
+         lat.get("dbos", {}).get("equal_poll"), False),
+        ("dbos " + str(lat.get("dbos", {}).get("dbos_version") or ""),
+         "SQL function (default poll)", lat.get("dbos", {}).get("default_poll"), False),
+    ]
+    for system, how, figures, targeted in lines:
+        if not figures or "median_ms" not in figures:
+            continue
+        target = ""
+        if targeted:
+            target = (f"< {QUEUE_LATENCY_TARGET_MS:.0f} ms "
+                      + _verdict(figures["median_ms"] < QUEUE_LATENCY_TARGET_MS))
+        rows.append((system.rstrip(), how, f"{figures['polling_interval']:g}",
+                     str(figures["samples"]) + (f" ({figures['lost']} lost)"
+                                                if figures["lost"] else ""),
+                     _ms(figures, "median_ms"), _ms(figures, "p99_ms"),
+                     _ms(figures, "max_ms"), target))
+    out += _table(rows, "<<>>>>><")
+    dbos_lat = lat.get("dbos")
+    if dbos_lat:
+        out.append(f"  dbos: conductor connected: {dbos_lat['conductor']}, "
+                   f"OTLP export: {dbos_lat['otlp']}")
+    for error in q.get("errors", []):
+        out += ["  FAILED: " + error.splitlines()[0]]
     return out
 
 

@@ -1,5 +1,6 @@
 """dbos_async: durable workflows for asyncio, checkpointed in PostgreSQL."""
 
+from dbos_async.client import DBOSClient
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import (
     ConfigurationError,
@@ -31,6 +32,7 @@ __all__ = [
     "DBOS",
     "ApplicationVersion",
     "ConfigurationError",
+    "DBOSClient",
     "DBOSConfig",
     "DBOSError",
     "DatabaseUnavailableError",

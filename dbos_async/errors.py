@@ -40,13 +40,15 @@ class NonExistentWorkflowError(DBOSError):
 class WorkflowNotRegisteredError(DBOSError):
     """A workflow's function is not registered with this executor."""
 
-    def __init__(self, workflow_id: str, name: str) -> None:
+    def __init__(self, workflow_id: str, name: str, queue_name: str | None = None) -> None:
+        where = f" (enqueued on queue {queue_name!r}; it stays ENQUEUED)" if queue_name else ""
         super().__init__(
             f"Workflow {workflow_id!r} runs function {name!r}, which is not registered "
-            "with this executor; decorate it with @dbos.workflow() before entering DBOS"
+            f"with this executor{where}; decorate it with @dbos.workflow() before entering DBOS"
         )
         self.workflow_id = workflow_id
         self.name = name
+        self.queue_name = queue_name
 
 
 class NondeterminismError(DBOSError):

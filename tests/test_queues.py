@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from helpers import fetch, fetchval, new_dbos, wait_until
+from helpers import execute, fetch, fetchval, new_dbos, wait_until
 
 from dbos_async import (
     DBOS,
@@ -21,6 +21,7 @@ from dbos_async import (
     RateLimit,
     SetEnqueueOptions,
     SetWorkflowID,
+    WorkflowNotRegisteredError,
 )
 
 
@@ -320,6 +321,16 @@ async def test_workflow_without_its_function_stays_enqueued(database_url: str) -
 
         await wait_until(more_rounds, what="three more claim rounds")
         assert (await statuses(database_url, "mixed"))[orphan.workflow_id] == "ENQUEUED"
+        # ... and it says so: one warning naming the queue, the function and the workflow,
+        # however many rounds find it, as many enqueues of it as there are.
+        await rare_directly(database_url, "mixed", "rare", 3)
+        await wait_until(more_rounds, what="more claim rounds")
+        [warning] = lacking.queue_warnings
+        assert isinstance(warning, WorkflowNotRegisteredError)
+        assert (warning.queue_name, warning.name, warning.workflow_id) == (
+            "mixed", "rare", orphan.workflow_id)
+        assert "'mixed'" in str(warning) and "'rare'" in str(warning)
+        assert dispatcher.unregistered == {"rare"}
     having = new_dbos(database_url)
     having.queue("mixed", polling_interval=0.1)
 
@@ -329,6 +340,50 @@ async def test_workflow_without_its_function_stays_enqueued(database_url: str) -
 
     async with having:
         assert await (await having.retrieve_workflow(orphan.workflow_id)).get_result() == 42
+
+
+async def rare_directly(url: str, queue: str, name: str, count: int) -> None:
+    """Enqueue ``count`` more unversioned workflows of ``name`` through the SQL function."""
+    for _ in range(count):
+        await fetchval(url, "SELECT dbos.enqueue_workflow($1, $2, ARRAY['1'::json])",
+                       name, queue)
+
+
+async def test_unversioned_work_goes_to_the_latest_version_only(database_url: str) -> None:
+    """The seed's rule: a claim takes its own version's workflows, and unversioned ones only
+    while its version is the latest registered one."""
+    old = new_dbos(database_url, application_version="v-old")
+    queue = old.queue("versions", polling_interval=0.1)
+    wfs, log = with_workflows(old)
+    async with old:
+        # v-old is the only (so the latest) version: it takes unversioned work.
+        await execute(database_url, "SELECT dbos.enqueue_workflow('echo', 'versions', "
+                      "ARRAY['\"unversioned-1\"'::json], workflow_id => 'u1')")
+        assert await (await old.retrieve_workflow("u1")).get_result() == "unversioned-1"
+        await old.set_latest_application_version("v-new")  # a newer deploy registers
+        await execute(database_url, "SELECT dbos.enqueue_workflow('echo', 'versions', "
+                      "ARRAY['\"unversioned-2\"'::json], workflow_id => 'u2')")
+        # Its own version's work still runs here.
+        mine = await queue.enqueue(wfs["echo"], "own-version")
+        assert await mine.get_result() == "own-version"
+        assert old.queue_runtime is not None
+        dispatcher = old.queue_runtime.dispatchers["versions"]
+        rounds = dispatcher.rounds
+
+        async def more_rounds() -> bool:
+            return dispatcher.rounds >= rounds + 3
+
+        await wait_until(more_rounds, what="three more claim rounds")
+        assert (await statuses(database_url, "versions"))["u2"] == "ENQUEUED"
+        assert "unversioned-2" not in log
+    new = new_dbos(database_url, application_version="v-new")
+    new.queue("versions", polling_interval=0.1)
+    with_workflows(new)
+    async with new:
+        assert await (await new.retrieve_workflow("u2")).get_result() == "unversioned-2"
+    version = await fetchval(database_url, "SELECT application_version "
+                                           "FROM dbos.workflow_status WHERE workflow_uuid = 'u2'")
+    assert version == "v-new"
 
 
 async def test_partition_keys_are_required_exactly_on_partitioned_queues(

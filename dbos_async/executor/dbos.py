@@ -11,7 +11,12 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from dbos_async.config import DBOSConfig
-from dbos_async.errors import DBOSError, NonExistentWorkflowError, QueueNotFoundError
+from dbos_async.errors import (
+    DBOSError,
+    NonExistentWorkflowError,
+    QueueNotFoundError,
+    WorkflowNotRegisteredError,
+)
 from dbos_async.executor import maintenance, messaging, operations, patches, recovery, workflows
 from dbos_async.executor.cancellation import CancellationWatcher
 from dbos_async.executor.context import (
@@ -23,16 +28,14 @@ from dbos_async.executor.context import (
 from dbos_async.executor.dispatcher import QueueRuntime
 from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
 from dbos_async.executor.operations import ApplicationVersion, WorkflowStepInfo
+from dbos_async.executor.peer import start_notifications, system_database_for
 from dbos_async.executor.queues import LimiterSpec, Queue, internal_queue
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method
 from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
 from dbos_async.executor.tasks import TaskOwner
-from dbos_async.sysdb import connection
 from dbos_async.sysdb.connection import redact
-from dbos_async.sysdb.control import WorkflowFilter
 from dbos_async.sysdb.database import SystemDatabase, now_ms
-from dbos_async.sysdb.notifications import NotificationDispatcher
 
 logger = logging.getLogger("dbos_async")
 
@@ -63,6 +66,9 @@ class DBOS:
         self.background = TaskOwner()
         self.application_version: str | None = self.config.application_version
         self.recovery_errors: list[DBOSError] = []
+        # Enqueued workflows a dispatcher here leaves queued for want of their function
+        # (one per queue and function name; also logged as a warning).
+        self.queue_warnings: list[WorkflowNotRegisteredError] = []
         self._state = "new"
         # Queues declared here, queues to dispatch (None: every declared one), dispatchers.
         self._queues: dict[str, Queue] = {}
@@ -417,6 +423,56 @@ class DBOS:
         self._require_running()
         await operations.delete(self, list(workflow_ids), delete_children)
 
+    async def resume_workflow(self, workflow_id: str,
+                              queue: str | Queue | None = None) -> WorkflowHandle[Any]:
+        """Continue a cancelled, dead-lettered or stuck workflow from its last checkpoint:
+        it is re-enqueued on ``queue`` (default: the internal queue every executor
+        serves), with its recovery attempts and deadline reset. Resuming a SUCCESS or
+        ERROR workflow changes nothing (its handle returns the recorded outcome); an
+        unknown ID raises :class:`NonExistentWorkflowError`."""
+        [handle] = await self.resume_workflows([workflow_id], queue)
+        return handle
+
+    async def resume_workflows(self, workflow_ids: Sequence[str],
+                               queue: str | Queue | None = None) -> list[WorkflowHandle[Any]]:
+        """Resume several workflows in one transaction (all or, if one is unknown, none)."""
+        self._require_running()
+        ids = list(workflow_ids)
+        await operations.resume(self, ids, queue.name if isinstance(queue, Queue) else queue)
+        return [await self.retrieve_workflow(workflow_id) for workflow_id in ids]
+
+    async def fork_workflow(
+        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
+    ) -> WorkflowHandle[Any]:
+        """Start a new workflow with ``workflow_id``'s inputs whose steps below
+        ``start_step`` replay from copies of the original's checkpoints (and its events
+        and streams up to there); steps from ``start_step`` run again. The new ID comes
+        from ``SetWorkflowID`` or is random (``SetWorkflowTimeout`` gives it a timeout).
+        ``start_step`` must be between 0 and one past the last recorded step.
+        ``replacement_children`` maps child IDs recorded in the copied steps to other
+        workflows to use instead."""
+        self._require_running()
+        new_id = await operations.fork(
+            self, workflow_id, start_step, fork_id=take_workflow_id(),
+            application_version=application_version,
+            queue_name=queue.name if isinstance(queue, Queue) else queue,
+            replacement_children=replacement_children, workflow_timeout=workflow_timeout())
+        return await self.retrieve_workflow(new_id)
+
+    async def rewind_workflow(
+        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        queue: str | Queue | None = None,
+    ) -> WorkflowHandle[Any]:
+        """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
+        discarded (events rolled back, stream close markers removed, messages consumed
+        since deleted) and it is re-enqueued under the same ID to run them again."""
+        self._require_running()
+        await operations.rewind(self, workflow_id, start_step,
+                                application_version=application_version,
+                                queue_name=queue.name if isinstance(queue, Queue) else queue)
+        return await self.retrieve_workflow(workflow_id)
+
     async def list_workflows(
         self,
         *,
@@ -444,22 +500,14 @@ class DBOS:
         ``offset``. ``start_time``/``end_time`` bound ``created_at`` (inclusive).
         ``load_input``/``load_output`` fill ``input``, ``output`` and ``error``."""
         self._require_running()
-        return await operations.list_workflows(self, WorkflowFilter(
-            workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
-            statuses=operations.as_list(status),
-            names=operations.as_list(name),
-            start_ms=operations.epoch_ms(start_time, "start_time"),
-            end_ms=operations.epoch_ms(end_time, "end_time"),
-            queue_names=operations.as_list(queue_name),
+        return await operations.list_workflows(self, operations.workflow_filter(
+            workflow_ids=workflow_ids, status=status, name=name, start_time=start_time,
+            end_time=end_time, queue_name=queue_name, parent_workflow_id=parent_workflow_id,
+            forked_from=forked_from, executor_id=executor_id,
+            application_version=application_version, authenticated_user=authenticated_user,
+            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
+            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
             queues_only=queues_only,
-            parent_workflow_ids=operations.as_list(parent_workflow_id),
-            forked_from=operations.as_list(forked_from),
-            executor_ids=operations.as_list(executor_id),
-            application_versions=operations.as_list(application_version),
-            authenticated_users=operations.as_list(authenticated_user),
-            workflow_id_prefixes=operations.as_list(workflow_id_prefix),
-            limit=limit, offset=offset, sort_desc=sort_desc,
-            load_input=load_input, load_output=load_output,
         ))
 
     async def list_queued_workflows(
@@ -567,6 +615,9 @@ class DBOS:
         execution = self._running.get(workflow_id)
         return execution.result if execution is not None else None
 
+    def interrupt_local(self, workflow_ids: set[str]) -> None:
+        self.cancellation.interrupt(workflow_ids)
+
     def running_ids(self) -> list[str]:
         return list(self._running)
 
@@ -595,14 +646,7 @@ class DBOS:
             from dbos_async.sysdb.embedded import start_embedded_server
 
             url = await start_embedded_server(self.config.data_dir)
-        self._sysdb = SystemDatabase(
-            url,
-            schema=self.config.schema_name,
-            pool_size=self.config.pool_size,
-            connect_timeout=self.config.connect_timeout,
-            retry_timeout=self.config.db_retry_timeout,
-            connection_name=self.config.connection_name,
-        )
+        self._sysdb = system_database_for(self.config, url)
         try:
             await self._sysdb.open(run_migrations=self.config.run_migrations)
             await self._start_notifications(url)
@@ -646,20 +690,8 @@ class DBOS:
                 await self._sysdb.close()
 
     async def _start_notifications(self, url: str) -> None:
-        sysdb = self._sysdb
-        assert sysdb is not None
-        config = self.config
-        dispatcher = NotificationDispatcher(
-            connect=functools.partial(connection.connect, url, config.connect_timeout,
-                                      config.connection_name),
-            pool=lambda: sysdb.pool,
-            use_listen_notify=config.use_listen_notify,
-            coalesce_ms=config.notification_coalesce_ms,
-            poll_interval=config.notification_poll_interval,
-            max_polling_queries=config.max_polling_queries or max(1, config.pool_size // 2),
-        )
-        sysdb.notifications = dispatcher
-        await dispatcher.start(self.background.spawn)
+        assert self._sysdb is not None
+        await start_notifications(self._sysdb, url, self.config, self.background.spawn)
 
     async def _stop_notifications(self) -> None:
         """Flush notifications and stop the listener, then reap the background tasks."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
-from dbos_async.errors import DBOSError
+from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
 from dbos_async.executor import workflows
 from dbos_async.executor.messaging import notify_completion
 from dbos_async.executor.queues import DELAYED_KEY
@@ -47,6 +47,10 @@ CONFLICTS = (
 SWEEP_CAP = 1000
 """Most partitions one claim round visits (and heads one sweep admits)."""
 
+UNREGISTERED_CHECK_INTERVAL = 10.0
+"""Seconds between two looks for enqueued work this executor lacks the function of (the
+first look is at the first claim round that starts nothing)."""
+
 
 class QueueDispatcher:
     """Claims and starts the workflows of one queue in this executor."""
@@ -58,6 +62,9 @@ class QueueDispatcher:
         self.claimed = 0
         self.conflicts = 0
         self.rounds = 0
+        # Function names reported as enqueued here but not registered (once each).
+        self.unregistered: set[str] = set()
+        self._next_unregistered_check = 0.0
 
     def _room(self) -> int | None:
         if self.queue.worker_concurrency is None:
@@ -97,6 +104,7 @@ class QueueDispatcher:
                     continue
                 if started:
                     continue  # There may be more: claim again before sleeping.
+                await self._report_unregistered()
                 timeout = poll
                 if retry_at is not None:
                     timeout = min(timeout, max(0.001, retry_at / 1000 - time.time()))
@@ -142,6 +150,38 @@ class QueueDispatcher:
                     break
         return started, retry_at
 
+    async def _report_unregistered(self) -> None:
+        """Warn, once per function name, about ENQUEUED workflows on this queue that this
+        executor would take but for their function, which it does not have: they are (rightly)
+        left for an executor that has it, but nothing else would tell the user. One cheap
+        indexed query, at most every ``UNREGISTERED_CHECK_INTERVAL`` seconds, and only
+        after a claim round found nothing to start."""
+        now = time.monotonic()
+        if now < self._next_unregistered_check:
+            return
+        self._next_unregistered_check = now + max(UNREGISTERED_CHECK_INTERVAL,
+                                                  self.queue.polling_interval_sec)
+        dbos = self.dbos
+        try:
+            found = await dbos.system_database.unregistered_enqueued(
+                self.queue.name, names=list(dbos.registry.workflows),
+                known=sorted(self.unregistered), application_version=dbos.application_version)
+        except Exception:
+            logger.debug("Queue %s: checking for unregistered functions failed",
+                         self.queue.name, exc_info=True)
+            return
+        for name, workflow_id in found:
+            if name in self.unregistered:
+                continue
+            self.unregistered.add(name)
+            warning = WorkflowNotRegisteredError(workflow_id, name, self.queue.name)
+            dbos.queue_warnings.append(warning)
+            logger.warning(
+                "Queue %r holds ENQUEUED workflows of function %r (e.g. %s) that executor %s "
+                "cannot run: the function is not registered here. They stay ENQUEUED until "
+                "an executor that registers it dequeues them.",
+                self.queue.name, name, workflow_id, dbos.config.executor_id)
+
     async def _start(self, claim: Claim) -> None:
         for row, partition_key in claim.rows:
             self.claimed += 1
@@ -159,9 +199,9 @@ class QueueDispatcher:
             args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
             if info.is_method:
                 args = (dbos.registry.instance(row.class_name, row.config_name), *args)
-            # A first start has no checkpoints; a re-enqueued workflow resumes from its own.
-            checkpoints: dict[int, StepRecord] = (
-                await sysdb.load_checkpoints(workflow_id) if row.recovery_attempts > 1 else {})
+            # Always read: a resumed or forked workflow (by any client; DBOS resets its
+            # recovery_attempts to 0) resumes from its own or copied checkpoints.
+            checkpoints: dict[int, StepRecord] = await sysdb.load_checkpoints(workflow_id)
         except DBOSError as error:
             # It cannot run anywhere as stored: record why, rather than retry forever.
             logger.error("Queued workflow %s cannot start: %s", workflow_id, error)

@@ -19,7 +19,7 @@ from dbos_async.sysdb.database import Outcome
 from dbos_async.sysdb.statements import CANCELLED, ERROR, MAX_RECOVERY_ATTEMPTS_EXCEEDED, SUCCESS
 
 if TYPE_CHECKING:
-    from dbos_async.executor.dbos import DBOS
+    from dbos_async.executor.peer import Peer
 
 R = TypeVar("R", covariant=True)
 
@@ -119,7 +119,7 @@ class WorkflowHandle(Generic[R]):
 
     def __init__(
         self,
-        dbos: DBOS,
+        dbos: Peer,
         workflow_id: str,
         result: asyncio.Future[Any] | None = None,
         signature: Signature | None = None,

@@ -40,6 +40,7 @@ from dbos_async.sysdb.statements import ACTIVE_STATUSES
 if TYPE_CHECKING:
     from dbos_async.executor.dbos import DBOS
     from dbos_async.executor.handles import WorkflowHandle
+    from dbos_async.executor.peer import Peer
 
 NULL_TOPIC = "__null__topic__"
 """The topic of a message sent without one (the same sentinel every DBOS SDK uses)."""
@@ -108,15 +109,22 @@ async def _record_value(ctx: WorkflowContext, step_id: int, name: str, output: s
 # ---- send / recv ----
 
 
-async def send(dbos: DBOS, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+def message_address(destination_id: str, topic: str | None,
+                    idempotency_key: str | None) -> tuple[str, str]:
+    """The stored topic and message ID of a send (``<key>::<destination>`` when it is
+    idempotent)."""
+    message_uuid = (f"{idempotency_key}::{destination_id}" if idempotency_key is not None
+                    else str(uuid.uuid4()))
+    return (topic if topic is not None else NULL_TOPIC), message_uuid
+
+
+async def send(dbos: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
                step_id: int | None, destination_id: str, message: str, topic: str | None,
                idempotency_key: str | None) -> None:
     # A workflow's own executor, which is the one that owns it.
     owner = ctx or step_ctx
     sysdb = (owner.dbos if owner is not None else dbos).system_database
-    topic = topic if topic is not None else NULL_TOPIC
-    message_uuid = (f"{idempotency_key}::{destination_id}" if idempotency_key is not None
-                    else str(uuid.uuid4()))
+    topic, message_uuid = message_address(destination_id, topic, idempotency_key)
     if ctx is not None and step_id is not None:
         done, _ = _recorded(ctx, step_id, SEND)
         if done:
@@ -209,7 +217,7 @@ async def _poll_event(sysdb: SystemDatabase, workflow_id: str, key: str,
             await waiter.wait(left)
 
 
-async def get_event(dbos: DBOS, ctx: WorkflowContext | None, step_id: int | None,
+async def get_event(dbos: Peer, ctx: WorkflowContext | None, step_id: int | None,
                     timeout_id: int | None, workflow_id: str, key: str,
                     timeout: float | None) -> Any:  # noqa: ASYNC109
     sysdb = (ctx.dbos if ctx is not None else dbos).system_database
@@ -230,7 +238,7 @@ async def get_event(dbos: DBOS, ctx: WorkflowContext | None, step_id: int | None
     return await _record_value(ctx, step_id, GET_EVENT, found[0])
 
 
-async def get_all_events(dbos: DBOS, workflow_id: str) -> dict[str, Any]:
+async def get_all_events(dbos: Peer, workflow_id: str) -> dict[str, Any]:
     rows = await dbos.system_database.get_all_events(workflow_id)
     return {key: from_json(value, serialization, f"event {key!r}")
             for key, value, serialization in rows}
@@ -261,7 +269,7 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
     _dispatcher(sysdb).notify(STREAMS_CHANNEL, payload_key(workflow_id, key))
 
 
-async def read_stream(dbos: DBOS, workflow_id: str, key: str, offset: int
+async def read_stream(dbos: Peer, workflow_id: str, key: str, offset: int
                       ) -> AsyncIterator[Any]:
     sysdb = dbos.system_database
     dispatcher = _dispatcher(sysdb)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,9 +27,10 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
 )
+from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME
 
 if TYPE_CHECKING:
-    from dbos_async.executor.dbos import DBOS
+    from dbos_async.executor.peer import Peer
 
 logger = logging.getLogger("dbos_async")
 
@@ -64,7 +66,7 @@ class ApplicationVersion:
                    record.created_at)
 
 
-def control(dbos: DBOS) -> WorkflowControl:
+def control(dbos: Peer) -> WorkflowControl:
     return WorkflowControl(dbos.system_database)
 
 
@@ -95,10 +97,51 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
     return list(value)
 
 
+def workflow_filter(
+    *,
+    workflow_ids: Sequence[str] | None = None,
+    status: str | Sequence[str] | None = None,
+    name: str | Sequence[str] | None = None,
+    start_time: TimeBound | None = None,
+    end_time: TimeBound | None = None,
+    queue_name: str | Sequence[str] | None = None,
+    parent_workflow_id: str | Sequence[str] | None = None,
+    forked_from: str | Sequence[str] | None = None,
+    executor_id: str | Sequence[str] | None = None,
+    application_version: str | Sequence[str] | None = None,
+    authenticated_user: str | Sequence[str] | None = None,
+    workflow_id_prefix: str | Sequence[str] | None = None,
+    limit: int | None = None,
+    offset: int | None = None,
+    sort_desc: bool = False,
+    load_input: bool = True,
+    load_output: bool = True,
+    queues_only: bool = False,
+) -> WorkflowFilter:
+    """The filter of ``list_workflows`` (executor and client) from its keyword arguments."""
+    return WorkflowFilter(
+        workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
+        statuses=as_list(status),
+        names=as_list(name),
+        start_ms=epoch_ms(start_time, "start_time"),
+        end_ms=epoch_ms(end_time, "end_time"),
+        queue_names=as_list(queue_name),
+        queues_only=queues_only,
+        parent_workflow_ids=as_list(parent_workflow_id),
+        forked_from=as_list(forked_from),
+        executor_ids=as_list(executor_id),
+        application_versions=as_list(application_version),
+        authenticated_users=as_list(authenticated_user),
+        workflow_id_prefixes=as_list(workflow_id_prefix),
+        limit=limit, offset=offset, sort_desc=sort_desc,
+        load_input=load_input, load_output=load_output,
+    )
+
+
 # ---- Cancel and delete ----
 
 
-async def cancel(dbos: DBOS, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
+async def cancel(dbos: Peer, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
     rows = await control(dbos).cancel(workflow_ids, children=cancel_children, now_ms=now_ms())
     announce_cancelled(dbos, rows)
     cancelled = [workflow_id for workflow_id, _ in rows]
@@ -107,11 +150,11 @@ async def cancel(dbos: DBOS, workflow_ids: Sequence[str], cancel_children: bool)
     return cancelled
 
 
-def announce_cancelled(dbos: DBOS, rows: Sequence[tuple[str, str | None]]) -> None:
+def announce_cancelled(dbos: Peer, rows: Sequence[tuple[str, str | None]]) -> None:
     """After a cancel committed: interrupt what runs here at once, and notify the rest
     (handles wake on completion, watchers on the cancel channel, the dispatchers of the
     queues whose slots were freed on the enqueue channel)."""
-    dbos.cancellation.interrupt({workflow_id for workflow_id, _ in rows})
+    dbos.interrupt_local({workflow_id for workflow_id, _ in rows})
     notifications = dbos.system_database.notifications
     if notifications is None:
         return
@@ -122,7 +165,7 @@ def announce_cancelled(dbos: DBOS, rows: Sequence[tuple[str, str | None]]) -> No
         notifications.notify(ENQUEUE_CHANNEL, queue_name)
 
 
-async def delete(dbos: DBOS, workflow_ids: Sequence[str], delete_children: bool) -> None:
+async def delete(dbos: Peer, workflow_ids: Sequence[str], delete_children: bool) -> None:
     ids = list(workflow_ids)
     ctl = control(dbos)
     if delete_children:
@@ -133,13 +176,12 @@ async def delete(dbos: DBOS, workflow_ids: Sequence[str], delete_children: bool)
 # ---- Listing ----
 
 
-def _status(dbos: DBOS, row: asyncpg.Record, load_input: bool,
+def _status(dbos: Peer, row: asyncpg.Record, load_input: bool,
             load_output: bool) -> WorkflowStatus:
     status = WorkflowStatus.from_record(row)
     if not (load_input or load_output):
         return status
-    info = dbos.registry.workflows.get(status.name)
-    signature = info.signature if info is not None else None
+    signature = dbos.signature_of(status.name)
     serialization = row["serialization"]
     changes: dict[str, Any] = {}
     try:
@@ -168,7 +210,7 @@ def _status(dbos: DBOS, row: asyncpg.Record, load_input: bool,
     return dataclasses.replace(status, **changes)
 
 
-async def list_workflows(dbos: DBOS, f: WorkflowFilter) -> list[WorkflowStatus]:
+async def list_workflows(dbos: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
     if f.limit is not None and f.limit < 0:
         raise DBOSError(f"limit must be >= 0, got {f.limit}")
     if f.offset is not None and f.offset < 0:
@@ -177,7 +219,7 @@ async def list_workflows(dbos: DBOS, f: WorkflowFilter) -> list[WorkflowStatus]:
     return [_status(dbos, row, f.load_input, f.load_output) for row in rows]
 
 
-async def list_steps(dbos: DBOS, workflow_id: str) -> list[WorkflowStepInfo]:
+async def list_steps(dbos: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
     rows = await control(dbos).list_steps(workflow_id)
     steps = []
     for row in rows:
@@ -200,3 +242,61 @@ async def list_steps(dbos: DBOS, workflow_id: str) -> list[WorkflowStepInfo]:
             completed_at_epoch_ms=row["completed_at_epoch_ms"],
         ))
     return steps
+
+
+# ---- Resume, fork, rewind ----
+
+
+def _announce_enqueued(dbos: Peer, queue_name: str) -> None:
+    """After the re-enqueue committed: wake that queue's dispatchers, here and elsewhere."""
+    notifications = dbos.system_database.notifications
+    if notifications is not None:
+        notifications.notify(ENQUEUE_CHANNEL, queue_name)
+
+
+async def resume(dbos: Peer, workflow_ids: Sequence[str], queue_name: str | None) -> list[str]:
+    """Re-enqueue cancelled, dead-lettered or stuck workflows; they continue from their
+    last checkpoint. SUCCESS and ERROR workflows are left as they are. Returns the IDs
+    that were re-enqueued."""
+    queue = queue_name or INTERNAL_QUEUE_NAME
+    resumed = await control(dbos).resume(workflow_ids, queue, now_ms())
+    if resumed:
+        _announce_enqueued(dbos, queue)
+        logger.info("Resumed workflows on queue %s: %s", queue, ", ".join(resumed))
+    return resumed
+
+
+def _timeout_ms(timeout: float | None) -> int | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise DBOSError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return int(timeout * 1000)
+
+
+async def fork(dbos: Peer, workflow_id: str, start_step: int, *, fork_id: str | None,
+               application_version: str | None, queue_name: str | None,
+               replacement_children: dict[str, str] | None,
+               workflow_timeout: float | None = None) -> str:
+    """A new ENQUEUED workflow with the original's inputs, whose steps below
+    ``start_step`` replay from copies of the original's checkpoints. Returns its ID."""
+    new_id = fork_id or str(uuid.uuid4())
+    queue = queue_name or INTERNAL_QUEUE_NAME
+    await control(dbos).fork(
+        workflow_id, new_id, start_step, queue_name=queue,
+        application_version=application_version, timeout_ms=_timeout_ms(workflow_timeout),
+        replacement_children=dict(replacement_children or {}), now_ms=now_ms())
+    _announce_enqueued(dbos, queue)
+    logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
+    return new_id
+
+
+async def rewind(dbos: Peer, workflow_id: str, start_step: int, *,
+                 application_version: str | None, queue_name: str | None) -> None:
+    """Discard a finished workflow's history from ``start_step`` on and re-enqueue it
+    under its own ID; steps from ``start_step`` run again."""
+    queue = queue_name or INTERNAL_QUEUE_NAME
+    await control(dbos).rewind(workflow_id, start_step, queue_name=queue,
+                               application_version=application_version, now_ms=now_ms())
+    _announce_enqueued(dbos, queue)
+    logger.info("Rewound workflow %s to step %s", workflow_id, start_step)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.errors import NonExistentWorkflowError
+from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.sysdb.statements import (
     CANCELLED,
     DELAYED,
@@ -25,6 +25,7 @@ from dbos_async.sysdb.statements import (
     ERROR,
     MAX_RECOVERY_ATTEMPTS_EXCEEDED,
     PENDING,
+    PORTABLE_JSON,
     SUCCESS,
     Params,
     Query,
@@ -49,6 +50,10 @@ QUEUED_STATUSES = (DELAYED, ENQUEUED, PENDING)
 PAYLOAD_TABLES = ("workflow_input", "workflow_output", "operation_outputs")
 """Tables of a workflow without a foreign key to workflow_status: deleted explicitly.
 notifications, workflow_events, workflow_events_history and streams cascade."""
+
+STREAM_CLOSED_SERIALIZED = '"__DBOS_STREAM_CLOSED__"'
+"""A stream's close marker as stored (portable JSON), which a rewind removes past the cut
+(the executor writes the same value, executor/messaging.py)."""
 
 BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS = 5000
 """A job lock holder idle in its transaction this long (a frozen process) loses its session,
@@ -350,6 +355,223 @@ class ControlStatements:
                 AND created_at < {p(cutoff_ms, 'bigint')}""", now_ms, p)
 
 
+    # ---- Resume, fork, rewind (the seed's resumeWorkflows, forkWorkflows, rewind) ----
+
+    def resume(self, workflow_ids: Sequence[str], queue_name: str, now_ms: int) -> Query:
+        """Put the workflows back on ``queue_name`` as ENQUEUED, with a fresh start (no
+        owner, attempts, deadline or dedup ID); SUCCESS and ERROR rows are left alone.
+        Clearing the owner fences any execution still running somewhere."""
+        p = Params()
+        now = p(now_ms, "bigint")
+        return Query(
+            f"""UPDATE {self.table('workflow_status')}
+                SET status = {p(ENQUEUED)}, owner_xid = NULL, queue_name = {p(queue_name)},
+                    recovery_attempts = 0, workflow_deadline_epoch_ms = NULL,
+                    deduplication_id = NULL, started_at_epoch_ms = NULL,
+                    updated_at = {now}, completed_at = NULL
+                WHERE {self.sql.wf_in(None, workflow_ids, p)}
+                  AND status <> ALL({p([SUCCESS, ERROR], 'text[]')})
+                RETURNING workflow_uuid""",
+            p.values,
+        )
+
+    def lock_for_fork(self, workflow_id: str) -> Query:
+        """The workflow's status and its highest recorded step, its row locked."""
+        p = Params()
+        return Query(
+            f"""SELECT ws.status,
+                       (SELECT max(oo.function_id) FROM {self.table('operation_outputs')} oo
+                        WHERE {self.sql.wf_join('oo', 'ws')}) AS last_step
+                FROM {self.table('workflow_status')} ws
+                WHERE {self.sql.wf('ws', workflow_id, p)}
+                FOR NO KEY UPDATE OF ws""",
+            p.values,
+        )
+
+    def insert_fork(self, original_id: str, fork_id: str, queue_name: str,
+                    application_version: str | None, timeout_ms: int | None,
+                    now_ms: int) -> list[Query]:
+        """The fork's status row (the original's identity, inputs and serialization,
+        ENQUEUED on ``queue_name``, ``forked_from`` the original) and its inputs; and the
+        original marked ``was_forked_from``."""
+        p = Params()
+        keys = {c: p(v) for c, v in self.sql.wf_values(fork_id).items()}
+        now = p(now_ms, "bigint")
+        status = Query(
+            f"""INSERT INTO {self.table('workflow_status')} (
+                  {''.join(f'{c}, ' for c in keys)}workflow_uuid, status, name, class_name,
+                  config_name, queue_name, authenticated_user, assumed_role,
+                  authenticated_roles, application_version, application_id, forked_from,
+                  serialization, attributes, application_name, workflow_timeout_ms,
+                  created_at, updated_at, recovery_attempts, priority)
+                SELECT {''.join(f'{v}, ' for v in keys.values())}{p(fork_id)}, {p(ENQUEUED)},
+                  name, class_name, config_name, {p(queue_name)}, authenticated_user,
+                  assumed_role, authenticated_roles,
+                  COALESCE({p(application_version)}, application_version), application_id,
+                  workflow_uuid, serialization, attributes, application_name,
+                  {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0
+                FROM {self.table('workflow_status')}
+                WHERE {self.sql.wf(None, original_id, p)}""",
+            p.values,
+        )
+        p = Params()
+        keys = {c: p(v) for c, v in self.sql.wf_values(fork_id).items()}
+        inputs = Query(
+            f"""INSERT INTO {self.table('workflow_input')}
+                  ({''.join(f'{c}, ' for c in keys)}workflow_uuid, inputs)
+                SELECT {''.join(f'{v}, ' for v in keys.values())}{p(fork_id)},
+                       COALESCE(wi.inputs, ws.inputs)
+                FROM {self.table('workflow_status')} ws
+                LEFT JOIN {self.table('workflow_input')} wi ON {self.sql.wf_join('wi', 'ws')}
+                WHERE {self.sql.wf('ws', original_id, p)}""",
+            p.values,
+        )
+        p = Params()
+        marked = Query(
+            f"""UPDATE {self.table('workflow_status')} SET was_forked_from = TRUE
+                WHERE {self.sql.wf(None, original_id, p)}""",
+            p.values,
+        )
+        return [status, inputs, marked]
+
+    def copy_history(self, original_id: str, fork_id: str, start_step: int,
+                     replacement_children: dict[str, str]) -> list[Query]:
+        """Copy what the original recorded below ``start_step`` to the fork: its
+        checkpoints (child IDs replaced as asked), streams, events history, and each
+        event's latest value among those."""
+        table = self.table
+        queries = []
+        p = Params()
+        fork, start = p(fork_id), p(start_step, "integer")
+        child = (f"""COALESCE((SELECT r.new FROM unnest({p(list(replacement_children), 'text[]')},
+                       {p(list(replacement_children.values()), 'text[]')}) AS r(old, new)
+                       WHERE r.old = oo.child_workflow_id), oo.child_workflow_id)"""
+                 if replacement_children else "oo.child_workflow_id")
+        queries.append(Query(
+            f"""INSERT INTO {table('operation_outputs')} (workflow_uuid, function_id,
+                  function_name, output, error, child_workflow_id, started_at_epoch_ms,
+                  completed_at_epoch_ms, serialization, application_name)
+                SELECT {fork}, oo.function_id, oo.function_name, oo.output, oo.error, {child},
+                       oo.started_at_epoch_ms, oo.completed_at_epoch_ms, oo.serialization,
+                       oo.application_name
+                FROM {table('operation_outputs')} oo
+                WHERE {self.sql.wf('oo', original_id, p)} AND oo.function_id < {start}""",
+            p.values,
+        ))
+        p = Params()
+        fork, start = p(fork_id), p(start_step, "integer")
+        queries.append(Query(
+            f"""INSERT INTO {table('streams')}
+                  (workflow_uuid, key, value, serialization, "offset", function_id)
+                SELECT {fork}, s.key, s.value, s.serialization, s."offset", s.function_id
+                FROM {table('streams')} s
+                WHERE {self.sql.wf('s', original_id, p)} AND s.function_id < {start}""",
+            p.values,
+        ))
+        p = Params()
+        fork, start = p(fork_id), p(start_step, "integer")
+        queries.append(Query(
+            f"""INSERT INTO {table('workflow_events_history')}
+                  (workflow_uuid, function_id, key, value, serialization)
+                SELECT {fork}, h.function_id, h.key, h.value, h.serialization
+                FROM {table('workflow_events_history')} h
+                WHERE {self.sql.wf('h', original_id, p)} AND h.function_id < {start}""",
+            p.values,
+        ))
+        p = Params()
+        fork, start = p(fork_id), p(start_step, "integer")
+        queries.append(Query(
+            f"""INSERT INTO {table('workflow_events')} (workflow_uuid, key, value, serialization)
+                SELECT DISTINCT ON (h.key) {fork}, h.key, h.value, h.serialization
+                FROM {table('workflow_events_history')} h
+                WHERE {self.sql.wf('h', original_id, p)} AND h.function_id < {start}
+                ORDER BY h.key, h.function_id DESC""",
+            p.values,
+        ))
+        return queries
+
+    def rewind(self, workflow_id: str, start_step: int) -> list[Query]:
+        """Discard what the workflow recorded from ``start_step`` on (the seed's rewind):
+        events published past the cut rolled back to their last value below it (the
+        events history is the undo log), stream close markers past the cut removed so the
+        replay can append, checkpoints and history past the cut deleted, messages consumed
+        past the cut or not yet consumed deleted, and the recorded output deleted."""
+        table = self.table
+        queries = []
+
+        def past_cut(key: str, p: Params, start: str) -> str:
+            return f"""EXISTS (
+                  SELECT 1 FROM {table('workflow_events_history')} discarded
+                  WHERE {self.sql.wf('discarded', workflow_id, p)} AND discarded.key = {key}
+                    AND discarded.function_id >= {start})"""
+
+        p = Params()
+        start = p(start_step, "integer")
+        queries.append(Query(
+            f"""DELETE FROM {table('workflow_events')} e
+                WHERE {self.sql.wf('e', workflow_id, p)} AND {past_cut('e.key', p, start)}""",
+            p.values,
+        ))
+        p = Params()
+        start = p(start_step, "integer")
+        queries.append(Query(
+            f"""INSERT INTO {table('workflow_events')} (workflow_uuid, key, value, serialization)
+                SELECT DISTINCT ON (h.key) h.workflow_uuid, h.key, h.value, h.serialization
+                FROM {table('workflow_events_history')} h
+                WHERE {self.sql.wf('h', workflow_id, p)} AND h.function_id < {start}
+                  AND {past_cut('h.key', p, start)}
+                ORDER BY h.key, h.function_id DESC""",
+            p.values,
+        ))
+        p = Params()
+        queries.append(Query(
+            f"""DELETE FROM {table('streams')}
+                WHERE {self.sql.wf(None, workflow_id, p)}
+                  AND function_id >= {p(start_step, 'integer')}
+                  AND value = {p(STREAM_CLOSED_SERIALIZED)}
+                  AND serialization = {p(PORTABLE_JSON)}""",
+            p.values,
+        ))
+        for name in ("operation_outputs", "workflow_events_history"):
+            p = Params()
+            queries.append(Query(
+                f"""DELETE FROM {table(name)} WHERE {self.sql.wf(None, workflow_id, p)}
+                      AND function_id >= {p(start_step, 'integer')}""",
+                p.values,
+            ))
+        p = Params()
+        queries.append(Query(
+            f"""DELETE FROM {table('notifications')}
+                WHERE {self.sql.wf(None, workflow_id, p, column='destination_uuid')}
+                  AND (consumed_by_function_id >= {p(start_step, 'integer')}
+                       OR consumed = false)""",
+            p.values,
+        ))
+        p = Params()
+        queries.append(Query(
+            f"DELETE FROM {table('workflow_output')} WHERE {self.sql.wf(None, workflow_id, p)}",
+            p.values,
+        ))
+        return queries
+
+    def requeue_rewound(self, workflow_id: str, status: str, queue_name: str,
+                        application_version: str | None, now_ms: int) -> Query:
+        """Re-enqueue a rewound workflow; re-asserting the status read keeps a workflow
+        that moved on underneath from being resurrected."""
+        p = Params()
+        return Query(
+            f"""UPDATE {self.table('workflow_status')}
+                SET status = {p(ENQUEUED)}, owner_xid = NULL, queue_name = {p(queue_name)},
+                    recovery_attempts = 0, workflow_deadline_epoch_ms = NULL,
+                    deduplication_id = NULL, started_at_epoch_ms = NULL, completed_at = NULL,
+                    output = NULL, error = NULL, updated_at = {p(now_ms, 'bigint')},
+                    application_version = COALESCE({p(application_version)},
+                                                   application_version)
+                WHERE {self.sql.wf(None, workflow_id, p)} AND status = {p(status)}""",
+            p.values,
+        )
+
+
 class WorkflowControl:
     """The operations, run on the system database's pool with its retry policy."""
 
@@ -457,3 +679,90 @@ class WorkflowControl:
             if not acquired:
                 return False, None
             return True, await job(conn)
+
+    # ---- Resume, fork, rewind ----
+
+    async def resume(self, workflow_ids: Sequence[str], queue_name: str,
+                     now_ms: int) -> list[str]:
+        """Re-enqueue the workflows on ``queue_name`` (see :meth:`ControlStatements.resume`),
+        in one transaction; unknown IDs raise :class:`NonExistentWorkflowError` and change
+        nothing. Returns the IDs that were re-enqueued (a SUCCESS or ERROR one is not)."""
+        ids = list(dict.fromkeys(workflow_ids))
+
+        async def run() -> list[str]:
+            async with self.sysdb.pool.acquire() as conn, conn.transaction():
+                await self._require_existing(conn, ids)
+                q = self.sql.resume(ids, queue_name, now_ms)
+                return [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
+
+        return await self._retried("resuming workflows", run)
+
+    async def _require_existing(self, conn: JobConnection, ids: Sequence[str]) -> None:
+        q = self.sql.existing(ids)
+        found = {r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NonExistentWorkflowError(", ".join(missing))
+
+    async def _locked_for_fork(self, conn: JobConnection, workflow_id: str,
+                               start_step: int) -> str:
+        """Lock the workflow's row and check ``start_step`` against its recorded steps:
+        from 0 to one past the last recorded step. Returns its status."""
+        q = self.sql.lock_for_fork(workflow_id)
+        row = await conn.fetchrow(q.sql, *q.params)
+        if row is None:
+            raise NonExistentWorkflowError(workflow_id)
+        last = row["last_step"] if row["last_step"] is not None else -1
+        if isinstance(start_step, bool) or not isinstance(start_step, int) \
+                or not 0 <= start_step <= last + 1:
+            raise DBOSError(
+                f"start_step {start_step!r} is out of range for workflow {workflow_id!r}: "
+                + (f"its recorded steps are 0..{last}, so start_step must be from 0 to "
+                   f"{last + 1}" if last >= 0 else "it has no recorded step, so start_step "
+                   "must be 0"))
+        status: str = row["status"]
+        return status
+
+    async def fork(self, original_id: str, fork_id: str, start_step: int, *, queue_name: str,
+                   application_version: str | None, timeout_ms: int | None,
+                   replacement_children: dict[str, str], now_ms: int) -> None:
+        """Create ``fork_id`` from ``original_id`` with its history below ``start_step``,
+        in one transaction."""
+
+        async def run() -> None:
+            async with self.sysdb.pool.acquire() as conn, conn.transaction():
+                await self._locked_for_fork(conn, original_id, start_step)
+                queries = self.sql.insert_fork(original_id, fork_id, queue_name,
+                                               application_version, timeout_ms, now_ms)
+                if start_step > 0:
+                    queries += self.sql.copy_history(original_id, fork_id, start_step,
+                                                     replacement_children)
+                try:
+                    for q in queries:
+                        await conn.execute(q.sql, *q.params)
+                except asyncpg.UniqueViolationError:
+                    raise DBOSError(f"Cannot fork {original_id!r} as {fork_id!r}: a workflow "
+                                    "with that ID exists") from None
+
+        await self._retried(f"forking workflow {original_id}", run)
+
+    async def rewind(self, workflow_id: str, start_step: int, *, queue_name: str,
+                     application_version: str | None, now_ms: int) -> None:
+        """Discard the workflow's history from ``start_step`` on and re-enqueue it under
+        its own ID, in one transaction; only a finished (terminal) workflow is rewound."""
+
+        async def run() -> None:
+            async with self.sysdb.pool.acquire() as conn, conn.transaction():
+                status = await self._locked_for_fork(conn, workflow_id, start_step)
+                if status in IN_FLIGHT_STATUSES:
+                    raise DBOSError(f"Cannot rewind {workflow_id!r} ({status}): only a "
+                                    "finished workflow can be rewound; cancel it first")
+                for q in self.sql.rewind(workflow_id, start_step):
+                    await conn.execute(q.sql, *q.params)
+                q = self.sql.requeue_rewound(workflow_id, status, queue_name,
+                                             application_version, now_ms)
+                if await conn.execute(q.sql, *q.params) != "UPDATE 1":
+                    raise DBOSError(f"Workflow {workflow_id!r} changed status while being "
+                                    "rewound; retry the rewind")
+
+        await self._retried(f"rewinding workflow {workflow_id}", run)

@@ -203,6 +203,25 @@ class SystemDatabase:
             raise WorkflowConflictError(parent.workflow_id)
         return StartResult(WorkflowRow.from_record(row), row["creator_xid"] == creator_xid)
 
+    async def start_workflow_on(self, conn: asyncpg.Connection, wf: NewWorkflow,
+                                creator_xid: str) -> StartResult:
+        """Insert a workflow on the caller's connection (in the caller's transaction, if
+        any); not retried, since the transaction is the caller's."""
+        q = self.sql.insert_workflow(wf, creator_xid)
+        row = await conn.fetchrow(q.sql, *q.params)
+        if row is None:
+            raise RuntimeError(f"Inserting workflow {wf.workflow_id} returned no row")
+        return StartResult(WorkflowRow.from_record(row), row["creator_xid"] == creator_xid)
+
+    async def send_on(self, conn: asyncpg.Connection, destination_id: str, message_uuid: str,
+                      topic: str, message: str) -> None:
+        """Insert a message on the caller's connection (see :meth:`send`)."""
+        q = self.sql.send_message(destination_id, message_uuid, topic, message)
+        try:
+            await conn.execute(q.sql, *q.params)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(destination_id) from None
+
     async def claim_pending(
         self, executor_id: str, application_version: str | None, exclude: Sequence[str] = ()
     ) -> list[WorkflowRow]:
@@ -527,6 +546,17 @@ class SystemDatabase:
                                       rate_limited, now)
             flipped = {r["workflow_uuid"]: r for r in await conn.fetch(q.sql, *q.params)}
         return Claim([_claimed(flipped[i]) for i in ids if i in flipped])
+
+    async def unregistered_enqueued(
+        self, queue_name: str, *, names: Sequence[str], known: Sequence[str],
+        application_version: str | None, limit: int = 10,
+    ) -> list[tuple[str, str]]:
+        """[(function name, one workflow ID)] of the queue's ENQUEUED workflows whose function
+        is not among ``names`` (nor ``known``): work this executor leaves for another."""
+        query = self.sql.unregistered_enqueued(queue_name, names, known, application_version,
+                                               limit)
+        rows = await self._fetch(query, f"checking queue {queue_name!r} for unknown functions")
+        return [(row["name"], row["workflow_uuid"]) for row in rows]
 
     async def claim_partition_heads(
         self, queue: QueueRecord, *, executor_id: str, application_version: str | None,

@@ -905,11 +905,20 @@ class Statements:
 
     def _version_clause(self, application_version: str | None, p: Params,
                         alias: str | None = None) -> str:
-        # A workflow enqueued without a version (e.g. by SQL or another client) runs anywhere.
+        # The seed's "latest version" rule: a claim takes workflows of this executor's
+        # version, and unversioned ones (enqueued by SQL or another client) only while this
+        # version is the latest registered one, or none is registered. Once a newer version
+        # is registered, an old executor leaves unversioned work to the new one. Read in the
+        # claim's statement, so under SERIALIZABLE a concurrent version bump is a conflict.
         column = qualify(alias, "application_version")
         if application_version is None:
             return f"{column} IS NULL"
-        return f"({column} = {p(application_version)} OR {column} IS NULL)"
+        version = p(application_version)
+        latest = (f"(SELECT av.version_name FROM {self.table('application_versions')} av"
+                  f" WHERE {self.global_('av', p)}"
+                  " ORDER BY av.version_timestamp DESC LIMIT 1)")
+        return (f"({column} = {version} OR ({column} IS NULL"
+                f" AND COALESCE({latest}, {version}) = {version}))")
 
     def _partition_filter(self, partition_key: str | None, p: Params) -> str:
         return (f"AND queue_partition_key = {p(partition_key)}"
@@ -971,6 +980,26 @@ class Statements:
                 ORDER BY priority ASC, created_at ASC
                 LIMIT {p(limit, 'bigint')}
                 {lock}""",
+            p.values,
+        )
+
+    def unregistered_enqueued(
+        self, queue_name: str, names: Sequence[str], known: Sequence[str],
+        application_version: str | None, limit: int,
+    ) -> Query:
+        """ENQUEUED workflows of the queue that this executor would take but for their
+        function, which it lacks: one (name, workflow) per function name, skipping the
+        ``known`` names already reported. Run only after a claim round found nothing."""
+        p = Params()
+        return Query(
+            f"""SELECT DISTINCT ON (name) name, workflow_uuid
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
+                  AND queue_name = {p(queue_name)}
+                  AND {self._version_clause(application_version, p)}
+                  AND NOT (name = ANY({p(list(names) + list(known), 'text[]')}))
+                ORDER BY name, created_at
+                LIMIT {p(limit, 'bigint')}""",
             p.values,
         )
 

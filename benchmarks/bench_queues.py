@@ -1,0 +1,226 @@
+"""Queue benchmark: drain rate with 1 and 2 executor processes, and enqueue -> start latency,
+for dbos_async and the `dbos` package (every executor and client in its own child process,
+``queue_child.py``).
+
+Throughput, per system and executor count, on a fresh scratch database:
+
+1. start the executor processes (one after the other, each prints READY once it dequeues):
+   queue ``bench_queue`` with the same ``worker_concurrency`` and polling interval for both
+   systems, and ``one_step``, a workflow of one trivial step;
+2. a separate client process enqueues N workflows through the schema's SQL function
+   ``dbos.enqueue_workflow`` in one transaction (the backlog appears at one commit);
+3. wait until all N are SUCCESS, stop the executors, and read the figures from
+   ``workflow_status``: drain rate = N / (last completion - first start); also the delay
+   from the enqueue commit to the first start, and how the workflows split between executors.
+
+Latency: see ``queue_child.py`` (``latency`` role).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import asyncpg
+from bench_dbos import MARKER
+from common import drop_database, recreate_database
+
+SCRIPT = Path(__file__).resolve().parent / "queue_child.py"
+QUEUE = "bench_queue"
+
+
+def _env() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("DBOS_", "DBOS__", "OTEL_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Executor:
+    """One executor child process (``queue_child.py serve``)."""
+
+    def __init__(self, system: str, url: str, executor_id: str, *, worker_concurrency: int,
+                 polling_interval: float, pool_size: int) -> None:
+        self.argv = [str(SCRIPT), "serve", "--system", system, "--url", url,
+                     "--queue", QUEUE, "--executor-id", executor_id,
+                     "--worker-concurrency", str(worker_concurrency),
+                     "--polling-interval", str(polling_interval),
+                     "--pool-size", str(pool_size)]
+        self.process: asyncio.subprocess.Process | None = None
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 (closed in stop)
+
+    async def start(self, ready_within: float = 60.0) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, *self.argv, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=self.stderr, env=_env())
+        assert self.process.stdout is not None
+        try:
+            async with asyncio.timeout(ready_within):
+                while True:
+                    line = await self.process.stdout.readline()
+                    if not line:
+                        raise RuntimeError("executor exited before READY\n" + self.tail())
+                    if line.decode().strip() == "READY":
+                        return
+        except TimeoutError:
+            raise RuntimeError("executor not READY in time\n" + self.tail()) from None
+
+    def tail(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace")[-3000:]
+
+    async def stop(self, within: float = 30.0) -> None:
+        process = self.process
+        if process is None:
+            return
+        if process.returncode is None:
+            assert process.stdin is not None
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                process.stdin.write(b"stop\n")
+                await process.stdin.drain()
+                process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), within)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+        self.stderr.close()
+
+
+async def run_child(argv: list[str], time_limit: float = 300.0) -> dict[str, Any]:
+    """Run ``queue_child.py`` with ``argv`` and return what it prints after MARKER."""
+    import json
+
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(SCRIPT), *argv, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=_env())
+    try:
+        stdout, stderr = await asyncio.wait_for(child.communicate(), time_limit)
+    except TimeoutError:
+        child.kill()
+        await child.wait()
+        raise RuntimeError(f"queue_child.py {argv[0]} did not finish in {time_limit:.0f}s"
+                           ) from None
+    for line in reversed(stdout.decode(errors="replace").splitlines()):
+        if line.startswith(MARKER):
+            result: dict[str, Any] = json.loads(line[len(MARKER):])
+            return result
+    raise RuntimeError(f"queue_child.py {argv[0]} exited with {child.returncode}, no result\n"
+                       f"{stderr.decode(errors='replace')[-3000:]}")
+
+
+async def drain(admin_url: str, database: str, system: str, *, processes: int,
+                workflows: int, worker_concurrency: int, polling_interval: float,
+                pool_size: int, time_limit: float = 180.0) -> dict[str, Any]:
+    """One throughput run on a fresh database; see the module docstring."""
+    url = await recreate_database(admin_url, database)
+    executors = [Executor(system, url, f"bench-{system}-{i}",
+                          worker_concurrency=worker_concurrency,
+                          polling_interval=polling_interval, pool_size=pool_size)
+                 for i in range(processes)]
+    try:
+        for executor in executors:  # one at a time: the first one creates the schema
+            await executor.start()
+        enqueue = await run_child(["enqueue", "--url", url, "--queue", QUEUE,
+                                   "--count", str(workflows)])
+        conn = await asyncpg.connect(url)
+        try:
+            deadline = time.monotonic() + time_limit
+            while True:
+                done = await conn.fetchval(
+                    "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = $1 "
+                    "AND status NOT IN ('ENQUEUED', 'PENDING', 'DELAYED')", QUEUE)
+                if done >= workflows:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{system}: only {done}/{workflows} workflows finished "
+                                       f"within {time_limit:.0f}s\n" + executors[0].tail())
+                await asyncio.sleep(0.1)
+            row = await conn.fetchrow(
+                """SELECT count(*) FILTER (WHERE status = 'SUCCESS') AS succeeded,
+                          min(started_at_epoch_ms) AS first_start,
+                          max(COALESCE(completed_at, updated_at)) AS last_end
+                   FROM dbos.workflow_status WHERE queue_name = $1""", QUEUE)
+            split = await conn.fetch(
+                """SELECT executor_id, count(*) AS n FROM dbos.workflow_status
+                   WHERE queue_name = $1 GROUP BY executor_id ORDER BY executor_id""", QUEUE)
+        finally:
+            await conn.close()
+    finally:
+        for executor in executors:
+            await executor.stop()
+        await drop_database(admin_url, database)
+    assert row is not None
+    seconds = (row["last_end"] - row["first_start"]) / 1000
+    # The enqueue child read the clock right after its commit (same machine, same clock).
+    pickup_ms = row["first_start"] - enqueue["committed_at_ms"]
+    return {
+        "system": system,
+        "processes": processes,
+        "workflows": workflows,
+        "succeeded": row["succeeded"],
+        "drain_seconds": seconds,
+        "workflows_per_s": workflows / seconds if seconds > 0 else float("inf"),
+        "commit_to_first_start_ms": pickup_ms,
+        "per_executor": {r["executor_id"]: r["n"] for r in split},
+        "enqueue": enqueue,
+        "worker_concurrency": worker_concurrency,
+        "polling_interval": polling_interval,
+    }
+
+
+async def run(admin_url: str, prefix: str, *, workflows: int, dbos_workflows: int,
+              worker_concurrency: int, polling_interval: float, pool_size: int,
+              latency_samples: int, poll_samples: int, dbos_default_samples: int,
+              skip_dbos: bool, progress: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "parameters": {"workflows": workflows, "dbos_workflows": dbos_workflows,
+                       "worker_concurrency": worker_concurrency,
+                       "polling_interval": polling_interval, "pool_size": pool_size},
+        "throughput": {},
+    }
+    systems = [("dbos_async", workflows)] + ([] if skip_dbos else [("dbos", dbos_workflows)])
+    for system, count in systems:
+        for processes in (1, 2):
+            progress(f"queues: {system}, drain {count} workflows with {processes} "
+                     f"executor process(es)")
+            key = f"{system}_{processes}"
+            try:
+                out["throughput"][key] = await drain(
+                    admin_url, f"{prefix}_queues_{system}", system, processes=processes,
+                    workflows=count, worker_concurrency=worker_concurrency,
+                    polling_interval=polling_interval, pool_size=pool_size)
+            except RuntimeError as error:
+                progress(f"queue run {key} failed: {error}")
+                out.setdefault("errors", []).append(f"{key}: {error}")
+    ratios = {}
+    for processes in (1, 2):
+        fast = out["throughput"].get(f"dbos_async_{processes}")
+        slow = out["throughput"].get(f"dbos_{processes}")
+        if fast and slow:
+            ratios[str(processes)] = fast["workflows_per_s"] / slow["workflows_per_s"]
+    out["ratio_dbos_async_over_dbos"] = ratios
+    out["latency"] = {}
+    common = ["--polling-interval", str(polling_interval), "--pool-size", str(pool_size),
+              "--poll-samples", str(poll_samples)]
+    for system in ["dbos_async"] + ([] if skip_dbos else ["dbos"]):
+        database = f"{prefix}_queues_latency_{system}"
+        url = await recreate_database(admin_url, database)
+        progress(f"queues: {system}, enqueue -> start latency")
+        try:
+            out["latency"][system] = await run_child(
+                ["latency", "--system", system, "--url", url,
+                 "--samples", str(latency_samples),
+                 "--default-samples", str(dbos_default_samples), "--warmup", "2", *common])
+        except RuntimeError as error:
+            progress(f"queue latency {system} failed: {error}")
+            out.setdefault("errors", []).append(f"latency {system}: {error}")
+        finally:
+            await drop_database(admin_url, database)
+    return out

@@ -1,0 +1,394 @@
+"""The async client: operate workflows from a process that is not an executor.
+
+A :class:`DBOSClient` is a peer of the executor on the same system database. It runs no
+workflow and never migrates (it verifies the schema); it keeps a pool and, for its waits, the
+same LISTEN/NOTIFY dispatcher an executor has. Every operation is the executor's own code
+(:mod:`dbos_async.executor.operations`, :mod:`dbos_async.executor.messaging`,
+:mod:`dbos_async.sysdb`), run through the :class:`~dbos_async.executor.peer.Peer` protocol.
+
+``enqueue`` and ``send`` can join a transaction the caller holds on an asyncpg connection
+(a transactional outbox): nothing is enqueued or sent unless the caller commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import asyncpg
+
+from dbos_async.config import DBOSConfig
+from dbos_async.errors import (
+    ConfigurationError,
+    DBOSError,
+    NonExistentWorkflowError,
+    QueueDeduplicatedError,
+)
+from dbos_async.executor import messaging, operations
+from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
+from dbos_async.executor.operations import ApplicationVersion, TimeBound, WorkflowStepInfo
+from dbos_async.executor.peer import start_notifications, system_database_for
+from dbos_async.executor.queues import DELAYED_KEY, LimiterSpec, Queue, _check_options
+from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
+from dbos_async.executor.tasks import TaskOwner
+from dbos_async.sysdb.connection import redact
+from dbos_async.sysdb.database import StartResult, SystemDatabase, now_ms
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.statements import DEDUP_INDEX, DELAYED, ENQUEUED, NewWorkflow
+
+logger = logging.getLogger("dbos_async")
+
+
+class DBOSClient:
+    """A client of the workflows in a system database, for processes that run none.
+
+    ``async with DBOSClient(system_database_url=...) as client:`` connects, verifies the
+    schema (it never migrates) and starts its notification listener; leaving closes them.
+    Settings not given come from the environment like an executor's (``DBOS_<NAME>``);
+    ``application_name`` names the client's connections.
+    """
+
+    def __init__(self, system_database_url: str | None = None, *, schema_name: str = "dbos",
+                 application_name: str | None = None, **settings: Any) -> None:
+        self.config = DBOSConfig.load(
+            system_database_url=system_database_url, schema_name=schema_name,
+            connection_name=application_name or "dbos_async_client", run_migrations=False,
+            **settings)
+        self.application_name = application_name
+        self._sysdb: SystemDatabase | None = None
+        self._background = TaskOwner()
+        self._state = "new"
+
+    # ---- Lifecycle ----
+
+    async def __aenter__(self) -> DBOSClient:
+        if self._state != "new":
+            raise DBOSError("A DBOSClient can be entered only once; create a new one")
+        url = self.config.system_database_url
+        if url is None:
+            raise ConfigurationError("DBOSClient needs a system_database_url (or "
+                                     "DBOS_SYSTEM_DATABASE_URL)")
+        sysdb = system_database_for(self.config, url)
+        self._sysdb = sysdb
+        try:
+            await sysdb.open(run_migrations=False)
+            await start_notifications(sysdb, url, self.config, self._background.spawn)
+        except BaseException:
+            self._state = "closed"
+            await self._close()
+            raise
+        self._state = "running"
+        logger.debug("DBOSClient connected to %s", redact(url))
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._state == "running":
+            self._state = "closed"
+            await self._close()
+
+    async def _close(self) -> None:
+        if self._sysdb is not None and self._sysdb.notifications is not None:
+            await self._sysdb.notifications.stop()
+        await self._background.close(0)
+        if self._sysdb is not None:
+            await self._sysdb.close()
+
+    # ---- The Peer protocol ----
+
+    @property
+    def system_database(self) -> SystemDatabase:
+        if self._state != "running" or self._sysdb is None:
+            raise DBOSError("DBOSClient is not connected: use `async with DBOSClient(...)`"
+                            if self._state == "new" else "DBOSClient has been closed")
+        return self._sysdb
+
+    def signature_of(self, workflow_name: str) -> Signature | None:
+        return None  # a client has no workflow code: values are plain JSON
+
+    def running_result(self, workflow_id: str) -> asyncio.Future[Any] | None:
+        return None
+
+    def interrupt_local(self, workflow_ids: set[str]) -> None:
+        return None
+
+    # ---- Enqueue and send ----
+
+    async def enqueue(
+        self,
+        queue_name: str,
+        workflow_name: str,
+        *args: Any,
+        workflow_id: str | None = None,
+        priority: int = 0,
+        deduplication_id: str | None = None,
+        partition_key: str | None = None,
+        delay: float | None = None,
+        app_version: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the workflow's, not this call's)
+        class_name: str | None = None,
+        config_name: str | None = None,
+        authenticated_user: str | None = None,
+        connection: asyncpg.Connection | None = None,
+        **kwargs: Any,
+    ) -> WorkflowHandle[Any]:
+        """Enqueue workflow ``workflow_name`` on ``queue_name`` with these arguments (stored
+        as portable JSON), for any executor that registers it. Like the SQL function
+        ``enqueue_workflow``: an existing ``workflow_id`` returns that workflow; a
+        ``deduplication_id`` held by an active workflow of the queue raises
+        :class:`QueueDeduplicatedError`. ``app_version=None`` leaves it unversioned (run by
+        an executor of the latest version).
+
+        With ``connection``, the insert runs on that connection, inside the transaction the
+        caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
+        the caller commits, and the dispatchers' wake-up (``pg_notify``) is delivered at
+        that commit."""
+        if not isinstance(queue_name, str) or not queue_name:
+            raise DBOSError("queue_name must be a non-empty string")
+        if not isinstance(workflow_name, str) or not workflow_name:
+            raise DBOSError("workflow_name must be a non-empty string")
+        _check_options({"priority": priority, "delay": delay, "timeout": timeout,
+                        "workflow_id": workflow_id, "deduplication_id": deduplication_id,
+                        "partition_key": partition_key})
+        inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
+                        "namedArgs": to_json_value(kwargs, "the keyword arguments")},
+                       f"the inputs of {workflow_name}")
+        created_at = now_ms()
+        new = NewWorkflow(
+            workflow_id=workflow_id or str(uuid.uuid4()), name=workflow_name,
+            status=DELAYED if delay else ENQUEUED, inputs=inputs,
+            executor_id=self.config.executor_id, application_version=app_version,
+            created_at_ms=created_at, class_name=class_name, config_name=config_name,
+            queue_name=queue_name,
+            timeout_ms=int(timeout * 1000) if timeout is not None else None,
+            authenticated_user=authenticated_user, priority=priority,
+            deduplication_id=deduplication_id, queue_partition_key=partition_key,
+            delay_until_epoch_ms=created_at + int(delay * 1000) if delay else None,
+        )
+        sysdb = self.system_database
+        key = queue_name if new.status == ENQUEUED else DELAYED_KEY
+        try:
+            if connection is None:
+                started = await sysdb.start_workflow(new, str(uuid.uuid4()))
+            else:
+                started = await self._start_in_transaction(connection, new, key)
+        except asyncpg.UniqueViolationError as error:
+            if error.constraint_name != DEDUP_INDEX or deduplication_id is None:
+                raise
+            raise QueueDeduplicatedError(queue_name, deduplication_id) from None
+        if not started.created and started.row.name != workflow_name:
+            raise DBOSError(f"Workflow ID {new.workflow_id!r} is already used by workflow "
+                            f"{started.row.name!r}, not {workflow_name!r}")
+        if started.created and connection is None and sysdb.notifications is not None:
+            sysdb.notifications.notify(ENQUEUE_CHANNEL, key)
+        return WorkflowHandle(self, new.workflow_id)
+
+    async def _start_in_transaction(self, conn: asyncpg.Connection, new: NewWorkflow,
+                                    key: str) -> StartResult:
+        async with conn.transaction():  # a savepoint inside the caller's transaction
+            started = await self.system_database.start_workflow_on(conn, new,
+                                                                   str(uuid.uuid4()))
+            if started.created:
+                # Queued with the transaction: delivered on commit, dropped on rollback.
+                await conn.execute("SELECT pg_notify($1, $2)", ENQUEUE_CHANNEL, key)
+        return started
+
+    async def send(self, destination_id: str, message: Any, topic: str | None = None,
+                   idempotency_key: str | None = None,
+                   connection: asyncpg.Connection | None = None) -> None:
+        """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``). With
+        ``connection``, the message is inserted in the caller's transaction (in a
+        savepoint): it is delivered only if the caller commits; the trigger on
+        ``notifications`` wakes the receiver at that commit."""
+        text = to_json(message, "a message")
+        if connection is None:
+            await messaging.send(self, None, None, None, destination_id, text, topic,
+                                 idempotency_key)
+            return
+        stored_topic, message_uuid = messaging.message_address(destination_id, topic,
+                                                               idempotency_key)
+        async with connection.transaction():
+            await self.system_database.send_on(connection, destination_id, message_uuid,
+                                               stored_topic, text)
+
+    # ---- Events, streams, handles ----
+
+    async def get_event(self, workflow_id: str, key: str,
+                        timeout: float | None = 60.0) -> Any:  # noqa: ASYNC109
+        """The value of event ``key`` of ``workflow_id`` once it is set, or None after
+        ``timeout`` seconds."""
+        return await messaging.get_event(self, None, None, None, workflow_id, key, timeout)
+
+    async def get_all_events(self, workflow_id: str) -> dict[str, Any]:
+        return await messaging.get_all_events(self, workflow_id)
+
+    def read_stream(self, workflow_id: str, key: str, offset: int = 0) -> AsyncIterator[Any]:
+        """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come."""
+        return messaging.read_stream(self, workflow_id, key, offset)
+
+    async def retrieve_workflow(self, workflow_id: str) -> WorkflowHandle[Any]:
+        """A handle on an existing workflow; ``get_result()`` returns its result as plain
+        JSON values (woken by completion notifications, polling as a fallback)."""
+        if await self.system_database.get_workflow(workflow_id) is None:
+            raise NonExistentWorkflowError(workflow_id)
+        return WorkflowHandle(self, workflow_id)
+
+    async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
+        row = await self.system_database.get_workflow(workflow_id)
+        return WorkflowStatus.from_record(row) if row is not None else None
+
+    # ---- Introspection ----
+
+    async def list_workflows(
+        self,
+        *,
+        workflow_ids: Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        name: str | Sequence[str] | None = None,
+        start_time: TimeBound | None = None,
+        end_time: TimeBound | None = None,
+        queue_name: str | Sequence[str] | None = None,
+        parent_workflow_id: str | Sequence[str] | None = None,
+        forked_from: str | Sequence[str] | None = None,
+        executor_id: str | Sequence[str] | None = None,
+        application_version: str | Sequence[str] | None = None,
+        authenticated_user: str | Sequence[str] | None = None,
+        workflow_id_prefix: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort_desc: bool = False,
+        load_input: bool = True,
+        load_output: bool = True,
+    ) -> list[WorkflowStatus]:
+        """As ``DBOS.list_workflows``; inputs and outputs are plain JSON."""
+        return await operations.list_workflows(self, operations.workflow_filter(
+            workflow_ids=workflow_ids, status=status, name=name, start_time=start_time,
+            end_time=end_time, queue_name=queue_name, parent_workflow_id=parent_workflow_id,
+            forked_from=forked_from, executor_id=executor_id,
+            application_version=application_version, authenticated_user=authenticated_user,
+            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
+            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
+        ))
+
+    async def list_queued_workflows(
+        self,
+        *,
+        queue_name: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        name: str | Sequence[str] | None = None,
+        start_time: TimeBound | None = None,
+        end_time: TimeBound | None = None,
+        executor_id: str | Sequence[str] | None = None,
+        workflow_id_prefix: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort_desc: bool = False,
+        load_input: bool = True,
+        load_output: bool = False,
+    ) -> list[WorkflowStatus]:
+        """As ``DBOS.list_queued_workflows``."""
+        return await operations.list_workflows(self, operations.workflow_filter(
+            queue_name=queue_name, status=status, name=name, start_time=start_time,
+            end_time=end_time, executor_id=executor_id,
+            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
+            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
+            queues_only=True,
+        ))
+
+    async def list_workflow_steps(self, workflow_id: str) -> list[WorkflowStepInfo]:
+        steps = await operations.list_steps(self, workflow_id)
+        if not steps and await self.system_database.get_workflow(workflow_id) is None:
+            raise NonExistentWorkflowError(workflow_id)
+        return steps
+
+    # ---- Control ----
+
+    async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
+        await self.cancel_workflows([workflow_id], cancel_children)
+
+    async def cancel_workflows(self, workflow_ids: Sequence[str],
+                               cancel_children: bool = False) -> list[str]:
+        return await operations.cancel(self, list(workflow_ids), cancel_children)
+
+    async def delete_workflow(self, workflow_id: str, delete_children: bool = False) -> None:
+        await self.delete_workflows([workflow_id], delete_children)
+
+    async def delete_workflows(self, workflow_ids: Sequence[str],
+                               delete_children: bool = False) -> None:
+        await operations.delete(self, list(workflow_ids), delete_children)
+
+    async def resume_workflow(self, workflow_id: str,
+                              queue: str | None = None) -> WorkflowHandle[Any]:
+        """As ``DBOS.resume_workflow``: a SUCCESS or ERROR workflow is left as it is."""
+        [handle] = await self.resume_workflows([workflow_id], queue)
+        return handle
+
+    async def resume_workflows(self, workflow_ids: Sequence[str],
+                               queue: str | None = None) -> list[WorkflowHandle[Any]]:
+        ids = list(workflow_ids)
+        await operations.resume(self, ids, queue)
+        return [WorkflowHandle(self, workflow_id) for workflow_id in ids]
+
+    async def fork_workflow(
+        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        queue: str | None = None, replacement_children: dict[str, str] | None = None,
+        new_workflow_id: str | None = None, workflow_timeout: float | None = None,
+    ) -> WorkflowHandle[Any]:
+        """As ``DBOS.fork_workflow``; the fork's ID is ``new_workflow_id`` or random."""
+        new_id = await operations.fork(
+            self, workflow_id, start_step, fork_id=new_workflow_id,
+            application_version=application_version, queue_name=queue,
+            replacement_children=replacement_children, workflow_timeout=workflow_timeout)
+        return WorkflowHandle(self, new_id)
+
+    async def rewind_workflow(
+        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        queue: str | None = None,
+    ) -> WorkflowHandle[Any]:
+        """As ``DBOS.rewind_workflow``."""
+        await operations.rewind(self, workflow_id, start_step,
+                                application_version=application_version, queue_name=queue)
+        return WorkflowHandle(self, workflow_id)
+
+    # ---- Queues and versions ----
+
+    async def register_queue(
+        self,
+        name: str,
+        concurrency: int | None = None,
+        worker_concurrency: int | None = None,
+        limiter: LimiterSpec | None = None,
+        *,
+        partition_queue: bool = False,
+        partition_concurrency: int | None = None,
+        partition_worker_concurrency: int | None = None,
+        partition_limiter: LimiterSpec | None = None,
+        polling_interval: float = 1.0,
+    ) -> None:
+        """Store (upsert) a queue's settings in the ``queues`` table, where executors that
+        listen to it by name find them. The limits are checked as ``Queue`` checks them."""
+        queue = Queue(name, concurrency, worker_concurrency, limiter,
+                      partition_queue=partition_queue,
+                      partition_concurrency=partition_concurrency,
+                      partition_worker_concurrency=partition_worker_concurrency,
+                      partition_limiter=partition_limiter, polling_interval=polling_interval)
+        await self.system_database.upsert_queue(queue.record)
+
+    async def list_queues(self) -> list[Queue]:
+        """The queues stored in the ``queues`` table."""
+        return [Queue.from_record(r) for r in await self.system_database.list_queues()]
+
+    async def list_application_versions(self) -> list[ApplicationVersion]:
+        records = await operations.control(self).list_versions()
+        return [ApplicationVersion.from_record(r) for r in records]
+
+    async def get_latest_application_version(self) -> ApplicationVersion | None:
+        record = await operations.control(self).latest_version()
+        return ApplicationVersion.from_record(record) if record is not None else None
+
+    async def set_latest_application_version(self, version_name: str) -> None:
+        await operations.control(self).set_latest_version(version_name, now_ms())

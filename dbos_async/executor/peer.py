@@ -1,0 +1,73 @@
+"""What handles, messaging reads and operations need from whoever runs them: an executor
+(:class:`~dbos_async.DBOS`) or a client (:class:`~dbos_async.DBOSClient`).
+
+Both are peers on the system database; this protocol lets them share one implementation of
+every operation instead of each keeping its own copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from dbos_async.config import DBOSConfig
+    from dbos_async.executor.serialization import Signature
+    from dbos_async.sysdb.database import SystemDatabase
+    from dbos_async.sysdb.notifications import Spawn
+
+
+class Peer(Protocol):
+    """An executor or a client, connected to a system database."""
+
+    @property
+    def config(self) -> DBOSConfig: ...
+
+    @property
+    def system_database(self) -> SystemDatabase: ...
+
+    def signature_of(self, workflow_name: str) -> Signature | None:
+        """The registered workflow's signature (types its values), or None."""
+        ...
+
+    def running_result(self, workflow_id: str) -> asyncio.Future[Any] | None:
+        """The result of the workflow if it runs in this process."""
+        ...
+
+    def interrupt_local(self, workflow_ids: set[str]) -> None:
+        """Interrupt the steps and waits of these workflows where they run here."""
+        ...
+
+
+def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
+    """The system database of an executor or client with these settings."""
+    from dbos_async.sysdb.database import SystemDatabase
+
+    return SystemDatabase(
+        url,
+        schema=config.schema_name,
+        pool_size=config.pool_size,
+        connect_timeout=config.connect_timeout,
+        retry_timeout=config.db_retry_timeout,
+        connection_name=config.connection_name,
+    )
+
+
+async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfig,
+                              spawn: Spawn) -> None:
+    """Start the LISTEN/NOTIFY dispatcher (listener and notifier) of a peer."""
+    from dbos_async.sysdb import connection
+    from dbos_async.sysdb.notifications import NotificationDispatcher
+
+    dispatcher = NotificationDispatcher(
+        connect=functools.partial(connection.connect, url, config.connect_timeout,
+                                  config.connection_name),
+        pool=lambda: sysdb.pool,
+        use_listen_notify=config.use_listen_notify,
+        coalesce_ms=config.notification_coalesce_ms,
+        poll_interval=config.notification_poll_interval,
+        max_polling_queries=config.max_polling_queries or max(1, config.pool_size // 2),
+    )
+    sysdb.notifications = dispatcher
+    await dispatcher.start(spawn)
