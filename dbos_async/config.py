@@ -61,6 +61,11 @@ class DBOSConfig(BaseModel):
         description="Longest wait between reads for recv/get_event/read_stream when "
         "LISTEN/NOTIFY is off or its connection is down.",
     )
+    listening_poll_interval: float = Field(
+        10.0, gt=0,
+        description="Longest wait between reads while LISTEN/NOTIFY is live: a safety net for "
+        "writers that send no notification (raw SQL, older clients).",
+    )
     max_polling_queries: int | None = Field(
         None, ge=1, description="Concurrent polling reads of waiters; default pool_size // 2."
     )

@@ -43,7 +43,8 @@ async def test_register_then_notify_is_never_lost(database_url: str,
                                                   conn: asyncpg.Connection) -> None:
     async with make(database_url) as dbos:
         dispatcher = dispatcher_of(dbos)
-        assert dispatcher.listening and dispatcher.wait_cap() is None
+        assert dispatcher.listening
+        assert dispatcher.wait_cap() == dispatcher.listening_poll_interval
         # The queue dispatchers' own waiters (DBOS's internal queue, the delayed promoter).
         background = dispatcher.waiter_count()
         with dispatcher.register(WORKFLOW_EVENTS_CHANNEL, "wf::k") as waiter:

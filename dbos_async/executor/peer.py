@@ -67,6 +67,7 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
         use_listen_notify=config.use_listen_notify,
         coalesce_ms=config.notification_coalesce_ms,
         poll_interval=config.notification_poll_interval,
+        listening_poll_interval=config.listening_poll_interval,
         max_polling_queries=config.max_polling_queries or max(1, config.pool_size // 2),
     )
     sysdb.notifications = dispatcher

@@ -18,6 +18,7 @@ waiter's flag set, so the wait returns at once and the caller reads again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -91,21 +92,16 @@ class Waiter:
     async def wait(self, timeout: float | None) -> bool:  # noqa: ASYNC109
         """Wait for a notification or ``timeout`` seconds; True if notified.
 
-        Without a live listener the wait is capped at the dispatcher's poll interval, so the
+        The wait is capped by the dispatcher (:meth:`NotificationDispatcher.wait_cap`), so the
         caller re-reads the database at least that often. The flag is cleared on return, so
         a notification arriving while the caller reads again is not lost.
         """
         cap = self._dispatcher.wait_cap()
-        if timeout is None or (cap is not None and cap < timeout):
-            timeout = cap
-        try:
-            if timeout is None:
-                await self._event.wait()
-            elif timeout > 0:
+        timeout = cap if timeout is None else min(timeout, cap)
+        if timeout > 0:
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._event.wait()
-        except TimeoutError:
-            pass
         notified = self._event.is_set()
         self._event.clear()
         return notified
@@ -141,6 +137,7 @@ class NotificationDispatcher:
         use_listen_notify: bool = True,
         coalesce_ms: float = 10.0,
         poll_interval: float = 1.0,
+        listening_poll_interval: float = 10.0,
         max_polling_queries: int = 5,
         reconnect_max_delay: float = 5.0,
     ) -> None:
@@ -149,6 +146,7 @@ class NotificationDispatcher:
         self.use_listen_notify = use_listen_notify
         self.coalesce = coalesce_ms / 1000
         self.poll_interval = poll_interval
+        self.listening_poll_interval = listening_poll_interval
         self.reconnect_max_delay = reconnect_max_delay
         self._poll_slots = asyncio.Semaphore(max(1, max_polling_queries))
         self._waiters: dict[Target, set[Waiter]] = {}
@@ -221,10 +219,14 @@ class NotificationDispatcher:
         conn = self._connection
         return conn.get_server_pid() if conn is not None and not conn.is_closed() else None
 
-    def wait_cap(self) -> float | None:
-        """The longest a waiter may wait before reading again; None while LISTEN is live."""
+    def wait_cap(self) -> float:
+        """The longest a waiter may wait before reading again.
+
+        Long while LISTEN is live (only writers that send no notification need it), short
+        while it is off or down.
+        """
         if self.use_listen_notify and self.listening:
-            return None
+            return self.listening_poll_interval
         return self.poll_interval
 
     def polling(self) -> asyncio.Semaphore:
