@@ -1,0 +1,220 @@
+"""Building blocks of the system database's statements: parameters, the shard-key seam, and
+the pieces every fenced write shares.
+
+Statements locate a workflow's rows only through the seam (``wf``, ``wf_in``, ``wf_join``,
+``wf_values``, ``key_conflict``, ``scoped``, ``global_``, ``claim_gate``, ``key_column``).
+This base implements the unsharded versions; a sharded subclass adds its shard key to each
+without rewriting a statement. Every value is a parameter; the only text spliced into SQL is the
+schema identifier, validated and quoted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dbos_async.errors import DBOSError
+from dbos_async.sysdb import shard_keys
+
+PENDING = "PENDING"
+SUCCESS = "SUCCESS"
+ERROR = "ERROR"
+CANCELLED = "CANCELLED"
+ENQUEUED = "ENQUEUED"
+DELAYED = "DELAYED"
+MAX_RECOVERY_ATTEMPTS_EXCEEDED = "MAX_RECOVERY_ATTEMPTS_EXCEEDED"
+
+ACTIVE_STATUSES = (PENDING, ENQUEUED, DELAYED)
+
+PORTABLE_JSON = "portable_json"
+
+
+class Params:
+    """Collects positional parameters while a statement is built; each call returns its ``$n``."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+
+    def __call__(self, value: Any, cast: str | None = None) -> str:
+        self.values.append(value)
+        ref = f"${len(self.values)}"
+        return f"{ref}::{cast}" if cast else ref
+
+
+@dataclass(frozen=True)
+class Query:
+    sql: str
+    params: Sequence[Any] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class NewWorkflow:
+    """The columns a new workflow row is written with."""
+
+    workflow_id: str
+    name: str
+    status: str
+    inputs: str
+    executor_id: str
+    application_version: str | None
+    created_at_ms: int
+    class_name: str | None = None
+    config_name: str | None = None
+    queue_name: str | None = None
+    timeout_ms: int | None = None
+    deadline_epoch_ms: int | None = None
+    parent_workflow_id: str | None = None
+    authenticated_user: str | None = None
+    assumed_role: str | None = None
+    authenticated_roles: str | None = None
+    priority: int = 0
+    serialization: str = PORTABLE_JSON
+    shard_key: str | None = None
+    # Queue columns (see dbos_async/executor/queues.py).
+    deduplication_id: str | None = None
+    queue_partition_key: str | None = None
+    delay_until_epoch_ms: int | None = None
+    debounce_deadline_epoch_ms: int | None = None
+    is_debounced: bool = False
+
+
+@dataclass(frozen=True)
+class ParentStep:
+    """The checkpoint a parent records when it starts a child, fenced by the parent's owner."""
+
+    workflow_id: str
+    function_id: int
+    owner_xid: str
+    started_at_ms: int
+
+
+def qualify(alias: str | None, column: str) -> str:
+    return f"{alias}.{column}" if alias else column
+
+
+class StatementBase:
+    """The seam and shared fragments; the statement families below build on it."""
+
+    def __init__(self, quoted_schema: str) -> None:
+        self.schema = quoted_schema
+
+    def table(self, name: str) -> str:
+        return f"{self.schema}.{name}"
+
+    # ---- The seam: how statements locate a workflow's rows ----
+
+    @property
+    def sharded(self) -> bool:
+        return False
+
+    def _reject_shard_key(self, workflow_id: str, shard_key: str | None = None) -> None:
+        if shard_key is not None or shard_keys.bound_shard_key(workflow_id) is not None:
+            raise DBOSError("A shard key was given, but this system database is not sharded")
+
+    def wf(
+        self,
+        alias: str | None,
+        workflow_id: str,
+        p: Params,
+        column: str = "workflow_uuid",
+        shard_key: str | None = None,
+    ) -> str:
+        """Predicate selecting one workflow's rows."""
+        self._reject_shard_key(workflow_id, shard_key)
+        return f"{qualify(alias, column)} = {p(workflow_id)}"
+
+    def wf_in(self, alias: str | None, workflow_ids: Sequence[str], p: Params) -> str:
+        """Predicate selecting several workflows' rows."""
+        for workflow_id in workflow_ids:
+            self._reject_shard_key(workflow_id)
+        return f"{qualify(alias, 'workflow_uuid')} = ANY({p(list(workflow_ids), 'text[]')})"
+
+    def wf_join(self, left: str, right: str) -> str:
+        """Condition joining two tables' rows of the same workflow."""
+        return f"{left}.workflow_uuid = {right}.workflow_uuid"
+
+    def wf_values(self, workflow_id: str, shard_key: str | None = None) -> dict[str, Any]:
+        """Extra column values for a new row of this workflow."""
+        self._reject_shard_key(workflow_id, shard_key)
+        return {}
+
+    def key_conflict(self, *columns: str) -> str:
+        """Conflict target for a unique key of a workflow table."""
+        return ", ".join(columns)
+
+    def scoped(self, alias: str | None, p: Params) -> str:
+        """Predicate confining a statement that names no single workflow to the current shard."""
+        return "TRUE"
+
+    def global_(self, alias: str | None, p: Params) -> str:
+        """Predicate selecting a global table's rows (queues, schedules, versions)."""
+        return "TRUE"
+
+    def claim_gate(self, queue_name: str, partition_key: str | None, p: Params) -> str:
+        """Predicate a queue claim must also meet; sharded, it caps claimers per key."""
+        return "TRUE"
+
+    def key_column(self, alias: str | None, column: str = "shard_key") -> str | None:
+        """A shard-key column to read back with a row, if this schema has one."""
+        return None
+
+    # ---- Fenced writes: one statement locks, checks ownership and writes ----
+
+    def _owner_cte(self, workflow_id: str, p: Params) -> str:
+        # FOR NO KEY UPDATE: no hand-off (recovery, cancel, resume) of the workflow commits
+        # between the ownership check and the writes of the same statement.
+        return f"""owner AS (
+                  SELECT status, owner_xid FROM {self.table('workflow_status')}
+                  WHERE {self.wf(None, workflow_id, p)}
+                  FOR NO KEY UPDATE
+                )"""
+
+    def _owned(self, owner_xid: str, p: Params) -> str:
+        return f"owner.status = {p(PENDING)} AND owner.owner_xid = {p(owner_xid)}"
+
+    def _verdict(self, owner_xid: str, write: str, p: Params) -> str:
+        """What a fenced statement returns: the status, whether we own it, whether ``write``
+        landed."""
+        owned = f"owner.owner_xid IS NOT DISTINCT FROM {p(owner_xid)}"
+        return f"""SELECT owner.status, {owned} AS owned,
+                       EXISTS (SELECT 1 FROM {write}) AS inserted
+                FROM owner"""
+
+    def _step_cte(
+        self,
+        workflow_id: str,
+        function_id: int,
+        function_name: str,
+        owner_xid: str,
+        p: Params,
+        *,
+        output: str | None,
+        started_at_ms: int,
+        completed_at_ms: int,
+        error: str | None = None,
+        output_sql: str | None = None,
+        source: str = "owner",
+    ) -> str:
+        """An insert of a checkpoint, guarded by the owner CTE; RETURNING 1 when it landed."""
+        values: dict[str, str] = {
+            col: p(val, 'text') for col, val in self.wf_values(workflow_id).items()
+        }
+        values.update({
+            "workflow_uuid": p(workflow_id, "text"),
+            "function_id": p(function_id, "integer"),
+            "function_name": p(function_name, "text"),
+            "output": output_sql if output_sql is not None else p(output, "text"),
+            "error": p(error, "text"),
+            "started_at_epoch_ms": p(started_at_ms, "bigint"),
+            "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
+            "serialization": p(PORTABLE_JSON, "text"),
+        })
+        where = "" if source != "owner" else f"WHERE {self._owned(owner_xid, p)}"
+        return f"""step AS (
+                  INSERT INTO {self.table('operation_outputs')} ({', '.join(values)})
+                  SELECT {', '.join(values.values())}
+                  FROM {source} {where}
+                  ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id')}) DO NOTHING
+                  RETURNING 1
+                )"""

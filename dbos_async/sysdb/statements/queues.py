@@ -1,0 +1,433 @@
+"""Statements of queues: registration, claims, partitions, delays, recovery and dedup.
+
+See dbos_async/executor/queues.py and dispatcher.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dbos_async.sysdb.statements.base import (
+    DELAYED,
+    ENQUEUED,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    PENDING,
+    Params,
+    Query,
+    StatementBase,
+    qualify,
+)
+
+INTERNAL_QUEUE_NAME = "_dbos_internal_queue"
+"""The queue DBOS uses to run resumed workflows; every executor dispatches it."""
+
+DEDUP_INDEX = "uq_workflow_status_dedup_id"
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """A queue's flow-control settings, as stored in the ``queues`` table."""
+
+    name: str
+    concurrency: int | None = None
+    worker_concurrency: int | None = None
+    rate_limit_max: int | None = None
+    rate_limit_period_sec: float | None = None
+    partition_queue: bool = False
+    partition_concurrency: int | None = None
+    partition_worker_concurrency: int | None = None
+    partition_rate_limit_max: int | None = None
+    partition_rate_limit_period_sec: float | None = None
+    polling_interval_sec: float = 1.0
+
+    @property
+    def shared_budget(self) -> bool:
+        """Whether a limit is shared by every executor dequeuing from this queue."""
+        return (self.concurrency is not None or self.rate_limit_max is not None
+                or self.partition_concurrency is not None
+                or self.partition_rate_limit_max is not None)
+
+    @property
+    def head_of_line(self) -> bool:
+        """Partition concurrency 1 and no queue-wide limit: the batched head-of-line sweep."""
+        return (self.partition_queue and self.partition_concurrency == 1
+                and self.concurrency is None and self.rate_limit_max is None
+                and self.partition_rate_limit_max is None)
+
+
+QUEUE_COLUMNS = (
+    "name", "concurrency", "worker_concurrency", "rate_limit_max", "rate_limit_period_sec",
+    "partition_queue", "partition_concurrency", "partition_worker_concurrency",
+    "partition_rate_limit_max", "partition_rate_limit_period_sec", "polling_interval_sec",
+)
+
+CLAIMED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, owner_xid,
+                     serialization, workflow_deadline_epoch_ms, recovery_attempts,
+                     queue_partition_key"""
+
+
+class QueueStatements(StatementBase):
+
+    def upsert_queue(self, queue: QueueRecord, now_ms: int) -> Query:
+        """Record a queue declared in code; the declaration in code wins over a stored one."""
+        p = Params()
+        values = {column: getattr(queue, column) for column in QUEUE_COLUMNS}
+        casts = {"concurrency": "integer", "worker_concurrency": "integer",
+                 "rate_limit_max": "integer", "rate_limit_period_sec": "float8",
+                 "partition_queue": "boolean", "partition_concurrency": "integer",
+                 "partition_worker_concurrency": "integer",
+                 "partition_rate_limit_max": "integer",
+                 "partition_rate_limit_period_sec": "float8", "polling_interval_sec": "float8"}
+        refs = [p(v, casts.get(k, "text")) for k, v in values.items()]
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in QUEUE_COLUMNS if c != "name")
+        return Query(
+            f"""INSERT INTO {self.table('queues')}
+                  ({', '.join(values)}, priority_enabled, created_at, updated_at)
+                -- priority_enabled is vestigial: every queue dispatches in priority order.
+                VALUES ({', '.join(refs)}, TRUE, {p(now_ms, 'bigint')}, {p(now_ms, 'bigint')})
+                ON CONFLICT (name) DO UPDATE SET {updates}, updated_at = EXCLUDED.updated_at""",
+            p.values,
+        )
+
+    def list_queues(self, names: Sequence[str] | None) -> Query:
+        """The stored queues (those named, or all)."""
+        p = Params()
+        named = f"AND name = ANY({p(list(names), 'text[]')})" if names is not None else ""
+        return Query(
+            f"""SELECT {', '.join(QUEUE_COLUMNS)} FROM {self.table('queues')}
+                WHERE {self.global_(None, p)} {named} ORDER BY name""",
+            p.values,
+        )
+
+    def _version_clause(self, application_version: str | None, p: Params,
+                        alias: str | None = None) -> str:
+        # The seed's "latest version" rule: a claim takes workflows of this executor's
+        # version, and unversioned ones (enqueued by SQL or another client) only while this
+        # version is the latest registered one, or none is registered. Once a newer version
+        # is registered, an old executor leaves unversioned work to the new one. Read in the
+        # claim's statement, so under SERIALIZABLE a concurrent version bump is a conflict.
+        column = qualify(alias, "application_version")
+        if application_version is None:
+            return f"{column} IS NULL"
+        version = p(application_version)
+        latest = (f"(SELECT av.version_name FROM {self.table('application_versions')} av"
+                  f" WHERE {self.global_('av', p)}"
+                  " ORDER BY av.version_timestamp DESC LIMIT 1)")
+        return (f"({column} = {version} OR ({column} IS NULL"
+                f" AND COALESCE({latest}, {version}) = {version}))")
+
+    def _partition_filter(self, partition_key: str | None, p: Params) -> str:
+        return (f"AND queue_partition_key = {p(partition_key)}"
+                if partition_key is not None else "")
+
+    def queue_pending_count(self, queue_name: str, partition_key: str | None) -> Query:
+        """How many of the queue's (or partition's) workflows are running, on any executor.
+
+        Read inside the claim's transaction: at REPEATABLE READ / SERIALIZABLE the count and
+        the select below see one snapshot, and a concurrent claim makes ours fail (40001).
+        """
+        p = Params()
+        return Query(
+            f"""SELECT count(*) AS running FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
+                  AND status = {p(PENDING)} {self._partition_filter(partition_key, p)}""",
+            p.values,
+        )
+
+    def queue_started_since(self, queue_name: str, partition_key: str | None,
+                            since_ms: int) -> Query:
+        """Rate limiting: how many of the queue's workflows started after ``since_ms``, and
+        the oldest such start (when the next slot frees). Read inside the claim's transaction.
+        """
+        p = Params()
+        return Query(
+            f"""SELECT count(*) AS started, min(started_at_epoch_ms) AS oldest
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
+                  AND rate_limited = true
+                  AND status <> ALL({p([ENQUEUED, DELAYED], 'text[]')})
+                  AND started_at_epoch_ms > {p(since_ms, 'bigint')}
+                  {self._partition_filter(partition_key, p)}""",
+            p.values,
+        )
+
+    def select_startable(
+        self, queue_name: str, partition_key: str | None, names: Sequence[str],
+        application_version: str | None, limit: int | None, nowait: bool,
+    ) -> Query:
+        """Lock the queue's next workflows (priority, then age) that this executor can run.
+
+        Only functions registered here are taken: another executor's workflows stay ENQUEUED.
+        ``nowait`` (a budget shared across executors): FOR UPDATE NOWAIT, so two claimers of
+        the same head rows do not queue behind each other's locks; the loser fails at once
+        (55P03) and retries with a fresh snapshot and count. Otherwise FOR UPDATE SKIP
+        LOCKED: claimers take disjoint rows and nobody waits.
+        """
+        p = Params()
+        lock = "FOR UPDATE NOWAIT" if nowait else "FOR UPDATE SKIP LOCKED"
+        return Query(
+            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
+                  AND queue_name = {p(queue_name)}
+                  AND {self._version_clause(application_version, p)}
+                  AND name = ANY({p(list(names), 'text[]')})
+                  AND {self.claim_gate(queue_name, partition_key, p)}
+                  {self._partition_filter(partition_key, p)}
+                ORDER BY priority ASC, created_at ASC
+                LIMIT {p(limit, 'bigint')}
+                {lock}""",
+            p.values,
+        )
+
+    def unregistered_enqueued(
+        self, queue_name: str, names: Sequence[str], known: Sequence[str],
+        application_version: str | None, limit: int,
+    ) -> Query:
+        """ENQUEUED workflows of the queue that this executor would take but for their
+        function, which it lacks: one (name, workflow) per function name, skipping the
+        ``known`` names already reported. Run only after a claim round found nothing."""
+        p = Params()
+        return Query(
+            f"""SELECT DISTINCT ON (name) name, workflow_uuid
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
+                  AND queue_name = {p(queue_name)}
+                  AND {self._version_clause(application_version, p)}
+                  AND NOT (name = ANY({p(list(names) + list(known), 'text[]')}))
+                ORDER BY name, created_at
+                LIMIT {p(limit, 'bigint')}""",
+            p.values,
+        )
+
+    def flip_claimed(
+        self, workflow_ids: Sequence[str], queue_name: str, executor_id: str,
+        application_version: str | None, rate_limited: bool, now_ms: int,
+        partition_heads: bool = False,
+    ) -> Query:
+        """Start the claimed workflows: PENDING, each under a fresh owner token.
+
+        The rows are already locked by this transaction; the status and queue are checked
+        again, and RETURNING reports exactly the rows flipped, with their inputs. With
+        ``partition_heads`` a row starts only if its partition has nothing running, read by
+        this new statement after the partition's advisory lock was taken.
+        """
+        p = Params()
+        now = p(now_ms, "bigint")
+        guard = ""
+        if partition_heads:
+            guard = f"""AND NOT EXISTS (
+                      SELECT 1 FROM {self.table('workflow_status')} running
+                      WHERE {self.scoped('running', p)} AND running.queue_name = ws.queue_name
+                        AND running.status = {p(PENDING)}
+                        AND running.queue_partition_key = ws.queue_partition_key)"""
+        return Query(
+            f"""UPDATE {self.table('workflow_status')} ws
+                SET status = {p(PENDING)},
+                    owner_xid = gen_random_uuid()::text,
+                    executor_id = {p(executor_id)},
+                    application_version = COALESCE(ws.application_version,
+                                                   {p(application_version)}),
+                    started_at_epoch_ms = {now},
+                    rate_limited = {p(rate_limited, 'boolean')},
+                    recovery_attempts = recovery_attempts + 1,
+                    updated_at = {now},
+                    -- The start-to-close timeout starts now, when the workflow starts.
+                    workflow_deadline_epoch_ms = CASE
+                      WHEN workflow_timeout_ms IS NOT NULL AND workflow_deadline_epoch_ms IS NULL
+                      THEN {now} + LEAST(workflow_timeout_ms, 9223372036854775807 - {now})
+                      ELSE workflow_deadline_epoch_ms END
+                WHERE {self.wf_in('ws', workflow_ids, p)} AND status = {p(ENQUEUED)}
+                  AND queue_name = {p(queue_name)} {guard}
+                RETURNING {CLAIMED_COLUMNS},
+                          (SELECT wi.inputs FROM {self.table('workflow_input')} wi
+                           WHERE {self.wf_join('wi', 'ws')}) AS inputs""",
+            p.values,
+        )
+
+    def _partitions_cte(self, queue_name: str, p: Params) -> str:
+        # Recursive loose index scan: one seek per distinct key on
+        # idx_workflow_status_partition_dequeue_v3, so the cost follows the number of
+        # partitions, not the depth of the backlog.
+        table = self.table("workflow_status")
+        q, enq = p(queue_name), p(ENQUEUED)
+        scope = self.scoped(None, p)
+        return f"""partitions AS (
+              (SELECT queue_partition_key AS pk FROM {table}
+               WHERE {scope} AND queue_name = {q} AND status = {enq}
+                 AND queue_partition_key IS NOT NULL
+               ORDER BY queue_partition_key LIMIT 1)
+              UNION ALL
+              SELECT (SELECT queue_partition_key FROM {table}
+                      WHERE {scope} AND queue_name = {q} AND status = {enq}
+                        AND queue_partition_key > partitions.pk
+                      ORDER BY queue_partition_key LIMIT 1)
+              FROM partitions WHERE partitions.pk IS NOT NULL
+            )"""
+
+    def queue_partitions(self, queue_name: str, cap: int) -> Query:
+        """The distinct partition keys with ENQUEUED workflows, at most ``cap`` of them."""
+        p = Params()
+        return Query(
+            f"""WITH RECURSIVE {self._partitions_cte(queue_name, p)}
+                SELECT pk FROM partitions WHERE pk IS NOT NULL LIMIT {p(cap, 'bigint')}""",
+            p.values,
+        )
+
+    def partition_heads(self, queue_name: str, application_version: str | None,
+                        cap: int) -> Query:
+        """The head-of-line workflow of each partition that has none running.
+
+        For partition concurrency 1: the head is taken whatever its function, so a partition
+        whose head this executor cannot run waits for one that can, in order.
+        """
+        p = Params()
+        table = self.table("workflow_status")
+        partitions = self._partitions_cte(queue_name, p)
+        q = p(queue_name)
+        return Query(
+            f"""WITH RECURSIVE {partitions}
+                SELECT head.workflow_uuid FROM partitions
+                CROSS JOIN LATERAL (
+                  SELECT workflow_uuid FROM {table}
+                  WHERE {self.scoped(None, p)} AND queue_name = {q}
+                    AND status = {p(ENQUEUED)} AND queue_partition_key = partitions.pk
+                    AND {self._version_clause(application_version, p)}
+                  ORDER BY priority ASC, created_at ASC, workflow_uuid
+                  LIMIT 1) head
+                WHERE partitions.pk IS NOT NULL
+                  AND NOT EXISTS (
+                    SELECT 1 FROM {table}
+                    WHERE {self.scoped(None, p)} AND queue_name = {q}
+                      AND status = {p(PENDING)} AND queue_partition_key = partitions.pk)
+                LIMIT {p(cap, 'bigint')}""",
+            p.values,
+        )
+
+    def lock_partition_heads(self, workflow_ids: Sequence[str], queue_name: str,
+                             names: Sequence[str]) -> Query:
+        """Lock a fixed set of heads, and each one's partition for this transaction.
+
+        Never a LIMIT query: SKIP LOCKED there could slide past a locked head and admit the
+        next one out of order. The transaction-scoped advisory lock on (queue, partition)
+        makes sweepers of one partition take turns; the flip that follows, a new statement,
+        then sees any workflow the previous holder started there.
+        """
+        p = Params()
+        q = p(queue_name)
+        return Query(
+            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
+                WHERE {self.wf_in(None, workflow_ids, p)} AND status = {p(ENQUEUED)}
+                  AND queue_name = {q} AND queue_partition_key IS NOT NULL
+                  AND name = ANY({p(list(names), 'text[]')})
+                  AND pg_try_advisory_xact_lock(
+                        hashtextextended({q} || ':' || queue_partition_key, 0))
+                FOR UPDATE SKIP LOCKED""",
+            p.values,
+        )
+
+    def promote_delayed(self, now_ms: int) -> Query:
+        """DELAYED workflows whose time has come become ENQUEUED; returns their queues and
+        the next due time. A debounced workflow gives up its debounce key here: its window
+        has closed, so a later call starts a new one."""
+        p = Params()
+        table = self.table("workflow_status")
+        now = p(now_ms, "bigint")
+        delayed = p(DELAYED)
+        return Query(
+            f"""WITH due AS (
+                  UPDATE {table}
+                  SET status = {p(ENQUEUED)}, updated_at = {now},
+                      deduplication_id = CASE WHEN is_debounced THEN NULL
+                                              ELSE deduplication_id END
+                  WHERE {self.scoped(None, p)} AND status = {delayed}
+                    AND delay_until_epoch_ms <= {now}
+                  RETURNING queue_name
+                )
+                SELECT (SELECT array_agg(DISTINCT queue_name) FROM due) AS queues,
+                       (SELECT min(delay_until_epoch_ms) FROM {table}
+                        WHERE {self.scoped(None, p)} AND status = {delayed}
+                          AND delay_until_epoch_ms > {now}) AS next_due""",
+            p.values,
+        )
+
+    def requeue_pending(self, executor_id: str, application_version: str | None,
+                        now_ms: int, exclude: Sequence[str] = ()) -> Query:
+        """Recovery of queued workflows: this executor's PENDING ones go back to ENQUEUED on
+        their queue, so the queue's claim (and its limits) admits exactly one runner.
+
+        Clearing the owner fences any execution still running from before.
+        """
+        p = Params()
+        return Query(
+            f"""UPDATE {self.table('workflow_status')}
+                SET status = {p(ENQUEUED)}, owner_xid = NULL, started_at_epoch_ms = NULL,
+                    rate_limited = false, updated_at = {p(now_ms, 'bigint')}
+                WHERE {self.scoped(None, p)} AND status = {p(PENDING)}
+                  AND executor_id = {p(executor_id)} AND queue_name IS NOT NULL
+                  AND {self._recovery_version(application_version, p)}
+                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
+                RETURNING workflow_uuid, queue_name""",
+            p.values,
+        )
+
+    def _recovery_version(self, application_version: str | None, p: Params) -> str:
+        return (f"application_version = {p(application_version)}"
+                if application_version is not None else "application_version IS NULL")
+
+    def dead_letter_pending(self, executor_id: str, application_version: str | None,
+                            max_attempts: int, now_ms: int,
+                            exclude: Sequence[str] = ()) -> Query:
+        """This executor's PENDING workflows that have used up their recovery attempts become
+        MAX_RECOVERY_ATTEMPTS_EXCEEDED (terminal: no owner, no queue slot, no dedup key)."""
+        p = Params()
+        now = p(now_ms, "bigint")
+        return Query(
+            f"""UPDATE {self.table('workflow_status')}
+                SET status = {p(MAX_RECOVERY_ATTEMPTS_EXCEEDED)}, owner_xid = NULL,
+                    deduplication_id = NULL, started_at_epoch_ms = NULL, queue_name = NULL,
+                    updated_at = {now}, completed_at = {now}
+                WHERE {self.scoped(None, p)} AND status = {p(PENDING)}
+                  AND executor_id = {p(executor_id)}
+                  AND {self._recovery_version(application_version, p)}
+                  AND recovery_attempts > {p(max_attempts, 'bigint')}
+                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
+                RETURNING workflow_uuid""",
+            p.values,
+        )
+
+    def find_deduplicated(self, queue_name: str, deduplication_id: str) -> Query:
+        """The active workflow holding a deduplication ID on a queue."""
+        p = Params()
+        return Query(
+            f"""SELECT workflow_uuid, name FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
+                  AND deduplication_id = {p(deduplication_id)}""",
+            p.values,
+        )
+
+    def debounce_existing(self, queue_name: str, key: str, name: str, inputs: str,
+                          delay_until_ms: int, now_ms: int) -> Query:
+        """Push back a still-DELAYED debounced workflow (no later than its debounce deadline)
+        and give it the latest inputs, in one statement; no row if none is waiting."""
+        p = Params()
+        until = p(delay_until_ms, "bigint")
+        return Query(
+            f"""WITH bounced AS (
+                  UPDATE {self.table('workflow_status')}
+                  SET delay_until_epoch_ms = CASE
+                        WHEN debounce_deadline_epoch_ms IS NULL THEN {until}
+                        ELSE LEAST({until}, debounce_deadline_epoch_ms) END,
+                      updated_at = {p(now_ms, 'bigint')}
+                  WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
+                    AND deduplication_id = {p(key)} AND status = {p(DELAYED)}
+                    AND is_debounced AND name = {p(name)}
+                  RETURNING workflow_uuid
+                ), replaced AS (
+                  UPDATE {self.table('workflow_input')} wi SET inputs = {p(inputs)}
+                  FROM bounced WHERE {self.wf_join('wi', 'bounced')}
+                  RETURNING 1
+                )
+                SELECT workflow_uuid FROM bounced""",
+            p.values,
+        )

@@ -1,0 +1,328 @@
+"""Statements of a workflow's life: start, recovery, steps, outcome, reads, versions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dbos_async.sysdb.statements.base import (
+    CANCELLED,
+    ERROR,
+    PENDING,
+    PORTABLE_JSON,
+    SUCCESS,
+    NewWorkflow,
+    Params,
+    ParentStep,
+    Query,
+    StatementBase,
+)
+
+
+class WorkflowStatements(StatementBase):
+    # ---- Workflow start ----
+
+    def insert_workflow(
+        self, wf: NewWorkflow, creator_xid: str, parent: ParentStep | None = None
+    ) -> Query:
+        """Insert a workflow and its inputs in one autocommit statement.
+
+        An existing row comes back unchanged (the no-op update makes ON CONFLICT return it), so
+        the caller compares ``creator_xid`` to learn whether this call created it: a retry of a
+        statement that committed but lost its reply recognises its own row. The inputs are
+        written only by the creator. With ``parent``, the statement also fences the parent's
+        ownership under a row lock and records the parent's step naming the child, so a stale
+        parent execution cannot start a child.
+        """
+        p = Params()
+        owner_xid = creator_xid if wf.status == PENDING else None
+        values: dict[str, Any] = {
+            **self.wf_values(wf.workflow_id, wf.shard_key),
+            "workflow_uuid": wf.workflow_id,
+            "status": wf.status,
+            "name": wf.name,
+            "class_name": wf.class_name,
+            "config_name": wf.config_name,
+            "queue_name": wf.queue_name,
+            "authenticated_user": wf.authenticated_user,
+            "assumed_role": wf.assumed_role,
+            "authenticated_roles": wf.authenticated_roles,
+            "executor_id": wf.executor_id,
+            "application_version": wf.application_version,
+            "created_at": wf.created_at_ms,
+            "updated_at": wf.created_at_ms,
+            "recovery_attempts": 1 if wf.status == PENDING else 0,
+            "workflow_timeout_ms": wf.timeout_ms,
+            "workflow_deadline_epoch_ms": wf.deadline_epoch_ms,
+            "priority": wf.priority,
+            "parent_workflow_id": wf.parent_workflow_id,
+            "serialization": wf.serialization,
+            "creator_xid": creator_xid,
+            "owner_xid": owner_xid,
+        }
+        if wf.queue_name is not None:
+            values.update({
+                "deduplication_id": wf.deduplication_id,
+                "queue_partition_key": wf.queue_partition_key,
+                "delay_until_epoch_ms": wf.delay_until_epoch_ms,
+                "debounce_deadline_epoch_ms": wf.debounce_deadline_epoch_ms,
+                "is_debounced": wf.is_debounced,
+            })
+        casts = {"created_at": "bigint", "updated_at": "bigint", "recovery_attempts": "bigint",
+                 "workflow_timeout_ms": "bigint", "workflow_deadline_epoch_ms": "bigint",
+                 "priority": "integer", "delay_until_epoch_ms": "bigint",
+                 "debounce_deadline_epoch_ms": "bigint", "is_debounced": "boolean"}
+        ctes: list[str] = []
+        gate = ""
+        if parent is not None:
+            # FOR NO KEY UPDATE holds the parent's row until commit, so no hand-off of the
+            # parent lands between this fence and the child's insert.
+            ctes.append(
+                f"""parent AS (
+                  SELECT status, owner_xid FROM {self.table('workflow_status')}
+                  WHERE {self.wf(None, parent.workflow_id, p)}
+                  FOR NO KEY UPDATE
+                )"""
+            )
+            gate = (
+                f"WHERE EXISTS (SELECT 1 FROM parent WHERE parent.status = {p(PENDING)} "
+                f"AND parent.owner_xid = {p(parent.owner_xid)})"
+            )
+        columns = ", ".join(values)
+        selected = ", ".join(p(v, casts.get(k, "text")) for k, v in values.items())
+        ctes.append(
+            f"""status AS (
+              INSERT INTO {self.table('workflow_status')} ({columns})
+              SELECT {selected} {gate}
+              ON CONFLICT ({self.key_conflict('workflow_uuid')})
+                DO UPDATE SET creator_xid = workflow_status.creator_xid
+              RETURNING workflow_uuid, status, name, class_name, config_name, queue_name,
+                        executor_id, creator_xid, owner_xid, serialization,
+                        workflow_deadline_epoch_ms, recovery_attempts
+            )"""
+        )
+        input_values = {**self.wf_values(wf.workflow_id, wf.shard_key),
+                        "workflow_uuid": wf.workflow_id, "inputs": wf.inputs}
+        ctes.append(
+            f"""input AS (
+              INSERT INTO {self.table('workflow_input')} ({', '.join(input_values)})
+              SELECT {', '.join(p(v, 'text') for v in input_values.values())}
+              FROM status WHERE status.creator_xid = {p(creator_xid)}
+              ON CONFLICT ({self.key_conflict('workflow_uuid')}) DO NOTHING
+              RETURNING 1
+            )"""
+        )
+        select = "SELECT status.* FROM status"
+        if parent is not None:
+            step_values = {
+                **self.wf_values(parent.workflow_id),
+                "workflow_uuid": parent.workflow_id,
+                "function_id": parent.function_id,
+                "function_name": wf.name,
+                "child_workflow_id": wf.workflow_id,
+                "started_at_epoch_ms": parent.started_at_ms,
+                "completed_at_epoch_ms": parent.started_at_ms,
+                "serialization": PORTABLE_JSON,
+            }
+            step_casts = {"function_id": "integer", "started_at_epoch_ms": "bigint",
+                          "completed_at_epoch_ms": "bigint"}
+            ctes.append(
+                f"""step AS (
+                  INSERT INTO {self.table('operation_outputs')} ({', '.join(step_values)})
+                  SELECT {', '.join(p(v, step_casts.get(k, "text"))
+                                    for k, v in step_values.items())}
+                  FROM status
+                  ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id')}) DO NOTHING
+                  RETURNING 1
+                )"""
+            )
+            select = """SELECT parent.status AS parent_status, parent.owner_xid AS parent_owner,
+                               status.*
+                        FROM parent LEFT JOIN status ON TRUE"""
+        return Query(f"WITH {', '.join(ctes)} {select}", p.values)
+
+    # ---- Recovery ----
+
+    def claim_pending(
+        self,
+        executor_id: str,
+        application_version: str | None,
+        now_ms: int,
+        exclude: Sequence[str] = (),
+    ) -> Query:
+        """Take ownership of this executor's PENDING workflows, each under a fresh owner token.
+
+        The new ``owner_xid`` fences off any execution still running from before (in this
+        process or a zombie elsewhere): its next durable write fails the ownership check.
+        """
+        p = Params()
+        version = (
+            f"application_version = {p(application_version)}"
+            if application_version is not None
+            else "application_version IS NULL"
+        )
+        return Query(
+            f"""UPDATE {self.table('workflow_status')} ws
+                SET owner_xid = gen_random_uuid()::text,
+                    recovery_attempts = recovery_attempts + 1,
+                    updated_at = {p(now_ms, 'bigint')}
+                WHERE {self.scoped('ws', p)}
+                  AND status = {p(PENDING)} AND executor_id = {p(executor_id)} AND {version}
+                  -- Executions already running here keep their ownership.
+                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
+                RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
+                          serialization, workflow_deadline_epoch_ms, recovery_attempts,
+                          (SELECT wi.inputs FROM {self.table('workflow_input')} wi
+                           WHERE {self.wf_join('wi', 'ws')}) AS inputs""",
+            p.values,
+        )
+
+    def load_checkpoints(self, workflow_id: str) -> Query:
+        p = Params()
+        return Query(
+            f"""SELECT function_id, function_name, output, error, child_workflow_id, serialization
+                FROM {self.table('operation_outputs')}
+                WHERE {self.wf(None, workflow_id, p)}
+                ORDER BY function_id""",
+            p.values,
+        )
+
+    # ---- Steps ----
+
+    def record_step(
+        self,
+        workflow_id: str,
+        function_id: int,
+        function_name: str,
+        owner_xid: str,
+        output: str | None,
+        error: str | None,
+        started_at_ms: int,
+        completed_at_ms: int,
+    ) -> Query:
+        """Fence, notice cancellation and record a step's outcome, in one round trip.
+
+        The status row is locked FOR NO KEY UPDATE, so no hand-off (recovery, cancel, resume)
+        commits between the ownership check and the insert; the insert happens only while this
+        execution owns a PENDING workflow. ON CONFLICT DO NOTHING keeps the first record of a
+        step; the caller reads an existing one back when ``inserted`` is false.
+        """
+        p = Params()
+        owner = self._owner_cte(workflow_id, p)
+        step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
+                              output=output, error=error, started_at_ms=started_at_ms,
+                              completed_at_ms=completed_at_ms)
+        return Query(f"WITH {owner}, {step} {self._verdict(owner_xid, 'step', p)}", p.values)
+
+    def get_checkpoint(self, workflow_id: str, function_id: int) -> Query:
+        p = Params()
+        return Query(
+            f"""SELECT function_id, function_name, output, error, child_workflow_id, serialization
+                FROM {self.table('operation_outputs')}
+                WHERE {self.wf(None, workflow_id, p)}
+                  AND function_id = {p(function_id, 'integer')}""",
+            p.values,
+        )
+
+    # ---- Workflow outcome ----
+
+    def record_outcome(
+        self,
+        workflow_id: str,
+        status: str,
+        owner_xid: str,
+        output: str | None,
+        error: str | None,
+        now_ms: int,
+    ) -> Query:
+        """Record a workflow's terminal outcome in one autocommit statement.
+
+        The UPDATE applies only to a PENDING row this execution still owns; the output is
+        written only if the UPDATE was, so a stale execution leaves no payload behind.
+        """
+        p = Params()
+        target = self.wf(None, workflow_id, p)
+        keys = self.wf_values(workflow_id)
+        output_values = {**keys, "workflow_uuid": workflow_id, "output": output, "error": error}
+        return Query(
+            f"""WITH updated AS (
+                  UPDATE {self.table('workflow_status')}
+                  SET status = {p(status)},
+                      -- A finished workflow holds no deduplication ID and has no owner.
+                      deduplication_id = NULL,
+                      owner_xid = NULL,
+                      updated_at = {p(now_ms, 'bigint')},
+                      completed_at = {p(now_ms, 'bigint')}
+                  WHERE {target} AND status = {p(PENDING)} AND owner_xid = {p(owner_xid)}
+                  RETURNING 1
+                ), stored AS (
+                  INSERT INTO {self.table('workflow_output')} ({', '.join(output_values)})
+                  SELECT {', '.join(p(v, 'text') for v in output_values.values())}
+                  WHERE EXISTS (SELECT 1 FROM updated)
+                  ON CONFLICT ({self.key_conflict('workflow_uuid')})
+                    DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error
+                  RETURNING 1
+                )
+                SELECT count(*) AS count FROM updated""",
+            p.values,
+        )
+
+    def cancel_workflows(self, workflow_ids: Sequence[str], now_ms: int) -> Query:
+        """Mark workflows CANCELLED unless already finished; clearing the owner stops them."""
+        p = Params()
+        return Query(
+            f"""UPDATE {self.table('workflow_status')}
+                SET status = {p(CANCELLED)}, owner_xid = NULL, queue_name = NULL,
+                    deduplication_id = NULL, started_at_epoch_ms = NULL,
+                    updated_at = {p(now_ms, 'bigint')}, completed_at = {p(now_ms, 'bigint')}
+                WHERE {self.wf_in(None, workflow_ids, p)}
+                  AND status NOT IN ({p(SUCCESS)}, {p(ERROR)})""",
+            p.values,
+        )
+
+    # ---- Reads ----
+
+    STATUS_COLUMNS = (
+        "workflow_uuid", "status", "name", "class_name", "config_name", "queue_name",
+        "executor_id", "application_version", "application_id", "authenticated_user",
+        "assumed_role", "authenticated_roles", "created_at", "updated_at", "recovery_attempts",
+        "workflow_timeout_ms", "workflow_deadline_epoch_ms", "started_at_epoch_ms",
+        "deduplication_id", "priority", "queue_partition_key", "forked_from",
+        "parent_workflow_id", "serialization", "completed_at",
+    )
+
+    def get_workflow(self, workflow_id: str, *, load_input: bool, load_output: bool) -> Query:
+        p = Params()
+        columns = [f"ws.{c}" for c in self.STATUS_COLUMNS]
+        joins = []
+        if load_input:
+            columns.append("COALESCE(wi.inputs, ws.inputs) AS inputs")
+            joins.append(
+                f"LEFT JOIN {self.table('workflow_input')} wi ON {self.wf_join('wi', 'ws')}"
+            )
+        if load_output:
+            columns += ["COALESCE(wo.output, ws.output) AS output",
+                        "COALESCE(wo.error, ws.error) AS error"]
+            joins.append(
+                f"LEFT JOIN {self.table('workflow_output')} wo ON {self.wf_join('wo', 'ws')}"
+            )
+        return Query(
+            f"""SELECT {', '.join(columns)}
+                FROM {self.table('workflow_status')} ws {' '.join(joins)}
+                WHERE {self.wf('ws', workflow_id, p)}""",
+            p.values,
+        )
+
+    # ---- Application versions ----
+
+    def register_version(self, version_name: str, now_ms: int) -> Query:
+        """Record this application version; an existing one keeps its original timestamp."""
+        p = Params()
+        return Query(
+            f"""INSERT INTO {self.table('application_versions')}
+                  (version_id, version_name, version_timestamp, created_at)
+                VALUES (gen_random_uuid()::text, {p(version_name)}, {p(now_ms, 'bigint')},
+                        {p(now_ms, 'bigint')})
+                ON CONFLICT DO NOTHING""",
+            p.values,
+        )
