@@ -31,6 +31,7 @@ from dbos_async.executor.serialization import serialize_error
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.database import Claim, StepRecord, WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.statements import QueueRecord
 
 if TYPE_CHECKING:
@@ -97,9 +98,13 @@ class QueueDispatcher:
                                  self.queue.name, type(conflict).__name__, backoff)
                     await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
                     continue
-                except Exception:
+                except Exception as error:
                     # Database trouble or a bug: keep the dispatcher alive, try again later.
-                    logger.exception("Queue %s: claim failed", self.queue.name)
+                    if is_transient(error):
+                        logger.warning("Queue %s: claim failed, retrying in %.1fs: %r",
+                                       self.queue.name, poll, error)
+                    else:
+                        logger.exception("Queue %s: claim failed", self.queue.name)
                     await asyncio.sleep(poll)
                     continue
                 if started:
