@@ -3,6 +3,7 @@
 from dbos_async.client import DBOSClient
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import (
+    ApplicationOwnershipError,
     ConfigurationError,
     DatabaseUnavailableError,
     DBOSError,
@@ -19,7 +20,11 @@ from dbos_async.errors import (
     WorkflowConflictError,
     WorkflowNotRegisteredError,
 )
-from dbos_async.executor.context import SetWorkflowID, SetWorkflowTimeout
+from dbos_async.executor.context import (
+    SetWorkflowAttributes,
+    SetWorkflowID,
+    SetWorkflowTimeout,
+)
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.operations import ApplicationVersion, WorkflowStepInfo
@@ -30,6 +35,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DBOS",
+    "ApplicationOwnershipError",
     "ApplicationVersion",
     "ConfigurationError",
     "DBOSClient",
@@ -48,6 +54,7 @@ __all__ = [
     "RecordedError",
     "SerializationError",
     "SetEnqueueOptions",
+    "SetWorkflowAttributes",
     "SetWorkflowID",
     "SetWorkflowTimeout",
     "StepRetriesExceededError",

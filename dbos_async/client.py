@@ -15,30 +15,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from types import TracebackType
 from typing import Any
 
 import asyncpg
 
 from dbos_async.config import DBOSConfig
-from dbos_async.errors import (
-    ConfigurationError,
-    DBOSError,
-    NonExistentWorkflowError,
-    QueueDeduplicatedError,
-)
+from dbos_async.errors import ConfigurationError, DBOSError, NonExistentWorkflowError
 from dbos_async.executor import messaging, operations
+from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
 from dbos_async.executor.operations import ApplicationVersion, TimeBound, WorkflowStepInfo
 from dbos_async.executor.peer import start_notifications, system_database_for
-from dbos_async.executor.queues import DELAYED_KEY, LimiterSpec, Queue, _check_options
+from dbos_async.executor.queues import (
+    DELAYED_KEY,
+    DedupPolicy,
+    LimiterSpec,
+    Queue,
+    _check_options,
+    start_deduplicated,
+)
 from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.statements import DEDUP_INDEX, DELAYED, ENQUEUED, NewWorkflow
+from dbos_async.sysdb.statements import DELAYED, ENQUEUED, NewWorkflow
 
 logger = logging.getLogger("dbos_async")
 
@@ -48,17 +51,21 @@ class DBOSClient:
 
     ``async with DBOSClient(system_database_url=...) as client:`` connects, verifies the
     schema (it never migrates) and starts its notification listener; leaving closes them.
-    Settings not given come from the environment like an executor's (``DBOS_<NAME>``);
-    ``application_name`` names the client's connections.
+    Settings not given come from the environment like an executor's (``DBOS_<NAME>``).
+    ``application_name`` (or ``DBOS_APPLICATION_NAME``) is the application the client acts
+    for when several share the system database: it owns what the client enqueues, queues
+    and versions it registers, and scopes listings and versions; it also names the client's
+    connections.
     """
 
     def __init__(self, system_database_url: str | None = None, *, schema_name: str = "dbos",
                  application_name: str | None = None, **settings: Any) -> None:
+        application_name = application_name or DBOSConfig.load().application_name
         self.config = DBOSConfig.load(
             system_database_url=system_database_url, schema_name=schema_name,
             connection_name=application_name or "dbos_async_client", run_migrations=False,
-            **settings)
-        self.application_name = application_name
+            application_name=application_name, **settings)
+        self.application_name = self.config.application_name
         self._sysdb: SystemDatabase | None = None
         self._background = TaskOwner()
         self._state = "new"
@@ -126,6 +133,7 @@ class DBOSClient:
         workflow_id: str | None = None,
         priority: int = 0,
         deduplication_id: str | None = None,
+        deduplication_policy: DedupPolicy = "reject",
         partition_key: str | None = None,
         delay: float | None = None,
         app_version: str | None = None,
@@ -133,6 +141,7 @@ class DBOSClient:
         class_name: str | None = None,
         config_name: str | None = None,
         authenticated_user: str | None = None,
+        attributes: dict[str, Any] | None = None,
         connection: asyncpg.Connection | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
@@ -140,8 +149,10 @@ class DBOSClient:
         as portable JSON), for any executor that registers it. Like the SQL function
         ``enqueue_workflow``: an existing ``workflow_id`` returns that workflow; a
         ``deduplication_id`` held by an active workflow of the queue raises
-        :class:`QueueDeduplicatedError`. ``app_version=None`` leaves it unversioned (run by
-        an executor of the latest version).
+        :class:`QueueDeduplicatedError` (``deduplication_policy="reject"``) or returns that
+        workflow's handle (``"return_existing"``), as ``SetEnqueueOptions`` does.
+        ``app_version=None`` leaves it unversioned (run by an executor of the latest
+        version). ``attributes`` (a JSON-serializable dict) are stored with the workflow.
 
         With ``connection``, the insert runs on that connection, inside the transaction the
         caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
@@ -153,6 +164,7 @@ class DBOSClient:
             raise DBOSError("workflow_name must be a non-empty string")
         _check_options({"priority": priority, "delay": delay, "timeout": timeout,
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
+                        "deduplication_policy": deduplication_policy,
                         "partition_key": partition_key})
         inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
                         "namedArgs": to_json_value(kwargs, "the keyword arguments")},
@@ -168,18 +180,20 @@ class DBOSClient:
             authenticated_user=authenticated_user, priority=priority,
             deduplication_id=deduplication_id, queue_partition_key=partition_key,
             delay_until_epoch_ms=created_at + int(delay * 1000) if delay else None,
+            attributes=attributes_json(attributes),
         )
         sysdb = self.system_database
         key = queue_name if new.status == ENQUEUED else DELAYED_KEY
-        try:
+
+        def start() -> Awaitable[StartResult]:
             if connection is None:
-                started = await sysdb.start_workflow(new, str(uuid.uuid4()))
-            else:
-                started = await self._start_in_transaction(connection, new, key)
-        except asyncpg.UniqueViolationError as error:
-            if error.constraint_name != DEDUP_INDEX or deduplication_id is None:
-                raise
-            raise QueueDeduplicatedError(queue_name, deduplication_id) from None
+                return sysdb.start_workflow(new, str(uuid.uuid4()))
+            return self._start_in_transaction(connection, new, key)
+
+        started = await start_deduplicated(sysdb, start, queue_name, deduplication_id,
+                                           deduplication_policy)
+        if isinstance(started, tuple):  # "return_existing": the holder's handle
+            return WorkflowHandle(self, started[0])
         if not started.created and started.row.name != workflow_name:
             raise DBOSError(f"Workflow ID {new.workflow_id!r} is already used by workflow "
                             f"{started.row.name!r}, not {workflow_name!r}")
@@ -237,6 +251,14 @@ class DBOSClient:
             raise NonExistentWorkflowError(workflow_id)
         return WorkflowHandle(self, workflow_id)
 
+    async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+        """The first of ``handles`` whose workflow finishes (successfully or not)."""
+        return await messaging.wait_first(handles)
+
+    async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
+        """The results of all ``handles``, in order; raises the first error met."""
+        return await messaging.wait_all(handles)
+
     async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
         row = await self.system_database.get_workflow(workflow_id)
         return WorkflowStatus.from_record(row) if row is not None else None
@@ -258,6 +280,8 @@ class DBOSClient:
         application_version: str | Sequence[str] | None = None,
         authenticated_user: str | Sequence[str] | None = None,
         workflow_id_prefix: str | Sequence[str] | None = None,
+        application_name: str | Sequence[str] | None = None,
+        attributes: dict[str, Any] | None = None,
         limit: int | None = None,
         offset: int | None = None,
         sort_desc: bool = False,
@@ -270,7 +294,8 @@ class DBOSClient:
             end_time=end_time, queue_name=queue_name, parent_workflow_id=parent_workflow_id,
             forked_from=forked_from, executor_id=executor_id,
             application_version=application_version, authenticated_user=authenticated_user,
-            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
+            workflow_id_prefix=workflow_id_prefix, application_name=application_name,
+            attributes=attributes, limit=limit, offset=offset,
             sort_desc=sort_desc, load_input=load_input, load_output=load_output,
         ))
 

@@ -35,6 +35,11 @@ class DBOSConfig(BaseModel):
     application_version: str | None = Field(
         None, description="Defaults to a hash of the registered workflows' source code."
     )
+    application_name: str | None = Field(
+        None, min_length=1,
+        description="Owner of this executor's workflows, steps, queues and versions when "
+        "several applications share a system database; None leaves everything unscoped.",
+    )
     run_migrations: bool = Field(True, description="Migrate on start; False only verifies.")
     shutdown_grace_period: float = Field(
         10.0, ge=0, description="Seconds running workflows get to finish when DBOS exits."

@@ -151,3 +151,8 @@ class QueueNotFoundError(DBOSError):
             "(dbos.queue(...) / dbos.register_queue(...)) nor stored in the queues table"
         )
         self.queue_name = queue_name
+
+
+class ApplicationOwnershipError(DBOSError):
+    """A queue or application version name is already owned by another application sharing
+    the system database (names are unique across applications)."""

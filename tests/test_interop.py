@@ -18,7 +18,7 @@ import sys
 import textwrap
 from typing import Any
 
-from helpers import new_dbos, unique_name
+from helpers import new_dbos
 
 from dbos_async import DBOSClient, SetWorkflowID, WorkflowStatus
 
@@ -152,8 +152,10 @@ async def test_our_client_with_dbos_executor(database_url: str) -> None:
     # The schema comes from us; the dbos executor finds it current and does not migrate.
     async with new_dbos(database_url):
         pass
+    # The client acts for the dbos executor's application (its config name), whose
+    # dequeue takes only its own and unclaimed workflows.
     client = DBOSClient(system_database_url=database_url,
-                        application_name=unique_name("client"), result_poll_interval=0.2)
+                        application_name="interop-b", result_poll_interval=0.2)
     async with client:
         handle = await client.enqueue("interop-b", "dbos_work", 7, label="y",
                                       workflow_id="to-dbos", app_version="interop-v")

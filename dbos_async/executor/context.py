@@ -6,11 +6,12 @@ A workflow's context object is shared by every task its body spawns (``asyncio.g
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError
 from dbos_async.sysdb.database import StepRecord
@@ -42,6 +43,7 @@ _workflow: ContextVar[WorkflowContext | None] = ContextVar("dbos_workflow", defa
 _in_step: ContextVar[bool] = ContextVar("dbos_in_step", default=False)
 _next_workflow_id: ContextVar[str | None] = ContextVar("dbos_next_workflow_id", default=None)
 _timeout: ContextVar[float | None] = ContextVar("dbos_workflow_timeout", default=None)
+_attributes: ContextVar[str | None] = ContextVar("dbos_workflow_attributes", default=None)
 
 
 def current_workflow() -> WorkflowContext | None:
@@ -64,9 +66,12 @@ def workflow_of_step() -> WorkflowContext | None:
 def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
     token = _workflow.set(ctx)
     step_token = _in_step.set(False)
+    # Attributes are not inherited by the workflow's children.
+    attributes_token = _attributes.set(None)
     try:
         yield
     finally:
+        _attributes.reset(attributes_token)
         _in_step.reset(step_token)
         _workflow.reset(token)
 
@@ -92,6 +97,23 @@ def workflow_timeout() -> float | None:
     return _timeout.get()
 
 
+def workflow_attributes() -> str | None:
+    """The attributes set by :class:`SetWorkflowAttributes`, as a JSON object (text)."""
+    return _attributes.get()
+
+
+def attributes_json(attributes: dict[str, Any] | None) -> str | None:
+    """Check custom workflow attributes (a JSON-serializable dict) and encode them."""
+    if attributes is None:
+        return None
+    if not isinstance(attributes, dict):
+        raise DBOSError(f"Workflow attributes must be a dict, got {attributes!r}")
+    try:
+        return json.dumps(attributes, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise DBOSError(f"Workflow attributes must be JSON-serializable: {error}") from None
+
+
 class SetWorkflowID:
     """Give the next workflow started in this block a chosen ID, making the start idempotent.
 
@@ -110,6 +132,24 @@ class SetWorkflowID:
 
     def __exit__(self, *exc: object) -> None:
         _next_workflow_id.reset(self._token)
+
+
+class SetWorkflowAttributes:
+    """Attach custom key-value attributes to workflows started or enqueued in this block
+    (as the ``dbos`` package's ``SetWorkflowAttributes``): stored in the workflow's jsonb
+    ``attributes`` column at creation and not inherited by its children; filter listings
+    with ``list_workflows(attributes={...})`` (containment). ``None`` removes enclosing
+    attributes."""
+
+    def __init__(self, attributes: dict[str, Any] | None) -> None:
+        self.attributes = attributes_json(attributes)
+
+    def __enter__(self) -> SetWorkflowAttributes:
+        self._token = _attributes.set(self.attributes)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _attributes.reset(self._token)
 
 
 class SetWorkflowTimeout:

@@ -488,6 +488,8 @@ class DBOS:
         application_version: str | Sequence[str] | None = None,
         authenticated_user: str | Sequence[str] | None = None,
         workflow_id_prefix: str | Sequence[str] | None = None,
+        application_name: str | Sequence[str] | None = None,
+        attributes: dict[str, Any] | None = None,
         limit: int | None = None,
         offset: int | None = None,
         sort_desc: bool = False,
@@ -498,14 +500,18 @@ class DBOS:
         """Workflows matching every given filter (a list matches any of its values), by
         creation time (``sort_desc`` for newest first), a page of ``limit`` after
         ``offset``. ``start_time``/``end_time`` bound ``created_at`` (inclusive).
-        ``load_input``/``load_output`` fill ``input``, ``output`` and ``error``."""
+        ``load_input``/``load_output`` fill ``input``, ``output`` and ``error``.
+        ``application_name`` lists those applications' workflows (and unclaimed ones);
+        by default this executor's own application's (every one when it has no name).
+        ``attributes`` keeps workflows whose attributes contain the given dict."""
         self._require_running()
         return await operations.list_workflows(self, operations.workflow_filter(
             workflow_ids=workflow_ids, status=status, name=name, start_time=start_time,
             end_time=end_time, queue_name=queue_name, parent_workflow_id=parent_workflow_id,
             forked_from=forked_from, executor_id=executor_id,
             application_version=application_version, authenticated_user=authenticated_user,
-            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
+            workflow_id_prefix=workflow_id_prefix, application_name=application_name,
+            attributes=attributes, limit=limit, offset=offset,
             sort_desc=sort_desc, load_input=load_input, load_output=load_output,
             queues_only=queues_only,
         ))

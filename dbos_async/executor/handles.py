@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -52,6 +53,9 @@ class WorkflowStatus:
     priority: int = 0
     queue_partition_key: str | None = None
     serialization: str | None = None
+    # The owning application (None: unclaimed) and the custom attributes set at start.
+    application_name: str | None = None
+    attributes: dict[str, Any] | None = None
     # Loaded only on request (list_workflows(load_input=..., load_output=...)).
     input: WorkflowInputs | None = None
     output: Any = None
@@ -84,7 +88,16 @@ class WorkflowStatus:
             priority=row.get("priority") or 0,
             queue_partition_key=row.get("queue_partition_key"),
             serialization=row.get("serialization"),
+            application_name=row.get("application_name"),
+            attributes=_attributes(row.get("attributes")),
         )
+
+
+def _attributes(value: Any) -> dict[str, Any] | None:
+    # jsonb comes back from asyncpg as text unless a codec decodes it.
+    if isinstance(value, str):
+        value = json.loads(value)
+    return value if isinstance(value, dict) else None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from dbos_async.errors import DBOSError, SerializationError
+from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
 from dbos_async.executor.serialization import deserialize_error, from_json
 from dbos_async.sysdb.control import VersionRecord, WorkflowControl, WorkflowFilter
@@ -111,6 +112,8 @@ def workflow_filter(
     application_version: str | Sequence[str] | None = None,
     authenticated_user: str | Sequence[str] | None = None,
     workflow_id_prefix: str | Sequence[str] | None = None,
+    application_name: str | Sequence[str] | None = None,
+    attributes: dict[str, Any] | None = None,
     limit: int | None = None,
     offset: int | None = None,
     sort_desc: bool = False,
@@ -133,6 +136,8 @@ def workflow_filter(
         application_versions=as_list(application_version),
         authenticated_users=as_list(authenticated_user),
         workflow_id_prefixes=as_list(workflow_id_prefix),
+        application_names=as_list(application_name),
+        attributes=attributes_json(attributes),
         limit=limit, offset=offset, sort_desc=sort_desc,
         load_input=load_input, load_output=load_output,
     )

@@ -51,6 +51,7 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
         connect_timeout=config.connect_timeout,
         retry_timeout=config.db_retry_timeout,
         connection_name=config.connection_name,
+        application_name=config.application_name,
     )
 
 

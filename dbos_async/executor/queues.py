@@ -19,7 +19,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Generic, Literal, ParamSpec, TypeVar
@@ -31,12 +31,13 @@ from dbos_async.executor.context import (
     WorkflowContext,
     current_workflow,
     take_workflow_id,
+    workflow_attributes,
     workflow_timeout,
 )
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.workflows import _replayed_child, _split_instance
-from dbos_async.sysdb.database import now_ms
+from dbos_async.sysdb.database import StartResult, SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements import (
     DEDUP_INDEX,
@@ -393,6 +394,7 @@ def _new_workflow(dbos: DBOS, request: _Request, workflow_id: str, inputs: str,
         "priority": options.priority,
         "deduplication_id": options.deduplication_id,
         "queue_partition_key": options.partition_key,
+        "attributes": workflow_attributes(),
     }
     if options.delay:
         fields["status"] = DELAYED
@@ -434,29 +436,43 @@ async def _enqueue(dbos: DBOS, request: _Request) -> WorkflowHandle[Any]:
         if parent is not None and request.parent_step_id is not None else None
     )
     sysdb = dbos.system_database
+    started = await start_deduplicated(
+        sysdb, lambda: sysdb.start_workflow(new, str(uuid.uuid4()), parent_step),
+        queue.name, options.deduplication_id, options.deduplication_policy)
+    if isinstance(started, tuple):  # "return_existing": the holder's handle
+        return WorkflowHandle(dbos, started[0], dbos.running_result(started[0]),
+                              dbos.signature_of(started[1]))
+    if not started.created:
+        if started.row.name != info.name:
+            raise DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow "
+                            f"{started.row.name!r}, not {info.name!r}")
+    else:
+        _announce(dbos, new)
+    return WorkflowHandle(dbos, workflow_id, dbos.running_result(workflow_id),
+                          info.signature)
+
+
+async def start_deduplicated(
+    sysdb: SystemDatabase, start: Callable[[], Awaitable[StartResult]], queue_name: str,
+    deduplication_id: str | None, policy: DedupPolicy,
+) -> StartResult | tuple[str, str]:
+    """Run ``start`` (an enqueue's insert) under the deduplication policy, for executors
+    and clients alike: if an active workflow of the queue holds ``deduplication_id``,
+    raise :class:`QueueDeduplicatedError` naming it (``"reject"``) or return its (ID,
+    name) (``"return_existing"``); a holder that finished in between is enqueued afresh."""
     for _ in range(10):
         try:
-            started = await sysdb.start_workflow(new, str(uuid.uuid4()), parent_step)
+            return await start()
         except asyncpg.UniqueViolationError as error:
-            if error.constraint_name != DEDUP_INDEX or options.deduplication_id is None:
+            if error.constraint_name != DEDUP_INDEX or deduplication_id is None:
                 raise
-            holder = await sysdb.find_deduplicated(queue.name, options.deduplication_id)
-            if options.deduplication_policy == "reject":
-                raise QueueDeduplicatedError(queue.name, options.deduplication_id,
+            holder = await sysdb.find_deduplicated(queue_name, deduplication_id)
+            if policy == "reject":
+                raise QueueDeduplicatedError(queue_name, deduplication_id,
                                              holder[0] if holder else None) from None
-            if holder is None:
-                continue  # The holder finished in between: enqueue afresh.
-            return WorkflowHandle(dbos, holder[0], dbos.running_result(holder[0]),
-                                  dbos.signature_of(holder[1]))
-        if not started.created:
-            if started.row.name != info.name:
-                raise DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow "
-                                f"{started.row.name!r}, not {info.name!r}")
-        else:
-            _announce(dbos, new)
-        return WorkflowHandle(dbos, workflow_id, dbos.running_result(workflow_id),
-                              info.signature)
-    raise QueueDeduplicatedError(queue.name, options.deduplication_id or "")
+            if holder is not None:
+                return holder
+    raise QueueDeduplicatedError(queue_name, deduplication_id or "")
 
 
 class Debouncer(Generic[P, R]):

@@ -20,7 +20,7 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
-from dbos_async.executor.context import WorkflowContext, running_workflow
+from dbos_async.executor.context import WorkflowContext, running_workflow, workflow_attributes
 from dbos_async.executor.handles import WorkflowHandle, outcome_value
 from dbos_async.executor.messaging import notify_completion
 from dbos_async.executor.registry import WorkflowInfo
@@ -101,6 +101,7 @@ async def start(dbos: DBOS, request: StartRequest) -> WorkflowHandle[Any]:
         timeout_ms=int(request.timeout * 1000) if request.timeout is not None else None,
         deadline_epoch_ms=deadline,
         parent_workflow_id=parent.workflow_id if parent is not None else None,
+        attributes=workflow_attributes(),
     )
     parent_step = (
         ParentStep(parent.workflow_id, request.parent_step_id, parent.owner_xid, created_at)

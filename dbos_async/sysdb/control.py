@@ -91,6 +91,11 @@ class WorkflowFilter:
     application_versions: Sequence[str] | None = None
     authenticated_users: Sequence[str] | None = None
     workflow_id_prefixes: Sequence[str] | None = None
+    # Owners to list (plus unclaimed rows); None: this application's own (every one when it
+    # has no name), except for a lookup by workflow IDs, which is unscoped unless given.
+    application_names: Sequence[str] | None = None
+    # A JSON object (as text) the workflow's attributes must contain (jsonb @>).
+    attributes: str | None = None
     limit: int | None = None
     offset: int | None = None
     sort_desc: bool = False
@@ -213,6 +218,15 @@ class ControlStatements:
 
         if f.workflow_ids is not None:
             where.append(f"ws.workflow_uuid = ANY({p(list(f.workflow_ids), 'text[]')})")
+            # An ID-keyed read is an identity read: scoped only when asked.
+            where.append(self.sql.app_scope("ws", p, f.application_names))
+        else:
+            where.append(self.sql.app_scope(
+                "ws", p, f.application_names if f.application_names is not None
+                else self.sql.app_name))
+        if f.attributes is not None:
+            # Containment, served by the GIN index idx_workflow_status_attributes.
+            where.append(f"ws.attributes @> {p(f.attributes, 'jsonb')}")
         statuses = f.statuses
         if statuses is None and f.queues_only:
             statuses = QUEUED_STATUSES
@@ -264,25 +278,20 @@ class ControlStatements:
 
     # ---- Application versions ----
 
-    VERSION_COLUMNS = "version_id, version_name, version_timestamp, created_at, application_name"
-
     def list_versions(self) -> Query:
+        """This application's versions and unclaimed ones (all, when it has no name)."""
         p = Params()
         return Query(
-            f"""SELECT {self.VERSION_COLUMNS} FROM {self.table('application_versions')}
-                WHERE {self.sql.global_(None, p)}
+            f"""SELECT {self.sql.VERSION_COLUMNS} FROM {self.table('application_versions')}
+                WHERE {self.sql.global_(None, p)} AND {self.sql.own_scope(None, p)}
                 ORDER BY version_timestamp DESC, version_name""",
             p.values,
         )
 
     def latest_version(self) -> Query:
+        """The newest of this application's own and unclaimed versions."""
         p = Params()
-        return Query(
-            f"""SELECT {self.VERSION_COLUMNS} FROM {self.table('application_versions')}
-                WHERE {self.sql.global_(None, p)}
-                ORDER BY version_timestamp DESC LIMIT 1""",
-            p.values,
-        )
+        return Query(self.sql.latest_version_sql(p), p.values)
 
     def set_latest_version(self, version_name: str, now_ms: int) -> Query:
         """Bump ``version_name`` above every other version (registering it if unknown)."""
@@ -291,15 +300,20 @@ class ControlStatements:
         # Strictly later than the newest, even if the clock is behind a peer's.
         stamp = (f"GREATEST({p(now_ms, 'bigint')}, (SELECT COALESCE(max(version_timestamp), 0) + 1"
                  f" FROM {table} WHERE {self.sql.global_(None, p)}))")
-        name = p(version_name)
+        name, app = p(version_name), p(self.sql.app_name, "text")
+        # Only this application's own or an unclaimed version is bumped (and claimed); one
+        # owned by another application is left alone (the caller then reports it).
         return Query(
             f"""WITH bumped AS (
-                  UPDATE {table} SET version_timestamp = {stamp}
+                  UPDATE {table} SET version_timestamp = {stamp},
+                    application_name = COALESCE(application_name, {app})
                   WHERE {self.sql.global_(None, p)} AND version_name = {name}
+                    AND {self.sql.own_scope(None, p)}
                   RETURNING 1
                 )
-                INSERT INTO {table} (version_id, version_name, version_timestamp, created_at)
-                SELECT gen_random_uuid()::text, {name}, {stamp}, {p(now_ms, 'bigint')}
+                INSERT INTO {table}
+                  (version_id, version_name, version_timestamp, created_at, application_name)
+                SELECT gen_random_uuid()::text, {name}, {stamp}, {p(now_ms, 'bigint')}, {app}
                 WHERE NOT EXISTS (SELECT 1 FROM bumped)
                 ON CONFLICT DO NOTHING""",
             p.values,
@@ -408,7 +422,8 @@ class ControlStatements:
                   name, class_name, config_name, {p(queue_name)}, authenticated_user,
                   assumed_role, authenticated_roles,
                   COALESCE({p(application_version)}, application_version), application_id,
-                  workflow_uuid, serialization, attributes, application_name,
+                  workflow_uuid, serialization, attributes,
+                  COALESCE(application_name, {p(self.sql.app_name, 'text')}),
                   {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0
                 FROM {self.table('workflow_status')}
                 WHERE {self.sql.wf(None, original_id, p)}""",
@@ -666,6 +681,7 @@ class WorkflowControl:
         pool = self.sysdb.pool
         await self._retried("setting the latest application version",
                             lambda: pool.execute(q.sql, *q.params))
+        await self.sysdb.check_version_owner(version_name)
 
     async def run_locked(self, job_name: str, job: Callable[[JobConnection], Awaitable[T]]
                          ) -> tuple[bool, T | None]:

@@ -15,6 +15,7 @@ from typing import TypeVar
 import asyncpg
 
 from dbos_async.errors import (
+    ApplicationOwnershipError,
     NondeterminismError,
     NonExistentWorkflowError,
     WorkflowCancelledError,
@@ -126,10 +127,15 @@ class SystemDatabase:
         connect_timeout: float = 10.0,
         retry_timeout: float = 60.0,
         connection_name: str = "dbos_async",
+        application_name: str | None = None,
     ) -> None:
         self.url = url
         self.schema = schema
         self.sql = self.make_statements(migrations.quote_schema(schema))
+        # Ownership of rows when several applications share this database (see
+        # StatementBase.app_scope); None leaves everything unscoped.
+        self.application_name = application_name
+        self.sql.app_name = application_name
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._connection_name = connection_name
@@ -311,6 +317,27 @@ class SystemDatabase:
             "registering the application version",
             lambda: self.pool.execute(query.sql, *query.params),
         )
+        await self.check_version_owner(version_name)
+
+    async def check_version_owner(self, version_name: str) -> None:
+        """Raise if another application owns ``version_name`` (version names are unique
+        across the applications sharing a system database)."""
+        row = await self._fetchrow(self.sql.version_owner(version_name),
+                                   "reading an application version's owner")
+        self._check_owner("Application version", version_name,
+                          row["application_name"] if row is not None else None)
+
+    def _check_owner(self, kind: str, name: str, current: str | None) -> None:
+        owner = self.application_name
+        if current is None or owner is None or current == owner:
+            return
+        advice = (f"set a distinct application_version for {owner!r}"
+                  if kind == "Application version"
+                  else f"give {owner!r} a different {kind.lower()} name")
+        raise ApplicationOwnershipError(
+            f"{kind} {name!r} is already registered by application {current!r} in this "
+            f"system database; {kind.lower()} names must be unique across the applications "
+            f"sharing it: {advice}")
 
     # ---- Messages, events and streams ----
 
@@ -475,8 +502,12 @@ class SystemDatabase:
 
     async def upsert_queue(self, queue: QueueRecord) -> None:
         query = self.sql.upsert_queue(queue, now_ms())
-        await self._retried(f"registering queue {queue.name!r}",
-                            lambda: self.pool.execute(query.sql, *query.params))
+        row = await self._fetchrow(query, f"registering queue {queue.name!r}")
+        if row is None:  # the name belongs to another application
+            owner = await self._fetchrow(self.sql.queue_owner(queue.name),
+                                         f"reading the owner of queue {queue.name!r}")
+            self._check_owner("Queue", queue.name,
+                              owner["application_name"] if owner is not None else None)
 
     async def list_queues(self, names: Sequence[str] | None = None) -> list[QueueRecord]:
         rows = await self._fetch(self.sql.list_queues(names), "reading queues")

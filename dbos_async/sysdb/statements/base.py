@@ -77,6 +77,8 @@ class NewWorkflow:
     delay_until_epoch_ms: int | None = None
     debounce_deadline_epoch_ms: int | None = None
     is_debounced: bool = False
+    # Custom attributes (a JSON object as text), stored in the jsonb ``attributes`` column.
+    attributes: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,10 @@ class StatementBase:
 
     def __init__(self, quoted_schema: str) -> None:
         self.schema = quoted_schema
+
+    app_name: str | None = None
+    """The application this handle acts for (``application_name``); set by the system
+    database. None leaves every statement unscoped and every row's owner untouched."""
 
     def table(self, name: str) -> str:
         return f"{self.schema}.{name}"
@@ -159,6 +165,44 @@ class StatementBase:
         """A shard-key column to read back with a row, if this schema has one."""
         return None
 
+    # ---- Application ownership (application_name) ----
+
+    def app_scope(self, alias: str | None, p: Params,
+                  names: str | Sequence[str] | None) -> str:
+        """Rows owned by these applications plus unclaimed (NULL) ones, which belong to
+        every application; None or empty matches every row."""
+        if not names:
+            return "TRUE"
+        column = qualify(alias, "application_name")
+        listed = [names] if isinstance(names, str) else list(names)
+        return f"({column} = ANY({p(listed, 'text[]')}) OR {column} IS NULL)"
+
+    def own_scope(self, alias: str | None, p: Params) -> str:
+        """What this application may recover, dequeue, count and list by default: its own
+        rows and unclaimed ones (every row when it has no name)."""
+        return self.app_scope(alias, p, self.app_name)
+
+    VERSION_COLUMNS = "version_id, version_name, version_timestamp, created_at, application_name"
+
+    def latest_version_sql(self, p: Params, columns: str = VERSION_COLUMNS) -> str:
+        """A query for the newest version this application sees: its own plus unclaimed
+        ones (a named peer's deploy does not demote it), or every one when unnamed."""
+        table = self.table("application_versions")
+        if not self.app_name:
+            return (f"SELECT {columns} FROM {table} WHERE {self.global_(None, p)}"
+                    " ORDER BY version_timestamp DESC LIMIT 1")
+        # One probe per eligible owner, each an index seek: an OR filter could scan a long
+        # history of a peer's newer versions. The constant owner stays in the ordering so
+        # the IS NULL probe uses the composite index too.
+        probes = [
+            f"""(SELECT {self.VERSION_COLUMNS} FROM {table}
+                 WHERE {self.global_(None, p)} AND {owner}
+                 ORDER BY application_name, version_timestamp DESC LIMIT 1)"""
+            for owner in (f"application_name = {p(self.app_name)}", "application_name IS NULL")
+        ]
+        return (f"SELECT {columns} FROM ({' UNION ALL '.join(probes)}) latest"
+                " ORDER BY version_timestamp DESC LIMIT 1")
+
     # ---- Fenced writes: one statement locks, checks ownership and writes ----
 
     def _owner_cte(self, workflow_id: str, p: Params) -> str:
@@ -209,6 +253,8 @@ class StatementBase:
             "started_at_epoch_ms": p(started_at_ms, "bigint"),
             "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
             "serialization": p(PORTABLE_JSON, "text"),
+            # Mirrors the workflow: the running application records its steps.
+            "application_name": p(self.app_name, "text"),
         })
         where = "" if source != "owner" else f"WHERE {self._owned(owner_xid, p)}"
         return f"""step AS (

@@ -79,21 +79,42 @@ class QueueStatements(StatementBase):
                  "partition_worker_concurrency": "integer",
                  "partition_rate_limit_max": "integer",
                  "partition_rate_limit_period_sec": "float8", "polling_interval_sec": "float8"}
+        values["application_name"] = self.app_name
         refs = [p(v, casts.get(k, "text")) for k, v in values.items()]
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in QUEUE_COLUMNS if c != "name")
+        table = self.table("queues")
+        # A queue's name is its address, unique across the applications sharing the
+        # database: a named application updates only its own or an unclaimed queue (and
+        # claims the latter); a nameless one leaves the owner as it is. No row comes back
+        # when another application owns the name (see queue_owner).
         return Query(
-            f"""INSERT INTO {self.table('queues')}
+            f"""INSERT INTO {table}
                   ({', '.join(values)}, priority_enabled, created_at, updated_at)
                 -- priority_enabled is vestigial: every queue dispatches in priority order.
                 VALUES ({', '.join(refs)}, TRUE, {p(now_ms, 'bigint')}, {p(now_ms, 'bigint')})
-                ON CONFLICT (name) DO UPDATE SET {updates}, updated_at = EXCLUDED.updated_at""",
+                ON CONFLICT (name) DO UPDATE SET {updates}, updated_at = EXCLUDED.updated_at,
+                  application_name = COALESCE(queues.application_name,
+                                              EXCLUDED.application_name)
+                WHERE queues.application_name IS NULL OR EXCLUDED.application_name IS NULL
+                   OR queues.application_name = EXCLUDED.application_name
+                RETURNING 1""",
+            p.values,
+        )
+
+    def queue_owner(self, name: str) -> Query:
+        p = Params()
+        return Query(
+            f"""SELECT application_name FROM {self.table('queues')}
+                WHERE {self.global_(None, p)} AND name = {p(name)}""",
             p.values,
         )
 
     def list_queues(self, names: Sequence[str] | None) -> Query:
         """The stored queues (those named, or all)."""
         p = Params()
-        named = f"AND name = ANY({p(list(names), 'text[]')})" if names is not None else ""
+        # By name: an address lookup; all: what this application owns (and unclaimed ones).
+        named = (f"AND name = ANY({p(list(names), 'text[]')})" if names is not None
+                 else f"AND {self.own_scope(None, p)}")
         return Query(
             f"""SELECT {', '.join(QUEUE_COLUMNS)} FROM {self.table('queues')}
                 WHERE {self.global_(None, p)} {named} ORDER BY name""",
@@ -111,9 +132,7 @@ class QueueStatements(StatementBase):
         if application_version is None:
             return f"{column} IS NULL"
         version = p(application_version)
-        latest = (f"(SELECT av.version_name FROM {self.table('application_versions')} av"
-                  f" WHERE {self.global_('av', p)}"
-                  " ORDER BY av.version_timestamp DESC LIMIT 1)")
+        latest = f"({self.latest_version_sql(p, 'version_name')})"
         return (f"({column} = {version} OR ({column} IS NULL"
                 f" AND COALESCE({latest}, {version}) = {version}))")
 
@@ -130,7 +149,8 @@ class QueueStatements(StatementBase):
         p = Params()
         return Query(
             f"""SELECT count(*) AS running FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND queue_name = {p(queue_name)}
                   AND status = {p(PENDING)} {self._partition_filter(partition_key, p)}""",
             p.values,
         )
@@ -145,6 +165,8 @@ class QueueStatements(StatementBase):
             f"""SELECT count(*) AS started, min(started_at_epoch_ms) AS oldest
                 FROM {self.table('workflow_status')}
                 WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
+                  -- Count only what this application would dequeue, as the claim does.
+                  AND {self.own_scope(None, p)}
                   AND rate_limited = true
                   AND status <> ALL({p([ENQUEUED, DELAYED], 'text[]')})
                   AND started_at_epoch_ms > {p(since_ms, 'bigint')}
@@ -171,6 +193,7 @@ class QueueStatements(StatementBase):
                 WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
                   AND queue_name = {p(queue_name)}
                   AND {self._version_clause(application_version, p)}
+                  AND {self.own_scope(None, p)}
                   AND name = ANY({p(list(names), 'text[]')})
                   AND {self.claim_gate(queue_name, partition_key, p)}
                   {self._partition_filter(partition_key, p)}
@@ -194,6 +217,7 @@ class QueueStatements(StatementBase):
                 WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
                   AND queue_name = {p(queue_name)}
                   AND {self._version_clause(application_version, p)}
+                  AND {self.own_scope(None, p)}
                   AND NOT (name = ANY({p(list(names) + list(known), 'text[]')}))
                 ORDER BY name, created_at
                 LIMIT {p(limit, 'bigint')}""",
@@ -230,6 +254,9 @@ class QueueStatements(StatementBase):
                                                    {p(application_version)}),
                     started_at_epoch_ms = {now},
                     rate_limited = {p(rate_limited, 'boolean')},
+                    -- Claim an unclaimed row for this application; a nameless dequeuer
+                    -- leaves ownership untouched.
+                    application_name = COALESCE(ws.application_name, {p(self.app_name)}),
                     recovery_attempts = recovery_attempts + 1,
                     updated_at = {now},
                     -- The start-to-close timeout starts now, when the workflow starts.
@@ -238,7 +265,7 @@ class QueueStatements(StatementBase):
                       THEN {now} + LEAST(workflow_timeout_ms, 9223372036854775807 - {now})
                       ELSE workflow_deadline_epoch_ms END
                 WHERE {self.wf_in('ws', workflow_ids, p)} AND status = {p(ENQUEUED)}
-                  AND queue_name = {p(queue_name)} {guard}
+                  AND queue_name = {p(queue_name)} AND {self.own_scope('ws', p)} {guard}
                 RETURNING {CLAIMED_COLUMNS},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.wf_join('wi', 'ws')}) AS inputs""",
@@ -251,7 +278,7 @@ class QueueStatements(StatementBase):
         # partitions, not the depth of the backlog.
         table = self.table("workflow_status")
         q, enq = p(queue_name), p(ENQUEUED)
-        scope = self.scoped(None, p)
+        scope = f"{self.scoped(None, p)} AND {self.own_scope(None, p)}"
         return f"""partitions AS (
               (SELECT queue_partition_key AS pk FROM {table}
                WHERE {scope} AND queue_name = {q} AND status = {enq}
@@ -293,6 +320,7 @@ class QueueStatements(StatementBase):
                   WHERE {self.scoped(None, p)} AND queue_name = {q}
                     AND status = {p(ENQUEUED)} AND queue_partition_key = partitions.pk
                     AND {self._version_clause(application_version, p)}
+                    AND {self.own_scope(None, p)}
                   ORDER BY priority ASC, created_at ASC, workflow_uuid
                   LIMIT 1) head
                 WHERE partitions.pk IS NOT NULL
@@ -319,6 +347,7 @@ class QueueStatements(StatementBase):
             f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
                 WHERE {self.wf_in(None, workflow_ids, p)} AND status = {p(ENQUEUED)}
                   AND queue_name = {q} AND queue_partition_key IS NOT NULL
+                  AND {self.own_scope(None, p)}
                   AND name = ANY({p(list(names), 'text[]')})
                   AND pg_try_advisory_xact_lock(
                         hashtextextended({q} || ':' || queue_partition_key, 0))
@@ -366,6 +395,7 @@ class QueueStatements(StatementBase):
                 WHERE {self.scoped(None, p)} AND status = {p(PENDING)}
                   AND executor_id = {p(executor_id)} AND queue_name IS NOT NULL
                   AND {self._recovery_version(application_version, p)}
+                  AND {self.own_scope(None, p)}
                   AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
                 RETURNING workflow_uuid, queue_name""",
             p.values,
@@ -390,6 +420,7 @@ class QueueStatements(StatementBase):
                 WHERE {self.scoped(None, p)} AND status = {p(PENDING)}
                   AND executor_id = {p(executor_id)}
                   AND {self._recovery_version(application_version, p)}
+                  AND {self.own_scope(None, p)}
                   AND recovery_attempts > {p(max_attempts, 'bigint')}
                   AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
                 RETURNING workflow_uuid""",

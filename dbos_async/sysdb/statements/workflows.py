@@ -59,7 +59,10 @@ class WorkflowStatements(StatementBase):
             "serialization": wf.serialization,
             "creator_xid": creator_xid,
             "owner_xid": owner_xid,
+            "application_name": self.app_name,
         }
+        if wf.attributes is not None:
+            values["attributes"] = wf.attributes
         if wf.queue_name is not None:
             values.update({
                 "deduplication_id": wf.deduplication_id,
@@ -71,7 +74,8 @@ class WorkflowStatements(StatementBase):
         casts = {"created_at": "bigint", "updated_at": "bigint", "recovery_attempts": "bigint",
                  "workflow_timeout_ms": "bigint", "workflow_deadline_epoch_ms": "bigint",
                  "priority": "integer", "delay_until_epoch_ms": "bigint",
-                 "debounce_deadline_epoch_ms": "bigint", "is_debounced": "boolean"}
+                 "debounce_deadline_epoch_ms": "bigint", "is_debounced": "boolean",
+                 "attributes": "jsonb"}
         ctes: list[str] = []
         gate = ""
         if parent is not None:
@@ -123,6 +127,7 @@ class WorkflowStatements(StatementBase):
                 "started_at_epoch_ms": parent.started_at_ms,
                 "completed_at_epoch_ms": parent.started_at_ms,
                 "serialization": PORTABLE_JSON,
+                "application_name": self.app_name,
             }
             step_casts = {"function_id": "integer", "started_at_epoch_ms": "bigint",
                           "completed_at_epoch_ms": "bigint"}
@@ -168,6 +173,8 @@ class WorkflowStatements(StatementBase):
                     updated_at = {p(now_ms, 'bigint')}
                 WHERE {self.scoped('ws', p)}
                   AND status = {p(PENDING)} AND executor_id = {p(executor_id)} AND {version}
+                  -- executor_id defaults to "local", so it collides across applications.
+                  AND {self.own_scope('ws', p)}
                   -- Executions already running here keep their ownership.
                   AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
                 RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
@@ -288,7 +295,8 @@ class WorkflowStatements(StatementBase):
         "assumed_role", "authenticated_roles", "created_at", "updated_at", "recovery_attempts",
         "workflow_timeout_ms", "workflow_deadline_epoch_ms", "started_at_epoch_ms",
         "deduplication_id", "priority", "queue_partition_key", "forked_from",
-        "parent_workflow_id", "serialization", "completed_at",
+        "parent_workflow_id", "serialization", "completed_at", "application_name",
+        "attributes",
     )
 
     def get_workflow(self, workflow_id: str, *, load_input: bool, load_output: bool) -> Query:
@@ -316,13 +324,38 @@ class WorkflowStatements(StatementBase):
     # ---- Application versions ----
 
     def register_version(self, version_name: str, now_ms: int) -> Query:
-        """Record this application version; an existing one keeps its original timestamp."""
+        """Record this application version; an existing one keeps its original timestamp.
+
+        A named application claims an unclaimed (pre-upgrade) row in place; a row another
+        application owns is left alone, and :meth:`version_owner` read afterwards reports
+        the collision. A nameless registrar leaves the owner untouched."""
+        p = Params()
+        table = self.table("application_versions")
+        name, app = p(version_name), p(self.app_name, "text")
+        return Query(
+            f"""WITH claimed AS (
+                  UPDATE {table} SET application_name = {app}
+                  WHERE {self.global_(None, p)} AND version_name = {name}
+                    AND application_name IS NULL AND {app} IS NOT NULL
+                  RETURNING 1
+                )
+                -- Targetless DO NOTHING: absorbs a concurrent registrar under either the
+                -- global or the per-application uniqueness of version names.
+                INSERT INTO {table}
+                  (version_id, version_name, version_timestamp, created_at, application_name)
+                SELECT gen_random_uuid()::text, {name}, {p(now_ms, 'bigint')},
+                       {p(now_ms, 'bigint')}, {app}
+                WHERE NOT EXISTS (SELECT 1 FROM claimed)
+                ON CONFLICT DO NOTHING""",
+            p.values,
+        )
+
+    def version_owner(self, version_name: str) -> Query:
+        """The application owning a version name (no row, or NULL: unclaimed)."""
         p = Params()
         return Query(
-            f"""INSERT INTO {self.table('application_versions')}
-                  (version_id, version_name, version_timestamp, created_at)
-                VALUES (gen_random_uuid()::text, {p(version_name)}, {p(now_ms, 'bigint')},
-                        {p(now_ms, 'bigint')})
-                ON CONFLICT DO NOTHING""",
+            f"""SELECT application_name FROM {self.table('application_versions')}
+                WHERE {self.global_(None, p)} AND version_name = {p(version_name)}
+                ORDER BY application_name NULLS LAST LIMIT 1""",
             p.values,
         )
