@@ -131,7 +131,9 @@ class MessagingStatements(StatementBase):
                     AND NOT EXISTS (
                       SELECT 1 FROM {self.table('operation_outputs')} oo
                       WHERE {self.wf('oo', workflow_id, p)} AND oo.function_id = {fid})
-                  ORDER BY n.created_at_epoch_ms, n.message_uuid
+                  -- created_at has millisecond resolution; within one millisecond the inserting
+                  -- transaction's ID keeps one sender's messages in the order it sent them.
+                  ORDER BY n.created_at_epoch_ms, n.xmin::text::bigint, n.message_uuid
                   LIMIT 1
                   FOR UPDATE SKIP LOCKED
                 ), consumed AS (
