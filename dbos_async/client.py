@@ -15,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine
 from types import TracebackType
 from typing import Any
 
 import asyncpg
 
 from dbos_async.config import DBOSConfig
-from dbos_async.errors import ConfigurationError, DBOSError, NonExistentWorkflowError
-from dbos_async.executor import messaging, operations
+from dbos_async.errors import ConfigurationError, DBOSError
+from dbos_async.executor import messaging
 from dbos_async.executor.context import attributes_json
-from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
-from dbos_async.executor.operations import ApplicationVersion, TimeBound, WorkflowStepInfo
+from dbos_async.executor.handles import WorkflowHandle
+from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import start_notifications, system_database_for
 from dbos_async.executor.queues import (
     DELAYED_KEY,
@@ -46,7 +46,7 @@ from dbos_async.sysdb.statements import DELAYED, ENQUEUED, NewWorkflow
 logger = logging.getLogger("dbos_async")
 
 
-class DBOSClient:
+class DBOSClient(Operator):
     """A client of the workflows in a system database, for processes that run none.
 
     ``async with DBOSClient(system_database_url=...) as client:`` connects, verifies the
@@ -56,6 +56,10 @@ class DBOSClient:
     for when several share the system database: it owns what the client enqueues, queues
     and versions it registers, and scopes listings and versions; it also names the client's
     connections.
+
+    Besides ``enqueue``, ``send(connection=...)`` and ``register_queue``, it has the
+    operator API of :class:`~dbos_async.DBOS` (defined once, in
+    :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON.
     """
 
     def __init__(self, system_database_url: str | None = None, *, schema_name: str = "dbos",
@@ -122,6 +126,11 @@ class DBOSClient:
 
     def interrupt_local(self, workflow_ids: set[str]) -> None:
         return None
+
+    # ---- Operator hooks (see executor/operator.py) ----
+
+    async def _handle(self, workflow_id: str) -> WorkflowHandle[Any]:
+        return WorkflowHandle(self, workflow_id)  # plain JSON: no signature to look up
 
     # ---- Enqueue and send ----
 
@@ -211,175 +220,29 @@ class DBOSClient:
                 await conn.execute("SELECT pg_notify($1, $2)", ENQUEUE_CHANNEL, key)
         return started
 
-    async def send(self, destination_id: str, message: Any, topic: str | None = None,
-                   idempotency_key: str | None = None,
-                   connection: asyncpg.Connection | None = None) -> None:
+    def send(self, destination_id: str, message: Any, topic: str | None = None,
+             idempotency_key: str | None = None,
+             connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
         """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``). With
         ``connection``, the message is inserted in the caller's transaction (in a
         savepoint): it is delivered only if the caller commits; the trigger on
         ``notifications`` wakes the receiver at that commit."""
-        text = to_json(message, "a message")
         if connection is None:
-            await messaging.send(self, None, None, None, destination_id, text, topic,
-                                 idempotency_key)
-            return
+            return super().send(destination_id, message, topic, idempotency_key)
+        return self._send_in_transaction(connection, destination_id,
+                                         to_json(message, "a message"), topic,
+                                         idempotency_key)
+
+    async def _send_in_transaction(self, conn: asyncpg.Connection, destination_id: str,
+                                   text: str, topic: str | None,
+                                   idempotency_key: str | None) -> None:
         stored_topic, message_uuid = messaging.message_address(destination_id, topic,
                                                                idempotency_key)
-        async with connection.transaction():
-            await self.system_database.send_on(connection, destination_id, message_uuid,
+        async with conn.transaction():
+            await self.system_database.send_on(conn, destination_id, message_uuid,
                                                stored_topic, text)
 
-    # ---- Events, streams, handles ----
-
-    async def get_event(self, workflow_id: str, key: str,
-                        timeout: float | None = 60.0) -> Any:  # noqa: ASYNC109
-        """The value of event ``key`` of ``workflow_id`` once it is set, or None after
-        ``timeout`` seconds."""
-        return await messaging.get_event(self, None, None, None, workflow_id, key, timeout)
-
-    async def get_all_events(self, workflow_id: str) -> dict[str, Any]:
-        return await messaging.get_all_events(self, workflow_id)
-
-    def read_stream(self, workflow_id: str, key: str, offset: int = 0) -> AsyncIterator[Any]:
-        """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come."""
-        return messaging.read_stream(self, workflow_id, key, offset)
-
-    async def retrieve_workflow(self, workflow_id: str) -> WorkflowHandle[Any]:
-        """A handle on an existing workflow; ``get_result()`` returns its result as plain
-        JSON values (woken by completion notifications, polling as a fallback)."""
-        if await self.system_database.get_workflow(workflow_id) is None:
-            raise NonExistentWorkflowError(workflow_id)
-        return WorkflowHandle(self, workflow_id)
-
-    async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-        """The first of ``handles`` whose workflow finishes (successfully or not)."""
-        return await messaging.wait_first(handles)
-
-    async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
-        """The results of all ``handles``, in order; raises the first error met."""
-        return await messaging.wait_all(handles)
-
-    async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
-        row = await self.system_database.get_workflow(workflow_id)
-        return WorkflowStatus.from_record(row) if row is not None else None
-
-    # ---- Introspection ----
-
-    async def list_workflows(
-        self,
-        *,
-        workflow_ids: Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        name: str | Sequence[str] | None = None,
-        start_time: TimeBound | None = None,
-        end_time: TimeBound | None = None,
-        queue_name: str | Sequence[str] | None = None,
-        parent_workflow_id: str | Sequence[str] | None = None,
-        forked_from: str | Sequence[str] | None = None,
-        executor_id: str | Sequence[str] | None = None,
-        application_version: str | Sequence[str] | None = None,
-        authenticated_user: str | Sequence[str] | None = None,
-        workflow_id_prefix: str | Sequence[str] | None = None,
-        application_name: str | Sequence[str] | None = None,
-        attributes: dict[str, Any] | None = None,
-        limit: int | None = None,
-        offset: int | None = None,
-        sort_desc: bool = False,
-        load_input: bool = True,
-        load_output: bool = True,
-    ) -> list[WorkflowStatus]:
-        """As ``DBOS.list_workflows``; inputs and outputs are plain JSON."""
-        return await operations.list_workflows(self, operations.workflow_filter(
-            workflow_ids=workflow_ids, status=status, name=name, start_time=start_time,
-            end_time=end_time, queue_name=queue_name, parent_workflow_id=parent_workflow_id,
-            forked_from=forked_from, executor_id=executor_id,
-            application_version=application_version, authenticated_user=authenticated_user,
-            workflow_id_prefix=workflow_id_prefix, application_name=application_name,
-            attributes=attributes, limit=limit, offset=offset,
-            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
-        ))
-
-    async def list_queued_workflows(
-        self,
-        *,
-        queue_name: str | Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        name: str | Sequence[str] | None = None,
-        start_time: TimeBound | None = None,
-        end_time: TimeBound | None = None,
-        executor_id: str | Sequence[str] | None = None,
-        workflow_id_prefix: str | Sequence[str] | None = None,
-        limit: int | None = None,
-        offset: int | None = None,
-        sort_desc: bool = False,
-        load_input: bool = True,
-        load_output: bool = False,
-    ) -> list[WorkflowStatus]:
-        """As ``DBOS.list_queued_workflows``."""
-        return await operations.list_workflows(self, operations.workflow_filter(
-            queue_name=queue_name, status=status, name=name, start_time=start_time,
-            end_time=end_time, executor_id=executor_id,
-            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
-            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
-            queues_only=True,
-        ))
-
-    async def list_workflow_steps(self, workflow_id: str) -> list[WorkflowStepInfo]:
-        steps = await operations.list_steps(self, workflow_id)
-        if not steps and await self.system_database.get_workflow(workflow_id) is None:
-            raise NonExistentWorkflowError(workflow_id)
-        return steps
-
-    # ---- Control ----
-
-    async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
-        await self.cancel_workflows([workflow_id], cancel_children)
-
-    async def cancel_workflows(self, workflow_ids: Sequence[str],
-                               cancel_children: bool = False) -> list[str]:
-        return await operations.cancel(self, list(workflow_ids), cancel_children)
-
-    async def delete_workflow(self, workflow_id: str, delete_children: bool = False) -> None:
-        await self.delete_workflows([workflow_id], delete_children)
-
-    async def delete_workflows(self, workflow_ids: Sequence[str],
-                               delete_children: bool = False) -> None:
-        await operations.delete(self, list(workflow_ids), delete_children)
-
-    async def resume_workflow(self, workflow_id: str,
-                              queue: str | None = None) -> WorkflowHandle[Any]:
-        """As ``DBOS.resume_workflow``: a SUCCESS or ERROR workflow is left as it is."""
-        [handle] = await self.resume_workflows([workflow_id], queue)
-        return handle
-
-    async def resume_workflows(self, workflow_ids: Sequence[str],
-                               queue: str | None = None) -> list[WorkflowHandle[Any]]:
-        ids = list(workflow_ids)
-        await operations.resume(self, ids, queue)
-        return [WorkflowHandle(self, workflow_id) for workflow_id in ids]
-
-    async def fork_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
-        queue: str | None = None, replacement_children: dict[str, str] | None = None,
-        new_workflow_id: str | None = None, workflow_timeout: float | None = None,
-    ) -> WorkflowHandle[Any]:
-        """As ``DBOS.fork_workflow``; the fork's ID is ``new_workflow_id`` or random."""
-        new_id = await operations.fork(
-            self, workflow_id, start_step, fork_id=new_workflow_id,
-            application_version=application_version, queue_name=queue,
-            replacement_children=replacement_children, workflow_timeout=workflow_timeout)
-        return WorkflowHandle(self, new_id)
-
-    async def rewind_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
-        queue: str | None = None,
-    ) -> WorkflowHandle[Any]:
-        """As ``DBOS.rewind_workflow``."""
-        await operations.rewind(self, workflow_id, start_step,
-                                application_version=application_version, queue_name=queue)
-        return WorkflowHandle(self, workflow_id)
-
-    # ---- Queues and versions ----
+    # ---- Queues ----
 
     async def register_queue(
         self,
@@ -406,14 +269,3 @@ class DBOSClient:
     async def list_queues(self) -> list[Queue]:
         """The queues stored in the ``queues`` table."""
         return [Queue.from_record(r) for r in await self.system_database.list_queues()]
-
-    async def list_application_versions(self) -> list[ApplicationVersion]:
-        records = await operations.control(self).list_versions()
-        return [ApplicationVersion.from_record(r) for r in records]
-
-    async def get_latest_application_version(self) -> ApplicationVersion | None:
-        record = await operations.control(self).latest_version()
-        return ApplicationVersion.from_record(record) if record is not None else None
-
-    async def set_latest_application_version(self, version_name: str) -> None:
-        await operations.control(self).set_latest_version(version_name, now_ms())

@@ -6,28 +6,28 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import (
     DBOSError,
-    NonExistentWorkflowError,
     QueueNotFoundError,
     WorkflowNotRegisteredError,
 )
-from dbos_async.executor import maintenance, messaging, operations, patches, recovery, workflows
+from dbos_async.executor import maintenance, messaging, patches, recovery, workflows
 from dbos_async.executor.cancellation import CancellationWatcher
 from dbos_async.executor.context import (
+    WorkflowContext,
     current_workflow,
     take_workflow_id,
     workflow_of_step,
     workflow_timeout,
 )
 from dbos_async.executor.dispatcher import QueueRuntime
-from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
-from dbos_async.executor.operations import ApplicationVersion, WorkflowStepInfo
+from dbos_async.executor.handles import WorkflowHandle
+from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import start_notifications, system_database_for
 from dbos_async.executor.queues import LimiterSpec, Queue, internal_queue
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method
@@ -35,7 +35,7 @@ from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.connection import redact
-from dbos_async.sysdb.database import SystemDatabase, now_ms
+from dbos_async.sysdb.database import SystemDatabase
 
 logger = logging.getLogger("dbos_async")
 
@@ -45,13 +45,17 @@ R = TypeVar("R")
 AsyncFn = Callable[P, Coroutine[Any, Any, R]]
 
 
-class DBOS:
+class DBOS(Operator):
     """One durable-execution executor on one system database.
 
     Decorate workflows and steps with it, then run it as an async context manager: entering
     connects, migrates, registers the application version and recovers this executor's
     pending workflows; leaving lets running workflows finish (up to the grace period), stops
     every task it started and closes every connection. Several instances can share a process.
+
+    The operator API it shares with :class:`~dbos_async.DBOSClient` (handles, ``send``,
+    ``get_event``, listings, cancel, resume, fork, ...) is defined in
+    :class:`~dbos_async.executor.operator.Operator`.
     """
 
     def __init__(self, config: DBOSConfig | None = None, **settings: Any) -> None:
@@ -240,7 +244,7 @@ class DBOS:
         if self.queue_runtime is not None:
             await self.queue_runtime.stop()
 
-    # ---- Starting and retrieving workflows ----
+    # ---- Starting and recovering workflows (retrieve_workflow: see Operator) ----
 
     def start_workflow(
         self, fn: AsyncFn[P, R], /, *args: P.args, **kwargs: P.kwargs
@@ -252,20 +256,6 @@ class DBOS:
         info, full_args = self._workflow_info(fn, args)
         request = self._start_request(info, full_args, kwargs)
         return workflows.start(self, request)
-
-    async def retrieve_workflow(self, workflow_id: str) -> WorkflowHandle[Any]:
-        """A handle on an existing workflow, started by any executor."""
-        self._require_running()
-        row = await self.system_database.get_workflow(workflow_id)
-        if row is None:
-            raise NonExistentWorkflowError(workflow_id)
-        return WorkflowHandle(self, workflow_id, self.running_result(workflow_id),
-                              self.signature_of(row["name"]))
-
-    async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
-        self._require_running()
-        row = await self.system_database.get_workflow(workflow_id)
-        return WorkflowStatus.from_record(row) if row is not None else None
 
     async def recover_pending_workflows(self) -> list[WorkflowHandle[Any]]:
         """Resume this executor's PENDING workflows that are not running here."""
@@ -310,21 +300,7 @@ class DBOS:
             raise DBOSError(f"Workflow {info.name!r} is registered with another DBOS instance")
         return info, args
 
-    # ---- Messages, events, streams and durable sleep ----
-
-    def send(self, destination_id: str, message: Any, topic: str | None = None,
-             idempotency_key: str | None = None) -> Coroutine[Any, Any, None]:
-        """Send ``message`` to workflow ``destination_id`` under ``topic``.
-
-        In a workflow the send is a checkpoint (exactly once); in a step it is not recorded
-        but lands only while the workflow is still owned by this execution; elsewhere it is a
-        plain insert. With ``idempotency_key`` a repeated send delivers once.
-        """
-        text = to_json(message, "a message")
-        ctx = current_workflow()
-        step_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.send(self, ctx, workflow_of_step(), step_id, destination_id, text,
-                              topic, idempotency_key)
+    # ---- Messages, events, streams and durable sleep (send, get_event: see Operator) ----
 
     def recv(self, topic: str | None = None,
              timeout: float | None = 60.0) -> Coroutine[Any, Any, Any]:
@@ -343,19 +319,6 @@ class DBOS:
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.set_event(ctx, workflow_of_step(), step_id, key, text)
 
-    def get_event(self, workflow_id: str, key: str,
-                  timeout: float | None = 60.0) -> Coroutine[Any, Any, Any]:
-        """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset."""
-        ctx = current_workflow()
-        step_id = ctx.allocate_step_id() if ctx is not None else None
-        timeout_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.get_event(self, ctx, step_id, timeout_id, workflow_id, key, timeout)
-
-    async def get_all_events(self, workflow_id: str) -> dict[str, Any]:
-        """Every event of ``workflow_id`` with its latest value (a read, not a checkpoint)."""
-        self._require_running()
-        return await messaging.get_all_events(self, workflow_id)
-
     def write_stream(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
         """Append ``value`` to the current workflow's stream ``key``."""
         text = to_json(value, f"a value of stream {key!r}")
@@ -372,13 +335,6 @@ class DBOS:
                                       messaging.STREAM_CLOSED_SERIALIZED,
                                       messaging.CLOSE_STREAM)
 
-    def read_stream(self, workflow_id: str, key: str, offset: int = 0) -> AsyncIterator[Any]:
-        """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come.
-
-        Ends at the close marker, or when the workflow is finished and nothing more is there.
-        """
-        return messaging.read_stream(self, workflow_id, key, offset)
-
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         """Sleep durably: in a workflow the wake-up time is a checkpoint, so a recovered
         workflow sleeps only what remains."""
@@ -386,187 +342,7 @@ class DBOS:
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.sleep(ctx, step_id, seconds)
 
-    async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-        """The first of ``handles`` whose workflow finishes (successfully or not)."""
-        return await messaging.wait_first(handles)
-
-    async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
-        """The results of all ``handles``, in order; raises the first error met."""
-        return await messaging.wait_all(handles)
-
-    # ---- Operating workflows (see executor/operations.py and sysdb/control.py) ----
-
-    async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
-        """Cancel a workflow (and with ``cancel_children`` every workflow it started,
-        recursively). A finished one keeps its outcome; cancelling twice changes nothing;
-        an unknown ID raises :class:`NonExistentWorkflowError`. A running workflow stops at
-        once (its step or wait is interrupted) and its ``get_result()`` raises
-        :class:`WorkflowCancelledError`."""
-        await self.cancel_workflows([workflow_id], cancel_children=cancel_children)
-
-    async def cancel_workflows(self, workflow_ids: Sequence[str],
-                               cancel_children: bool = False) -> list[str]:
-        """Cancel several workflows in one transaction (all or, if one is unknown, none).
-        Returns the IDs whose status changed."""
-        self._require_running()
-        return await operations.cancel(self, list(workflow_ids), cancel_children)
-
-    async def delete_workflow(self, workflow_id: str, delete_children: bool = False) -> None:
-        """Delete every row of a workflow (status, inputs, outputs, steps, messages,
-        events, streams), and with ``delete_children`` of its descendants. Unknown IDs are
-        ignored."""
-        await self.delete_workflows([workflow_id], delete_children=delete_children)
-
-    async def delete_workflows(self, workflow_ids: Sequence[str],
-                               delete_children: bool = False) -> None:
-        """Delete several workflows, in one transaction."""
-        self._require_running()
-        await operations.delete(self, list(workflow_ids), delete_children)
-
-    async def resume_workflow(self, workflow_id: str,
-                              queue: str | Queue | None = None) -> WorkflowHandle[Any]:
-        """Continue a cancelled, dead-lettered or stuck workflow from its last checkpoint:
-        it is re-enqueued on ``queue`` (default: the internal queue every executor
-        serves), with its recovery attempts and deadline reset. Resuming a SUCCESS or
-        ERROR workflow changes nothing (its handle returns the recorded outcome); an
-        unknown ID raises :class:`NonExistentWorkflowError`."""
-        [handle] = await self.resume_workflows([workflow_id], queue)
-        return handle
-
-    async def resume_workflows(self, workflow_ids: Sequence[str],
-                               queue: str | Queue | None = None) -> list[WorkflowHandle[Any]]:
-        """Resume several workflows in one transaction (all or, if one is unknown, none)."""
-        self._require_running()
-        ids = list(workflow_ids)
-        await operations.resume(self, ids, queue.name if isinstance(queue, Queue) else queue)
-        return [await self.retrieve_workflow(workflow_id) for workflow_id in ids]
-
-    async def fork_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
-        queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
-    ) -> WorkflowHandle[Any]:
-        """Start a new workflow with ``workflow_id``'s inputs whose steps below
-        ``start_step`` replay from copies of the original's checkpoints (and its events
-        and streams up to there); steps from ``start_step`` run again. The new ID comes
-        from ``SetWorkflowID`` or is random (``SetWorkflowTimeout`` gives it a timeout).
-        ``start_step`` must be between 0 and one past the last recorded step.
-        ``replacement_children`` maps child IDs recorded in the copied steps to other
-        workflows to use instead."""
-        self._require_running()
-        new_id = await operations.fork(
-            self, workflow_id, start_step, fork_id=take_workflow_id(),
-            application_version=application_version,
-            queue_name=queue.name if isinstance(queue, Queue) else queue,
-            replacement_children=replacement_children, workflow_timeout=workflow_timeout())
-        return await self.retrieve_workflow(new_id)
-
-    async def rewind_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
-        queue: str | Queue | None = None,
-    ) -> WorkflowHandle[Any]:
-        """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
-        discarded (events rolled back, stream close markers removed, messages consumed
-        since deleted) and it is re-enqueued under the same ID to run them again."""
-        self._require_running()
-        await operations.rewind(self, workflow_id, start_step,
-                                application_version=application_version,
-                                queue_name=queue.name if isinstance(queue, Queue) else queue)
-        return await self.retrieve_workflow(workflow_id)
-
-    async def list_workflows(
-        self,
-        *,
-        workflow_ids: Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        name: str | Sequence[str] | None = None,
-        start_time: operations.TimeBound | None = None,
-        end_time: operations.TimeBound | None = None,
-        queue_name: str | Sequence[str] | None = None,
-        parent_workflow_id: str | Sequence[str] | None = None,
-        forked_from: str | Sequence[str] | None = None,
-        executor_id: str | Sequence[str] | None = None,
-        application_version: str | Sequence[str] | None = None,
-        authenticated_user: str | Sequence[str] | None = None,
-        workflow_id_prefix: str | Sequence[str] | None = None,
-        application_name: str | Sequence[str] | None = None,
-        attributes: dict[str, Any] | None = None,
-        limit: int | None = None,
-        offset: int | None = None,
-        sort_desc: bool = False,
-        load_input: bool = True,
-        load_output: bool = True,
-        queues_only: bool = False,
-    ) -> list[WorkflowStatus]:
-        """Workflows matching every given filter (a list matches any of its values), by
-        creation time (``sort_desc`` for newest first), a page of ``limit`` after
-        ``offset``. ``start_time``/``end_time`` bound ``created_at`` (inclusive).
-        ``load_input``/``load_output`` fill ``input``, ``output`` and ``error``.
-        ``application_name`` lists those applications' workflows (and unclaimed ones);
-        by default this executor's own application's (every one when it has no name).
-        ``attributes`` keeps workflows whose attributes contain the given dict."""
-        self._require_running()
-        return await operations.list_workflows(self, operations.workflow_filter(
-            workflow_ids=workflow_ids, status=status, name=name, start_time=start_time,
-            end_time=end_time, queue_name=queue_name, parent_workflow_id=parent_workflow_id,
-            forked_from=forked_from, executor_id=executor_id,
-            application_version=application_version, authenticated_user=authenticated_user,
-            workflow_id_prefix=workflow_id_prefix, application_name=application_name,
-            attributes=attributes, limit=limit, offset=offset,
-            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
-            queues_only=queues_only,
-        ))
-
-    async def list_queued_workflows(
-        self,
-        *,
-        queue_name: str | Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        name: str | Sequence[str] | None = None,
-        start_time: operations.TimeBound | None = None,
-        end_time: operations.TimeBound | None = None,
-        executor_id: str | Sequence[str] | None = None,
-        workflow_id_prefix: str | Sequence[str] | None = None,
-        limit: int | None = None,
-        offset: int | None = None,
-        sort_desc: bool = False,
-        load_input: bool = True,
-        load_output: bool = False,
-    ) -> list[WorkflowStatus]:
-        """Workflows on a queue that have not finished (DELAYED, ENQUEUED or PENDING
-        unless ``status`` says otherwise), with the filters of :meth:`list_workflows`."""
-        return await self.list_workflows(
-            queue_name=queue_name, status=status, name=name, start_time=start_time,
-            end_time=end_time, executor_id=executor_id,
-            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
-            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
-            queues_only=True,
-        )
-
-    async def list_workflow_steps(self, workflow_id: str) -> list[WorkflowStepInfo]:
-        """The recorded steps (and other checkpoints) of a workflow, by position; an
-        unknown ID raises :class:`NonExistentWorkflowError`."""
-        self._require_running()
-        steps = await operations.list_steps(self, workflow_id)
-        if not steps and await self.system_database.get_workflow(workflow_id) is None:
-            raise NonExistentWorkflowError(workflow_id)
-        return steps
-
-    async def list_application_versions(self) -> list[ApplicationVersion]:
-        """Every registered application version, latest first."""
-        self._require_running()
-        records = await operations.control(self).list_versions()
-        return [ApplicationVersion.from_record(r) for r in records]
-
-    async def get_latest_application_version(self) -> ApplicationVersion | None:
-        """The version with the newest timestamp (None if none is registered)."""
-        self._require_running()
-        record = await operations.control(self).latest_version()
-        return ApplicationVersion.from_record(record) if record is not None else None
-
-    async def set_latest_application_version(self, version_name: str) -> None:
-        """Make ``version_name`` the latest (registering it if it is unknown)."""
-        self._require_running()
-        await operations.control(self).set_latest_version(version_name, now_ms())
+    # ---- Maintenance jobs (see executor/maintenance.py) ----
 
     async def garbage_collect(self, cutoff_epoch_ms: int,
                               batch_size: int | None = None) -> int | None:
@@ -581,6 +357,8 @@ class DBOS:
         cutoff. Returns their IDs, or None if another executor is running the job."""
         self._require_running()
         return await maintenance.run_global_timeout(self, cutoff_epoch_ms)
+
+    # ---- Patches (see executor/patches.py) ----
 
     def patch(self, name: str) -> Coroutine[Any, Any, bool]:
         """In a workflow: True where new executions take the new code path (recorded as a
@@ -641,6 +419,17 @@ class DBOS:
                 if self._state == "new"
                 else "DBOS has been shut down"
             )
+
+    # ---- Operator hooks (see executor/operator.py) ----
+
+    def _require_ready(self) -> None:
+        self._require_running()
+
+    def _contexts(self) -> tuple[WorkflowContext | None, WorkflowContext | None]:
+        return current_workflow(), workflow_of_step()
+
+    def _next_start(self) -> tuple[str | None, float | None]:
+        return take_workflow_id(), workflow_timeout()
 
     # ---- Lifecycle ----
 

@@ -1,4 +1,7 @@
-"""Operating workflows from an executor: cancel, delete, list, steps, application versions.
+"""Operating workflows from an executor or a client: cancel, delete, list, steps, versions.
+
+The public methods over these functions are defined once, in
+:class:`~dbos_async.executor.operator.Operator`.
 
 The SQL lives in :mod:`dbos_async.sysdb.control`; this module turns rows into typed values
 (inputs, outputs and errors deserialized with the registered workflow's signature when this
@@ -18,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from dbos_async.errors import DBOSError, SerializationError
-from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
 from dbos_async.executor.serialization import deserialize_error, from_json
 from dbos_async.sysdb.control import VersionRecord, WorkflowControl, WorkflowFilter
@@ -96,51 +98,6 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
     if isinstance(value, str):
         return [value]
     return list(value)
-
-
-def workflow_filter(
-    *,
-    workflow_ids: Sequence[str] | None = None,
-    status: str | Sequence[str] | None = None,
-    name: str | Sequence[str] | None = None,
-    start_time: TimeBound | None = None,
-    end_time: TimeBound | None = None,
-    queue_name: str | Sequence[str] | None = None,
-    parent_workflow_id: str | Sequence[str] | None = None,
-    forked_from: str | Sequence[str] | None = None,
-    executor_id: str | Sequence[str] | None = None,
-    application_version: str | Sequence[str] | None = None,
-    authenticated_user: str | Sequence[str] | None = None,
-    workflow_id_prefix: str | Sequence[str] | None = None,
-    application_name: str | Sequence[str] | None = None,
-    attributes: dict[str, Any] | None = None,
-    limit: int | None = None,
-    offset: int | None = None,
-    sort_desc: bool = False,
-    load_input: bool = True,
-    load_output: bool = True,
-    queues_only: bool = False,
-) -> WorkflowFilter:
-    """The filter of ``list_workflows`` (executor and client) from its keyword arguments."""
-    return WorkflowFilter(
-        workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
-        statuses=as_list(status),
-        names=as_list(name),
-        start_ms=epoch_ms(start_time, "start_time"),
-        end_ms=epoch_ms(end_time, "end_time"),
-        queue_names=as_list(queue_name),
-        queues_only=queues_only,
-        parent_workflow_ids=as_list(parent_workflow_id),
-        forked_from=as_list(forked_from),
-        executor_ids=as_list(executor_id),
-        application_versions=as_list(application_version),
-        authenticated_users=as_list(authenticated_user),
-        workflow_id_prefixes=as_list(workflow_id_prefix),
-        application_names=as_list(application_name),
-        attributes=attributes_json(attributes),
-        limit=limit, offset=offset, sort_desc=sort_desc,
-        load_input=load_input, load_output=load_output,
-    )
 
 
 # ---- Cancel and delete ----

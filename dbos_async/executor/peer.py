@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 class Peer(Protocol):
     """An executor or a client, connected to a system database."""
 
-    @property
-    def config(self) -> DBOSConfig: ...
+    config: DBOSConfig
 
     @property
     def system_database(self) -> SystemDatabase: ...

@@ -1,0 +1,332 @@
+"""The operator API that an executor (:class:`~dbos_async.DBOS`) and a client
+(:class:`~dbos_async.DBOSClient`) share: handles, events and streams read from outside,
+waits, cancel, delete, resume, fork, rewind, listings and application versions.
+
+:class:`Operator` defines each of these methods once, on top of the
+:class:`~dbos_async.executor.peer.Peer` protocol, as thin wrappers over
+:mod:`~dbos_async.executor.operations` and :mod:`~dbos_async.executor.messaging`. Where an
+executor and a client differ, a small hook decides:
+
+- :meth:`Operator._require_ready`: an executor operates only while running (a client relies
+  on its ``system_database``, which refuses when it is not connected);
+- :meth:`Operator._contexts`: the workflow (or step) the call comes from, so that ``send``
+  and ``get_event`` are checkpoints inside a workflow (a client is never in one);
+- :meth:`Operator._next_start`: the ID and timeout ``SetWorkflowID`` and
+  ``SetWorkflowTimeout`` give a fork (a client takes them as arguments only);
+- :meth:`Operator._handle`: the handle resume, fork and rewind return (an executor looks the
+  workflow up to type its result; a client's handles are plain JSON and need no lookup).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dbos_async.errors import NonExistentWorkflowError
+from dbos_async.executor import messaging, operations
+from dbos_async.executor.context import attributes_json
+from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
+from dbos_async.executor.operations import (
+    ApplicationVersion,
+    TimeBound,
+    WorkflowStepInfo,
+    as_list,
+    epoch_ms,
+)
+from dbos_async.executor.peer import Peer
+from dbos_async.executor.queues import Queue
+from dbos_async.executor.serialization import to_json
+from dbos_async.sysdb.control import WorkflowFilter
+from dbos_async.sysdb.database import now_ms
+
+if TYPE_CHECKING:
+    from dbos_async.executor.context import WorkflowContext
+
+
+def _queue_name(queue: str | Queue | None) -> str | None:
+    """The name of a queue given as a :class:`Queue` or by name."""
+    return queue.name if isinstance(queue, Queue) else queue
+
+
+class Operator(Peer):
+    """The operator API of a peer (an executor or a client) of a system database."""
+
+    # ---- Hooks ----
+
+    def _require_ready(self) -> None:
+        """Raise if this peer cannot operate workflows now."""
+
+    def _contexts(self) -> tuple[WorkflowContext | None, WorkflowContext | None]:
+        """The workflow whose body makes this call, and the workflow whose step makes it
+        (each None when there is none)."""
+        return None, None
+
+    def _next_start(self) -> tuple[str | None, float | None]:
+        """The workflow ID (taken: it is used once) and timeout the context gives the next
+        workflow started here."""
+        return None, None
+
+    async def _handle(self, workflow_id: str) -> WorkflowHandle[Any]:
+        """The handle resume, fork and rewind return on ``workflow_id``."""
+        return await self.retrieve_workflow(workflow_id)
+
+    # ---- Handles and waits ----
+
+    async def retrieve_workflow(self, workflow_id: str) -> WorkflowHandle[Any]:
+        """A handle on an existing workflow, started by any executor. Its ``get_result()``
+        is typed by the registered workflow's signature in an executor that has it, and
+        returns plain JSON values elsewhere (as in a client)."""
+        self._require_ready()
+        row = await self.system_database.get_workflow(workflow_id)
+        if row is None:
+            raise NonExistentWorkflowError(workflow_id)
+        return WorkflowHandle(self, workflow_id, self.running_result(workflow_id),
+                              self.signature_of(row["name"]))
+
+    async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
+        """The status row of ``workflow_id``, or None if there is no such workflow."""
+        self._require_ready()
+        row = await self.system_database.get_workflow(workflow_id)
+        return WorkflowStatus.from_record(row) if row is not None else None
+
+    async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+        """The first of ``handles`` whose workflow finishes (successfully or not)."""
+        return await messaging.wait_first(handles)
+
+    async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
+        """The results of all ``handles``, in order; raises the first error met."""
+        return await messaging.wait_all(handles)
+
+    # ---- Messages, events and streams ----
+
+    def send(self, destination_id: str, message: Any, topic: str | None = None,
+             idempotency_key: str | None = None) -> Coroutine[Any, Any, None]:
+        """Send ``message`` to workflow ``destination_id`` under ``topic``.
+
+        In a workflow the send is a checkpoint (exactly once); in a step it is not recorded
+        but lands only while the workflow is still owned by this execution; elsewhere it is a
+        plain insert. With ``idempotency_key`` a repeated send delivers once.
+        """
+        text = to_json(message, "a message")
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.send(self, ctx, step_ctx, step_id, destination_id, text, topic,
+                              idempotency_key)
+
+    def get_event(self, workflow_id: str, key: str,
+                  timeout: float | None = 60.0) -> Coroutine[Any, Any, Any]:
+        """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset.
+        In a workflow the value seen (or None) is a checkpoint."""
+        ctx, _ = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        timeout_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.get_event(self, ctx, step_id, timeout_id, workflow_id, key, timeout)
+
+    async def get_all_events(self, workflow_id: str) -> dict[str, Any]:
+        """Every event of ``workflow_id`` with its latest value (a read, not a checkpoint)."""
+        self._require_ready()
+        return await messaging.get_all_events(self, workflow_id)
+
+    def read_stream(self, workflow_id: str, key: str, offset: int = 0) -> AsyncIterator[Any]:
+        """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come.
+
+        Ends at the close marker, or when the workflow is finished and nothing more is there.
+        """
+        return messaging.read_stream(self, workflow_id, key, offset)
+
+    # ---- Cancel and delete (see executor/operations.py and sysdb/control.py) ----
+
+    async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
+        """Cancel a workflow (and with ``cancel_children`` every workflow it started,
+        recursively). A finished one keeps its outcome; cancelling twice changes nothing;
+        an unknown ID raises :class:`NonExistentWorkflowError`. A running workflow stops at
+        once (its step or wait is interrupted) and its ``get_result()`` raises
+        :class:`WorkflowCancelledError`."""
+        await self.cancel_workflows([workflow_id], cancel_children=cancel_children)
+
+    async def cancel_workflows(self, workflow_ids: Sequence[str],
+                               cancel_children: bool = False) -> list[str]:
+        """Cancel several workflows in one transaction (all or, if one is unknown, none).
+        Returns the IDs whose status changed."""
+        self._require_ready()
+        return await operations.cancel(self, list(workflow_ids), cancel_children)
+
+    async def delete_workflow(self, workflow_id: str, delete_children: bool = False) -> None:
+        """Delete every row of a workflow (status, inputs, outputs, steps, messages,
+        events, streams), and with ``delete_children`` of its descendants. Unknown IDs are
+        ignored."""
+        await self.delete_workflows([workflow_id], delete_children=delete_children)
+
+    async def delete_workflows(self, workflow_ids: Sequence[str],
+                               delete_children: bool = False) -> None:
+        """Delete several workflows, in one transaction."""
+        self._require_ready()
+        await operations.delete(self, list(workflow_ids), delete_children)
+
+    # ---- Resume, fork and rewind ----
+
+    async def resume_workflow(self, workflow_id: str,
+                              queue: str | Queue | None = None) -> WorkflowHandle[Any]:
+        """Continue a cancelled, dead-lettered or stuck workflow from its last checkpoint:
+        it is re-enqueued on ``queue`` (default: the internal queue every executor
+        serves), with its recovery attempts and deadline reset. Resuming a SUCCESS or
+        ERROR workflow changes nothing (its handle returns the recorded outcome); an
+        unknown ID raises :class:`NonExistentWorkflowError`."""
+        [handle] = await self.resume_workflows([workflow_id], queue)
+        return handle
+
+    async def resume_workflows(self, workflow_ids: Sequence[str],
+                               queue: str | Queue | None = None) -> list[WorkflowHandle[Any]]:
+        """Resume several workflows in one transaction (all or, if one is unknown, none)."""
+        self._require_ready()
+        ids = list(workflow_ids)
+        await operations.resume(self, ids, _queue_name(queue))
+        return [await self._handle(workflow_id) for workflow_id in ids]
+
+    async def fork_workflow(
+        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
+        new_workflow_id: str | None = None, workflow_timeout: float | None = None,
+    ) -> WorkflowHandle[Any]:
+        """Start a new workflow with ``workflow_id``'s inputs whose steps below
+        ``start_step`` replay from copies of the original's checkpoints (and its events
+        and streams up to there); steps from ``start_step`` run again. The new ID is
+        ``new_workflow_id``, else (in an executor) the one ``SetWorkflowID`` gives, else
+        random; its timeout is ``workflow_timeout``, else (in an executor) the one
+        ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
+        last recorded step. ``replacement_children`` maps child IDs recorded in the copied
+        steps to other workflows to use instead."""
+        self._require_ready()
+        context_id, context_timeout = self._next_start()
+        new_id = await operations.fork(
+            self, workflow_id, start_step,
+            fork_id=new_workflow_id if new_workflow_id is not None else context_id,
+            application_version=application_version, queue_name=_queue_name(queue),
+            replacement_children=replacement_children,
+            workflow_timeout=workflow_timeout if workflow_timeout is not None
+            else context_timeout)
+        return await self._handle(new_id)
+
+    async def rewind_workflow(
+        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        queue: str | Queue | None = None,
+    ) -> WorkflowHandle[Any]:
+        """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
+        discarded (events rolled back, stream close markers removed, messages consumed
+        since deleted) and it is re-enqueued under the same ID to run them again."""
+        self._require_ready()
+        await operations.rewind(self, workflow_id, start_step,
+                                application_version=application_version,
+                                queue_name=_queue_name(queue))
+        return await self._handle(workflow_id)
+
+    # ---- Listing ----
+
+    async def list_workflows(
+        self,
+        *,
+        workflow_ids: Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        name: str | Sequence[str] | None = None,
+        start_time: TimeBound | None = None,
+        end_time: TimeBound | None = None,
+        queue_name: str | Sequence[str] | None = None,
+        parent_workflow_id: str | Sequence[str] | None = None,
+        forked_from: str | Sequence[str] | None = None,
+        executor_id: str | Sequence[str] | None = None,
+        application_version: str | Sequence[str] | None = None,
+        authenticated_user: str | Sequence[str] | None = None,
+        workflow_id_prefix: str | Sequence[str] | None = None,
+        application_name: str | Sequence[str] | None = None,
+        attributes: dict[str, Any] | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort_desc: bool = False,
+        load_input: bool = True,
+        load_output: bool = True,
+        queues_only: bool = False,
+    ) -> list[WorkflowStatus]:
+        """Workflows matching every given filter (a list matches any of its values), by
+        creation time (``sort_desc`` for newest first), a page of ``limit`` after
+        ``offset``. ``start_time``/``end_time`` bound ``created_at`` (inclusive).
+        ``load_input``/``load_output`` fill ``input``, ``output`` and ``error`` (typed by
+        the registered workflow's signature in an executor that has it, plain JSON
+        otherwise). ``application_name`` lists those applications' workflows (and
+        unclaimed ones); by default this executor's or client's own application's (every
+        one when it has no name). ``attributes`` keeps workflows whose attributes contain
+        the given dict. ``queues_only`` keeps workflows on a queue that have not finished (as
+        :meth:`list_queued_workflows`)."""
+        self._require_ready()
+        return await operations.list_workflows(self, WorkflowFilter(
+            workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
+            statuses=as_list(status),
+            names=as_list(name),
+            start_ms=epoch_ms(start_time, "start_time"),
+            end_ms=epoch_ms(end_time, "end_time"),
+            queue_names=as_list(queue_name),
+            queues_only=queues_only,
+            parent_workflow_ids=as_list(parent_workflow_id),
+            forked_from=as_list(forked_from),
+            executor_ids=as_list(executor_id),
+            application_versions=as_list(application_version),
+            authenticated_users=as_list(authenticated_user),
+            workflow_id_prefixes=as_list(workflow_id_prefix),
+            application_names=as_list(application_name),
+            attributes=attributes_json(attributes),
+            limit=limit, offset=offset, sort_desc=sort_desc,
+            load_input=load_input, load_output=load_output,
+        ))
+
+    async def list_queued_workflows(
+        self,
+        *,
+        queue_name: str | Sequence[str] | None = None,
+        status: str | Sequence[str] | None = None,
+        name: str | Sequence[str] | None = None,
+        start_time: TimeBound | None = None,
+        end_time: TimeBound | None = None,
+        executor_id: str | Sequence[str] | None = None,
+        workflow_id_prefix: str | Sequence[str] | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+        sort_desc: bool = False,
+        load_input: bool = True,
+        load_output: bool = False,
+    ) -> list[WorkflowStatus]:
+        """Workflows on a queue that have not finished (DELAYED, ENQUEUED or PENDING
+        unless ``status`` says otherwise), with the filters of :meth:`list_workflows`."""
+        return await self.list_workflows(
+            queue_name=queue_name, status=status, name=name, start_time=start_time,
+            end_time=end_time, executor_id=executor_id,
+            workflow_id_prefix=workflow_id_prefix, limit=limit, offset=offset,
+            sort_desc=sort_desc, load_input=load_input, load_output=load_output,
+            queues_only=True,
+        )
+
+    async def list_workflow_steps(self, workflow_id: str) -> list[WorkflowStepInfo]:
+        """The recorded steps (and other checkpoints) of a workflow, by position; an
+        unknown ID raises :class:`NonExistentWorkflowError`."""
+        self._require_ready()
+        steps = await operations.list_steps(self, workflow_id)
+        if not steps and await self.system_database.get_workflow(workflow_id) is None:
+            raise NonExistentWorkflowError(workflow_id)
+        return steps
+
+    # ---- Application versions ----
+
+    async def list_application_versions(self) -> list[ApplicationVersion]:
+        """Every registered application version, latest first."""
+        self._require_ready()
+        records = await operations.control(self).list_versions()
+        return [ApplicationVersion.from_record(r) for r in records]
+
+    async def get_latest_application_version(self) -> ApplicationVersion | None:
+        """The version with the newest timestamp (None if none is registered)."""
+        self._require_ready()
+        record = await operations.control(self).latest_version()
+        return ApplicationVersion.from_record(record) if record is not None else None
+
+    async def set_latest_application_version(self, version_name: str) -> None:
+        """Make ``version_name`` the latest (registering it if it is unknown)."""
+        self._require_ready()
+        await operations.control(self).set_latest_version(version_name, now_ms())
