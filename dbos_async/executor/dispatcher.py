@@ -204,9 +204,11 @@ class QueueDispatcher:
             args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
             if info.is_method:
                 args = (dbos.registry.instance(row.class_name, row.config_name), *args)
-            # Always read: a resumed or forked workflow (by any client; DBOS resets its
-            # recovery_attempts to 0) resumes from its own or copied checkpoints.
-            checkpoints: dict[int, StepRecord] = await sysdb.load_checkpoints(workflow_id)
+            # A resumed or forked workflow continues from its own or copied checkpoints; the
+            # claim said whether there are any, so a fresh one costs no read.
+            checkpoints: dict[int, StepRecord] = (
+                await sysdb.load_checkpoints(workflow_id) if row.has_checkpoints else {}
+            )
         except DBOSError as error:
             # It cannot run anywhere as stored: record why, rather than retry forever.
             logger.error("Queued workflow %s cannot start: %s", workflow_id, error)

@@ -75,6 +75,9 @@ class WorkflowRow:
     deadline_epoch_ms: int | None
     recovery_attempts: int
     inputs: str | None = None
+    # Whether the workflow has recorded steps to load (unknown, so assumed, unless the
+    # statement says).
+    has_checkpoints: bool = True
 
     @classmethod
     def from_record(cls, row: asyncpg.Record) -> WorkflowRow:
@@ -89,6 +92,7 @@ class WorkflowRow:
             deadline_epoch_ms=row["workflow_deadline_epoch_ms"],
             recovery_attempts=row["recovery_attempts"] or 0,
             inputs=row.get("inputs"),
+            has_checkpoints=row.get("has_checkpoints", True),
         )
 
 

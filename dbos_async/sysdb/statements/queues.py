@@ -268,7 +268,10 @@ class QueueStatements(StatementBase):
                   AND queue_name = {p(queue_name)} AND {self.own_scope('ws', p)} {guard}
                 RETURNING {CLAIMED_COLUMNS},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
-                           WHERE {self.wf_join('wi', 'ws')}) AS inputs""",
+                           WHERE {self.wf_join('wi', 'ws')}) AS inputs,
+                          -- A fresh workflow has none: its execution need not load them.
+                          EXISTS (SELECT 1 FROM {self.table('operation_outputs')} oo
+                                  WHERE {self.wf_join('oo', 'ws')}) AS has_checkpoints""",
             p.values,
         )
 
