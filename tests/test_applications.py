@@ -3,7 +3,7 @@ attributes, the client's wait/dedup additions, and timeouts reaching children.
 
 Two executors of different applications share an executor ID (the default ``local``
 collides across applications). Version names are unique across the applications of a
-database (the seed's ``#resolveRowOwner``), so the two run different versions; rows of
+database (as in DBOS Transact), so the two run different versions; rows of
 another application under this executor's own version are written directly, to show that
 only the application scope keeps them apart.
 """

@@ -350,7 +350,7 @@ async def rare_directly(url: str, queue: str, name: str, count: int) -> None:
 
 
 async def test_unversioned_work_goes_to_the_latest_version_only(database_url: str) -> None:
-    """The seed's rule: a claim takes its own version's workflows, and unversioned ones only
+    """DBOS's rule: a claim takes its own version's workflows, and unversioned ones only
     while its version is the latest registered one."""
     old = new_dbos(database_url, application_version="v-old")
     queue = old.queue("versions", polling_interval=0.1)

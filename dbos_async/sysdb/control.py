@@ -66,7 +66,7 @@ def advisory_lock_key(name: str) -> int:
 
 
 def job_lock_key(schema: str, job_name: str) -> int:
-    """The advisory lock key of a background job (as the seed names it, no application)."""
+    """The advisory lock key of a background job, named as DBOS Transact names it."""
     return advisory_lock_key(f"dbos.background_job.{schema}..{job_name}")
 
 
@@ -369,7 +369,7 @@ class ControlStatements:
                 AND created_at < {p(cutoff_ms, 'bigint')}""", now_ms, p)
 
 
-    # ---- Resume, fork, rewind (the seed's resumeWorkflows, forkWorkflows, rewind) ----
+    # ---- Resume, fork, rewind (DBOS Transact's resume, fork and rewind) ----
 
     def resume(self, workflow_ids: Sequence[str], queue_name: str, now_ms: int) -> Query:
         """Put the workflows back on ``queue_name`` as ENQUEUED, with a fresh start (no
@@ -506,7 +506,7 @@ class ControlStatements:
         return queries
 
     def rewind(self, workflow_id: str, start_step: int) -> list[Query]:
-        """Discard what the workflow recorded from ``start_step`` on (the seed's rewind):
+        """Discard what the workflow recorded from ``start_step`` on (DBOS Transact's rewind):
         events published past the cut rolled back to their last value below it (the
         events history is the undo log), stream close markers past the cut removed so the
         replay can append, checkpoints and history past the cut deleted, messages consumed

@@ -123,7 +123,7 @@ class QueueStatements(StatementBase):
 
     def _version_clause(self, application_version: str | None, p: Params,
                         alias: str | None = None) -> str:
-        # The seed's "latest version" rule: a claim takes workflows of this executor's
+        # DBOS's "latest version" rule: a claim takes workflows of this executor's
         # version, and unversioned ones (enqueued by SQL or another client) only while this
         # version is the latest registered one, or none is registered. Once a newer version
         # is registered, an old executor leaves unversioned work to the new one. Read in the
