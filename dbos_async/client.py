@@ -38,6 +38,7 @@ from dbos_async.executor.queues import (
 )
 from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
 from dbos_async.executor.tasks import TaskOwner
+from dbos_async.executor.workflows import check_name
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
@@ -203,11 +204,9 @@ class DBOSClient(Operator):
                                            deduplication_policy)
         if isinstance(started, tuple):  # "return_existing": the holder's handle
             return WorkflowHandle(self, started[0])
-        if not started.created and started.row.name != workflow_name:
-            raise DBOSError(f"Workflow ID {new.workflow_id!r} is already used by workflow "
-                            f"{started.row.name!r}, not {workflow_name!r}")
-        if started.created and connection is None and sysdb.notifications is not None:
-            sysdb.notifications.notify(ENQUEUE_CHANNEL, key)
+        check_name(started, new.workflow_id, workflow_name)
+        if started.created and connection is None:
+            sysdb.notify(ENQUEUE_CHANNEL, key)
         return WorkflowHandle(self, new.workflow_id)
 
     async def _start_in_transaction(self, conn: asyncpg.Connection, new: NewWorkflow,

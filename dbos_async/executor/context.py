@@ -53,10 +53,6 @@ def current_workflow() -> WorkflowContext | None:
     return _workflow.get()
 
 
-def in_step() -> bool:
-    return _in_step.get()
-
-
 def workflow_of_step() -> WorkflowContext | None:
     """Inside a step of a workflow, that workflow's context; else None."""
     return _workflow.get() if _in_step.get() else None

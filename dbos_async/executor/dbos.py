@@ -35,6 +35,7 @@ from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.connection import redact
+from dbos_async.sysdb.control import STREAM_CLOSED_SERIALIZED
 from dbos_async.sysdb.database import SystemDatabase
 
 logger = logging.getLogger("dbos_async")
@@ -332,7 +333,7 @@ class DBOS(Operator):
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key,
-                                      messaging.STREAM_CLOSED_SERIALIZED,
+                                      STREAM_CLOSED_SERIALIZED,
                                       messaging.CLOSE_STREAM)
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:

@@ -29,7 +29,7 @@ from dbos_async.executor.messaging import notify_completion
 from dbos_async.executor.queues import DELAYED_KEY
 from dbos_async.executor.serialization import serialize_error
 from dbos_async.executor.tasks import TaskOwner
-from dbos_async.sysdb.database import Claim, StepRecord, WorkflowRow
+from dbos_async.sysdb.database import Claim, WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.statements import QueueRecord
@@ -60,8 +60,6 @@ class QueueDispatcher:
         self.dbos = dbos
         self.queue = queue
         self.running: dict[str, str | None] = {}  # workflow ID -> partition key
-        self.claimed = 0
-        self.conflicts = 0
         self.rounds = 0
         # Function names reported as enqueued here but not registered (once each).
         self.unregistered: set[str] = set()
@@ -92,7 +90,6 @@ class QueueDispatcher:
                     started, retry_at = await self.claim_once()
                     backoff = 0.0
                 except CONFLICTS as conflict:
-                    self.conflicts += 1
                     backoff = min(max(backoff * 2, 0.005), poll)
                     logger.debug("Queue %s: claim conflict (%s), retrying in %.3fs",
                                  self.queue.name, type(conflict).__name__, backoff)
@@ -189,7 +186,6 @@ class QueueDispatcher:
 
     async def _start(self, claim: Claim) -> None:
         for row, partition_key in claim.rows:
-            self.claimed += 1
             await self._launch(row, partition_key)
 
     async def _launch(self, row: WorkflowRow, partition_key: str | None) -> None:
@@ -201,14 +197,7 @@ class QueueDispatcher:
         try:
             if info is None:  # Filtered out by the claim; kept as a guard.
                 raise DBOSError(f"Workflow {row.name!r} is not registered here")
-            args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
-            if info.is_method:
-                args = (dbos.registry.instance(row.class_name, row.config_name), *args)
-            # A resumed or forked workflow continues from its own or copied checkpoints; the
-            # claim said whether there are any, so a fresh one costs no read.
-            checkpoints: dict[int, StepRecord] = (
-                await sysdb.load_checkpoints(workflow_id) if row.has_checkpoints else {}
-            )
+            execution = await workflows.launch_claimed(dbos, info, row)
         except DBOSError as error:
             # It cannot run anywhere as stored: record why, rather than retry forever.
             logger.error("Queued workflow %s cannot start: %s", workflow_id, error)
@@ -217,8 +206,6 @@ class QueueDispatcher:
                 notify_completion(dbos, workflow_id)
             self._freed()
             return
-        execution = workflows.launch(dbos, info, workflow_id, row.owner_xid, args, kwargs,
-                                     checkpoints, row.deadline_epoch_ms)
         self.running[workflow_id] = partition_key
         execution.result.add_done_callback(lambda _: self._finished(workflow_id))
 
@@ -228,9 +215,7 @@ class QueueDispatcher:
 
     def _freed(self) -> None:
         # A slot is free: wake this dispatcher, and the queue's dispatchers elsewhere.
-        notifications = self.dbos.system_database.notifications
-        if notifications is not None:
-            notifications.notify(ENQUEUE_CHANNEL, self.queue.name)
+        self.dbos.system_database.notify(ENQUEUE_CHANNEL, self.queue.name)
 
 
 class QueueRuntime:

@@ -25,6 +25,7 @@ from dbos_async.executor.serialization import (
     to_json,
 )
 from dbos_async.executor.steps import replay
+from dbos_async.sysdb.control import STREAM_CLOSED_SERIALIZED
 from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 
 NULL_TOPIC = "__null__topic__"
 """The topic of a message sent without one (the same sentinel every DBOS SDK uses)."""
-STREAM_CLOSED_SENTINEL = "__DBOS_STREAM_CLOSED__"
-"""The value that marks a closed stream, as in every DBOS SDK."""
-STREAM_CLOSED_SERIALIZED = to_json(STREAM_CLOSED_SENTINEL, "the stream sentinel")
-"""The sentinel as stored: portable JSON, ``"__DBOS_STREAM_CLOSED__"`` with its quotes."""
 
 SEND = "DBOS.send"
 RECV = "DBOS.recv"
@@ -314,9 +311,7 @@ async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float
 
 def notify_completion(dbos: DBOS, workflow_id: str) -> None:
     """Announce that ``workflow_id`` reached a terminal status (after that committed)."""
-    sysdb = dbos.system_database
-    if sysdb.notifications is not None:
-        sysdb.notifications.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
+    dbos.system_database.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
 
 
 async def _settled(handle: WorkflowHandle[Any]) -> None:

@@ -117,14 +117,12 @@ def announce_cancelled(dbos: Peer, rows: Sequence[tuple[str, str | None]]) -> No
     (handles wake on completion, watchers on the cancel channel, the dispatchers of the
     queues whose slots were freed on the enqueue channel)."""
     dbos.interrupt_local({workflow_id for workflow_id, _ in rows})
-    notifications = dbos.system_database.notifications
-    if notifications is None:
-        return
+    sysdb = dbos.system_database
     for workflow_id, _ in rows:
-        notifications.notify(WORKFLOW_CANCEL_CHANNEL, workflow_id)
-        notifications.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
+        sysdb.notify(WORKFLOW_CANCEL_CHANNEL, workflow_id)
+        sysdb.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
     for queue_name in sorted({queue for _, queue in rows if queue is not None}):
-        notifications.notify(ENQUEUE_CHANNEL, queue_name)
+        sysdb.notify(ENQUEUE_CHANNEL, queue_name)
 
 
 async def delete(dbos: Peer, workflow_ids: Sequence[str], delete_children: bool) -> None:
@@ -211,9 +209,7 @@ async def list_steps(dbos: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
 
 def _announce_enqueued(dbos: Peer, queue_name: str) -> None:
     """After the re-enqueue committed: wake that queue's dispatchers, here and elsewhere."""
-    notifications = dbos.system_database.notifications
-    if notifications is not None:
-        notifications.notify(ENQUEUE_CHANNEL, queue_name)
+    dbos.system_database.notify(ENQUEUE_CHANNEL, queue_name)
 
 
 async def resume(dbos: Peer, workflow_ids: Sequence[str], queue_name: str | None) -> list[str]:

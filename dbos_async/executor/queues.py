@@ -36,7 +36,7 @@ from dbos_async.executor.context import (
 )
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.workflows import _replayed_child, _split_instance
+from dbos_async.executor.workflows import _replayed_child, _split_instance, check_name
 from dbos_async.sysdb.database import StartResult, SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements import (
@@ -405,10 +405,8 @@ def _new_workflow(dbos: DBOS, request: _Request, workflow_id: str, inputs: str,
 
 def _announce(dbos: DBOS, new: NewWorkflow) -> None:
     """Wake dispatchers (or promoters, for a DELAYED workflow) here and elsewhere."""
-    notifications = dbos.system_database.notifications
-    if notifications is not None:
-        key = new.queue_name if new.status == ENQUEUED else DELAYED_KEY
-        notifications.notify(ENQUEUE_CHANNEL, key or "")
+    key = new.queue_name if new.status == ENQUEUED else DELAYED_KEY
+    dbos.system_database.notify(ENQUEUE_CHANNEL, key or "")
 
 
 async def _enqueue(dbos: DBOS, request: _Request) -> WorkflowHandle[Any]:
@@ -442,11 +440,8 @@ async def _enqueue(dbos: DBOS, request: _Request) -> WorkflowHandle[Any]:
     if isinstance(started, tuple):  # "return_existing": the holder's handle
         return WorkflowHandle(dbos, started[0], dbos.running_result(started[0]),
                               dbos.signature_of(started[1]))
-    if not started.created:
-        if started.row.name != info.name:
-            raise DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow "
-                            f"{started.row.name!r}, not {info.name!r}")
-    else:
+    check_name(started, workflow_id, info.name)
+    if started.created:
         _announce(dbos, new)
     return WorkflowHandle(dbos, workflow_id, dbos.running_result(workflow_id),
                           info.signature)
@@ -530,7 +525,8 @@ class Debouncer(Generic[P, R]):
             until = now + int(self.period * 1000)
             bounced = await sysdb.debounce_existing(queue.name, key, info.name, inputs, until)
             if bounced is not None:
-                _wake_promoters(dbos)
+                # Its start moved: wake the promoters.
+                sysdb.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
                 return WorkflowHandle(dbos, bounced, None, info.signature)
             deadline = now + int(self.max_delay * 1000) if self.max_delay is not None else None
             new = _new_workflow(
@@ -549,12 +545,6 @@ class Debouncer(Generic[P, R]):
             _announce(dbos, new)
             return WorkflowHandle(dbos, started.row.workflow_id, None, info.signature)
         raise QueueDeduplicatedError(queue.name, key)
-
-
-def _wake_promoters(dbos: DBOS) -> None:
-    notifications = dbos.system_database.notifications
-    if notifications is not None:
-        notifications.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
 
 
 def internal_queue() -> Queue:

@@ -35,17 +35,11 @@ async def recover_pending(dbos: DBOS) -> list[WorkflowHandle[Any]]:
         try:
             if info is None:
                 raise WorkflowNotRegisteredError(row.workflow_id, row.name)
-            args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
-            if info.is_method:
-                args = (dbos.registry.instance(row.class_name, row.config_name), *args)
-            checkpoints = await sysdb.load_checkpoints(row.workflow_id)
+            execution = await workflows.launch_claimed(dbos, info, row)
         except DBOSError as error:
             logger.error("Cannot recover workflow %s: %s", row.workflow_id, error)
             dbos.recovery_errors.append(error)
             continue
-        assert row.owner_xid is not None
-        execution = workflows.launch(dbos, info, row.workflow_id, row.owner_xid, args, kwargs,
-                                     checkpoints, row.deadline_epoch_ms)
         handles.append(WorkflowHandle(dbos, row.workflow_id, execution.result, info.signature))
     if rows:
         logger.info("Recovered %d of %d pending workflows", len(handles), len(rows))
@@ -69,9 +63,7 @@ async def _dead_letter_and_requeue(dbos: DBOS) -> None:
                      dbos.config.max_recovery_attempts)
         notify_completion(dbos, workflow_id)
     requeued = await sysdb.requeue_pending(executor_id, version, exclude=running)
-    notifications = sysdb.notifications
     for queue_name in {queue for _, queue in requeued}:
-        if notifications is not None:
-            notifications.notify(ENQUEUE_CHANNEL, queue_name)
+        sysdb.notify(ENQUEUE_CHANNEL, queue_name)
     if requeued:
         logger.info("Re-enqueued %d pending queued workflows", len(requeued))

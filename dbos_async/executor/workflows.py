@@ -26,7 +26,7 @@ from dbos_async.executor.messaging import notify_completion
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.serialization import serialize_error
 from dbos_async.executor.steps import replay
-from dbos_async.sysdb.database import StepRecord, now_ms
+from dbos_async.sysdb.database import StartResult, StepRecord, WorkflowRow, now_ms
 from dbos_async.sysdb.statements import PENDING, NewWorkflow, ParentStep
 
 if TYPE_CHECKING:
@@ -67,25 +67,33 @@ def _split_instance(info: WorkflowInfo, args: tuple[Any, ...]) -> tuple[object |
     return args[0], args[1:]
 
 
+def check_name(started: StartResult, workflow_id: str, name: str) -> None:
+    """Raise if the workflow a start found under ``workflow_id`` runs another function."""
+    if not started.created and started.row.name != name:
+        raise DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow "
+                        f"{started.row.name!r}, not {name!r}")
+
+
 async def start(dbos: DBOS, request: StartRequest) -> WorkflowHandle[Any]:
     """Start (or find) a workflow and return its handle; a child start is checkpointed."""
-    info, parent = request.info, request.parent
-    if parent is not None and request.parent_step_id is not None:
-        recorded = parent.checkpoints.get(request.parent_step_id)
+    info, parent, step_id = request.info, request.parent, request.parent_step_id
+    if parent is not None and step_id is not None:
+        recorded = parent.checkpoints.get(step_id)
         if recorded is not None:
-            return _replayed_child(dbos, parent, request.parent_step_id, info, recorded)
+            return _replayed_child(dbos, parent, step_id, info, recorded)
     instance, args = _split_instance(info, request.args)
     config_name = dbos.instance_name(instance) if instance is not None else None
     # Serialized before anything is written, so a bad argument leaves no row behind.
     inputs = info.signature.serialize_inputs(args, request.kwargs)
-    if parent is not None and request.parent_step_id is not None:
-        workflow_id = request.workflow_id or f"{parent.workflow_id}-{request.parent_step_id}"
+    if parent is not None and step_id is not None:
+        workflow_id = request.workflow_id or f"{parent.workflow_id}-{step_id}"
     else:
         workflow_id = request.workflow_id or str(uuid.uuid4())
     created_at = now_ms()
     deadline = parent.deadline_epoch_ms if parent is not None else None
-    if request.timeout is not None:
-        own = created_at + int(request.timeout * 1000)
+    timeout_ms = int(request.timeout * 1000) if request.timeout is not None else None
+    if timeout_ms is not None:
+        own = created_at + timeout_ms
         deadline = own if deadline is None else min(deadline, own)
     creator_xid = str(uuid.uuid4())
     new = NewWorkflow(
@@ -98,23 +106,19 @@ async def start(dbos: DBOS, request: StartRequest) -> WorkflowHandle[Any]:
         created_at_ms=created_at,
         class_name=info.class_name,
         config_name=config_name,
-        timeout_ms=int(request.timeout * 1000) if request.timeout is not None else None,
+        timeout_ms=timeout_ms,
         deadline_epoch_ms=deadline,
         parent_workflow_id=parent.workflow_id if parent is not None else None,
         attributes=workflow_attributes(),
     )
     parent_step = (
-        ParentStep(parent.workflow_id, request.parent_step_id, parent.owner_xid, created_at)
-        if parent is not None and request.parent_step_id is not None
+        ParentStep(parent.workflow_id, step_id, parent.owner_xid, created_at)
+        if parent is not None and step_id is not None
         else None
     )
     started = await dbos.system_database.start_workflow(new, creator_xid, parent_step)
     if not started.created:
-        if started.row.name != info.name:
-            raise DBOSError(
-                f"Workflow ID {workflow_id!r} is already used by workflow "
-                f"{started.row.name!r}, not {info.name!r}"
-            )
+        check_name(started, workflow_id, info.name)
         return WorkflowHandle(dbos, workflow_id, dbos.running_result(workflow_id),
                               info.signature)
     full_args = (instance, *args) if instance is not None else args
@@ -154,6 +158,21 @@ def launch(
     dbos.cancellation.attach(ctx)
     dbos.tasks.spawn(_run(ctx, execution, args, kwargs), name=f"workflow {workflow_id}")
     return execution
+
+
+async def launch_claimed(dbos: DBOS, info: WorkflowInfo, row: WorkflowRow) -> Execution:
+    """Run a workflow this executor has just claimed (by recovery or from a queue) from its
+    checkpoints; raises :class:`DBOSError` if its inputs or instance cannot be resolved."""
+    args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
+    if info.is_method:
+        args = (dbos.registry.instance(row.class_name, row.config_name), *args)
+    # A resumed or forked workflow continues from its own or copied checkpoints; a queue
+    # claim says whether there are any, so a fresh one costs no read.
+    checkpoints = (await dbos.system_database.load_checkpoints(row.workflow_id)
+                   if row.has_checkpoints else {})
+    assert row.owner_xid is not None
+    return launch(dbos, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
+                  row.deadline_epoch_ms)
 
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],

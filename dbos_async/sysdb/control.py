@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import asyncpg
@@ -19,12 +19,11 @@ from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.sysdb.statements import (
+    ACTIVE_STATUSES,
     CANCELLED,
-    DELAYED,
     ENQUEUED,
     ERROR,
     MAX_RECOVERY_ATTEMPTS_EXCEEDED,
-    PENDING,
     PORTABLE_JSON,
     SUCCESS,
     Params,
@@ -41,19 +40,17 @@ JobConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 """The connection a locked job runs its statements on (inside the lock's transaction)."""
 
 TERMINAL_STATUSES = (SUCCESS, ERROR, CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED)
-"""Statuses a workflow never leaves by itself; the retention job deletes only these."""
-IN_FLIGHT_STATUSES = (PENDING, ENQUEUED, DELAYED)
-"""Statuses the global timeout cancels."""
-QUEUED_STATUSES = (DELAYED, ENQUEUED, PENDING)
-"""What ``list_queued_workflows`` lists by default (with a queue name)."""
+"""Statuses a workflow never leaves by itself; the retention job deletes only these. The
+others, ``ACTIVE_STATUSES``, are what the global timeout cancels, what
+``list_queued_workflows`` lists by default and what a rewind refuses."""
 
 PAYLOAD_TABLES = ("workflow_input", "workflow_output", "operation_outputs")
 """Tables of a workflow without a foreign key to workflow_status: deleted explicitly.
 notifications, workflow_events, workflow_events_history and streams cascade."""
 
 STREAM_CLOSED_SERIALIZED = '"__DBOS_STREAM_CLOSED__"'
-"""A stream's close marker as stored (portable JSON), which a rewind removes past the cut
-(the executor writes the same value, executor/messaging.py)."""
+"""A stream's close marker as stored: the sentinel every DBOS SDK uses, in portable JSON.
+``close_stream`` writes it, ``read_stream`` stops at it, a rewind removes it past the cut."""
 
 BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS = 5000
 """A job lock holder idle in its transaction this long (a frozen process) loses its session,
@@ -110,13 +107,6 @@ class VersionRecord:
     version_timestamp: int
     created_at: int
     application_name: str | None = None
-
-
-@dataclass
-class CancelResult:
-    """Which workflows a cancel changed (those already finished or cancelled are left)."""
-
-    cancelled: list[str] = field(default_factory=list)
 
 
 class ControlStatements:
@@ -197,19 +187,8 @@ class ControlStatements:
     def list_workflows(self, f: WorkflowFilter) -> Query:
         """The one listing statement: every filter a parameter, payloads joined on demand."""
         p = Params()
-        columns = [f"ws.{c}" for c in self.sql.STATUS_COLUMNS]
-        joins: list[str] = []
-        if f.load_input:
-            columns.append("COALESCE(wi.inputs, ws.inputs) AS inputs")
-            joins.append(
-                f"LEFT JOIN {self.table('workflow_input')} wi ON {self.sql.wf_join('wi', 'ws')}"
-            )
-        if f.load_output:
-            columns += ["COALESCE(wo.output, ws.output) AS output",
-                        "COALESCE(wo.error, ws.error) AS error"]
-            joins.append(
-                f"LEFT JOIN {self.table('workflow_output')} wo ON {self.sql.wf_join('wo', 'ws')}"
-            )
+        columns, joins = self.sql.status_select(load_input=f.load_input,
+                                                load_output=f.load_output)
         where = [self.sql.scoped("ws", p)]
 
         def any_of(column: str, values: Sequence[str] | None) -> None:
@@ -229,7 +208,7 @@ class ControlStatements:
             where.append(f"ws.attributes @> {p(f.attributes, 'jsonb')}")
         statuses = f.statuses
         if statuses is None and f.queues_only:
-            statuses = QUEUED_STATUSES
+            statuses = ACTIVE_STATUSES
         any_of("status", statuses)
         any_of("name", f.names)
         any_of("queue_name", f.queue_names)
@@ -258,8 +237,8 @@ class ControlStatements:
         if f.offset is not None:
             tail += f" OFFSET {p(f.offset, 'bigint')}"
         return Query(
-            f"""SELECT {', '.join(columns)}
-                FROM {self.table('workflow_status')} ws {' '.join(joins)}
+            f"""SELECT {columns}
+                FROM {self.table('workflow_status')} ws {joins}
                 WHERE {' AND '.join(where)}
                 {tail}""",
             p.values,
@@ -365,7 +344,7 @@ class ControlStatements:
         p = Params()
         return self._cancel_where(
             f"""{self.sql.scoped(None, p)}
-                AND status = ANY({p(list(IN_FLIGHT_STATUSES), 'text[]')})
+                AND status = ANY({p(list(ACTIVE_STATUSES), 'text[]')})
                 AND created_at < {p(cutoff_ms, 'bigint')}""", now_ms, p)
 
 
@@ -610,11 +589,7 @@ class WorkflowControl:
 
         async def run() -> list[tuple[str, str | None]]:
             async with self.sysdb.pool.acquire() as conn, conn.transaction():
-                q = self.sql.existing(ids)
-                found = {r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)}
-                missing = [i for i in ids if i not in found]
-                if missing:
-                    raise NonExistentWorkflowError(", ".join(missing))
+                await self._require_existing(conn, ids)
                 cancelled: list[tuple[str, str | None]] = []
                 visited = set(ids)
                 frontier = ids
@@ -770,7 +745,7 @@ class WorkflowControl:
         async def run() -> None:
             async with self.sysdb.pool.acquire() as conn, conn.transaction():
                 status = await self._locked_for_fork(conn, workflow_id, start_step)
-                if status in IN_FLIGHT_STATUSES:
+                if status in ACTIVE_STATUSES:
                     raise DBOSError(f"Cannot rewind {workflow_id!r} ({status}): only a "
                                     "finished workflow can be rewound; cancel it first")
                 for q in self.sql.rewind(workflow_id, start_step):

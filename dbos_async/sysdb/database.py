@@ -120,7 +120,8 @@ class Outcome:
 
 
 class SystemDatabase:
-    """All SQL on the DBOS system schema, on one asyncpg pool."""
+    """The statements of workflows, messaging and queues, run on one asyncpg pool with
+    retries (the operator's statements are in :mod:`dbos_async.sysdb.control`)."""
 
     def __init__(
         self,
@@ -152,6 +153,13 @@ class SystemDatabase:
     def make_statements(self, quoted_schema: str) -> Statements:
         """The statement builder; a sharded database returns its own."""
         return Statements(quoted_schema)
+
+    def notify(self, channel: str, key: str) -> None:
+        """Announce a committed write: wake the waiters on (channel, key) here now and
+        NOTIFY other processes (see :meth:`NotificationDispatcher.notify`); nothing before
+        the dispatcher is started."""
+        if self.notifications is not None:
+            self.notifications.notify(channel, key)
 
     # ---- Lifecycle ----
 
@@ -343,7 +351,7 @@ class SystemDatabase:
             f"system database; {kind.lower()} names must be unique across the applications "
             f"sharing it: {advice}")
 
-    # ---- Messages, events and streams ----
+    # ---- Fenced writes (steps too), messages, events and streams ----
 
     def _check_fence(self, row: asyncpg.Record | None, workflow_id: str) -> bool:
         """Raise if the fenced write found the workflow gone, cancelled or owned elsewhere."""
@@ -361,12 +369,20 @@ class SystemDatabase:
         """None if this statement recorded the step; else the record already there."""
         if self._check_fence(row, workflow_id):
             return None
-        existing = await self._fetchrow(
+        record = await self._existing_step(workflow_id, function_id, function_name)
+        if record is None:
+            raise RuntimeError(f"Step {function_id} of {workflow_id} vanished while recorded")
+        return record
+
+    async def _existing_step(self, workflow_id: str, function_id: int, function_name: str
+                             ) -> StepRecord | None:
+        """The step recorded at ``function_id`` (None if none), which must be ``function_name``."""
+        row = await self._fetchrow(
             self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
         )
-        if existing is None:
-            raise RuntimeError(f"Step {function_id} of {workflow_id} vanished while recorded")
-        record = _step_record(existing)
+        if row is None:
+            return None
+        record = _step_record(row)
         if record.function_name != function_name:
             raise NondeterminismError(workflow_id, function_id, record.function_name, function_name)
         return record
@@ -415,14 +431,8 @@ class SystemDatabase:
         if row["inserted"]:
             return True, row["message"], row["serialization"]
         if row["recorded"]:
-            existing = await self._fetchrow(
-                self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
-            )
-            if existing is not None:
-                record = _step_record(existing)
-                if record.function_name != "DBOS.recv":
-                    raise NondeterminismError(workflow_id, function_id, record.function_name,
-                                              "DBOS.recv")
+            record = await self._existing_step(workflow_id, function_id, "DBOS.recv")
+            if record is not None:
                 return True, record.output, record.serialization
         return False, None, None
 
@@ -557,7 +567,7 @@ class SystemDatabase:
                     retry_at = max(retry_at or 0, int(row["oldest"]) + window)
                 limit = left if limit is None else min(limit, left)
             if limit is not None and limit <= 0:
-                return Claim([], "limiter", retry_at)
+                return Claim([], retry_at)
             budgets: list[tuple[int | None, str | None]] = [(queue.concurrency, None)]
             if partition_key is not None:
                 budgets.append((queue.partition_concurrency, partition_key))
@@ -569,7 +579,7 @@ class SystemDatabase:
                 left = budget - running
                 limit = left if limit is None else min(limit, left)
             if limit is not None and limit <= 0:
-                return Claim([], "concurrency")
+                return Claim([])
             q = self.sql.select_startable(queue.name, partition_key, names,
                                           application_version, limit, nowait=shared)
             ids = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
@@ -655,10 +665,10 @@ class SystemDatabase:
 
 @dataclass(frozen=True)
 class Claim:
-    """What a queue claim started: the rows (with partition keys), and if none, why."""
+    """What a queue claim started: the rows (with partition keys), and when a rate limit
+    that stopped it frees a slot (epoch ms), if known."""
 
     rows: list[tuple[WorkflowRow, str | None]]
-    stop_reason: str | None = None
     retry_at_ms: int | None = None
 
 

@@ -2,9 +2,9 @@
 the pieces every fenced write shares.
 
 Statements locate a workflow's rows only through the seam (``wf``, ``wf_in``, ``wf_join``,
-``wf_values``, ``key_conflict``, ``scoped``, ``global_``, ``claim_gate``, ``key_column``).
-This base implements the unsharded versions; a sharded subclass adds its shard key to each
-without rewriting a statement. Every value is a parameter; the only text spliced into SQL is the
+``wf_values``, ``key_conflict``, ``scoped``, ``global_``, ``claim_gate``). This base
+implements the unsharded versions; a sharded subclass adds its shard key to each without
+rewriting a statement. Every value is a parameter; the only text spliced into SQL is the
 schema identifier, validated and quoted once.
 """
 
@@ -160,10 +160,6 @@ class StatementBase:
     def claim_gate(self, queue_name: str, partition_key: str | None, p: Params) -> str:
         """Predicate a queue claim must also meet; sharded, it caps claimers per key."""
         return "TRUE"
-
-    def key_column(self, alias: str | None, column: str = "shard_key") -> str | None:
-        """A shard-key column to read back with a row, if this schema has one."""
-        return None
 
     # ---- Application ownership (application_name) ----
 

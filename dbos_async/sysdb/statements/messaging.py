@@ -93,18 +93,6 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def has_message(self, workflow_id: str, topic: str) -> Query:
-        """Whether an unconsumed message for (workflow, topic) is waiting."""
-        p = Params()
-        return Query(
-            f"""SELECT EXISTS (
-                  SELECT 1 FROM {self.table('notifications')}
-                  WHERE {self.wf(None, workflow_id, p, 'destination_uuid')}
-                    AND topic = {p(topic)} AND consumed = false
-                ) AS waiting""",
-            p.values,
-        )
-
     def consume_message(
         self, workflow_id: str, function_id: int, owner_xid: str, topic: str, now_ms: int
     ) -> Query:

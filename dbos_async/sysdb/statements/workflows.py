@@ -299,8 +299,9 @@ class WorkflowStatements(StatementBase):
         "attributes",
     )
 
-    def get_workflow(self, workflow_id: str, *, load_input: bool, load_output: bool) -> Query:
-        p = Params()
+    def status_select(self, *, load_input: bool, load_output: bool) -> tuple[str, str]:
+        """The columns of a status read from ``workflow_status ws``, and the joins of the
+        payload tables they need: inputs and outputs only on request."""
         columns = [f"ws.{c}" for c in self.STATUS_COLUMNS]
         joins = []
         if load_input:
@@ -314,9 +315,14 @@ class WorkflowStatements(StatementBase):
             joins.append(
                 f"LEFT JOIN {self.table('workflow_output')} wo ON {self.wf_join('wo', 'ws')}"
             )
+        return ", ".join(columns), " ".join(joins)
+
+    def get_workflow(self, workflow_id: str, *, load_input: bool, load_output: bool) -> Query:
+        p = Params()
+        columns, joins = self.status_select(load_input=load_input, load_output=load_output)
         return Query(
-            f"""SELECT {', '.join(columns)}
-                FROM {self.table('workflow_status')} ws {' '.join(joins)}
+            f"""SELECT {columns}
+                FROM {self.table('workflow_status')} ws {joins}
                 WHERE {self.wf('ws', workflow_id, p)}""",
             p.values,
         )
