@@ -151,6 +151,8 @@ class StatementBase:
 
     def scoped(self, alias: str | None, p: Params) -> str:
         """Predicate confining a statement that names no single workflow to the current shard."""
+        if shard_keys.current_scope() is not None:
+            raise DBOSError("A shard-key scope was given, but this system database is not sharded")
         return "TRUE"
 
     def global_(self, alias: str | None, p: Params) -> str:
