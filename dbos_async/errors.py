@@ -117,7 +117,9 @@ class RecordedError(DBOSError):
     def __init__(
         self, name: str, message: str, code: int | str | None = None, data: Any = None
     ) -> None:
-        super().__init__(message)
+        # Exception's own initializer, not the next class in the MRO: a RecordedError that is
+        # also a dbos_async error must not run that error's initializer.
+        Exception.__init__(self, message)
         self.name = name
         self.message = message
         self.code = code

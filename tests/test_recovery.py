@@ -33,7 +33,9 @@ from helpers import (
 
 from dbos_async import (
     DBOS,
+    DBOSClient,
     NondeterminismError,
+    RecordedError,
     SetWorkflowID,
     WorkflowHandle,
     WorkflowNotRegisteredError,
@@ -344,6 +346,14 @@ async def test_replay_calling_a_different_step_is_nondeterminism(database_url: s
     error = json.loads(row["stored_error"])
     assert error["name"] == "NondeterminismError"
     assert "charge_card" in error["message"] and "refund_card" in error["message"]
+
+    # Read back from the database by another process, it is still a NondeterminismError.
+    async with DBOSClient(system_database_url=url) as client:
+        with pytest.raises(NondeterminismError) as recorded:
+            await (await client.retrieve_workflow(workflow_id)).get_result()
+    assert isinstance(recorded.value, RecordedError)
+    assert (recorded.value.workflow_id, recorded.value.step_id) == (workflow_id, 0)
+    assert (recorded.value.recorded, recorded.value.called) == ("charge_card", "refund_card")
 
 
 # ---- Unknown workflow on recovery ----

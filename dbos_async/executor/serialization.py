@@ -18,7 +18,8 @@ from typing import Any, get_type_hints
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from dbos_async.errors import RecordedError, SerializationError
+from dbos_async import errors as library_errors
+from dbos_async.errors import DBOSError, RecordedError, SerializationError
 from dbos_async.sysdb.statements import PORTABLE_JSON
 
 
@@ -161,7 +162,8 @@ def serialize_error(error: BaseException) -> str:
     if isinstance(error, RecordedError):
         name, message, code, data = error.name, error.message, error.code, error.data
     else:
-        name, message, code, data = type(error).__name__, str(error), _error_code(error), None
+        name, message, code = type(error).__name__, str(error), _error_code(error)
+        data = _library_error_fields(error) if isinstance(error, DBOSError) else None
     try:
         data = to_jsonable_python(data)
     except (PydanticSerializationError, TypeError, ValueError):
@@ -170,22 +172,42 @@ def serialize_error(error: BaseException) -> str:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-_builtin_error_types: dict[str, type[RecordedError]] = {}
+def _library_error_fields(error: DBOSError) -> dict[str, Any]:
+    """The scalar attributes of one of our own errors (``step_id``, ``recorded``, ...), kept so
+    the error read back from the database carries them too."""
+    return {
+        key: value for key, value in vars(error).items()
+        if not key.startswith("_") and isinstance(value, str | int | float | bool | None)
+    }
+
+
+_recorded_types: dict[str, type[RecordedError]] = {}
+
+
+def _known_exception(name: str) -> type[Exception] | None:
+    """The builtin or dbos_async exception class called ``name``, if there is one."""
+    for namespace in (builtins, library_errors):
+        known = getattr(namespace, name, None)
+        if (isinstance(known, type) and issubclass(known, Exception)
+                and not issubclass(known, RecordedError)):
+            return known
+    return None
 
 
 def _recorded_type(name: str) -> type[RecordedError]:
-    """A RecordedError subclass that is also the builtin exception ``name``, if there is one."""
-    if name in _builtin_error_types:
-        return _builtin_error_types[name]
-    builtin = getattr(builtins, name, None)
+    """A RecordedError subclass that is also the builtin or dbos_async exception ``name``, so
+    ``except ValueError`` or ``except NondeterminismError`` catches the error whether it was
+    raised here or read back from the database."""
+    if name in _recorded_types:
+        return _recorded_types[name]
+    known = _known_exception(name)
     cls: type[RecordedError] = RecordedError
-    if (isinstance(builtin, type) and issubclass(builtin, Exception)
-            and not issubclass(builtin, RecordedError)):
+    if known is not None:
         try:
-            cls = type(name, (RecordedError, builtin), {"__module__": "dbos_async.errors"})
+            cls = type(name, (RecordedError, known), {"__module__": "dbos_async.errors"})
         except TypeError:
             cls = RecordedError  # A builtin whose layout cannot be mixed in.
-    _builtin_error_types[name] = cls
+    _recorded_types[name] = cls
     return cls
 
 
@@ -197,7 +219,13 @@ def deserialize_error(text: str | None, serialization: str | None) -> RecordedEr
     message = str(data.get("message") or "")
     code = data.get("code")
     cls = _recorded_type(name)
+    fields = data.get("data")
     try:
-        return cls(name, message, code if isinstance(code, int | str) else None, data.get("data"))
+        error = cls(name, message, code if isinstance(code, int | str) else None, fields)
     except Exception:
-        return RecordedError(name, message, None, data.get("data"))
+        return RecordedError(name, message, None, fields)
+    if cls is not RecordedError and issubclass(cls, DBOSError) and isinstance(fields, dict):
+        for key, value in fields.items():
+            if isinstance(key, str) and not hasattr(RecordedError, key) and key not in vars(error):
+                setattr(error, key, value)
+    return error
