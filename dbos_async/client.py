@@ -33,7 +33,7 @@ from dbos_async.executor.queues import (
     DedupPolicy,
     LimiterSpec,
     Queue,
-    _check_options,
+    check_options,
     start_deduplicated,
 )
 from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
@@ -172,7 +172,7 @@ class DBOSClient(Operator):
             raise DBOSError("queue_name must be a non-empty string")
         if not isinstance(workflow_name, str) or not workflow_name:
             raise DBOSError("workflow_name must be a non-empty string")
-        _check_options({"priority": priority, "delay": delay, "timeout": timeout,
+        check_options({"priority": priority, "delay": delay, "timeout": timeout,
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
                         "partition_key": partition_key})

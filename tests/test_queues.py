@@ -183,6 +183,53 @@ async def test_debounce_is_bounded_by_max_delay(database_url: str) -> None:
         assert row["debounce_deadline_epoch_ms"] - row["created_at"] <= 600 + 50
 
 
+async def test_debounce_from_a_workflow_is_checkpointed(database_url: str) -> None:
+    """A replayed workflow gets the handles its debounces returned, instead of debouncing
+    again after the burst has run (which would start a second workflow)."""
+
+    def register(dbos: DBOS, release: asyncio.Event) -> tuple[Any, list[str], list[str]]:
+        queue = dbos.queue("bounce-in-workflow", polling_interval=0.2)
+        wfs, log = with_workflows(dbos)
+        reached: list[str] = []
+        debouncer = queue.debouncer(wfs["echo"], period=0.3)
+
+        @dbos.step(name="gate")
+        async def gate() -> None:
+            reached.append("gate")
+            await release.wait()
+
+        @dbos.workflow(name="bouncing_parent")
+        async def bouncing_parent() -> list[str]:
+            handles = [await debouncer.debounce("key", text) for text in ("a", "b")]
+            await gate()
+            return [h.workflow_id for h in handles]
+
+        return bouncing_parent, log, reached
+
+    first = new_dbos(database_url, shutdown_grace_period=0)
+    bouncing_parent, log, reached = register(first, asyncio.Event())
+    async with first:
+        with SetWorkflowID("bouncing-parent"):
+            await first.start_workflow(bouncing_parent)
+
+        async def burst_ran() -> bool:
+            return reached == ["gate"] and log == ["b"]
+
+        await wait_until(burst_ran, what="the parent at its gate and the burst run")
+    second = new_dbos(database_url)
+    release = asyncio.Event()
+    release.set()
+    _, replay_log, _ = register(second, release)
+    async with second:
+        ids = await (await second.retrieve_workflow("bouncing-parent")).get_result()
+    assert replay_log == []
+    [debounced] = await fetch(database_url, "SELECT workflow_uuid, status FROM dbos.workflow_status"
+                                            " WHERE name = 'echo'")
+    assert ids == [debounced["workflow_uuid"]] * 2 and debounced["status"] == "SUCCESS"
+    steps = await child_steps(database_url, "bouncing-parent")
+    assert steps == [("echo", ids[0], False), ("echo", ids[0], False), ("gate", None, False)]
+
+
 async def test_enqueue_from_a_workflow_is_replayed_without_duplicates(
         database_url: str) -> None:
     first = new_dbos(database_url, shutdown_grace_period=0)
@@ -224,6 +271,73 @@ async def test_enqueue_from_a_workflow_is_replayed_without_duplicates(
                                          "WHERE parent_workflow_id = 'the-parent' "
                                          "AND queue_name = 'children'")
     assert [r["workflow_uuid"] for r in children] == ["the-parent-0"]
+
+
+async def test_deduplication_inside_a_workflow_is_replayed(database_url: str) -> None:
+    """A replay gets what deduplication gave the first execution (the rejection, the holder's
+    handle), even though the holder has finished and the ID is free by then."""
+
+    def register(dbos: DBOS, release: asyncio.Event) -> tuple[Queue, Any, Any, list[str]]:
+        queue = dbos.queue("dedup-in-workflow", polling_interval=0.2)
+        wfs, log = with_workflows(dbos)
+        reached: list[str] = []
+
+        @dbos.step(name="gate")
+        async def gate() -> None:
+            reached.append("gate")
+            await release.wait()
+
+        @dbos.workflow(name="dedup_parent")
+        async def dedup_parent() -> list[str]:
+            outcome = "enqueued"
+            try:
+                with SetEnqueueOptions(deduplication_id="d-1"):
+                    await queue.enqueue(wfs["echo"], "rejected")
+            except QueueDeduplicatedError as error:
+                outcome = f"rejected while {error.workflow_id} held it"
+            with SetEnqueueOptions(deduplication_id="d-1",
+                                   deduplication_policy="return_existing"):
+                existing = await queue.enqueue(wfs["echo"], "returned")
+            await gate()
+            return [outcome, existing.workflow_id]
+
+        wfs["reached"] = reached
+        return queue, wfs, dedup_parent, log
+
+    first = new_dbos(database_url, shutdown_grace_period=0)
+    queue, wfs, dedup_parent, _ = register(first, asyncio.Event())
+    async with first:
+        with SetWorkflowID("dedup-holder"), SetEnqueueOptions(deduplication_id="d-1"):
+            await queue.enqueue(wfs["blocker"], "holder")
+        with SetWorkflowID("dedup-parent"):
+            await first.start_workflow(dedup_parent)
+
+        async def at_gate() -> bool:
+            return wfs["reached"] == ["gate"]
+
+        await wait_until(at_gate, what="the parent to reach its gate")
+        await first.cancel_workflow("dedup-holder")  # frees the deduplication ID
+    second = new_dbos(database_url)
+    release = asyncio.Event()
+    release.set()
+    _, _, _, log = register(second, release)
+    async with second:
+        result = await (await second.retrieve_workflow("dedup-parent")).get_result()
+    assert result == ["rejected while dedup-holder held it", "dedup-holder"]
+    assert log == []  # neither enqueue ran anything on replay
+    workflows = await fetch(database_url, "SELECT workflow_uuid, status FROM dbos.workflow_status"
+                                          " ORDER BY workflow_uuid")
+    assert [tuple(r) for r in workflows] == [("dedup-holder", "CANCELLED"),
+                                             ("dedup-parent", "SUCCESS")]
+    steps = await child_steps(database_url, "dedup-parent")
+    assert steps == [("echo", None, True), ("echo", "dedup-holder", False), ("gate", None, False)]
+
+
+async def child_steps(url: str, workflow_id: str) -> list[tuple[str, str | None, bool]]:
+    rows = await fetch(url, "SELECT function_name, child_workflow_id, error IS NOT NULL AS err "
+                            "FROM dbos.operation_outputs WHERE workflow_uuid = $1 "
+                            "ORDER BY function_id", workflow_id)
+    return [(r["function_name"], r["child_workflow_id"], r["err"]) for r in rows]
 
 
 async def test_recovery_reenqueues_and_dead_letters(database_url: str) -> None:

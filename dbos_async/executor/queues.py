@@ -36,7 +36,8 @@ from dbos_async.executor.context import (
 )
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.workflows import _replayed_child, _split_instance, check_name
+from dbos_async.executor.serialization import serialize_error
+from dbos_async.executor.workflows import check_name, replayed_child, split_instance
 from dbos_async.sysdb.database import StartResult, SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements import (
@@ -315,7 +316,7 @@ class SetEnqueueOptions:
             "partition_key": partition_key, "delay": delay,
             "application_version": application_version, "timeout": timeout,
         }.items() if v is not self._UNSET}
-        _check_options(given)
+        check_options(given)
         self._given = given
 
     def __enter__(self) -> SetEnqueueOptions:
@@ -326,7 +327,7 @@ class SetEnqueueOptions:
         _enqueue_options.reset(self._token)
 
 
-def _check_options(given: dict[str, Any]) -> None:
+def check_options(given: dict[str, Any]) -> None:
     priority = given.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int) \
             or not 0 <= priority <= 2**31 - 1:
@@ -415,9 +416,9 @@ async def _enqueue(dbos: DBOS, request: _Request) -> WorkflowHandle[Any]:
     if parent is not None and request.parent_step_id is not None:
         recorded = parent.checkpoints.get(request.parent_step_id)
         if recorded is not None:
-            return _replayed_child(dbos, parent, request.parent_step_id, info, recorded)
+            return replayed_child(dbos, parent, request.parent_step_id, info, recorded)
     _check_partition(queue, options.partition_key)
-    instance, args = _split_instance(info, request.args)
+    instance, args = split_instance(info, request.args)
     config_name = dbos.instance_name(instance) if instance is not None else None
     # Serialized before anything is written, so a bad argument leaves no row behind.
     inputs = info.signature.serialize_inputs(args, request.kwargs)
@@ -434,10 +435,17 @@ async def _enqueue(dbos: DBOS, request: _Request) -> WorkflowHandle[Any]:
         if parent is not None and request.parent_step_id is not None else None
     )
     sysdb = dbos.system_database
-    started = await start_deduplicated(
-        sysdb, lambda: sysdb.start_workflow(new, str(uuid.uuid4()), parent_step),
-        queue.name, options.deduplication_id, options.deduplication_policy)
+    try:
+        started = await start_deduplicated(
+            sysdb, lambda: sysdb.start_workflow(new, str(uuid.uuid4()), parent_step),
+            queue.name, options.deduplication_id, options.deduplication_policy)
+    except QueueDeduplicatedError as rejected:
+        if parent is not None and parent_step is not None:
+            await _record_child_step(dbos, parent, parent_step, info, error=rejected)
+        raise
     if isinstance(started, tuple):  # "return_existing": the holder's handle
+        if parent is not None and parent_step is not None:
+            return await _record_child_step(dbos, parent, parent_step, info, child=started)
         return WorkflowHandle(dbos, started[0], dbos.running_result(started[0]),
                               dbos.signature_of(started[1]))
     check_name(started, workflow_id, info.name)
@@ -445,6 +453,30 @@ async def _enqueue(dbos: DBOS, request: _Request) -> WorkflowHandle[Any]:
         _announce(dbos, new)
     return WorkflowHandle(dbos, workflow_id, dbos.running_result(workflow_id),
                           info.signature)
+
+
+async def _record_child_step(
+    dbos: DBOS, parent: WorkflowContext, step: ParentStep, info: WorkflowInfo, *,
+    error: QueueDeduplicatedError | None = None, child: tuple[str, str] | None = None,
+) -> WorkflowHandle[Any]:
+    """Checkpoint an enqueue of a workflow that started no child of its own (deduplication
+    rejected it or returned the holder; a debounce joined a burst), so a replay does the
+    same even after that workflow has finished; returns the (ID, name) ``child``'s handle,
+    or raises ``error``."""
+    existing = await dbos.system_database.record_step(
+        parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
+        error=serialize_error(error) if error is not None else None,
+        started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
+        child_workflow_id=child[0] if child is not None else None,
+    )
+    if existing is not None:  # Another execution of the parent recorded this step first.
+        return replayed_child(dbos, parent, step.function_id, info, existing)
+    if error is not None:
+        raise error
+    assert child is not None
+    child_id, child_name = child
+    return WorkflowHandle(dbos, child_id, dbos.running_result(child_id),
+                          dbos.signature_of(child_name))
 
 
 async def start_deduplicated(
@@ -477,17 +509,17 @@ class Debouncer(Generic[P, R]):
     on this queue has not started yet, it gets these arguments and its start moves to
     ``period`` seconds from now, but never past ``max_delay`` seconds after the first call
     of the burst; otherwise a new workflow is enqueued to start in ``period`` seconds.
-    Returns the handle of the workflow that will run. Not a checkpoint: call it from a step
-    or outside workflows.
+    Returns the handle of the workflow that will run. From a workflow body the handle is
+    checkpointed, so a replay returns it without debouncing again.
     """
 
     def __init__(self, queue: Queue, fn: Callable[P, Coroutine[Any, Any, R]], period: float,
                  max_delay: float | None) -> None:
-        _check_options({"delay": period})
+        check_options({"delay": period})
         if not period > 0:
             raise DBOSError(f"A debounce period must be positive, got {period!r}")
         if max_delay is not None:
-            _check_options({"delay": max_delay})
+            check_options({"delay": max_delay})
         self.queue = queue
         self.fn = fn
         self.period = float(period)
@@ -495,9 +527,6 @@ class Debouncer(Generic[P, R]):
 
     def debounce(self, key: str, /, *args: P.args,
                  **kwargs: P.kwargs) -> Coroutine[Any, Any, WorkflowHandle[R]]:
-        if current_workflow() is not None:
-            raise DBOSError("debounce is not a checkpoint: call it from a step or outside "
-                            "workflows")
         if not isinstance(key, str) or not key:
             raise DBOSError("A debounce key must be a non-empty string")
         dbos = self.queue.dbos
@@ -510,13 +539,29 @@ class Debouncer(Generic[P, R]):
             timeout=options.timeout if options.timeout is not None else workflow_timeout(),
             parent=None, parent_step_id=None,
         )
-        return self._debounce(dbos, request, key)
+        parent = current_workflow()
+        if parent is None:
+            return self._debounce(dbos, request, key)
+        # Its position is fixed at the call, as for any step.
+        return self._debounce_in(parent, parent.allocate_step_id(), dbos, request, key)
+
+    async def _debounce_in(self, parent: WorkflowContext, step_id: int, dbos: DBOS,
+                           request: _Request, key: str) -> WorkflowHandle[Any]:
+        """A debounce from a workflow body, checkpointed as the handle it returned (at least
+        once: a crash before the checkpoint debounces again on replay)."""
+        recorded = parent.checkpoints.get(step_id)
+        if recorded is not None:
+            return replayed_child(dbos, parent, step_id, request.info, recorded)
+        step = ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms())
+        handle = await self._debounce(dbos, request, key)
+        return await _record_child_step(dbos, parent, step, request.info,
+                                        child=(handle.workflow_id, request.info.name))
 
     async def _debounce(self, dbos: DBOS, request: _Request, key: str) -> WorkflowHandle[Any]:
         dbos._require_running()
         queue, info = self.queue, request.info
         _check_partition(queue, request.options.partition_key)
-        instance, args = _split_instance(info, request.args)
+        instance, args = split_instance(info, request.args)
         config_name = dbos.instance_name(instance) if instance is not None else None
         inputs = info.signature.serialize_inputs(args, request.kwargs)
         sysdb = dbos.system_database

@@ -24,8 +24,7 @@ from dbos_async.executor.context import WorkflowContext, running_workflow, workf
 from dbos_async.executor.handles import WorkflowHandle, outcome_value
 from dbos_async.executor.messaging import notify_completion
 from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.serialization import serialize_error
-from dbos_async.executor.steps import replay
+from dbos_async.executor.serialization import deserialize_error, serialize_error
 from dbos_async.sysdb.database import StartResult, StepRecord, WorkflowRow, now_ms
 from dbos_async.sysdb.statements import PENDING, NewWorkflow, ParentStep
 
@@ -58,7 +57,7 @@ class StartRequest:
     parent_step_id: int | None
 
 
-def _split_instance(info: WorkflowInfo, args: tuple[Any, ...]) -> tuple[object | None,
+def split_instance(info: WorkflowInfo, args: tuple[Any, ...]) -> tuple[object | None,
                                                                         tuple[Any, ...]]:
     if not info.is_method:
         return None, args
@@ -80,8 +79,8 @@ async def start(dbos: DBOS, request: StartRequest) -> WorkflowHandle[Any]:
     if parent is not None and step_id is not None:
         recorded = parent.checkpoints.get(step_id)
         if recorded is not None:
-            return _replayed_child(dbos, parent, step_id, info, recorded)
-    instance, args = _split_instance(info, request.args)
+            return replayed_child(dbos, parent, step_id, info, recorded)
+    instance, args = split_instance(info, request.args)
     config_name = dbos.instance_name(instance) if instance is not None else None
     # Serialized before anything is written, so a bad argument leaves no row behind.
     inputs = info.signature.serialize_inputs(args, request.kwargs)
@@ -127,16 +126,19 @@ async def start(dbos: DBOS, request: StartRequest) -> WorkflowHandle[Any]:
     return WorkflowHandle(dbos, workflow_id, execution.result, info.signature)
 
 
-def _replayed_child(dbos: DBOS, parent: WorkflowContext, step_id: int, info: WorkflowInfo,
-                    recorded: StepRecord) -> WorkflowHandle[Any]:
-    if recorded.child_workflow_id is None:
-        # Raises the nondeterminism error naming both steps.
-        replay(parent, step_id, f"child workflow {info.name}", recorded, info.signature)
-        raise DBOSError(f"Step {step_id} of {parent.workflow_id} recorded no child workflow")
-    # A child start records no output of its own: check the name only; the result is the
-    # child's, read through its handle.
+def replayed_child(dbos: DBOS, parent: WorkflowContext, step_id: int, info: WorkflowInfo,
+                   recorded: StepRecord) -> WorkflowHandle[Any]:
+    """The handle a replayed child start returns, or the error it raised the first time.
+
+    A child start records no output of its own: only the name is checked; the result is the
+    child's, read through its handle.
+    """
     if recorded.function_name != info.name:
         raise NondeterminismError(parent.workflow_id, step_id, recorded.function_name, info.name)
+    if recorded.error is not None:  # An enqueue its deduplication ID rejected.
+        raise deserialize_error(recorded.error, recorded.serialization)
+    if recorded.child_workflow_id is None:
+        raise DBOSError(f"Step {step_id} of {parent.workflow_id} recorded no child workflow")
     child_id = recorded.child_workflow_id
     return WorkflowHandle(dbos, child_id, dbos.running_result(child_id), info.signature)
 

@@ -264,6 +264,7 @@ class SystemDatabase:
         error: str | None,
         started_at_ms: int,
         completed_at_ms: int,
+        child_workflow_id: str | None = None,
     ) -> StepRecord | None:
         """Checkpoint a step; returns the existing record if one was already there.
 
@@ -272,7 +273,7 @@ class SystemDatabase:
         """
         query = self.sql.record_step(
             workflow_id, function_id, function_name, owner_xid, output, error,
-            started_at_ms, completed_at_ms,
+            started_at_ms, completed_at_ms, child_workflow_id,
         )
         row = await self._fetchrow(query, f"checkpointing step {function_id} of {workflow_id}")
         return await self._recorded_or_existing(row, workflow_id, function_id, function_name)

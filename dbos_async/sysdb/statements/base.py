@@ -235,6 +235,7 @@ class StatementBase:
         started_at_ms: int,
         completed_at_ms: int,
         error: str | None = None,
+        child_workflow_id: str | None = None,
         output_sql: str | None = None,
         source: str = "owner",
     ) -> str:
@@ -248,6 +249,7 @@ class StatementBase:
             "function_name": p(function_name, "text"),
             "output": output_sql if output_sql is not None else p(output, "text"),
             "error": p(error, "text"),
+            "child_workflow_id": p(child_workflow_id, "text"),
             "started_at_epoch_ms": p(started_at_ms, "bigint"),
             "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
             "serialization": p(PORTABLE_JSON, "text"),

@@ -206,6 +206,7 @@ class WorkflowStatements(StatementBase):
         error: str | None,
         started_at_ms: int,
         completed_at_ms: int,
+        child_workflow_id: str | None = None,
     ) -> Query:
         """Fence, notice cancellation and record a step's outcome, in one round trip.
 
@@ -218,7 +219,8 @@ class WorkflowStatements(StatementBase):
         owner = self._owner_cte(workflow_id, p)
         step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
                               output=output, error=error, started_at_ms=started_at_ms,
-                              completed_at_ms=completed_at_ms)
+                              completed_at_ms=completed_at_ms,
+                              child_workflow_id=child_workflow_id)
         return Query(f"WITH {owner}, {step} {self._verdict(owner_xid, 'step', p)}", p.values)
 
     def get_checkpoint(self, workflow_id: str, function_id: int) -> Query:
