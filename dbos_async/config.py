@@ -69,7 +69,8 @@ class DBOSConfig(BaseModel):
     listening_poll_interval: float = Field(
         10.0, gt=0,
         description="Longest wait between reads while LISTEN/NOTIFY is live: a safety net for "
-        "writers that send no notification (raw SQL, older clients).",
+        "writers that send no notification (raw SQL, other SDKs). recv needs none: the "
+        "trigger on notifications notifies every insert.",
     )
     max_polling_queries: int | None = Field(
         None, ge=1, description="Concurrent polling reads of waiters; default pool_size // 2."

@@ -9,6 +9,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from helpers import wait_until
 
 from dbos_async import DBOS, SetWorkflowID
 from dbos_async.sysdb.notifications import (
@@ -44,7 +45,10 @@ async def test_register_then_notify_is_never_lost(database_url: str,
     async with make(database_url) as dbos:
         dispatcher = dispatcher_of(dbos)
         assert dispatcher.listening
-        assert dispatcher.wait_cap() == dispatcher.listening_poll_interval
+        events = [(WORKFLOW_EVENTS_CHANNEL, "wf::k")]
+        assert dispatcher.wait_cap(events) == dispatcher.listening_poll_interval
+        # Messages: the trigger notifies every insert, so no periodic re-read.
+        assert dispatcher.wait_cap([(NOTIFICATIONS_CHANNEL, "wf::t")]) is None
         # The queue dispatchers' own waiters (DBOS's internal queue, the delayed promoter).
         background = dispatcher.waiter_count()
         with dispatcher.register(WORKFLOW_EVENTS_CHANNEL, "wf::k") as waiter:
@@ -131,7 +135,8 @@ async def test_polling_mode_has_no_listener(database_url: str,
 
     async with dbos:
         dispatcher = dispatcher_of(dbos)
-        assert not dispatcher.listening and dispatcher.wait_cap() == 0.1
+        assert not dispatcher.listening
+        assert dispatcher.wait_cap([(NOTIFICATIONS_CHANNEL, "r::t")]) == 0.1
         listening = await conn.fetchval(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'polling_exec' "
             "AND query ILIKE 'LISTEN%'")
@@ -144,6 +149,50 @@ async def test_polling_mode_has_no_listener(database_url: str,
             assert await handle.get_result() == 1
         dispatcher.notify(WORKFLOW_EVENTS_CHANNEL, "a::b")
         assert dispatcher.notifications_sent == 0
+
+
+async def test_idle_receivers_do_not_read_again(database_url: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """recv's channel is fed by the trigger on every insert, so while the listener is up a
+    waiting receiver reads only when notified, however short ``listening_poll_interval``."""
+    dbos = make(database_url, listening_poll_interval=0.1)
+    reads: list[str] = []
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv(timeout=60)
+
+    async with dbos:
+        consume = dbos.system_database.consume_message
+
+        async def counted(workflow_id: str, *args: Any) -> Any:
+            reads.append(workflow_id)
+            return await consume(workflow_id, *args)
+
+        monkeypatch.setattr(dbos.system_database, "consume_message", counted)
+        handles = []
+        for i in range(50):
+            with SetWorkflowID(f"idle-{i}"):
+                handles.append(await dbos.start_workflow(receiver))
+
+        async def all_waiting() -> bool:
+            return len(set(reads)) == 50
+
+        await wait_until(all_waiting, what="every receiver's first read")
+        before = len(reads)
+        await asyncio.sleep(1.0)  # ten listening poll intervals
+        assert len(reads) == before
+        conn = await asyncpg.connect(database_url)
+        try:  # a message from raw SQL: the trigger's notification wakes only its receiver
+            await conn.execute("SELECT dbos.send_message('idle-7', '7'::json)")
+        finally:
+            await conn.close()
+        async with asyncio.timeout(10):
+            assert await handles[7].get_result() == 7
+        assert reads[before:].count("idle-7") >= 1 and len(set(reads[before:])) == 1
+        await asyncio.gather(*(dbos.send(f"idle-{i}", i) for i in range(50) if i != 7))
+        async with asyncio.timeout(20):
+            assert await dbos.wait_all(handles) == list(range(50))
 
 
 async def test_polling_queries_are_bounded(database_url: str) -> None:

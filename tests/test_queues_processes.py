@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from helpers import execute, fetch, new_dbos, wait_until
+from helpers import execute, fetch, new_dbos, wait_for_steps
 from helpers.queue_worker import RUNS_DDL, define_workflows
 
 from dbos_async import DBOS, SetEnqueueOptions
@@ -212,10 +212,8 @@ async def test_killed_worker_is_recovered_by_a_new_process(database_url: str) ->
             handle = await queue.enqueue(wfs["gated"], "crash-0")
             waiting = await queue.enqueue(wfs["interval"], "crash-1", 0.0)
 
-            async def started() -> bool:
-                return len(await runs(url, "crash-0")) == 1
-
-            await wait_until(started, patience=60, what="the gated workflow to start")
+            # Its first step is recorded (a step killed before its checkpoint may run again).
+            await wait_for_steps(url, handle.workflow_id, 1, patience=60)
         finally:
             await stop([first])  # SIGKILL mid-workflow
         assert (await handle.get_status()).status == "PENDING"

@@ -42,6 +42,10 @@ ENQUEUE_CHANNEL = "dbos_enqueue_channel"
 WORKFLOW_CANCEL_CHANNEL = "dbos_workflow_cancel_channel"
 """Payload: the workflow ID, sent after a cancel of that workflow committed."""
 
+TRIGGER_FED_CHANNELS = frozenset({NOTIFICATIONS_CHANNEL})
+"""Channels the database notifies itself (a trigger), whoever writes: while the listener is
+up, their waiters need no periodic re-read."""
+
 CHANNELS = (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
@@ -96,9 +100,10 @@ class Waiter:
         caller re-reads the database at least that often. The flag is cleared on return, so
         a notification arriving while the caller reads again is not lost.
         """
-        cap = self._dispatcher.wait_cap()
-        timeout = cap if timeout is None else min(timeout, cap)
-        if timeout > 0:
+        cap = self._dispatcher.wait_cap(self.targets)
+        if cap is not None:
+            timeout = cap if timeout is None else min(timeout, cap)
+        if timeout is None or timeout > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._event.wait()
@@ -219,13 +224,16 @@ class NotificationDispatcher:
         conn = self._connection
         return conn.get_server_pid() if conn is not None and not conn.is_closed() else None
 
-    def wait_cap(self) -> float:
-        """The longest a waiter may wait before reading again.
+    def wait_cap(self, targets: Iterable[Target]) -> float | None:
+        """The longest a waiter on ``targets`` may wait before reading again (None: no limit).
 
-        Long while LISTEN is live (only writers that send no notification need it), short
-        while it is off or down.
+        While LISTEN is live: none when every target's channel is fed by a trigger (losing
+        the listener wakes every waiter), else long (for writers that send no notification,
+        such as other SDKs). Short while LISTEN is off or down.
         """
         if self.use_listen_notify and self.listening:
+            if all(channel in TRIGGER_FED_CHANNELS for channel, _ in targets):
+                return None
             return self.listening_poll_interval
         return self.poll_interval
 
