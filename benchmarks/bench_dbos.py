@@ -62,6 +62,25 @@ async def run_child(script: Path, argv: list[str], time_limit: float) -> dict[st
     )
 
 
+def new_dbos(name: str, url: str, pool_size: int, **settings: Any) -> Any:
+    """The `dbos` package's DBOS instance as every benchmark child configures it: its logs
+    at WARNING, no OTLP export, application version "bench"."""
+    import logging
+
+    from dbos import DBOS
+
+    logging.getLogger("dbos").setLevel(logging.WARNING)
+    return DBOS(config={
+        "name": name,
+        "system_database_url": url,
+        "sys_db_pool_size": pool_size,
+        "enable_otlp": False,
+        "log_level": "WARNING",
+        "application_version": "bench",
+        **settings,
+    })
+
+
 class _Counts:
     def __init__(self) -> None:
         self.active = False
@@ -75,26 +94,16 @@ class _Counts:
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
-    import logging
-
     from dbos import DBOS
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    logging.getLogger("dbos").setLevel(logging.WARNING)
     counts = _Counts()
     event.listen(Engine, "before_cursor_execute", counts.hook("statement"))
     for kind in ("begin", "commit", "rollback"):
         event.listen(Engine, kind, counts.hook(kind))
 
-    instance = DBOS(config={
-        "name": "bench_dbos",
-        "system_database_url": args.url,
-        "sys_db_pool_size": args.pool_size,
-        "enable_otlp": False,
-        "log_level": "WARNING",
-        "application_version": "bench",
-    })
+    instance = new_dbos("bench_dbos", args.url, args.pool_size)
 
     @DBOS.step()
     async def add_one(x: int) -> int:

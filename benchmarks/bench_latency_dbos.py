@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from bench_dbos import MARKER, run_child
+from bench_dbos import MARKER, new_dbos, run_child
 
 SCRIPT = Path(__file__).resolve()
 
@@ -36,20 +36,10 @@ async def run_subprocess(url: str, *, samples: int, warmup: int, pool_size: int,
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
-    import logging
-
     import latency
     from dbos import DBOS
 
-    logging.getLogger("dbos").setLevel(logging.WARNING)
-    instance = DBOS(config={
-        "name": "bench_latency_dbos",
-        "system_database_url": args.url,
-        "sys_db_pool_size": args.pool_size,
-        "enable_otlp": False,
-        "log_level": "WARNING",
-        "application_version": "bench",
-    })
+    instance = new_dbos("bench_latency_dbos", args.url, args.pool_size)
 
     @DBOS.workflow()
     async def receiver(topic: str, wait_s: float) -> list[Any]:

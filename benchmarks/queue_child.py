@@ -193,18 +193,10 @@ async def latency_dbos_async(args: argparse.Namespace) -> dict[str, Any]:
 # ---- the dbos package ----
 
 def _dbos_instance(args: argparse.Namespace) -> Any:
-    from dbos import DBOS
+    from bench_dbos import new_dbos
 
-    logging.getLogger("dbos").setLevel(logging.WARNING)
-    return DBOS(config={
-        "name": "bench_queues_dbos",
-        "system_database_url": args.url,
-        "sys_db_pool_size": args.pool_size,
-        "enable_otlp": False,
-        "log_level": "WARNING",
-        "application_version": "bench",
-        "executor_id": args.executor_id,
-    })
+    return new_dbos("bench_queues_dbos", args.url, args.pool_size,
+                    executor_id=args.executor_id)
 
 
 def _dbos_workflows(starts: dict[str, int]) -> None:

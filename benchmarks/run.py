@@ -17,6 +17,10 @@ queue_child.py): the drain rate of a backlog enqueued by a separate client proce
 the SQL function dbos.enqueue_workflow, with 1 and 2 executor processes, and the enqueue ->
 start latency, beside the `dbos` package's figures.
 
+Then, unless --skip-waiters (--waiters-only runs only this part), many workflows waiting at
+once in one process (bench_waiters.py, a child process per system): start time, memory and
+threads while they wait, statements sent while idle, and the time to wake them all.
+
 Then, unless --skip-latency (--latency-only runs only this part), the latency of single
 operations, one at a time: send -> recv wake-up, set_event -> get_event, write_stream ->
 read_stream and start_workflow -> get_result, median and p99, for dbos_async
@@ -47,6 +51,7 @@ import bench_latency_dbos
 import bench_latency_dbos_async
 import bench_queues
 import bench_raw
+import bench_waiters
 import latency
 from common import DEFAULT_URL, drop_database, recreate_database, server_facts
 
@@ -99,8 +104,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="measure only the latencies (no throughput, no queues)")
     which.add_argument("--queues-only", action="store_true",
                        help="run only the queue section")
+    which.add_argument("--waiters-only", action="store_true",
+                       help="run only the waiting-workflows section")
     parser.add_argument("--skip-queues", action="store_true",
                         help="leave out the queue section")
+    parser.add_argument("--skip-waiters", action="store_true",
+                        help="leave out the waiting-workflows section")
+    parser.add_argument("--waiters", type=int, default=10_000,
+                        help="dbos_async workflows waiting at once (default 10000)")
+    parser.add_argument("--dbos-waiters", type=int, default=1_000,
+                        help="dbos package workflows waiting at once (default 1000)")
+    parser.add_argument("--waiters-idle-seconds", type=float, default=10.0,
+                        help="idle window in which statements are counted (default 10)")
     parser.add_argument("--queue-workflows", type=int, default=10_000,
                         help="workflows enqueued per dbos_async queue drain (default 10000)")
     parser.add_argument("--dbos-queue-workflows", type=int, default=1_000,
@@ -135,6 +150,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--latency-samples and --dbos-latency-samples must be >= 1")
     if args.skip_queues and args.queues_only:
         parser.error("--skip-queues and --queues-only exclude each other")
+    if args.skip_waiters and args.waiters_only:
+        parser.error("--skip-waiters and --waiters-only exclude each other")
+    if min(args.waiters, args.dbos_waiters) < 1 or args.waiters_idle_seconds <= 0:
+        parser.error("--waiters and --dbos-waiters must be >= 1, --waiters-idle-seconds > 0")
     if min(args.queue_workflows, args.dbos_queue_workflows, args.queue_worker_concurrency,
            args.queue_latency_samples, args.queue_poll_samples,
            args.dbos_default_poll_samples) < 1 or args.queue_polling_interval <= 0:
@@ -153,9 +172,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "parameters": {"pool_size": args.pool_size},
     }
-    if not args.latency_only and not args.queues_only:
+    only = args.latency_only or args.queues_only or args.waiters_only
+    if not only:
         await run_throughput(args, results)
-    if not args.skip_queues and not args.latency_only:
+    if not args.skip_queues and (args.queues_only or not only):
         results["queues"] = await bench_queues.run(
             args.url, args.db_prefix, workflows=args.queue_workflows,
             dbos_workflows=args.dbos_queue_workflows,
@@ -164,9 +184,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             latency_samples=args.queue_latency_samples, poll_samples=args.queue_poll_samples,
             dbos_default_samples=args.dbos_default_poll_samples, skip_dbos=args.skip_dbos,
             progress=_progress)
-    if not args.skip_latency and not args.queues_only:
+    if not args.skip_waiters and (args.waiters_only or not only):
+        results["waiters"] = await run_waiters(args)
+    if not args.skip_latency and (args.latency_only or not only):
         results["latency"] = await run_latency(args)
     return results
+
+
+async def run_waiters(args: argparse.Namespace) -> dict[str, Any]:
+    """Each system in its own child process, on its own scratch database."""
+    out: dict[str, Any] = {}
+    counts = {"dbos_async": args.waiters, "dbos": args.dbos_waiters}
+    if args.skip_dbos:
+        del counts["dbos"]
+    for system, waiters in counts.items():
+        name = f"{args.db_prefix}_waiters_{system}"
+        url = await recreate_database(args.url, name)
+        _progress(f"waiters: {system}, {waiters} waiting workflows (child process)")
+        try:
+            out[system] = await bench_waiters.run_subprocess(
+                system, url, waiters=waiters, concurrency=args.concurrency,
+                pool_size=args.pool_size, idle_seconds=args.waiters_idle_seconds)
+        except RuntimeError as error:
+            _progress(f"{system} waiters run failed: {error}")
+            out[f"{system}_error"] = str(error)
+        finally:
+            if not args.keep:
+                await drop_database(args.url, name)
+    return out
 
 
 async def run_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -368,6 +413,8 @@ def report(results: dict[str, Any], profiled: bool) -> str:
         out += throughput_report(results, profiled)
     if "queues" in results:
         out += queue_report(results["queues"])
+    if "waiters" in results:
+        out += waiters_report(results["waiters"])
     if "latency" in results:
         out += latency_report(results["latency"])
     return "\n".join(out)
@@ -529,6 +576,47 @@ def queue_report(q: dict[str, Any]) -> list[str]:
                    f"OTLP export: {dbos_lat['otlp']}")
     for error in q.get("errors", []):
         out += ["  FAILED: " + error.splitlines()[0]]
+    return out
+
+
+def waiters_report(w: dict[str, Any]) -> list[str]:
+    out = [
+        "",
+        "Waiting workflows: W workflows in one process, each in recv (10 min timeout), then "
+        "one message each",
+        "  memory is resident memory above the warmed-up baseline; idle statements are the "
+        "pool's, counted on the client while all W wait",
+        "",
+    ]
+    rows: list[tuple[str, ...]] = [("system", "W", "start s", "all waiting s", "KiB/waiter",
+                                    "threads", "idle stmts/s", "wake all s", "woken/s")]
+    for system in ("dbos_async", "dbos"):
+        r = w.get(system)
+        if r is None:
+            if f"{system}_error" in w:
+                rows.append((system, "FAILED", "", "", "", "", "", "", ""))
+            continue
+        rows.append((f"{system} {r['version']}", f"{r['waiters']:,}", f"{r['start_s']:.1f}",
+                     f"{r['all_waiting_s']:.1f}", f"{r['kib_per_waiter']:.1f}",
+                     f"{r['threads_baseline']} -> {r['threads_waiting']}",
+                     f"{r['idle_statements_per_s']:.1f}", f"{r['send_to_last_result_s']:.1f}",
+                     f"{r['woken_per_s']:,.0f}"))
+    out += _table(rows, "<>>>>>>>>")
+    fast, peer = w.get("dbos_async"), w.get("dbos")
+    if fast and peer:
+        def per_waiter(r: dict[str, Any]) -> float:
+            return (r["threads_waiting"] - r["threads_baseline"]) / r["waiters"]
+
+        out += [
+            f"  threads added per waiting workflow: dbos_async {per_waiter(fast):.3f}, "
+            f"dbos {per_waiter(peer):.3f}",
+            f"  memory per waiting workflow, dbos / dbos_async: "
+            f"{peer['kib_per_waiter'] / max(fast['kib_per_waiter'], 0.001):.1f}x; "
+            f"wake-up rate dbos_async / dbos: {fast['woken_per_s'] / peer['woken_per_s']:.1f}x",
+        ]
+    for system in ("dbos_async", "dbos"):
+        if f"{system}_error" in w:
+            out.append(f"  {system} FAILED: " + w[f"{system}_error"].splitlines()[0])
     return out
 
 
