@@ -4,7 +4,7 @@ W workflows each wait in ``recv`` (timeout 10 minutes) for one message. Measured
 in a child process of its own (so its memory and threads are its own):
 
 - how long starting all W takes (at most C starts in flight), and how long until every one
-  has recorded its durable deadline, so it is waiting;
+  has recorded its durable deadline and the pool has gone quiet (first reads done);
 - what the process holds while they wait: resident memory above the launched, warmed-up
   baseline (per waiting workflow) and its thread count;
 - the statements the executor's pool sends during an idle window while all W wait
@@ -91,8 +91,7 @@ async def measure(adapter: Adapter, url: str, waiters: int, concurrency: int,
         all_waiting_s = start_s + time.perf_counter() - began
     finally:
         await conn.close()
-    await asyncio.sleep(2.0)  # the last ones read their (empty) mailbox and wait
-
+    quiet_s = await _quiesce(adapter)
     waiting = _process_status()
     before = adapter.statements()
     await asyncio.sleep(idle_seconds)
@@ -116,6 +115,7 @@ async def measure(adapter: Adapter, url: str, waiters: int, concurrency: int,
         "concurrency": concurrency,
         "start_s": start_s,
         "all_waiting_s": all_waiting_s,
+        "quiet_after_s": quiet_s,
         "rss_baseline_kib": baseline["rss_kib"],
         "rss_waiting_kib": waiting["rss_kib"],
         "kib_per_waiter": (waiting["rss_kib"] - baseline["rss_kib"]) / waiters,
@@ -128,6 +128,18 @@ async def measure(adapter: Adapter, url: str, waiters: int, concurrency: int,
         "send_to_last_result_s": wake_s,
         "woken_per_s": waiters / wake_s,
     }
+
+
+async def _quiesce(adapter: Adapter, quiet_per_s: int = 20, patience: float = 120.0) -> float:
+    """Wait until the pool sends at most ``quiet_per_s`` statements in a second: the waiters'
+    first reads of their (empty) mailboxes are done. Returns the seconds it took."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < patience:
+        before = adapter.statements()
+        await asyncio.sleep(1.0)
+        if adapter.statements() - before <= quiet_per_s:
+            break
+    return time.perf_counter() - began
 
 
 async def _never() -> Any:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -220,6 +221,31 @@ async def test_concurrent_waiters(database_url: str, listen: bool) -> None:
         await asyncio.gather(*(dbos.send(f"r{i}", i) for i in range(40)))
         async with asyncio.timeout(15):
             assert await dbos.wait_all(handles) == list(range(40))
+
+
+async def test_a_thousand_waiting_workflows_hold_no_threads(database_url: str,
+                                                            conn: asyncpg.Connection) -> None:
+    """Waiting workflows are tasks: no thread each, and a small pool serves them all."""
+    dbos = make(database_url, pool_size=4)
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv(timeout=120)
+
+    threads = threading.active_count()
+    async with dbos:
+        handles = []
+        for i in range(1000):
+            with SetWorkflowID(f"many-{i}"):
+                handles.append(await dbos.start_workflow(receiver))
+        assert threading.active_count() == threads
+        pending = await conn.fetchval("SELECT count(*) FROM dbos.workflow_status "
+                                      "WHERE status = 'PENDING' AND workflow_uuid LIKE 'many-%'")
+        assert pending == 1000  # all still waiting
+        await asyncio.gather(*(dbos.send(f"many-{i}", i) for i in range(1000)))
+        async with asyncio.timeout(60):
+            assert await dbos.wait_all(handles) == list(range(1000))
+        assert threading.active_count() == threads
 
 
 async def test_race_send_against_recv(database_url: str) -> None:

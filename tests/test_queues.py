@@ -346,17 +346,20 @@ async def test_recovery_reenqueues_and_dead_letters(database_url: str) -> None:
         dbos.queue("fragile", polling_interval=0.2)
         wfs, _ = with_workflows(dbos)
         async with dbos:
-            status = await dbos.get_workflow_status("fragile-1")
-            if status is None:
+            if await dbos.get_workflow_status("fragile-1") is None:
                 with SetWorkflowID("fragile-1"):
                     await dbos._queues["fragile"].enqueue(wfs["blocker"], "x")
-            if status is not None and status.status == "MAX_RECOVERY_ATTEMPTS_EXCEEDED":
-                return status.status
 
-            async def running() -> bool:
-                return bool(wfs["held"])
+            async def running_or_dead() -> bool:
+                # Recovery runs in the background: it re-enqueues or dead-letters soon after
+                # the start, not necessarily before the first status read.
+                status = await dbos.get_workflow_status("fragile-1")
+                return bool(wfs["held"]) or (
+                    status is not None and status.status == "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
 
-            await wait_until(running, what="the workflow to run")
+            await wait_until(running_or_dead, what="the workflow to run or be dead-lettered")
+            if not wfs["held"]:
+                return "MAX_RECOVERY_ATTEMPTS_EXCEEDED"
         return "interrupted"
 
     assert await run_once() == "interrupted"  # attempt 1
