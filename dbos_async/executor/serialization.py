@@ -224,7 +224,7 @@ def deserialize_error(text: str | None, serialization: str | None) -> RecordedEr
         error = cls(name, message, code if isinstance(code, int | str) else None, fields)
     except Exception:
         return RecordedError(name, message, None, fields)
-    if cls is not RecordedError and issubclass(cls, DBOSError) and isinstance(fields, dict):
+    if cls is not RecordedError and hasattr(library_errors, name) and isinstance(fields, dict):
         for key, value in fields.items():
             if isinstance(key, str) and not hasattr(RecordedError, key) and key not in vars(error):
                 setattr(error, key, value)

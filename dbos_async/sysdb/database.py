@@ -312,18 +312,6 @@ class SystemDatabase:
             row["name"], row["status"], row["output"], row["error"], row["serialization"]
         )
 
-    async def await_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
-        """Wait until the workflow is terminal, polling with backoff up to ``poll_interval``."""
-        delay = min(0.01, poll_interval)
-        while True:
-            outcome = await self.get_outcome(workflow_id)
-            if outcome is None:
-                raise NonExistentWorkflowError(workflow_id)
-            if outcome.terminal:
-                return outcome
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, poll_interval)
-
     async def register_version(self, version_name: str) -> None:
         query = self.sql.register_version(version_name, now_ms())
         await self._retried(
@@ -497,10 +485,9 @@ class SystemDatabase:
 
     async def wait_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
         """Wait until the workflow is terminal: woken by completion notifications, polling
-        at most every ``poll_interval`` seconds (other clients may not notify)."""
+        with backoff up to every ``poll_interval`` seconds (other clients may not notify)."""
         dispatcher = self.notifications
-        if dispatcher is None:
-            return await self.await_outcome(workflow_id, poll_interval)
+        assert dispatcher is not None, "the notification dispatcher starts with its owner"
         delay = min(0.05, poll_interval)
         with dispatcher.register(WORKFLOW_COMPLETION_CHANNEL, workflow_id) as waiter:
             while True:
