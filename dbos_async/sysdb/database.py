@@ -527,15 +527,17 @@ class SystemDatabase:
         concurrent claim of the same budget, even of disjoint rows (executors running
         different functions, different partitions), fails one of the two with 40001 instead
         of overspending; with NOWAIT a claimer of locked rows fails at once with 55P03. The
-        caller backs off and retries. Without a shared budget, READ COMMITTED with SKIP
-        LOCKED: claimers take disjoint rows and never wait. Not retried here: a lost reply
-        leaves the rows PENDING on this executor, and recovery re-enqueues them.
+        caller backs off and retries. Without a shared budget there is nothing to count: one
+        autocommit statement locks (SKIP LOCKED: claimers take disjoint rows and never wait)
+        and starts the rows. Not retried here: a lost reply leaves the rows PENDING on this
+        executor, and recovery re-enqueues them.
         """
-        shared = queue.shared_budget
         now = now_ms()
-        async with self.pool.acquire() as conn, conn.transaction(
-            isolation="serializable" if shared else "read_committed"
-        ):
+        if not queue.shared_budget:
+            q = self.sql.claim_startable(queue.name, partition_key, names, application_version,
+                                         room, executor_id, now)
+            return Claim([_claimed(row) for row in await self.pool.fetch(q.sql, *q.params)])
+        async with self.pool.acquire() as conn, conn.transaction(isolation="serializable"):
             limit = room
             retry_at: int | None = None
             limiters: list[tuple[int | None, float | None, str | None]] = [
@@ -569,7 +571,7 @@ class SystemDatabase:
             if limit is not None and limit <= 0:
                 return Claim([])
             q = self.sql.select_startable(queue.name, partition_key, names,
-                                          application_version, limit, nowait=shared)
+                                          application_version, limit)
             ids = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
             if not ids:
                 return Claim([])

@@ -176,20 +176,26 @@ class QueueStatements(StatementBase):
 
     def select_startable(
         self, queue_name: str, partition_key: str | None, names: Sequence[str],
-        application_version: str | None, limit: int | None, nowait: bool,
+        application_version: str | None, limit: int | None,
     ) -> Query:
-        """Lock the queue's next workflows (priority, then age) that this executor can run.
+        """Lock the queue's next workflows (priority, then age) that this executor can run,
+        inside a claim that spends a budget shared across executors.
 
         Only functions registered here are taken: another executor's workflows stay ENQUEUED.
-        ``nowait`` (a budget shared across executors): FOR UPDATE NOWAIT, so two claimers of
-        the same head rows do not queue behind each other's locks; the loser fails at once
-        (55P03) and retries with a fresh snapshot and count. Otherwise FOR UPDATE SKIP
-        LOCKED: claimers take disjoint rows and nobody waits.
+        FOR UPDATE NOWAIT, so two claimers of the same head rows do not queue behind each
+        other's locks; the loser fails at once (55P03) and retries with a fresh snapshot and
+        count.
         """
         p = Params()
-        lock = "FOR UPDATE NOWAIT" if nowait else "FOR UPDATE SKIP LOCKED"
-        return Query(
-            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
+        return Query(self._startable(queue_name, partition_key, names, application_version,
+                                     limit, "FOR UPDATE NOWAIT", p), p.values)
+
+    def _startable(
+        self, queue_name: str, partition_key: str | None, names: Sequence[str],
+        application_version: str | None, limit: int | None, lock: str, p: Params,
+    ) -> str:
+        return f"""SELECT workflow_uuid, priority, created_at
+                FROM {self.table('workflow_status')}
                 WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
                   AND queue_name = {p(queue_name)}
                   AND {self._version_clause(application_version, p)}
@@ -199,7 +205,33 @@ class QueueStatements(StatementBase):
                   {self._partition_filter(partition_key, p)}
                 ORDER BY priority ASC, created_at ASC
                 LIMIT {p(limit, 'bigint')}
-                {lock}""",
+                {lock}"""
+
+    def claim_startable(
+        self, queue_name: str, partition_key: str | None, names: Sequence[str],
+        application_version: str | None, limit: int | None, executor_id: str, now_ms: int,
+    ) -> Query:
+        """Lock and start the queue's next workflows in one autocommit statement, for a queue
+        with no budget shared across executors (nothing to count first).
+
+        FOR UPDATE SKIP LOCKED under READ COMMITTED: concurrent claimers take disjoint rows and
+        never wait. Returns the started rows in priority, then age, order.
+        """
+        p = Params()
+        picked = self._startable(queue_name, partition_key, names, application_version, limit,
+                                 "FOR UPDATE SKIP LOCKED", p)
+        # The picked rows are locked by this very statement, so their status and queue need no
+        # second look; their keys, as one array, are looked up in the primary key whatever the
+        # statistics say (a join, or a status filter, can be planned as a scan of the queue's
+        # index when they are stale, as they are right after a large enqueue).
+        flip = self._flip("ws.workflow_uuid = ANY(ARRAY(SELECT picked_id FROM picked))",
+                          executor_id, application_version, False, now_ms, "", p)
+        return Query(
+            f"""WITH picked (picked_id, picked_priority, picked_created_at) AS ({picked}),
+                flipped AS ({flip})
+                SELECT flipped.* FROM flipped
+                JOIN picked ON picked.picked_id = flipped.workflow_uuid
+                ORDER BY picked.picked_priority ASC, picked.picked_created_at ASC""",
             p.values,
         )
 
@@ -237,7 +269,6 @@ class QueueStatements(StatementBase):
         this new statement after the partition's advisory lock was taken.
         """
         p = Params()
-        now = p(now_ms, "bigint")
         guard = ""
         if partition_heads:
             guard = f"""AND NOT EXISTS (
@@ -245,8 +276,18 @@ class QueueStatements(StatementBase):
                       WHERE {self.scoped('running', p)} AND running.queue_name = ws.queue_name
                         AND running.status = {p(PENDING)}
                         AND running.queue_partition_key = ws.queue_partition_key)"""
-        return Query(
-            f"""UPDATE {self.table('workflow_status')} ws
+        target = (f"{self.wf_in('ws', workflow_ids, p)} AND status = {p(ENQUEUED)} "
+                  f"AND queue_name = {p(queue_name)}")
+        return Query(self._flip(target, executor_id, application_version, rate_limited,
+                                now_ms, guard, p),
+                     p.values)
+
+    def _flip(self, target: str, executor_id: str,
+              application_version: str | None, rate_limited: bool, now_ms: int, guard: str,
+              p: Params) -> str:
+        """The UPDATE that starts the ``target`` rows (a predicate on ``ws``)."""
+        now = p(now_ms, "bigint")
+        return f"""UPDATE {self.table('workflow_status')} ws
                 SET status = {p(PENDING)},
                     owner_xid = gen_random_uuid()::text,
                     executor_id = {p(executor_id)},
@@ -264,16 +305,13 @@ class QueueStatements(StatementBase):
                       WHEN workflow_timeout_ms IS NOT NULL AND workflow_deadline_epoch_ms IS NULL
                       THEN {now} + LEAST(workflow_timeout_ms, 9223372036854775807 - {now})
                       ELSE workflow_deadline_epoch_ms END
-                WHERE {self.wf_in('ws', workflow_ids, p)} AND status = {p(ENQUEUED)}
-                  AND queue_name = {p(queue_name)} AND {self.own_scope('ws', p)} {guard}
+                WHERE {target} AND {self.own_scope('ws', p)} {guard}
                 RETURNING {CLAIMED_COLUMNS},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.wf_join('wi', 'ws')}) AS inputs,
                           -- A fresh workflow has none: its execution need not load them.
                           EXISTS (SELECT 1 FROM {self.table('operation_outputs')} oo
-                                  WHERE {self.wf_join('oo', 'ws')}) AS has_checkpoints""",
-            p.values,
-        )
+                                  WHERE {self.wf_join('oo', 'ws')}) AS has_checkpoints"""
 
     def _partitions_cte(self, queue_name: str, p: Params) -> str:
         # Recursive loose index scan: one seek per distinct key on
