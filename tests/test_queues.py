@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from helpers import execute, fetch, fetchval, new_dbos, wait_until
+from helpers import APP_VERSION, EXECUTOR_ID, execute, fetch, fetchval, new_dbos, wait_until
 
 from dbos_async import (
     DBOS,
@@ -346,20 +346,17 @@ async def test_recovery_reenqueues_and_dead_letters(database_url: str) -> None:
         dbos.queue("fragile", polling_interval=0.2)
         wfs, _ = with_workflows(dbos)
         async with dbos:
-            if await dbos.get_workflow_status("fragile-1") is None:
+            status = await dbos.get_workflow_status("fragile-1")
+            if status is None:
                 with SetWorkflowID("fragile-1"):
                     await dbos._queues["fragile"].enqueue(wfs["blocker"], "x")
+            if status is not None and status.status == "MAX_RECOVERY_ATTEMPTS_EXCEEDED":
+                return status.status
 
-            async def running_or_dead() -> bool:
-                # Recovery runs in the background: it re-enqueues or dead-letters soon after
-                # the start, not necessarily before the first status read.
-                status = await dbos.get_workflow_status("fragile-1")
-                return bool(wfs["held"]) or (
-                    status is not None and status.status == "MAX_RECOVERY_ATTEMPTS_EXCEEDED")
+            async def running() -> bool:
+                return bool(wfs["held"])
 
-            await wait_until(running_or_dead, what="the workflow to run or be dead-lettered")
-            if not wfs["held"]:
-                return "MAX_RECOVERY_ATTEMPTS_EXCEEDED"
+            await wait_until(running, what="the workflow to run")
         return "interrupted"
 
     assert await run_once() == "interrupted"  # attempt 1
@@ -372,6 +369,26 @@ async def test_recovery_reenqueues_and_dead_letters(database_url: str) -> None:
             await handle.get_result()
     assert await fetchval(database_url, "SELECT recovery_attempts FROM dbos.workflow_status "
                                         "WHERE workflow_uuid = 'fragile-1'") == 2
+
+
+async def test_recovery_leaves_a_workflow_its_queue_just_started(database_url: str) -> None:
+    """A queued workflow that is PENDING when recovery claims (a dispatcher of this process
+    has flipped it but not launched it yet) is not claimed a second time: it would run
+    twice. Queued workflows are recovered by putting them back on their queue."""
+    dbos = new_dbos(database_url)
+    dbos.queue("held-back", polling_interval=0.2)
+    dbos.listen()  # dispatches none of the test queues: the test plays the dispatcher
+    wfs, _ = with_workflows(dbos)
+    async with dbos:
+        with SetWorkflowID("just-started"):
+            await dbos._queues["held-back"].enqueue(wfs["echo"], "x")
+        await execute(database_url, "UPDATE dbos.workflow_status SET status = 'PENDING', "
+                                    "executor_id = $1, recovery_attempts = 1 "
+                                    "WHERE workflow_uuid = 'just-started'", EXECUTOR_ID)
+        claimed = await dbos.system_database.claim_pending(EXECUTOR_ID, APP_VERSION)
+        assert claimed == []
+    assert await fetchval(database_url, "SELECT recovery_attempts FROM dbos.workflow_status "
+                                        "WHERE workflow_uuid = 'just-started'") == 1
 
 
 # ---- Queues from the table, listening, missing functions ----

@@ -155,10 +155,14 @@ class WorkflowStatements(StatementBase):
         now_ms: int,
         exclude: Sequence[str] = (),
     ) -> Query:
-        """Take ownership of this executor's PENDING workflows, each under a fresh owner token.
+        """Take ownership of this executor's PENDING workflows that no queue started, each
+        under a fresh owner token.
 
         The new ``owner_xid`` fences off any execution still running from before (in this
         process or a zombie elsewhere): its next durable write fails the ownership check.
+        Queued workflows are left alone: recovery has just put them back on their queues
+        (``requeue_pending``), and one PENDING on a queue now was claimed by a dispatcher of
+        this process that has not launched it yet; claiming it again would run it twice.
         """
         p = Params()
         version = (
@@ -173,6 +177,7 @@ class WorkflowStatements(StatementBase):
                     updated_at = {p(now_ms, 'bigint')}
                 WHERE {self.scoped('ws', p)}
                   AND status = {p(PENDING)} AND executor_id = {p(executor_id)} AND {version}
+                  AND queue_name IS NULL
                   -- executor_id defaults to "local", so it collides across applications.
                   AND {self.own_scope('ws', p)}
                   -- Executions already running here keep their ownership.
