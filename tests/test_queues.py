@@ -5,6 +5,7 @@ enqueue from a workflow, dead-lettering, and bad input. Limits across processes 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -389,6 +390,36 @@ async def test_recovery_leaves_a_workflow_its_queue_just_started(database_url: s
         assert claimed == []
     assert await fetchval(database_url, "SELECT recovery_attempts FROM dbos.workflow_status "
                                         "WHERE workflow_uuid = 'just-started'") == 1
+
+
+async def test_recovery_during_dispatch_runs_nothing_twice(database_url: str) -> None:
+    """recover_pending_workflows while a dispatcher drains a backlog: recovery waits for claim
+    rounds in flight, so it never re-enqueues a workflow that was claimed but not launched."""
+    dbos = new_dbos(database_url, pool_size=8)
+    queue = dbos.queue("busy", worker_concurrency=20, polling_interval=0.05)
+    runs: Counter[int] = Counter()
+
+    @dbos.step(name="count_run")
+    async def count_run(i: int) -> None:
+        runs[i] += 1
+        await asyncio.sleep(0.005)
+
+    @dbos.workflow(name="counted")
+    async def counted(i: int) -> int:
+        await count_run(i)
+        return i
+
+    async with dbos:
+        handles = [await queue.enqueue(counted, i) for i in range(300)]
+        drained = asyncio.ensure_future(dbos.wait_all(handles))
+        while not drained.done():
+            await dbos.recover_pending_workflows()
+            await asyncio.sleep(0)
+        assert await drained == list(range(300))
+    assert runs == Counter(range(300))
+    attempts = await fetch(database_url, "SELECT DISTINCT recovery_attempts "
+                                         "FROM dbos.workflow_status WHERE name = 'counted'")
+    assert [r["recovery_attempts"] for r in attempts] == [1]
 
 
 # ---- Queues from the table, listening, missing functions ----

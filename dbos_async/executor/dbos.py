@@ -71,6 +71,7 @@ class DBOS(Operator):
         self.background = TaskOwner()
         self.application_version: str | None = self.config.application_version
         self.recovery_errors: list[DBOSError] = []
+        self.claim_gate = recovery.ClaimGate()
         # Enqueued workflows a dispatcher here leaves queued for want of their function
         # (one per queue and function name; also logged as a warning).
         self.queue_warnings: list[WorkflowNotRegisteredError] = []

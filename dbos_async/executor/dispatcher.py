@@ -87,7 +87,10 @@ class QueueDispatcher:
         with notifications.register(ENQUEUE_CHANNEL, self.queue.name) as waiter:
             while True:
                 try:
-                    started, retry_at = await self.claim_once()
+                    # Until its workflows are launched, recovery must not take them for
+                    # crashed ones.
+                    async with self.dbos.claim_gate.claiming():
+                        started, retry_at = await self.claim_once()
                     backoff = 0.0
                 except CONFLICTS as conflict:
                     backoff = min(max(backoff * 2, 0.005), poll)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
@@ -17,6 +20,45 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dbos_async")
 
 
+class ClaimGate:
+    """Queue claims run together; recovery runs alone.
+
+    A workflow a dispatcher has flipped to PENDING but not launched yet looks, to recovery,
+    exactly like one a crash left behind: recovery would re-enqueue or dead-letter it under
+    the dispatcher's feet. So each claim round, from its statement until its workflows are
+    launched (and known as running here), holds the gate shared, and recovery exclusive.
+    """
+
+    def __init__(self) -> None:
+        self._claims = 0
+        self._recovering = False
+        self._changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def claiming(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._recovering)
+            self._claims += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._claims -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def recovering(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._recovering and self._claims == 0)
+            self._recovering = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._recovering = False
+                self._changed.notify_all()
+
+
 async def recover_pending(dbos: DBOS) -> list[WorkflowHandle[Any]]:
     """Claim this executor's PENDING workflows of this version and run each from its checkpoints.
 
@@ -25,22 +67,24 @@ async def recover_pending(dbos: DBOS) -> list[WorkflowHandle[Any]]:
     can run it.
     """
     sysdb = dbos.system_database
-    await _dead_letter_and_requeue(dbos)
-    rows = await sysdb.claim_pending(
-        dbos.config.executor_id, dbos.application_version, exclude=dbos.running_ids()
-    )
     handles: list[WorkflowHandle[Any]] = []
-    for row in rows:
-        info = dbos.registry.workflows.get(row.name)
-        try:
-            if info is None:
-                raise WorkflowNotRegisteredError(row.workflow_id, row.name)
-            execution = await workflows.launch_claimed(dbos, info, row)
-        except DBOSError as error:
-            logger.error("Cannot recover workflow %s: %s", row.workflow_id, error)
-            dbos.recovery_errors.append(error)
-            continue
-        handles.append(WorkflowHandle(dbos, row.workflow_id, execution.result, info.signature))
+    async with dbos.claim_gate.recovering():
+        await _dead_letter_and_requeue(dbos)
+        rows = await sysdb.claim_pending(
+            dbos.config.executor_id, dbos.application_version, exclude=dbos.running_ids()
+        )
+        for row in rows:
+            info = dbos.registry.workflows.get(row.name)
+            try:
+                if info is None:
+                    raise WorkflowNotRegisteredError(row.workflow_id, row.name)
+                execution = await workflows.launch_claimed(dbos, info, row)
+            except DBOSError as error:
+                logger.error("Cannot recover workflow %s: %s", row.workflow_id, error)
+                dbos.recovery_errors.append(error)
+                continue
+            handles.append(WorkflowHandle(dbos, row.workflow_id, execution.result,
+                                          info.signature))
     if rows:
         logger.info("Recovered %d of %d pending workflows", len(handles), len(rows))
     return handles
