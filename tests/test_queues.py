@@ -24,6 +24,7 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowNotRegisteredError,
 )
+from dbos_async.executor.recovery import ClaimGate
 
 
 def with_workflows(dbos: DBOS) -> tuple[dict[str, Any], list[str]]:
@@ -52,7 +53,7 @@ def with_workflows(dbos: DBOS) -> tuple[dict[str, Any], list[str]]:
         await hold()
         return text
 
-    wfs: dict[str, Any] = {"echo": echo, "blocker": blocker, "release": release,
+    wfs: dict[str, Any] = {"echo": echo, "blocker": blocker, "hold": hold, "release": release,
                            "held": held}
     return wfs, log
 
@@ -188,39 +189,35 @@ async def test_debounce_from_a_workflow_is_checkpointed(database_url: str) -> No
     """A replayed workflow gets the handles its debounces returned, instead of debouncing
     again after the burst has run (which would start a second workflow)."""
 
-    def register(dbos: DBOS, release: asyncio.Event) -> tuple[Any, list[str], list[str]]:
+    def register(dbos: DBOS) -> tuple[Any, dict[str, Any], list[str]]:
         queue = dbos.queue("bounce-in-workflow", polling_interval=0.2)
         wfs, log = with_workflows(dbos)
-        reached: list[str] = []
         debouncer = queue.debouncer(wfs["echo"], period=0.3)
-
-        @dbos.step(name="gate")
-        async def gate() -> None:
-            reached.append("gate")
-            await release.wait()
 
         @dbos.workflow(name="bouncing_parent")
         async def bouncing_parent() -> list[str]:
             handles = [await debouncer.debounce("key", text) for text in ("a", "b")]
-            await gate()
+            await wfs["hold"]()
             return [h.workflow_id for h in handles]
 
-        return bouncing_parent, log, reached
+        return bouncing_parent, wfs, log
 
     first = new_dbos(database_url, shutdown_grace_period=0)
-    bouncing_parent, log, reached = register(first, asyncio.Event())
+    bouncing_parent, wfs, log = register(first)
     async with first:
         with SetWorkflowID("bouncing-parent"):
             await first.start_workflow(bouncing_parent)
 
         async def burst_ran() -> bool:
-            return reached == ["gate"] and log == ["b"]
+            done = await fetchval(database_url, "SELECT count(*) FROM dbos.workflow_status "
+                                                "WHERE name = 'echo' AND status = 'SUCCESS'")
+            return bool(wfs["held"]) and done == 1
 
-        await wait_until(burst_ran, what="the parent at its gate and the burst run")
+        await wait_until(burst_ran, what="the parent holding and the burst run")
+        assert log == ["b"]
     second = new_dbos(database_url)
-    release = asyncio.Event()
-    release.set()
-    _, replay_log, _ = register(second, release)
+    _, wfs, replay_log = register(second)
+    wfs["release"].set()
     async with second:
         ids = await (await second.retrieve_workflow("bouncing-parent")).get_result()
     assert replay_log == []
@@ -228,7 +225,7 @@ async def test_debounce_from_a_workflow_is_checkpointed(database_url: str) -> No
                                             " WHERE name = 'echo'")
     assert ids == [debounced["workflow_uuid"]] * 2 and debounced["status"] == "SUCCESS"
     steps = await child_steps(database_url, "bouncing-parent")
-    assert steps == [("echo", ids[0], False), ("echo", ids[0], False), ("gate", None, False)]
+    assert steps == [("echo", ids[0], False), ("echo", ids[0], False), ("hold", None, False)]
 
 
 async def test_enqueue_from_a_workflow_is_replayed_without_duplicates(
@@ -278,15 +275,9 @@ async def test_deduplication_inside_a_workflow_is_replayed(database_url: str) ->
     """A replay gets what deduplication gave the first execution (the rejection, the holder's
     handle), even though the holder has finished and the ID is free by then."""
 
-    def register(dbos: DBOS, release: asyncio.Event) -> tuple[Queue, Any, Any, list[str]]:
+    def register(dbos: DBOS) -> tuple[Queue, Any, Any, list[str]]:
         queue = dbos.queue("dedup-in-workflow", polling_interval=0.2)
         wfs, log = with_workflows(dbos)
-        reached: list[str] = []
-
-        @dbos.step(name="gate")
-        async def gate() -> None:
-            reached.append("gate")
-            await release.wait()
 
         @dbos.workflow(name="dedup_parent")
         async def dedup_parent() -> list[str]:
@@ -299,29 +290,27 @@ async def test_deduplication_inside_a_workflow_is_replayed(database_url: str) ->
             with SetEnqueueOptions(deduplication_id="d-1",
                                    deduplication_policy="return_existing"):
                 existing = await queue.enqueue(wfs["echo"], "returned")
-            await gate()
+            await wfs["hold"]()
             return [outcome, existing.workflow_id]
 
-        wfs["reached"] = reached
         return queue, wfs, dedup_parent, log
 
     first = new_dbos(database_url, shutdown_grace_period=0)
-    queue, wfs, dedup_parent, _ = register(first, asyncio.Event())
+    queue, wfs, dedup_parent, _ = register(first)
     async with first:
         with SetWorkflowID("dedup-holder"), SetEnqueueOptions(deduplication_id="d-1"):
             await queue.enqueue(wfs["blocker"], "holder")
         with SetWorkflowID("dedup-parent"):
             await first.start_workflow(dedup_parent)
 
-        async def at_gate() -> bool:
-            return wfs["reached"] == ["gate"]
+        async def both_holding() -> bool:
+            return len(wfs["held"]) == 2  # the holder (a blocker) and the parent
 
-        await wait_until(at_gate, what="the parent to reach its gate")
+        await wait_until(both_holding, what="the holder and the parent to hold")
         await first.cancel_workflow("dedup-holder")  # frees the deduplication ID
     second = new_dbos(database_url)
-    release = asyncio.Event()
-    release.set()
-    _, _, _, log = register(second, release)
+    _, wfs, _, log = register(second)
+    wfs["release"].set()
     async with second:
         result = await (await second.retrieve_workflow("dedup-parent")).get_result()
     assert result == ["rejected while dedup-holder held it", "dedup-holder"]
@@ -331,7 +320,7 @@ async def test_deduplication_inside_a_workflow_is_replayed(database_url: str) ->
     assert [tuple(r) for r in workflows] == [("dedup-holder", "CANCELLED"),
                                              ("dedup-parent", "SUCCESS")]
     steps = await child_steps(database_url, "dedup-parent")
-    assert steps == [("echo", None, True), ("echo", "dedup-holder", False), ("gate", None, False)]
+    assert steps == [("echo", None, True), ("echo", "dedup-holder", False), ("hold", None, False)]
 
 
 async def child_steps(url: str, workflow_id: str) -> list[tuple[str, str | None, bool]]:
@@ -599,3 +588,50 @@ def test_invalid_options_are_rejected() -> None:
     with pytest.raises(ConfigurationError, match="non-empty name"):
         Queue("")
     assert Queue("ok", limiter={"limit": 3, "period": 2}).limiter == RateLimit(3, 2.0)
+
+
+# ---- Recovery and claims in one process ----
+
+
+async def test_claim_gate_orders_recovery_and_claims() -> None:
+    """Recovery waits for the claim round in flight and holds back new ones; a recovery
+    cancelled while waiting releases the claims it held back."""
+    gate = ClaimGate()
+    events: list[str] = []
+    release_claim = asyncio.Event()
+
+    async def claim(name: str, hold: asyncio.Event | None = None) -> None:
+        async with gate.claiming():
+            events.append(f"{name} in")
+            if hold is not None:
+                await hold.wait()
+            events.append(f"{name} out")
+
+    async def recover() -> None:
+        async with gate.recovering():
+            events.append("recovery")
+
+    first = asyncio.ensure_future(claim("first", release_claim))
+    await asyncio.sleep(0.01)
+    recovery = asyncio.ensure_future(recover())
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(claim("second"))
+    await asyncio.sleep(0.01)
+    assert events == ["first in"]  # recovery waits for first; second waits for recovery
+    release_claim.set()
+    await asyncio.gather(first, recovery, second)
+    assert events == ["first in", "first out", "recovery", "second in", "second out"]
+
+    events.clear()
+    release_claim.clear()
+    held = asyncio.ensure_future(claim("held", release_claim))
+    await asyncio.sleep(0.01)
+    waiting = asyncio.ensure_future(recover())
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release_claim.set()
+    async with asyncio.timeout(5):
+        await asyncio.gather(held, claim("after"))
+    assert events == ["held in", "held out", "after in", "after out"]

@@ -26,18 +26,20 @@ class ClaimGate:
     A workflow a dispatcher has flipped to PENDING but not launched yet looks, to recovery,
     exactly like one a crash left behind: recovery would re-enqueue or dead-letter it under
     the dispatcher's feet. So each claim round, from its statement until its workflows are
-    launched (and known as running here), holds the gate shared, and recovery exclusive.
+    launched (and known as running here), holds the gate shared, and recovery exclusive. A
+    waiting recovery holds back new claim rounds, so busy dispatchers cannot starve it.
     """
 
     def __init__(self) -> None:
         self._claims = 0
-        self._recovering = False
+        self._recoveries = 0  # the one running, or waiting for claim rounds to end
         self._changed = asyncio.Condition()
+        self._one_recovery = asyncio.Lock()
 
     @contextlib.asynccontextmanager
     async def claiming(self) -> AsyncIterator[None]:
         async with self._changed:
-            await self._changed.wait_for(lambda: not self._recovering)
+            await self._changed.wait_for(lambda: self._recoveries == 0)
             self._claims += 1
         try:
             yield
@@ -48,15 +50,17 @@ class ClaimGate:
 
     @contextlib.asynccontextmanager
     async def recovering(self) -> AsyncIterator[None]:
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._recovering and self._claims == 0)
-            self._recovering = True
-        try:
-            yield
-        finally:
+        async with self._one_recovery:
             async with self._changed:
-                self._recovering = False
-                self._changed.notify_all()
+                self._recoveries += 1
+            try:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self._claims == 0)
+                yield
+            finally:
+                async with self._changed:
+                    self._recoveries -= 1
+                    self._changed.notify_all()
 
 
 async def recover_pending(dbos: DBOS) -> list[WorkflowHandle[Any]]:
