@@ -418,6 +418,37 @@ async def test_recovered_handles_are_returned(database_url: str) -> None:
         assert await handle.get_result() == ["A-0", "B-1", "B-2", "B-3"]
 
 
+async def test_recovery_while_workflows_start_runs_nothing_twice(database_url: str) -> None:
+    """recover_pending_workflows in a loop while workflows start: a workflow inserted PENDING
+    but not yet launched is never taken for a crashed one."""
+    dbos = new_dbos(database_url, pool_size=8)
+    runs: Counter[int] = Counter()
+
+    @dbos.step(name="count_run")
+    async def count_run(i: int) -> None:
+        runs[i] += 1
+
+    @dbos.workflow(name="counted")
+    async def counted(i: int) -> int:
+        await count_run(i)
+        return i
+
+    async with dbos:
+        async def recover_until(done: asyncio.Future[Any]) -> None:
+            while not done.done():
+                await dbos.recover_pending_workflows()
+                await asyncio.sleep(0)
+
+        starts = asyncio.ensure_future(asyncio.gather(
+            *(dbos.start_workflow(counted, i) for i in range(300))))
+        await recover_until(starts)
+        assert await dbos.wait_all(starts.result()) == list(range(300))
+    assert runs == Counter(range(300))
+    attempts = await fetch(database_url, "SELECT DISTINCT recovery_attempts "
+                                         "FROM dbos.workflow_status WHERE name = 'counted'")
+    assert [r["recovery_attempts"] for r in attempts] == [1]
+
+
 async def test_replay_starting_a_different_child_is_nondeterminism(database_url: str) -> None:
     url, workflow_id = database_url, "nondeterministic-child"
     first = new_dbos(url, shutdown_grace_period=0)

@@ -21,13 +21,14 @@ logger = logging.getLogger("dbos_async")
 
 
 class ClaimGate:
-    """Queue claims run together; recovery runs alone.
+    """Workflow starts and queue claims run together; recovery runs alone.
 
-    A workflow a dispatcher has flipped to PENDING but not launched yet looks, to recovery,
-    exactly like one a crash left behind: recovery would re-enqueue or dead-letter it under
-    the dispatcher's feet. So each claim round, from its statement until its workflows are
+    A workflow this process has just made PENDING (started, or flipped by a queue dispatcher)
+    but not launched yet looks, to recovery, exactly like one a crash left behind: recovery
+    would claim, re-enqueue or dead-letter it under the starter's feet, and it would run
+    twice. So each start and each claim round, from its statement until its workflows are
     launched (and known as running here), holds the gate shared, and recovery exclusive. A
-    waiting recovery holds back new claim rounds, so busy dispatchers cannot starve it.
+    waiting recovery holds back new ones, so a busy process cannot starve it.
     """
 
     def __init__(self) -> None:

@@ -115,14 +115,16 @@ async def start(dbos: DBOS, request: StartRequest) -> WorkflowHandle[Any]:
         if parent is not None and step_id is not None
         else None
     )
-    started = await dbos.system_database.start_workflow(new, creator_xid, parent_step)
-    if not started.created:
-        check_name(started, workflow_id, info.name)
-        return WorkflowHandle(dbos, workflow_id, dbos.running_result(workflow_id),
-                              info.signature)
-    full_args = (instance, *args) if instance is not None else args
-    execution = launch(dbos, info, workflow_id, creator_xid, full_args, request.kwargs, {},
-                       deadline)
+    # From the insert until the launch, the new PENDING row must not look crashed to recovery.
+    async with dbos.claim_gate.claiming():
+        started = await dbos.system_database.start_workflow(new, creator_xid, parent_step)
+        if not started.created:
+            check_name(started, workflow_id, info.name)
+            return WorkflowHandle(dbos, workflow_id, dbos.running_result(workflow_id),
+                                  info.signature)
+        full_args = (instance, *args) if instance is not None else args
+        execution = launch(dbos, info, workflow_id, creator_xid, full_args, request.kwargs, {},
+                           deadline)
     return WorkflowHandle(dbos, workflow_id, execution.result, info.signature)
 
 
