@@ -25,11 +25,18 @@ from dbos_async.executor.context import (
     SetWorkflowID,
     SetWorkflowTimeout,
 )
+from dbos_async.executor.control import ApplicationVersion, WorkflowStepInfo
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
-from dbos_async.executor.operations import ApplicationVersion, WorkflowStepInfo
-from dbos_async.executor.queues import Debouncer, Queue, RateLimit, SetEnqueueOptions
-from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
+from dbos_async.executor.queues import (
+    Debouncer,
+    DeduplicationPolicy,
+    LimiterSpec,
+    Queue,
+    RateLimit,
+    SetEnqueueOptions,
+)
+from dbos_async.executor.steps import RetryOn
 
 __version__ = "0.1.0"
 
@@ -44,6 +51,8 @@ __all__ = [
     "DatabaseUnavailableError",
     "DeadLetteredError",
     "Debouncer",
+    "DeduplicationPolicy",
+    "LimiterSpec",
     "MigrationError",
     "NonExistentWorkflowError",
     "NondeterminismError",
@@ -52,6 +61,7 @@ __all__ = [
     "QueueNotFoundError",
     "RateLimit",
     "RecordedError",
+    "RetryOn",
     "SerializationError",
     "SetEnqueueOptions",
     "SetWorkflowAttributes",
@@ -65,6 +75,4 @@ __all__ = [
     "WorkflowNotRegisteredError",
     "WorkflowStatus",
     "WorkflowStepInfo",
-    "bind_shard_keys",
-    "shard_key_scope",
 ]

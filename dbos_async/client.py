@@ -3,8 +3,9 @@
 A :class:`DBOSClient` is a peer of the executor on the same system database. It runs no
 workflow and never migrates (it verifies the schema); it keeps a pool and, for its waits, the
 same LISTEN/NOTIFY dispatcher an executor has. Every operation is the executor's own code
-(:mod:`dbos_async.executor.operations`, :mod:`dbos_async.executor.messaging`,
-:mod:`dbos_async.sysdb`), run through the :class:`~dbos_async.executor.peer.Peer` protocol.
+(:mod:`dbos_async.executor.control`, :mod:`dbos_async.executor.messaging`, the start plan of
+:mod:`dbos_async.executor.start`), run through the :class:`~dbos_async.executor.peer.Peer`
+protocol.
 
 ``enqueue`` and ``send`` can join a transaction the caller holds on an asyncpg connection
 (a transactional outbox): nothing is enqueued or sent unless the caller commits.
@@ -14,40 +15,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import warnings
 from collections.abc import Awaitable, Coroutine
 from types import TracebackType
 from typing import Any
 
+import anyio
 import asyncpg
 
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor import messaging
 from dbos_async.executor.context import attributes_json
-from dbos_async.executor.handles import WorkflowHandle
+from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.operator import Operator
-from dbos_async.executor.peer import start_notifications, system_database_for
-from dbos_async.executor.queues import (
-    DELAYED_KEY,
-    DedupPolicy,
-    LimiterSpec,
-    Queue,
-    check_options,
+from dbos_async.executor.peer import Peer, start_notifications, system_database_for
+from dbos_async.executor.queues.declaration import Queue, queue_settings
+from dbos_async.executor.queues.enqueue import (
+    announce,
+    announcement_key,
     start_deduplicated,
 )
+from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
 from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
+from dbos_async.executor.start import CallContext, Placement, StartPlan, check_name, plan_start
 from dbos_async.executor.tasks import TaskOwner
-from dbos_async.executor.workflows import check_name
 from dbos_async.sysdb.connection import redact
-from dbos_async.sysdb.database import StartResult, SystemDatabase, now_ms
+from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.statements import DELAYED, ENQUEUED, NewWorkflow
 
 logger = logging.getLogger("dbos_async")
 
 
-class DBOSClient(Operator):
+class DBOSClient(Operator, Peer):
     """A client of the workflows in a system database, for processes that run none.
 
     ``async with DBOSClient(system_database_url=...) as client:`` connects, verifies the
@@ -72,7 +72,7 @@ class DBOSClient(Operator):
             application_name=application_name, **settings)
         self.application_name = self.config.application_name
         self._sysdb: SystemDatabase | None = None
-        self._background = TaskOwner()
+        self._background = TaskOwner("client")
         self._state = "new"
 
     # ---- Lifecycle ----
@@ -87,6 +87,7 @@ class DBOSClient(Operator):
         sysdb = system_database_for(self.config, url)
         self._sysdb = sysdb
         try:
+            await self._background.open()
             await sysdb.open(run_migrations=False)
             await start_notifications(sysdb, url, self.config, self._background.spawn)
         except BaseException:
@@ -104,11 +105,12 @@ class DBOSClient(Operator):
             await self._close()
 
     async def _close(self) -> None:
-        if self._sysdb is not None and self._sysdb.notifications is not None:
-            await self._sysdb.notifications.stop()
-        await self._background.close(0)
-        if self._sysdb is not None:
-            await self._sysdb.close()
+        with anyio.CancelScope(shield=True):
+            if self._sysdb is not None and self._sysdb.notifications is not None:
+                await self._sysdb.notifications.stop()
+            await self._background.close(0)
+            if self._sysdb is not None:
+                await self._sysdb.close()
 
     # ---- The Peer protocol ----
 
@@ -130,8 +132,11 @@ class DBOSClient(Operator):
 
     # ---- Operator hooks (see executor/operator.py) ----
 
+    def _peer(self, during_shutdown: bool = False) -> Peer:
+        return self
+
     async def _handle(self, workflow_id: str) -> WorkflowHandle[Any]:
-        return WorkflowHandle(self, workflow_id)  # plain JSON: no signature to look up
+        return workflow_handle(self, workflow_id)  # plain JSON: no signature to look up
 
     # ---- Enqueue and send ----
 
@@ -143,16 +148,17 @@ class DBOSClient(Operator):
         workflow_id: str | None = None,
         priority: int = 0,
         deduplication_id: str | None = None,
-        deduplication_policy: DedupPolicy = "reject",
+        deduplication_policy: DeduplicationPolicy = "reject",
         partition_key: str | None = None,
         delay: float | None = None,
-        app_version: str | None = None,
+        application_version: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 (the workflow's, not this call's)
         class_name: str | None = None,
         config_name: str | None = None,
         authenticated_user: str | None = None,
         attributes: dict[str, Any] | None = None,
         connection: asyncpg.Connection | None = None,
+        app_version: str | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
         """Enqueue workflow ``workflow_name`` on ``queue_name`` with these arguments (stored
@@ -161,8 +167,9 @@ class DBOSClient(Operator):
         ``deduplication_id`` held by an active workflow of the queue raises
         :class:`QueueDeduplicatedError` (``deduplication_policy="reject"``) or returns that
         workflow's handle (``"return_existing"``), as ``SetEnqueueOptions`` does.
-        ``app_version=None`` leaves it unversioned (run by an executor of the latest
+        ``application_version=None`` leaves it unversioned (run by an executor of the latest
         version). ``attributes`` (a JSON-serializable dict) are stored with the workflow.
+        ``app_version`` is the deprecated name of ``application_version``.
 
         With ``connection``, the insert runs on that connection, inside the transaction the
         caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
@@ -172,6 +179,13 @@ class DBOSClient(Operator):
             raise DBOSError("queue_name must be a non-empty string")
         if not isinstance(workflow_name, str) or not workflow_name:
             raise DBOSError("workflow_name must be a non-empty string")
+        if app_version is not None:
+            warnings.warn("DBOSClient.enqueue(app_version=...) is deprecated; use "
+                          "application_version=...", DeprecationWarning, stacklevel=2)
+            if application_version is not None and application_version != app_version:
+                raise DBOSError("Give application_version or its deprecated name "
+                                "app_version, not both")
+            application_version = app_version
         check_options({"priority": priority, "delay": delay, "timeout": timeout,
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
@@ -179,44 +193,42 @@ class DBOSClient(Operator):
         inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
                         "namedArgs": to_json_value(kwargs, "the keyword arguments")},
                        f"the inputs of {workflow_name}")
-        created_at = now_ms()
-        new = NewWorkflow(
-            workflow_id=workflow_id or str(uuid.uuid4()), name=workflow_name,
-            status=DELAYED if delay else ENQUEUED, inputs=inputs,
-            executor_id=self.config.executor_id, application_version=app_version,
-            created_at_ms=created_at, class_name=class_name, config_name=config_name,
-            queue_name=queue_name,
-            timeout_ms=int(timeout * 1000) if timeout is not None else None,
-            authenticated_user=authenticated_user, priority=priority,
-            deduplication_id=deduplication_id, queue_partition_key=partition_key,
-            delay_until_epoch_ms=created_at + int(delay * 1000) if delay else None,
-            attributes=attributes_json(attributes),
+        plan = plan_start(
+            CallContext(workflow_id=workflow_id, timeout=timeout,
+                        attributes=attributes_json(attributes)),
+            name=workflow_name, inputs=inputs, executor_id=self.config.executor_id,
+            application_version=application_version,
+            placement=Placement(queue_name, priority=priority,
+                                deduplication_id=deduplication_id,
+                                partition_key=partition_key, delay=delay),
+            class_name=class_name, config_name=config_name,
+            authenticated_user=authenticated_user,
         )
         sysdb = self.system_database
-        key = queue_name if new.status == ENQUEUED else DELAYED_KEY
 
         def start() -> Awaitable[StartResult]:
             if connection is None:
-                return sysdb.start_workflow(new, str(uuid.uuid4()))
-            return self._start_in_transaction(connection, new, key)
+                return sysdb.start_workflow(plan.row, plan.creator_xid)
+            return self._start_in_transaction(connection, plan)
 
         started = await start_deduplicated(sysdb, start, queue_name, deduplication_id,
                                            deduplication_policy)
         if isinstance(started, tuple):  # "return_existing": the holder's handle
-            return WorkflowHandle(self, started[0])
-        check_name(started, new.workflow_id, workflow_name)
+            return workflow_handle(self, started[0])
+        check_name(started, plan.workflow_id, workflow_name)
         if started.created and connection is None:
-            sysdb.notify(ENQUEUE_CHANNEL, key)
-        return WorkflowHandle(self, new.workflow_id)
+            announce(sysdb, plan.row)
+        return workflow_handle(self, plan.workflow_id)
 
-    async def _start_in_transaction(self, conn: asyncpg.Connection, new: NewWorkflow,
-                                    key: str) -> StartResult:
+    async def _start_in_transaction(self, conn: asyncpg.Connection,
+                                    plan: StartPlan) -> StartResult:
         async with conn.transaction():  # a savepoint inside the caller's transaction
-            started = await self.system_database.start_workflow_on(conn, new,
-                                                                   str(uuid.uuid4()))
+            started = await self.system_database.start_workflow_on(conn, plan.row,
+                                                                   plan.creator_xid)
             if started.created:
                 # Queued with the transaction: delivered on commit, dropped on rollback.
-                await conn.execute("SELECT pg_notify($1, $2)", ENQUEUE_CHANNEL, key)
+                await conn.execute("SELECT pg_notify($1, $2)", ENQUEUE_CHANNEL,
+                                   announcement_key(plan.row))
         return started
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
@@ -243,27 +255,12 @@ class DBOSClient(Operator):
 
     # ---- Queues ----
 
-    async def register_queue(
-        self,
-        name: str,
-        concurrency: int | None = None,
-        worker_concurrency: int | None = None,
-        limiter: LimiterSpec | None = None,
-        *,
-        partition_queue: bool = False,
-        partition_concurrency: int | None = None,
-        partition_worker_concurrency: int | None = None,
-        partition_limiter: LimiterSpec | None = None,
-        polling_interval: float = 1.0,
-    ) -> None:
+    @queue_settings(Queue)
+    async def register_queue(self, *settings: Any, **named: Any) -> None:
         """Store (upsert) a queue's settings in the ``queues`` table, where executors that
-        listen to it by name find them. The limits are checked as ``Queue`` checks them."""
-        queue = Queue(name, concurrency, worker_concurrency, limiter,
-                      partition_queue=partition_queue,
-                      partition_concurrency=partition_concurrency,
-                      partition_worker_concurrency=partition_worker_concurrency,
-                      partition_limiter=partition_limiter, polling_interval=polling_interval)
-        await self.system_database.upsert_queue(queue.record)
+        listen to it by name find them: ``register_queue(name, ...)`` takes the arguments
+        of :class:`~dbos_async.Queue`, checked as ``Queue`` checks them."""
+        await self.system_database.upsert_queue(Queue(*settings, **named).record)
 
     async def list_queues(self) -> list[Queue]:
         """The queues stored in the ``queues`` table."""

@@ -134,6 +134,14 @@ class DBOSConfig(BaseModel):
             if env is not None:
                 values[field_name] = env
         values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls._validated(values)
+
+    def updated(self, **settings: Any) -> DBOSConfig:
+        """A copy with ``settings`` changed, validated like the original."""
+        return self._validated({**self.model_dump(), **settings})
+
+    @classmethod
+    def _validated(cls, values: dict[str, Any]) -> DBOSConfig:
         try:
             return cls(**values)
         except ValidationError as error:

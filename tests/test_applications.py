@@ -62,7 +62,7 @@ async def pending(url: str, owner: str | None, workflow_id: str, version: str) -
     executor leaves it."""
     async with client(url, owner) as c:
         await c.enqueue(INTERNAL, "work", workflow_id, workflow_id=workflow_id,
-                        app_version=version)
+                        application_version=version)
     await execute(url, """UPDATE dbos.workflow_status SET status = 'PENDING',
                           queue_name = NULL, executor_id = $2 WHERE workflow_uuid = $1""",
                   workflow_id, EXECUTOR_ID)

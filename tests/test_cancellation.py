@@ -108,12 +108,12 @@ async def test_cancel_from_another_executor_wakes_the_watcher(database_url: str)
         with SetWorkflowID("wf-remote"):
             handle = await runner.start_workflow(flow.workflow)
         await asyncio.wait_for(flow.started.wait(), PATIENCE)
-        polls = runner.cancellation.polls
+        polls = runner.runtime.cancellation.polls
         await operator.cancel_workflow("wf-remote")
         # Woken by the notification (the poll interval is 30 s, far beyond the patience).
         await expect_cancelled(handle)
         assert flow.interrupted
-        assert runner.cancellation.polls == polls + 1
+        assert runner.runtime.cancellation.polls == polls + 1
 
 
 @pytest.mark.parametrize("listen", [True, False])
@@ -270,7 +270,7 @@ async def test_idle_executor_does_not_poll(database_url: str) -> None:
     async with dbos:
         await noop()
         await asyncio.sleep(0.3)
-        assert dbos.cancellation.polls == 0
+        assert dbos.runtime.cancellation.polls == 0
 
 
 async def test_cancel_is_recorded_for_a_workflow_awaiting_a_plain_coroutine(

@@ -158,7 +158,7 @@ async def test_our_client_with_dbos_executor(database_url: str) -> None:
                         application_name="interop-b", result_poll_interval=0.2)
     async with client:
         handle = await client.enqueue("interop-b", "dbos_work", 7, label="y",
-                                      workflow_id="to-dbos", app_version="interop-v")
+                                      workflow_id="to-dbos", application_version="interop-v")
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _DBOS_EXECUTOR_SCRIPT, database_url,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)

@@ -241,7 +241,10 @@ async def test_nothing_outlives_the_executor(database_url: str, conn: asyncpg.Co
         dispatcher_of(dbos).notify(WORKFLOW_EVENTS_CHANNEL, "x::y")
         await asyncio.sleep(0.1)
     assert set(asyncio.all_tasks()) - before - {asyncio.current_task()} == set()
-    assert len(dbos.background) == 0 and len(dbos.tasks) == 0
+    runtime = dbos._runtime
+    assert runtime is not None and runtime.state == "closed"
+    assert all(len(owner) == 0 for owner in (runtime.background, runtime.workflows,
+                                             runtime.queue_tasks))
     async with asyncio.timeout(5):
         while True:
             if not await conn.fetchval("SELECT count(*) FROM pg_stat_activity "

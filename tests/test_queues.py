@@ -24,7 +24,7 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowNotRegisteredError,
 )
-from dbos_async.executor.recovery import ClaimGate
+from dbos_async.executor.claim_gate import ClaimGate
 
 
 def with_workflows(dbos: DBOS) -> tuple[dict[str, Any], list[str]]:
@@ -426,8 +426,7 @@ async def test_queue_defined_elsewhere_is_found_and_dispatched(database_url: str
     async with worker:
         queue = await worker.get_queue("shared")
         assert queue.concurrency == 3 and queue.limiter == RateLimit(10, 1.0)
-        assert worker.queue_runtime is not None
-        assert "shared" in worker.queue_runtime.dispatchers
+        assert "shared" in worker.runtime.claim_loops
         handle = await queue.enqueue(wfs["echo"], "via-table")
         assert await handle.get_result() == "via-table"
 
@@ -466,8 +465,7 @@ async def test_workflow_without_its_function_stays_enqueued(database_url: str) -
     async with lacking:
         assert await (await lacking.retrieve_workflow(common.workflow_id)).get_result() \
             == "common"
-        assert lacking.queue_runtime is not None
-        dispatcher = lacking.queue_runtime.dispatchers["mixed"]
+        dispatcher = lacking.runtime.claim_loops["mixed"]
         rounds = dispatcher.rounds
 
         async def more_rounds() -> bool:
@@ -520,8 +518,7 @@ async def test_unversioned_work_goes_to_the_latest_version_only(database_url: st
         # Its own version's work still runs here.
         mine = await queue.enqueue(wfs["echo"], "own-version")
         assert await mine.get_result() == "own-version"
-        assert old.queue_runtime is not None
-        dispatcher = old.queue_runtime.dispatchers["versions"]
+        dispatcher = old.runtime.claim_loops["versions"]
         rounds = dispatcher.rounds
 
         async def more_rounds() -> bool:

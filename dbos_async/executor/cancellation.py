@@ -20,26 +20,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dbos_async.errors import WorkflowCancelledError
-from dbos_async.executor.context import WorkflowContext
 from dbos_async.sysdb.control import WorkflowControl
 from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL
-
-if TYPE_CHECKING:
-    from dbos_async.executor.dbos import DBOS
+from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Spawn
 
 logger = logging.getLogger("dbos_async")
 
 _CANCEL_MESSAGE = "dbos_async: the workflow was cancelled"
 
 
+class Execution(Protocol):
+    """What the watcher needs of one execution of a workflow (its context)."""
+
+    workflow_id: str
+    cancelled: bool
+
+
 class Region:
     """A stretch of a workflow (a step, a wait) that the watcher may interrupt."""
 
-    def __init__(self, watcher: CancellationWatcher, ctx: WorkflowContext,
+    def __init__(self, watcher: CancellationWatcher, ctx: Execution,
                  cancellable: bool) -> None:
         self._watcher = watcher
         self.ctx = ctx
@@ -77,24 +80,23 @@ class Region:
 class CancellationWatcher:
     """The regions running in this executor, and the task that interrupts cancelled ones."""
 
-    def __init__(self, dbos: DBOS) -> None:
-        self._dbos = dbos
+    def __init__(self, poll_interval: float) -> None:
+        self._poll_interval = poll_interval
         self._regions: dict[str, set[Region]] = {}
         # Every execution running here, so a cancel marks even one between steps.
-        self._contexts: dict[str, list[WorkflowContext]] = {}
+        self._contexts: dict[str, list[Execution]] = {}
         self._suspects: set[str] = set()
         self._event = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self.polls = 0
         """How many status reads the watcher made (for tests and diagnostics)."""
 
-    def region(self, ctx: WorkflowContext, cancellable: bool = True) -> Region:
+    def region(self, ctx: Execution, cancellable: bool = True) -> Region:
         return Region(self, ctx, cancellable)
 
-    def attach(self, ctx: WorkflowContext) -> None:
+    def attach(self, ctx: Execution) -> None:
         self._contexts.setdefault(ctx.workflow_id, []).append(ctx)
 
-    def detach(self, ctx: WorkflowContext) -> None:
+    def detach(self, ctx: Execution) -> None:
         contexts = self._contexts.get(ctx.workflow_id)
         if contexts is not None:
             contexts[:] = [c for c in contexts if c is not ctx]
@@ -130,15 +132,14 @@ class CancellationWatcher:
             for region in list(self._regions.get(workflow_id, ())):
                 region.interrupt()
 
-    def start(self, sysdb: SystemDatabase) -> None:
+    def start(self, sysdb: SystemDatabase, spawn: Spawn) -> None:
         """Subscribe to cancel notifications and start the watcher (a background task)."""
         if sysdb.notifications is not None:
             sysdb.notifications.subscribe(WORKFLOW_CANCEL_CHANNEL, self.on_notification)
-        self._task = self._dbos.background.spawn(self._run(WorkflowControl(sysdb)),
-                                                 "cancellation watcher")
+        spawn(self._run(WorkflowControl(sysdb)), "cancellation watcher")
 
     async def _run(self, control: WorkflowControl) -> None:
-        interval = self._dbos.config.cancellation_poll_interval
+        interval = self._poll_interval
         while True:
             timed_out = False
             if not self._suspects:

@@ -17,14 +17,14 @@ from dbos_async.errors import DBOSError
 from dbos_async.sysdb.database import StepRecord
 
 if TYPE_CHECKING:
-    from dbos_async.executor.dbos import DBOS
+    from dbos_async.executor.runtime import Runtime
 
 
 @dataclass
 class WorkflowContext:
-    """One execution of one workflow."""
+    """One execution of one workflow, in the runtime that runs it."""
 
-    dbos: DBOS
+    runtime: Runtime
     workflow_id: str
     owner_xid: str
     checkpoints: dict[int, StepRecord]

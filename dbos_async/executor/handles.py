@@ -123,8 +123,18 @@ def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | Non
     raise DBOSError(f"Workflow {workflow_id!r} ended in unknown status {outcome.status!r}")
 
 
+def workflow_handle(peer: Peer, workflow_id: str, *, signature: Signature | None = None,
+                    workflow_name: str | None = None) -> WorkflowHandle[Any]:
+    """The handle on ``workflow_id`` every start, lookup and operation returns: attached to
+    its execution if it runs in this process, its result typed by ``signature`` (or by the
+    signature registered for ``workflow_name``; plain JSON without either)."""
+    if signature is None and workflow_name is not None:
+        signature = peer.signature_of(workflow_name)
+    return WorkflowHandle(peer, workflow_id, peer.running_result(workflow_id), signature)
+
+
 class WorkflowHandle(Generic[R]):
-    """A workflow started or retrieved by this executor.
+    """A workflow started or retrieved by this executor (see :func:`workflow_handle`).
 
     A workflow running in this process is awaited directly; any other is read from the
     system database until it finishes.
@@ -132,12 +142,12 @@ class WorkflowHandle(Generic[R]):
 
     def __init__(
         self,
-        dbos: Peer,
+        peer: Peer,
         workflow_id: str,
         result: asyncio.Future[Any] | None = None,
         signature: Signature | None = None,
     ) -> None:
-        self._dbos = dbos
+        self._peer = peer
         self._result = result
         self._signature = signature
         self.workflow_id = workflow_id
@@ -151,19 +161,19 @@ class WorkflowHandle(Generic[R]):
             # Shielded: a caller that gives up waiting must not cancel the workflow.
             value: R = await asyncio.shield(self._result)
             return value
-        running = self._dbos.running_result(self.workflow_id)
+        running = self._peer.running_result(self.workflow_id)
         if running is not None:
             value = await asyncio.shield(running)
             return value
-        outcome = await self._dbos.system_database.wait_outcome(
-            self.workflow_id, self._dbos.config.result_poll_interval
+        outcome = await self._peer.system_database.wait_outcome(
+            self.workflow_id, self._peer.config.result_poll_interval
         )
-        signature = self._signature or self._dbos.signature_of(outcome.name)
+        signature = self._signature or self._peer.signature_of(outcome.name)
         result: R = outcome_value(self.workflow_id, outcome, signature)
         return result
 
     async def get_status(self) -> WorkflowStatus:
-        row = await self._dbos.system_database.get_workflow(self.workflow_id)
+        row = await self._peer.system_database.get_workflow(self.workflow_id)
         if row is None:
             raise NonExistentWorkflowError(self.workflow_id)
         return WorkflowStatus.from_record(row)

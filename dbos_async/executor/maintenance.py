@@ -6,21 +6,18 @@ SHA-256 of ``dbos.background_job.<schema>..<job>``) and does its work in that tr
 so across every executor on the database at most one runs a given job at a time; an
 executor that finds the lock taken skips that round. Both jobs are off by default
 (``retention_hours``, ``global_timeout_hours``); when either is set, one background task of
-the DBOS instance runs them every ``maintenance_interval`` seconds, the first time at start.
+the runtime runs them every ``maintenance_interval`` seconds, the first time at start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
 
-from dbos_async.executor.operations import announce_cancelled
+from dbos_async.executor.control import announce_cancelled
+from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.control import JobConnection, WorkflowControl
 from dbos_async.sysdb.database import now_ms
-
-if TYPE_CHECKING:
-    from dbos_async.executor.dbos import DBOS
 
 logger = logging.getLogger("dbos_async")
 
@@ -28,10 +25,10 @@ RETENTION_JOB = "retention"
 GLOBAL_TIMEOUT_JOB = "global_timeout"
 
 
-async def run_retention(dbos: DBOS, cutoff_ms: int, batch_size: int) -> int | None:
+async def run_retention(runtime: Runtime, cutoff_ms: int, batch_size: int) -> int | None:
     """Delete terminal workflows finished before ``cutoff_ms``, ``batch_size`` per
     statement. Returns how many, or None if another executor holds the job's lock."""
-    ctl = WorkflowControl(dbos.system_database)
+    ctl = WorkflowControl(runtime.system_database)
 
     async def job(conn: JobConnection) -> int:
         total = 0
@@ -50,10 +47,10 @@ async def run_retention(dbos: DBOS, cutoff_ms: int, batch_size: int) -> int | No
     return total
 
 
-async def run_global_timeout(dbos: DBOS, cutoff_ms: int) -> list[str] | None:
+async def run_global_timeout(runtime: Runtime, cutoff_ms: int) -> list[str] | None:
     """Cancel in-flight workflows created before ``cutoff_ms``. Returns their IDs, or None
     if another executor holds the job's lock."""
-    ctl = WorkflowControl(dbos.system_database)
+    ctl = WorkflowControl(runtime.system_database)
 
     async def job(conn: JobConnection) -> list[tuple[str, str | None]]:
         q = ctl.sql.cancel_created_before(cutoff_ms, now_ms())
@@ -63,7 +60,7 @@ async def run_global_timeout(dbos: DBOS, cutoff_ms: int) -> list[str] | None:
     if not ran or rows is None:
         return None
     # Committed: stop what runs here, and tell the others.
-    announce_cancelled(dbos, rows)
+    announce_cancelled(runtime, rows)
     cancelled = [workflow_id for workflow_id, _ in rows]
     if cancelled:
         logger.info("Global timeout cancelled %d workflows created before %d",
@@ -71,26 +68,26 @@ async def run_global_timeout(dbos: DBOS, cutoff_ms: int) -> list[str] | None:
     return cancelled
 
 
-async def run_jobs_once(dbos: DBOS) -> None:
-    config = dbos.config
+async def run_jobs_once(runtime: Runtime) -> None:
+    config = runtime.config
     now = now_ms()
     if config.retention_hours is not None:
-        await run_retention(dbos, now - int(config.retention_hours * 3_600_000),
+        await run_retention(runtime, now - int(config.retention_hours * 3_600_000),
                             config.retention_batch_size)
     if config.global_timeout_hours is not None:
-        await run_global_timeout(dbos, now - int(config.global_timeout_hours * 3_600_000))
+        await run_global_timeout(runtime, now - int(config.global_timeout_hours * 3_600_000))
 
 
-async def maintenance_loop(dbos: DBOS) -> None:
+async def maintenance_loop(runtime: Runtime) -> None:
     while True:
         try:
-            await run_jobs_once(dbos)
+            await run_jobs_once(runtime)
         except Exception as error:  # the database may be down: next round
             logger.warning("A maintenance job failed: %r", error)
-        await asyncio.sleep(dbos.config.maintenance_interval)
+        await asyncio.sleep(runtime.config.maintenance_interval)
 
 
-def start(dbos: DBOS) -> None:
-    config = dbos.config
+def start(runtime: Runtime) -> None:
+    config = runtime.config
     if config.retention_hours is not None or config.global_timeout_hours is not None:
-        dbos.background.spawn(maintenance_loop(dbos), "maintenance jobs")
+        runtime.background.spawn(maintenance_loop(runtime), "maintenance jobs")

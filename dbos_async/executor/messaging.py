@@ -39,7 +39,6 @@ from dbos_async.sysdb.notifications import (
 from dbos_async.sysdb.statements import ACTIVE_STATUSES
 
 if TYPE_CHECKING:
-    from dbos_async.executor.dbos import DBOS
     from dbos_async.executor.handles import WorkflowHandle
     from dbos_async.executor.peer import Peer
 
@@ -81,7 +80,7 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
         return int(value)
     started = now_ms()
     deadline = started + math.ceil(max(0.0, seconds) * 1000)
-    existing = await ctx.dbos.system_database.record_step(
+    existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, SLEEP, ctx.owner_xid, output=to_json(deadline, "a deadline"),
         error=None, started_at_ms=started,
         completed_at_ms=deadline if complete_at_deadline else started,
@@ -94,7 +93,7 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
 async def _record_value(ctx: WorkflowContext, step_id: int, name: str, output: str) -> Any:
     """Record a read's result as its checkpoint; a record already there wins."""
     started = now_ms()
-    existing = await ctx.dbos.system_database.record_step(
+    existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
         started_at_ms=started, completed_at_ms=started,
     )
@@ -115,12 +114,10 @@ def message_address(destination_id: str, topic: str | None,
     return (topic if topic is not None else NULL_TOPIC), message_uuid
 
 
-async def send(dbos: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
                step_id: int | None, destination_id: str, message: str, topic: str | None,
                idempotency_key: str | None) -> None:
-    # A workflow's own executor, which is the one that owns it.
-    owner = ctx or step_ctx
-    sysdb = (owner.dbos if owner is not None else dbos).system_database
+    sysdb = peer.system_database
     topic, message_uuid = message_address(destination_id, topic, idempotency_key)
     if ctx is not None and step_id is not None:
         done, _ = _recorded(ctx, step_id, SEND)
@@ -153,7 +150,7 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
     done, value = _recorded(ctx, step_id, RECV)
     if done:
         return value
-    sysdb = ctx.dbos.system_database
+    sysdb = ctx.runtime.system_database
     dispatcher = _dispatcher(sysdb)
     topic = topic if topic is not None else NULL_TOPIC
     deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
@@ -170,7 +167,7 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
             if left is not None and left <= 0:
                 return await _record_value(ctx, step_id, RECV, "null")
             # Interrupted if the workflow is cancelled meanwhile.
-            with ctx.dbos.cancellation.region(ctx):
+            with ctx.runtime.cancellation.region(ctx):
                 await w.wait(left)
 
 
@@ -183,7 +180,7 @@ async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | Non
         done, _ = _recorded(ctx, step_id, SET_EVENT)
         if done:
             return
-        sysdb = ctx.dbos.system_database
+        sysdb = ctx.runtime.system_database
         existing = await sysdb.set_event_recorded(ctx.workflow_id, step_id, ctx.owner_xid,
                                                   key, value)
         if existing is not None:
@@ -191,7 +188,7 @@ async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | Non
             return
         workflow_id = ctx.workflow_id
     elif step_ctx is not None:
-        sysdb = step_ctx.dbos.system_database
+        sysdb = step_ctx.runtime.system_database
         await sysdb.set_event_fenced(step_ctx.workflow_id, step_ctx.owner_xid, key, value)
         workflow_id = step_ctx.workflow_id
     else:
@@ -214,10 +211,10 @@ async def _poll_event(sysdb: SystemDatabase, workflow_id: str, key: str,
             await waiter.wait(left)
 
 
-async def get_event(dbos: Peer, ctx: WorkflowContext | None, step_id: int | None,
+async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None,
                     timeout_id: int | None, workflow_id: str, key: str,
                     timeout: float | None) -> Any:  # noqa: ASYNC109
-    sysdb = (ctx.dbos if ctx is not None else dbos).system_database
+    sysdb = peer.system_database
     if ctx is None or step_id is None or timeout_id is None:
         deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
         found = await _poll_event(sysdb, workflow_id, key, deadline)
@@ -227,7 +224,7 @@ async def get_event(dbos: Peer, ctx: WorkflowContext | None, step_id: int | None
         return value
     deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
                 if timeout is not None else None)
-    with ctx.dbos.cancellation.region(ctx):
+    with ctx.runtime.cancellation.region(ctx):
         found = await _poll_event(sysdb, workflow_id, key, deadline)
     if found is None:
         return await _record_value(ctx, step_id, GET_EVENT, "null")
@@ -235,8 +232,8 @@ async def get_event(dbos: Peer, ctx: WorkflowContext | None, step_id: int | None
     return await _record_value(ctx, step_id, GET_EVENT, found[0])
 
 
-async def get_all_events(dbos: Peer, workflow_id: str) -> dict[str, Any]:
-    rows = await dbos.system_database.get_all_events(workflow_id)
+async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:
+    rows = await peer.system_database.get_all_events(workflow_id)
     return {key: from_json(value, serialization, f"event {key!r}")
             for key, value, serialization in rows}
 
@@ -250,7 +247,7 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
         done, _ = _recorded(ctx, step_id, name)
         if done:
             return
-        sysdb = ctx.dbos.system_database
+        sysdb = ctx.runtime.system_database
         existing = await sysdb.write_stream_recorded(ctx.workflow_id, step_id, name,
                                                      ctx.owner_xid, key, value)
         if existing is not None:
@@ -258,7 +255,7 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
             return
         workflow_id = ctx.workflow_id
     elif step_ctx is not None:
-        sysdb = step_ctx.dbos.system_database
+        sysdb = step_ctx.runtime.system_database
         await sysdb.write_stream_fenced(step_ctx.workflow_id, step_ctx.owner_xid, key, value)
         workflow_id = step_ctx.workflow_id
     else:
@@ -266,12 +263,12 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
     _dispatcher(sysdb).notify(STREAMS_CHANNEL, payload_key(workflow_id, key))
 
 
-async def read_stream(dbos: Peer, workflow_id: str, key: str, offset: int
+async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int
                       ) -> AsyncIterator[Any]:
-    sysdb = dbos.system_database
+    sysdb = peer.system_database
     dispatcher = _dispatcher(sysdb)
     # Other clients may not announce completion: re-read at least this often.
-    cap = dbos.config.result_poll_interval
+    cap = peer.config.result_poll_interval
     with dispatcher.register(STREAMS_CHANNEL, payload_key(workflow_id, key),
                              also=[(WORKFLOW_COMPLETION_CHANNEL, workflow_id)]) as waiter:
         while True:
@@ -302,16 +299,11 @@ async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float
     deadline = await durable_deadline(ctx, step_id, seconds, complete_at_deadline=True)
     left = remaining(deadline)
     if left:
-        with ctx.dbos.cancellation.region(ctx):
+        with ctx.runtime.cancellation.region(ctx):
             await asyncio.sleep(left)
 
 
-# ---- Completion ----
-
-
-def notify_completion(dbos: DBOS, workflow_id: str) -> None:
-    """Announce that ``workflow_id`` reached a terminal status (after that committed)."""
-    dbos.system_database.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
+# ---- Waiting for workflows ----
 
 
 async def _settled(handle: WorkflowHandle[Any]) -> None:

@@ -2,17 +2,17 @@
 (:class:`~dbos_async.DBOSClient`) share: handles, events and streams read from outside,
 waits, cancel, delete, resume, fork, rewind, listings and application versions.
 
-:class:`Operator` defines each of these methods once, on top of the
-:class:`~dbos_async.executor.peer.Peer` protocol, as thin wrappers over
-:mod:`~dbos_async.executor.operations` and :mod:`~dbos_async.executor.messaging`. Where an
-executor and a client differ, a small hook decides:
+:class:`Operator` defines each of these methods once, as thin wrappers over
+:mod:`~dbos_async.executor.control` and :mod:`~dbos_async.executor.messaging`, run on a
+:class:`~dbos_async.executor.peer.Peer` of the system database. Where an executor and a
+client differ, a small hook decides:
 
-- :meth:`Operator._require_ready`: an executor operates only while running (a client relies
-  on its ``system_database``, which refuses when it is not connected);
+- :meth:`Operator._peer`: what the operations run on: an executor's running runtime (so an
+  executor operates only while running), or the client itself;
 - :meth:`Operator._contexts`: the workflow (or step) the call comes from, so that ``send``
   and ``get_event`` are checkpoints inside a workflow (a client is never in one);
-- :meth:`Operator._next_start`: the ID and timeout ``SetWorkflowID`` and
-  ``SetWorkflowTimeout`` give a fork (a client takes them as arguments only);
+- :meth:`Operator._fork_call`: the start context of a fork (an executor adds the ID and
+  timeout ``SetWorkflowID`` and ``SetWorkflowTimeout`` give; a client takes arguments only);
 - :meth:`Operator._handle`: the handle resume, fork and rewind return (an executor looks the
   workflow up to type its result; a client's handles are plain JSON and need no lookup).
 """
@@ -23,19 +23,20 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import NonExistentWorkflowError
-from dbos_async.executor import messaging, operations
+from dbos_async.executor import control, messaging
 from dbos_async.executor.context import attributes_json
-from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus
-from dbos_async.executor.operations import (
+from dbos_async.executor.control import (
     ApplicationVersion,
     TimeBound,
     WorkflowStepInfo,
     as_list,
     epoch_ms,
 )
+from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus, workflow_handle
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues import Queue
+from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.serialization import to_json
+from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.control import WorkflowFilter
 from dbos_async.sysdb.database import now_ms
 
@@ -48,23 +49,30 @@ def _queue_name(queue: str | Queue | None) -> str | None:
     return queue.name if isinstance(queue, Queue) else queue
 
 
-class Operator(Peer):
-    """The operator API of a peer (an executor or a client) of a system database."""
+class Operator:
+    """The operator API of an executor or a client of a system database."""
 
     # ---- Hooks ----
 
-    def _require_ready(self) -> None:
-        """Raise if this peer cannot operate workflows now."""
+    def _peer(self, during_shutdown: bool = False) -> Peer:
+        """What the operations run on; raises if this executor or client cannot operate
+        workflows now. ``during_shutdown``: messages and events also flow while running
+        workflows finish in an executor's shutdown grace period."""
+        raise NotImplementedError
+
+    def _caller_peer(self, ctx: WorkflowContext | None) -> Peer:
+        """A workflow's own runtime (the one that owns it) for calls from its body or
+        steps, else :meth:`_peer`."""
+        return ctx.runtime if ctx is not None else self._peer(during_shutdown=True)
 
     def _contexts(self) -> tuple[WorkflowContext | None, WorkflowContext | None]:
         """The workflow whose body makes this call, and the workflow whose step makes it
         (each None when there is none)."""
         return None, None
 
-    def _next_start(self) -> tuple[str | None, float | None]:
-        """The workflow ID (taken: it is used once) and timeout the context gives the next
-        workflow started here."""
-        return None, None
+    def _fork_call(self, workflow_id: str | None, timeout: float | None) -> CallContext:
+        """The start context of a fork given these arguments."""
+        return CallContext(workflow_id=workflow_id, timeout=timeout)
 
     async def _handle(self, workflow_id: str) -> WorkflowHandle[Any]:
         """The handle resume, fork and rewind return on ``workflow_id``."""
@@ -76,17 +84,15 @@ class Operator(Peer):
         """A handle on an existing workflow, started by any executor. Its ``get_result()``
         is typed by the registered workflow's signature in an executor that has it, and
         returns plain JSON values elsewhere (as in a client)."""
-        self._require_ready()
-        row = await self.system_database.get_workflow(workflow_id)
+        peer = self._peer()
+        row = await peer.system_database.get_workflow(workflow_id)
         if row is None:
             raise NonExistentWorkflowError(workflow_id)
-        return WorkflowHandle(self, workflow_id, self.running_result(workflow_id),
-                              self.signature_of(row["name"]))
+        return workflow_handle(peer, workflow_id, workflow_name=row["name"])
 
     async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
         """The status row of ``workflow_id``, or None if there is no such workflow."""
-        self._require_ready()
-        row = await self.system_database.get_workflow(workflow_id)
+        row = await self._peer().system_database.get_workflow(workflow_id)
         return WorkflowStatus.from_record(row) if row is not None else None
 
     async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
@@ -110,8 +116,8 @@ class Operator(Peer):
         text = to_json(message, "a message")
         ctx, step_ctx = self._contexts()
         step_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.send(self, ctx, step_ctx, step_id, destination_id, text, topic,
-                              idempotency_key)
+        return messaging.send(self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id,
+                              destination_id, text, topic, idempotency_key)
 
     def get_event(self, workflow_id: str, key: str,
                   timeout: float | None = 60.0) -> Coroutine[Any, Any, Any]:
@@ -120,21 +126,21 @@ class Operator(Peer):
         ctx, _ = self._contexts()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         timeout_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.get_event(self, ctx, step_id, timeout_id, workflow_id, key, timeout)
+        return messaging.get_event(self._caller_peer(ctx), ctx, step_id, timeout_id,
+                                   workflow_id, key, timeout)
 
     async def get_all_events(self, workflow_id: str) -> dict[str, Any]:
         """Every event of ``workflow_id`` with its latest value (a read, not a checkpoint)."""
-        self._require_ready()
-        return await messaging.get_all_events(self, workflow_id)
+        return await messaging.get_all_events(self._peer(), workflow_id)
 
     def read_stream(self, workflow_id: str, key: str, offset: int = 0) -> AsyncIterator[Any]:
         """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come.
 
         Ends at the close marker, or when the workflow is finished and nothing more is there.
         """
-        return messaging.read_stream(self, workflow_id, key, offset)
+        return messaging.read_stream(self._peer(during_shutdown=True), workflow_id, key, offset)
 
-    # ---- Cancel and delete (see executor/operations.py and sysdb/control.py) ----
+    # ---- Cancel and delete (see executor/control.py) ----
 
     async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
         """Cancel a workflow (and with ``cancel_children`` every workflow it started,
@@ -148,8 +154,7 @@ class Operator(Peer):
                                cancel_children: bool = False) -> list[str]:
         """Cancel several workflows in one transaction (all or, if one is unknown, none).
         Returns the IDs whose status changed."""
-        self._require_ready()
-        return await operations.cancel(self, list(workflow_ids), cancel_children)
+        return await control.cancel(self._peer(), list(workflow_ids), cancel_children)
 
     async def delete_workflow(self, workflow_id: str, delete_children: bool = False) -> None:
         """Delete every row of a workflow (status, inputs, outputs, steps, messages,
@@ -160,8 +165,7 @@ class Operator(Peer):
     async def delete_workflows(self, workflow_ids: Sequence[str],
                                delete_children: bool = False) -> None:
         """Delete several workflows, in one transaction."""
-        self._require_ready()
-        await operations.delete(self, list(workflow_ids), delete_children)
+        await control.delete(self._peer(), list(workflow_ids), delete_children)
 
     # ---- Resume, fork and rewind ----
 
@@ -178,9 +182,8 @@ class Operator(Peer):
     async def resume_workflows(self, workflow_ids: Sequence[str],
                                queue: str | Queue | None = None) -> list[WorkflowHandle[Any]]:
         """Resume several workflows in one transaction (all or, if one is unknown, none)."""
-        self._require_ready()
         ids = list(workflow_ids)
-        await operations.resume(self, ids, _queue_name(queue))
+        await control.resume(self._peer(), ids, _queue_name(queue))
         return [await self._handle(workflow_id) for workflow_id in ids]
 
     async def fork_workflow(
@@ -196,15 +199,11 @@ class Operator(Peer):
         ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
         last recorded step. ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead."""
-        self._require_ready()
-        context_id, context_timeout = self._next_start()
-        new_id = await operations.fork(
-            self, workflow_id, start_step,
-            fork_id=new_workflow_id if new_workflow_id is not None else context_id,
+        peer = self._peer()
+        new_id = await control.fork(
+            peer, workflow_id, start_step, self._fork_call(new_workflow_id, workflow_timeout),
             application_version=application_version, queue_name=_queue_name(queue),
-            replacement_children=replacement_children,
-            workflow_timeout=workflow_timeout if workflow_timeout is not None
-            else context_timeout)
+            replacement_children=replacement_children)
         return await self._handle(new_id)
 
     async def rewind_workflow(
@@ -214,8 +213,7 @@ class Operator(Peer):
         """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
         discarded (events rolled back, stream close markers removed, messages consumed
         since deleted) and it is re-enqueued under the same ID to run them again."""
-        self._require_ready()
-        await operations.rewind(self, workflow_id, start_step,
+        await control.rewind(self._peer(), workflow_id, start_step,
                                 application_version=application_version,
                                 queue_name=_queue_name(queue))
         return await self._handle(workflow_id)
@@ -256,8 +254,7 @@ class Operator(Peer):
         one when it has no name). ``attributes`` keeps workflows whose attributes contain
         the given dict. ``queues_only`` keeps workflows on a queue that have not finished (as
         :meth:`list_queued_workflows`)."""
-        self._require_ready()
-        return await operations.list_workflows(self, WorkflowFilter(
+        return await control.list_workflows(self._peer(), WorkflowFilter(
             workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
             statuses=as_list(status),
             names=as_list(name),
@@ -306,9 +303,9 @@ class Operator(Peer):
     async def list_workflow_steps(self, workflow_id: str) -> list[WorkflowStepInfo]:
         """The recorded steps (and other checkpoints) of a workflow, by position; an
         unknown ID raises :class:`NonExistentWorkflowError`."""
-        self._require_ready()
-        steps = await operations.list_steps(self, workflow_id)
-        if not steps and await self.system_database.get_workflow(workflow_id) is None:
+        peer = self._peer()
+        steps = await control.list_steps(peer, workflow_id)
+        if not steps and await peer.system_database.get_workflow(workflow_id) is None:
             raise NonExistentWorkflowError(workflow_id)
         return steps
 
@@ -316,17 +313,14 @@ class Operator(Peer):
 
     async def list_application_versions(self) -> list[ApplicationVersion]:
         """Every registered application version, latest first."""
-        self._require_ready()
-        records = await operations.control(self).list_versions()
+        records = await control.control(self._peer()).list_versions()
         return [ApplicationVersion.from_record(r) for r in records]
 
     async def get_latest_application_version(self) -> ApplicationVersion | None:
         """The version with the newest timestamp (None if none is registered)."""
-        self._require_ready()
-        record = await operations.control(self).latest_version()
+        record = await control.control(self._peer()).latest_version()
         return ApplicationVersion.from_record(record) if record is not None else None
 
     async def set_latest_application_version(self, version_name: str) -> None:
         """Make ``version_name`` the latest (registering it if it is unknown)."""
-        self._require_ready()
-        await operations.control(self).set_latest_version(version_name, now_ms())
+        await control.control(self._peer()).set_latest_version(version_name, now_ms())

@@ -38,7 +38,7 @@ async def _value(value: bool) -> bool:
 
 async def _record(ctx: WorkflowContext, step_id: int, marker: str) -> bool:
     started = now_ms()
-    existing = await ctx.dbos.system_database.record_step(
+    existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, marker, ctx.owner_xid, output=None, error=None,
         started_at_ms=started, completed_at_ms=started,
     )

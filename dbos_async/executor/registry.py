@@ -35,6 +35,38 @@ class WorkflowInfo:
         return self.fn.__qualname__.rsplit(".", 1)[0] if self.is_method else None
 
 
+INSTANCE_NAME_ATTRIBUTE = "__dbos_instance_name__"
+
+
+def workflow_info_of(fn: Callable[..., Any], args: tuple[Any, ...],
+                     owner: object) -> tuple[WorkflowInfo, tuple[Any, ...]]:
+    """The registration of workflow ``fn`` (a decorated function or a bound workflow
+    method, whose instance joins the arguments), which ``owner`` must have made."""
+    if inspect.ismethod(fn):
+        args = (fn.__self__, *args)
+        fn = fn.__func__
+    info = getattr(fn, "__dbos_workflow__", None)
+    if not isinstance(info, WorkflowInfo):
+        raise DBOSError(
+            f"{getattr(fn, '__qualname__', fn)!r} is not a workflow: decorate it with "
+            "@dbos.workflow()"
+        )
+    if info.owner is not owner:
+        raise DBOSError(f"Workflow {info.name!r} is registered with another DBOS instance")
+    return info, args
+
+
+def instance_name(instance: object) -> str:
+    """The name an object was registered under with ``dbos.register_instance``."""
+    name = getattr(instance, INSTANCE_NAME_ATTRIBUTE, None)
+    if not isinstance(name, str):
+        raise DBOSError(
+            f"Workflow methods of {type(instance).__qualname__} need a registered instance: "
+            "call dbos.register_instance(obj, name) first"
+        )
+    return name
+
+
 class Registry:
     def __init__(self) -> None:
         self.workflows: dict[str, WorkflowInfo] = {}
@@ -53,6 +85,7 @@ class Registry:
         if key in self.instances and self.instances[key] is not instance:
             raise DBOSError(f"An instance of {key[0]} named {name!r} is already registered")
         self.instances[key] = instance
+        instance.__dict__[INSTANCE_NAME_ATTRIBUTE] = name
 
     def instance(self, class_name: str | None, config_name: str | None) -> object:
         if class_name is None or config_name is None:

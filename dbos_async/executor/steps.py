@@ -8,6 +8,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from dbos_async.errors import (
     DBOSError,
     NondeterminismError,
@@ -86,7 +88,7 @@ async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any])
             try:
                 if options.timeout is None:
                     return await info.fn(*args, **kwargs)
-                async with asyncio.timeout(options.timeout):
+                with anyio.fail_after(options.timeout):
                     return await info.fn(*args, **kwargs)
             except Exception as error:
                 if not options.should_retry(error):
@@ -129,10 +131,10 @@ async def run_checkpointed(
     recorded = ctx.checkpoints.get(step_id)
     if recorded is not None:
         return replay(ctx, step_id, name, recorded, info.signature)
-    sysdb = ctx.dbos.system_database
+    sysdb = ctx.runtime.system_database
     started = now_ms()
     try:
-        with ctx.dbos.cancellation.region(ctx, info.options.cancellable):
+        with ctx.runtime.cancellation.region(ctx, info.options.cancellable):
             value = await attempt(info, args, kwargs)
     except Exception as error:
         if ctx.cancelled:

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
+import anyio
 import asyncpg
 
 logger = logging.getLogger("dbos_async")
@@ -56,7 +57,8 @@ CHANNELS = (
 )
 
 Target = tuple[str, str]
-Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
+"""Runs a coroutine as a task of the dispatcher's owner (which awaits it on close)."""
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
 _NOTIFY_SQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
@@ -162,8 +164,9 @@ class NotificationDispatcher:
         self._connection: asyncpg.Connection | None = None
         self._lost = asyncio.Event()
         self._stopping = False
-        self._listener_task: asyncio.Task[None] | None = None
-        self._notifier_task: asyncio.Task[None] | None = None
+        self._running = False
+        self._stop = anyio.Event()
+        self._stopped = anyio.Event()
         self.reconnects = 0
         """How many times the listener reconnected after losing its connection."""
         self.notifications_sent = 0
@@ -356,25 +359,35 @@ class NotificationDispatcher:
     # ---- Lifecycle ----
 
     async def start(self, spawn: Spawn) -> None:
-        """Connect the listener (if enabled) and start the background tasks."""
-        if self.use_listen_notify:
-            await self._listen_once()
-            self._listener_task = spawn(self._run_listener(), "notification listener")
-            self._notifier_task = spawn(self._run_notifier(), "notifier")
+        """Connect the listener (if enabled) and start the listener and notifier, as one
+        task of the owner's that runs them in a task group until :meth:`stop`."""
+        if not self.use_listen_notify:
+            return
+        await self._listen_once()
+        self._running = True
+        spawn(self._run(), "notification listener and notifier")
+
+    async def _run(self) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._run_listener, name="notification listener")
+                group.start_soon(self._run_notifier, name="notifier")
+                await self._stop.wait()
+                group.cancel_scope.cancel()
+        finally:
+            self._stopped.set()
 
     async def stop(self) -> None:
-        """Send what is queued, stop the tasks and close the listener connection."""
+        """Stop the listener and notifier, send what is still queued and close the listener
+        connection."""
         self._stopping = True
-        for task in (self._notifier_task, self._listener_task):
-            if task is not None and not task.done():
-                task.cancel()
-        tasks = [t for t in (self._notifier_task, self._listener_task) if t is not None]
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        try:
-            async with asyncio.timeout(5.0):
-                await self.flush()
-        except TimeoutError:
+        self._stop.set()
+        if self._running:
+            with anyio.CancelScope(shield=True):
+                await self._stopped.wait()
+        with anyio.move_on_after(5.0) as flushing:
+            await self.flush()
+        if flushing.cancelled_caught:
             logger.warning("Gave up sending the last notifications on shutdown")
         self._drop_connection()
         self.wake_all()

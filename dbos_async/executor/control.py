@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
 from dbos_async.errors import DBOSError, SerializationError
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
+from dbos_async.executor.peer import Peer
 from dbos_async.executor.serialization import deserialize_error, from_json
+from dbos_async.executor.start import CallContext, new_workflow_id
 from dbos_async.sysdb.control import VersionRecord, WorkflowControl, WorkflowFilter
 from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.notifications import (
@@ -31,9 +32,6 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_COMPLETION_CHANNEL,
 )
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME
-
-if TYPE_CHECKING:
-    from dbos_async.executor.peer import Peer
 
 logger = logging.getLogger("dbos_async")
 
@@ -69,8 +67,8 @@ class ApplicationVersion:
                    record.created_at)
 
 
-def control(dbos: Peer) -> WorkflowControl:
-    return WorkflowControl(dbos.system_database)
+def control(peer: Peer) -> WorkflowControl:
+    return WorkflowControl(peer.system_database)
 
 
 def epoch_ms(value: TimeBound | None, what: str) -> int | None:
@@ -103,21 +101,21 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
 # ---- Cancel and delete ----
 
 
-async def cancel(dbos: Peer, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
-    rows = await control(dbos).cancel(workflow_ids, children=cancel_children, now_ms=now_ms())
-    announce_cancelled(dbos, rows)
+async def cancel(peer: Peer, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
+    rows = await control(peer).cancel(workflow_ids, children=cancel_children, now_ms=now_ms())
+    announce_cancelled(peer, rows)
     cancelled = [workflow_id for workflow_id, _ in rows]
     if cancelled:
         logger.info("Cancelled workflows: %s", ", ".join(cancelled))
     return cancelled
 
 
-def announce_cancelled(dbos: Peer, rows: Sequence[tuple[str, str | None]]) -> None:
+def announce_cancelled(peer: Peer, rows: Sequence[tuple[str, str | None]]) -> None:
     """After a cancel committed: interrupt what runs here at once, and notify the rest
     (handles wake on completion, watchers on the cancel channel, the dispatchers of the
     queues whose slots were freed on the enqueue channel)."""
-    dbos.interrupt_local({workflow_id for workflow_id, _ in rows})
-    sysdb = dbos.system_database
+    peer.interrupt_local({workflow_id for workflow_id, _ in rows})
+    sysdb = peer.system_database
     for workflow_id, _ in rows:
         sysdb.notify(WORKFLOW_CANCEL_CHANNEL, workflow_id)
         sysdb.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
@@ -125,9 +123,9 @@ def announce_cancelled(dbos: Peer, rows: Sequence[tuple[str, str | None]]) -> No
         sysdb.notify(ENQUEUE_CHANNEL, queue_name)
 
 
-async def delete(dbos: Peer, workflow_ids: Sequence[str], delete_children: bool) -> None:
+async def delete(peer: Peer, workflow_ids: Sequence[str], delete_children: bool) -> None:
     ids = list(workflow_ids)
-    ctl = control(dbos)
+    ctl = control(peer)
     if delete_children:
         ids += await ctl.descendants(ids)
     await ctl.delete(ids)
@@ -136,12 +134,12 @@ async def delete(dbos: Peer, workflow_ids: Sequence[str], delete_children: bool)
 # ---- Listing ----
 
 
-def _status(dbos: Peer, row: asyncpg.Record, load_input: bool,
+def _status(peer: Peer, row: asyncpg.Record, load_input: bool,
             load_output: bool) -> WorkflowStatus:
     status = WorkflowStatus.from_record(row)
     if not (load_input or load_output):
         return status
-    signature = dbos.signature_of(status.name)
+    signature = peer.signature_of(status.name)
     serialization = row["serialization"]
     changes: dict[str, Any] = {}
     try:
@@ -170,17 +168,17 @@ def _status(dbos: Peer, row: asyncpg.Record, load_input: bool,
     return dataclasses.replace(status, **changes)
 
 
-async def list_workflows(dbos: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
+async def list_workflows(peer: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
     if f.limit is not None and f.limit < 0:
         raise DBOSError(f"limit must be >= 0, got {f.limit}")
     if f.offset is not None and f.offset < 0:
         raise DBOSError(f"offset must be >= 0, got {f.offset}")
-    rows = await control(dbos).list_workflows(f)
-    return [_status(dbos, row, f.load_input, f.load_output) for row in rows]
+    rows = await control(peer).list_workflows(f)
+    return [_status(peer, row, f.load_input, f.load_output) for row in rows]
 
 
-async def list_steps(dbos: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
-    rows = await control(dbos).list_steps(workflow_id)
+async def list_steps(peer: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
+    rows = await control(peer).list_steps(workflow_id)
     steps = []
     for row in rows:
         serialization = row["serialization"]
@@ -207,19 +205,19 @@ async def list_steps(dbos: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
 # ---- Resume, fork, rewind ----
 
 
-def _announce_enqueued(dbos: Peer, queue_name: str) -> None:
+def _announce_enqueued(peer: Peer, queue_name: str) -> None:
     """After the re-enqueue committed: wake that queue's dispatchers, here and elsewhere."""
-    dbos.system_database.notify(ENQUEUE_CHANNEL, queue_name)
+    peer.system_database.notify(ENQUEUE_CHANNEL, queue_name)
 
 
-async def resume(dbos: Peer, workflow_ids: Sequence[str], queue_name: str | None) -> list[str]:
+async def resume(peer: Peer, workflow_ids: Sequence[str], queue_name: str | None) -> list[str]:
     """Re-enqueue cancelled, dead-lettered or stuck workflows; they continue from their
     last checkpoint. SUCCESS and ERROR workflows are left as they are. Returns the IDs
     that were re-enqueued."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    resumed = await control(dbos).resume(workflow_ids, queue, now_ms())
+    resumed = await control(peer).resume(workflow_ids, queue, now_ms())
     if resumed:
-        _announce_enqueued(dbos, queue)
+        _announce_enqueued(peer, queue)
         logger.info("Resumed workflows on queue %s: %s", queue, ", ".join(resumed))
     return resumed
 
@@ -232,29 +230,29 @@ def _timeout_ms(timeout: float | None) -> int | None:
     return int(timeout * 1000)
 
 
-async def fork(dbos: Peer, workflow_id: str, start_step: int, *, fork_id: str | None,
+async def fork(peer: Peer, workflow_id: str, start_step: int, call: CallContext, *,
                application_version: str | None, queue_name: str | None,
-               replacement_children: dict[str, str] | None,
-               workflow_timeout: float | None = None) -> str:
+               replacement_children: dict[str, str] | None) -> str:
     """A new ENQUEUED workflow with the original's inputs, whose steps below
-    ``start_step`` replay from copies of the original's checkpoints. Returns its ID."""
-    new_id = fork_id or str(uuid.uuid4())
+    ``start_step`` replay from copies of the original's checkpoints; its ID and timeout
+    come from ``call`` as for any start. Returns its ID."""
+    new_id = new_workflow_id(call)
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await control(dbos).fork(
+    await control(peer).fork(
         workflow_id, new_id, start_step, queue_name=queue,
-        application_version=application_version, timeout_ms=_timeout_ms(workflow_timeout),
+        application_version=application_version, timeout_ms=_timeout_ms(call.timeout),
         replacement_children=dict(replacement_children or {}), now_ms=now_ms())
-    _announce_enqueued(dbos, queue)
+    _announce_enqueued(peer, queue)
     logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
     return new_id
 
 
-async def rewind(dbos: Peer, workflow_id: str, start_step: int, *,
+async def rewind(peer: Peer, workflow_id: str, start_step: int, *,
                  application_version: str | None, queue_name: str | None) -> None:
     """Discard a finished workflow's history from ``start_step`` on and re-enqueue it
     under its own ID; steps from ``start_step`` run again."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await control(dbos).rewind(workflow_id, start_step, queue_name=queue,
+    await control(peer).rewind(workflow_id, start_step, queue_name=queue,
                                application_version=application_version, now_ms=now_ms())
-    _announce_enqueued(dbos, queue)
+    _announce_enqueued(peer, queue)
     logger.info("Rewound workflow %s to step %s", workflow_id, start_step)

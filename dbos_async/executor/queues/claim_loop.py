@@ -1,9 +1,9 @@
-"""Queue dispatchers: claim enqueued workflows under the queues' limits and run them.
+"""Claim loops: claim enqueued workflows under the queues' limits and run them.
 
-One dispatcher task per queue this executor listens to. Each claim is one transaction (see
+One claim loop task per queue this executor listens to. Each claim is one transaction (see
 ``SystemDatabase.claim_queued``): the limits are read, the next workflows locked and flipped
 to PENDING with a fresh owner token each, and their inputs returned; each claimed workflow
-then runs as a task of the DBOS instance. A dispatcher sleeps until an enqueue notification
+then runs as a task of the runtime. A claim loop sleeps until an enqueue notification
 for its queue (``dbos_enqueue_channel``, payload: the queue's name), a completion of one of
 its workflows (it frees a slot; announced on the same channel so other executors wake too),
 the end of a rate-limit window, or its polling interval, whichever is first. A claim that
@@ -19,23 +19,18 @@ import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING
 
 import asyncpg
 
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
 from dbos_async.executor import workflows
-from dbos_async.executor.messaging import notify_completion
-from dbos_async.executor.queues import DELAYED_KEY
+from dbos_async.executor.queues.enqueue import DELAYED_KEY
+from dbos_async.executor.runtime import ClaimLoopState, Runtime
 from dbos_async.executor.serialization import serialize_error
-from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.database import Claim, WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.statements import QueueRecord
-
-if TYPE_CHECKING:
-    from dbos_async.executor.dbos import DBOS
 
 logger = logging.getLogger("dbos_async")
 
@@ -53,16 +48,14 @@ UNREGISTERED_CHECK_INTERVAL = 10.0
 first look is at the first claim round that starts nothing)."""
 
 
-class QueueDispatcher:
+class ClaimLoop:
     """Claims and starts the workflows of one queue in this executor."""
 
-    def __init__(self, dbos: DBOS, queue: QueueRecord) -> None:
-        self.dbos = dbos
-        self.queue = queue
+    def __init__(self, runtime: Runtime, state: ClaimLoopState) -> None:
+        self.runtime = runtime
+        self.state = state
+        self.queue = state.queue
         self.running: dict[str, str | None] = {}  # workflow ID -> partition key
-        self.rounds = 0
-        # Function names reported as enqueued here but not registered (once each).
-        self.unregistered: set[str] = set()
         self._next_unregistered_check = 0.0
 
     def _room(self) -> int | None:
@@ -79,7 +72,7 @@ class QueueDispatcher:
         return left if room is None else min(room, left)
 
     async def run(self) -> None:
-        notifications = self.dbos.system_database.notifications
+        notifications = self.runtime.system_database.notifications
         assert notifications is not None
         backoff = 0.0
         poll = self.queue.polling_interval_sec
@@ -89,7 +82,7 @@ class QueueDispatcher:
                 try:
                     # Until its workflows are launched, recovery must not take them for
                     # crashed ones.
-                    async with self.dbos.claim_gate.claiming():
+                    async with self.runtime.claim_gate.claiming():
                         started, retry_at = await self.claim_once()
                     backoff = 0.0
                 except CONFLICTS as conflict:
@@ -99,7 +92,7 @@ class QueueDispatcher:
                     await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
                     continue
                 except Exception as error:
-                    # Database trouble or a bug: keep the dispatcher alive, try again later.
+                    # Database trouble or a bug: keep the claim loop alive, try again later.
                     if is_transient(error):
                         logger.warning("Queue %s: claim failed, retrying in %.1fs: %r",
                                        self.queue.name, poll, error)
@@ -117,14 +110,14 @@ class QueueDispatcher:
 
     async def claim_once(self) -> tuple[int, int | None]:
         """One claim round: (workflows started, when a rate limit frees a slot, if known)."""
-        queue, dbos = self.queue, self.dbos
-        sysdb = dbos.system_database
-        self.rounds += 1
-        names = list(dbos.registry.workflows)
+        queue, runtime = self.queue, self.runtime
+        sysdb = runtime.system_database
+        self.state.rounds += 1
+        names = list(runtime.registry.workflows)
         room = self._room()
         if room == 0 or not names:
             return 0, None
-        executor_id, version = dbos.config.executor_id, dbos.application_version
+        executor_id, version = runtime.config.executor_id, runtime.application_version
         if not queue.partition_queue:
             claim = await sysdb.claim_queued(queue, None, room=room, executor_id=executor_id,
                                              application_version=version, names=names)
@@ -166,47 +159,47 @@ class QueueDispatcher:
             return
         self._next_unregistered_check = now + max(UNREGISTERED_CHECK_INTERVAL,
                                                   self.queue.polling_interval_sec)
-        dbos = self.dbos
+        runtime, unregistered = self.runtime, self.state.unregistered
         try:
-            found = await dbos.system_database.unregistered_enqueued(
-                self.queue.name, names=list(dbos.registry.workflows),
-                known=sorted(self.unregistered), application_version=dbos.application_version)
+            found = await runtime.system_database.unregistered_enqueued(
+                self.queue.name, names=list(runtime.registry.workflows),
+                known=sorted(unregistered), application_version=runtime.application_version)
         except Exception:
             logger.debug("Queue %s: checking for unregistered functions failed",
                          self.queue.name, exc_info=True)
             return
         for name, workflow_id in found:
-            if name in self.unregistered:
+            if name in unregistered:
                 continue
-            self.unregistered.add(name)
+            unregistered.add(name)
             warning = WorkflowNotRegisteredError(workflow_id, name, self.queue.name)
-            dbos.queue_warnings.append(warning)
+            runtime.queue_warnings.append(warning)
             logger.warning(
                 "Queue %r holds ENQUEUED workflows of function %r (e.g. %s) that executor %s "
                 "cannot run: the function is not registered here. They stay ENQUEUED until "
                 "an executor that registers it dequeues them.",
-                self.queue.name, name, workflow_id, dbos.config.executor_id)
+                self.queue.name, name, workflow_id, runtime.config.executor_id)
 
     async def _start(self, claim: Claim) -> None:
         for row, partition_key in claim.rows:
             await self._launch(row, partition_key)
 
     async def _launch(self, row: WorkflowRow, partition_key: str | None) -> None:
-        dbos = self.dbos
-        sysdb = dbos.system_database
+        runtime = self.runtime
+        sysdb = runtime.system_database
         workflow_id = row.workflow_id
-        info = dbos.registry.workflows.get(row.name)
+        info = runtime.registry.workflows.get(row.name)
         assert row.owner_xid is not None
         try:
             if info is None:  # Filtered out by the claim; kept as a guard.
                 raise DBOSError(f"Workflow {row.name!r} is not registered here")
-            execution = await workflows.launch_claimed(dbos, info, row)
+            execution = await workflows.launch_claimed(runtime, info, row)
         except DBOSError as error:
             # It cannot run anywhere as stored: record why, rather than retry forever.
             logger.error("Queued workflow %s cannot start: %s", workflow_id, error)
             if await sysdb.record_outcome(workflow_id, row.owner_xid,
                                           error=serialize_error(error)):
-                notify_completion(dbos, workflow_id)
+                runtime.notify_completion(workflow_id)
             self._freed()
             return
         self.running[workflow_id] = partition_key
@@ -217,43 +210,38 @@ class QueueDispatcher:
         self._freed()
 
     def _freed(self) -> None:
-        # A slot is free: wake this dispatcher, and the queue's dispatchers elsewhere.
-        self.dbos.system_database.notify(ENQUEUE_CHANNEL, self.queue.name)
+        # A slot is free: wake this claim loop, and the queue's claim loops elsewhere.
+        self.runtime.system_database.notify(ENQUEUE_CHANNEL, self.queue.name)
 
 
-class QueueRuntime:
-    """The dispatchers and the delayed-workflow promoter of one DBOS instance."""
+def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
+    """Start a claim loop per queue, and the delayed-workflow promoter, as tasks of the
+    runtime's queue owner (stopped first on exit: nothing new starts while running
+    workflows finish)."""
+    for queue in queues:
+        state = runtime.claim_loops[queue.name] = ClaimLoopState(queue)
+        runtime.queue_tasks.spawn(ClaimLoop(runtime, state).run(),
+                                  name=f"queue claim loop {queue.name}")
+    if queues:
+        poll = min(q.polling_interval_sec for q in queues)
+        runtime.queue_tasks.spawn(_promote(runtime, poll), name="delayed workflow promoter")
 
-    def __init__(self, dbos: DBOS, queues: list[QueueRecord]) -> None:
-        self.dbos = dbos
-        self.dispatchers = {q.name: QueueDispatcher(dbos, q) for q in queues}
-        self.tasks = TaskOwner()
-        self.poll = min((q.polling_interval_sec for q in queues), default=1.0)
 
-    def start(self) -> None:
-        for name, dispatcher in self.dispatchers.items():
-            self.tasks.spawn(dispatcher.run(), name=f"queue dispatcher {name}")
-        if self.dispatchers:
-            self.tasks.spawn(self._promote(), name="delayed workflow promoter")
-
-    async def stop(self) -> None:
-        await self.tasks.close(0)
-
-    async def _promote(self) -> None:
-        sysdb = self.dbos.system_database
-        notifications = sysdb.notifications
-        assert notifications is not None
-        with notifications.register(ENQUEUE_CHANNEL, DELAYED_KEY) as waiter:
-            while True:
-                next_due: int | None = None
-                try:
-                    queues, next_due = await sysdb.promote_delayed()
-                except Exception:
-                    logger.exception("Promoting delayed workflows failed")
-                    queues = []
-                for name in queues:
-                    notifications.notify(ENQUEUE_CHANNEL, name)
-                timeout = self.poll
-                if next_due is not None:
-                    timeout = min(timeout, max(0.001, next_due / 1000 - time.time()))
-                await waiter.wait(timeout)
+async def _promote(runtime: Runtime, poll: float) -> None:
+    sysdb = runtime.system_database
+    notifications = sysdb.notifications
+    assert notifications is not None
+    with notifications.register(ENQUEUE_CHANNEL, DELAYED_KEY) as waiter:
+        while True:
+            next_due: int | None = None
+            try:
+                queues, next_due = await sysdb.promote_delayed()
+            except Exception:
+                logger.exception("Promoting delayed workflows failed")
+                queues = []
+            for name in queues:
+                notifications.notify(ENQUEUE_CHANNEL, name)
+            timeout = poll
+            if next_due is not None:
+                timeout = min(timeout, max(0.001, next_due / 1000 - time.time()))
+            await waiter.wait(timeout)

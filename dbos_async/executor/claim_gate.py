@@ -1,0 +1,51 @@
+"""The claim gate: workflow starts and queue claims run together; recovery runs alone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+
+class ClaimGate:
+    """Workflow starts and queue claims run together; recovery runs alone.
+
+    A workflow this process has just made PENDING (started, or flipped by a queue dispatcher)
+    but not launched yet looks, to recovery, exactly like one a crash left behind: recovery
+    would claim, re-enqueue or dead-letter it under the starter's feet, and it would run
+    twice. So each start and each claim round, from its statement until its workflows are
+    launched (and known as running here), holds the gate shared, and recovery exclusive. A
+    waiting recovery holds back new ones, so a busy process cannot starve it.
+    """
+
+    def __init__(self) -> None:
+        self._claims = 0
+        self._recoveries = 0  # the one running, or waiting for claim rounds to end
+        self._changed = asyncio.Condition()
+        self._one_recovery = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def claiming(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._recoveries == 0)
+            self._claims += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._claims -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def recovering(self) -> AsyncIterator[None]:
+        async with self._one_recovery:
+            async with self._changed:
+                self._recoveries += 1
+            try:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self._claims == 0)
+                yield
+            finally:
+                async with self._changed:
+                    self._recoveries -= 1
+                    self._changed.notify_all()

@@ -1,0 +1,104 @@
+"""Entering and leaving an executor: build a runtime, start what it runs, stop it again.
+
+:func:`new_runtime` builds the runtime of an entry (before anything starts, so that
+workflows recovered while it starts already find it); :func:`start_runtime` connects,
+migrates (or verifies), registers the application version, starts the listener, notifier
+and cancellation watcher, stores the declared queues and starts their claim loops, recovers
+this executor's pending workflows and starts the maintenance jobs. :func:`close_runtime`
+stops the claim loops first (nothing new starts), gives running workflows the grace period,
+then stops the background tasks and closes every connection; its clean-up is shielded, so a
+cancelled exit still leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Set
+
+import anyio
+
+from dbos_async.config import DBOSConfig
+from dbos_async.errors import QueueNotFoundError
+from dbos_async.executor import maintenance, recovery
+from dbos_async.executor.peer import start_notifications, system_database_for
+from dbos_async.executor.queues.claim_loop import start_claim_loops
+from dbos_async.executor.queues.declaration import Queue, internal_queue
+from dbos_async.executor.registry import Registry
+from dbos_async.executor.runtime import Runtime
+from dbos_async.sysdb.connection import redact
+
+logger = logging.getLogger("dbos_async")
+
+
+async def new_runtime(config: DBOSConfig, registry: Registry) -> Runtime:
+    """The runtime of one entry, not started yet (nothing connected)."""
+    url = config.system_database_url
+    if url is None:
+        from dbos_async.sysdb.embedded import start_embedded_server
+
+        url = await start_embedded_server(config.data_dir)
+    return Runtime(config, registry, system_database_for(config, url),
+                   config.application_version or registry.version_hash())
+
+
+async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
+                        listen: Set[str] | None) -> None:
+    """Start everything the runtime runs, with these declared queues (claiming from
+    ``listen`` only, when given); on failure, stop what started and raise."""
+    config, sysdb = runtime.config, runtime.system_database
+    try:
+        for owner in (runtime.background, runtime.workflows, runtime.queue_tasks):
+            await owner.open()
+        await sysdb.open(run_migrations=config.run_migrations)
+        await start_notifications(sysdb, sysdb.url, config, runtime.background.spawn)
+        runtime.cancellation.start(sysdb, runtime.background.spawn)
+        await sysdb.register_version(runtime.application_version)
+        runtime.state = "running"
+        await _start_queues(runtime, queues, listen)
+        await recovery.recover_pending(runtime)
+        maintenance.start(runtime)
+    except BaseException:
+        await close_runtime(runtime, grace_period=0)
+        raise
+    logger.info(
+        "DBOS %s started: executor %s, version %s, system database %s",
+        config.name, config.executor_id, runtime.application_version, redact(sysdb.url),
+    )
+
+
+async def _start_queues(runtime: Runtime, queues: Mapping[str, Queue],
+                        listen: Set[str] | None) -> None:
+    sysdb = runtime.system_database
+    for queue in queues.values():
+        await sysdb.upsert_queue(queue.record)
+    names = set(queues) if listen is None else set(listen)
+    records = [queues[n].record for n in sorted(names) if n in queues]
+    missing = sorted(names - set(queues))
+    if missing:
+        stored = {r.name: r for r in await sysdb.list_queues(missing)}
+        for name in missing:
+            if name not in stored:
+                raise QueueNotFoundError(name)
+            records.append(stored[name])
+    # Every executor runs resumed workflows (DBOS's internal queue).
+    internal = internal_queue().record
+    if internal.name not in names:
+        records.append(internal)
+    start_claim_loops(runtime, records)
+
+
+async def close_runtime(runtime: Runtime, grace_period: float) -> None:
+    """Stop everything the runtime runs; running workflows get ``grace_period`` seconds
+    to finish (those that do not stay PENDING and resume on recovery)."""
+    sysdb = runtime.system_database
+    runtime.state = "stopping"
+    try:
+        await runtime.queue_tasks.close(0)
+        await runtime.workflows.close(grace_period)
+    finally:
+        runtime.state = "closed"
+        with anyio.CancelScope(shield=True):
+            if sysdb.notifications is not None:
+                await sysdb.notifications.stop()
+            await runtime.background.close(0)
+            await sysdb.close()

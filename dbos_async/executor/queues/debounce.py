@@ -1,0 +1,121 @@
+"""Debouncing: collapse a burst of enqueues of one workflow into one run."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Generic, ParamSpec, TypeVar
+
+import asyncpg
+
+from dbos_async.errors import DBOSError, QueueDeduplicatedError
+from dbos_async.executor.context import WorkflowContext, current_workflow
+from dbos_async.executor.handles import WorkflowHandle, workflow_handle
+from dbos_async.executor.queues.enqueue import DELAYED_KEY, EnqueueTarget, announce, placement_of
+from dbos_async.executor.queues.options import EnqueueOptions, check_options, current_options
+from dbos_async.executor.registry import WorkflowInfo, workflow_info_of
+from dbos_async.executor.runtime import RuntimeSource
+from dbos_async.executor.start import (
+    Arguments,
+    CallContext,
+    plan_registered,
+    read_call,
+    record_child_step,
+    replayed_child,
+)
+from dbos_async.sysdb.database import now_ms
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.statements import DEDUP_INDEX, ParentStep
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Debouncer(Generic[P, R]):
+    """Collapse bursts of enqueues of one workflow into one run with the latest arguments.
+
+    ``await debouncer.debounce(key, *args, **kwargs)``: if a workflow debounced under ``key``
+    on this queue has not started yet, it gets these arguments and its start moves to
+    ``period`` seconds from now, but never past ``max_delay`` seconds after the first call
+    of the burst; otherwise a new workflow is enqueued to start in ``period`` seconds.
+    Returns the handle of the workflow that will run. From a workflow body the handle is
+    checkpointed, so a replay returns it without debouncing again.
+    """
+
+    def __init__(self, queue: EnqueueTarget, fn: Callable[P, Coroutine[Any, Any, R]],
+                 period: float, max_delay: float | None) -> None:
+        check_options({"delay": period})
+        if not period > 0:
+            raise DBOSError(f"A debounce period must be positive, got {period!r}")
+        if max_delay is not None:
+            check_options({"delay": max_delay})
+        self.queue = queue
+        self.fn = fn
+        self.period = float(period)
+        self.max_delay = float(max_delay) if max_delay is not None else None
+
+    def debounce(self, key: str, /, *args: P.args,
+                 **kwargs: P.kwargs) -> Coroutine[Any, Any, WorkflowHandle[R]]:
+        if not isinstance(key, str) or not key:
+            raise DBOSError("A debounce key must be a non-empty string")
+        owner = self.queue.owner
+        info, full_args = workflow_info_of(self.fn, args, owner)
+        options = replace(current_options(), deduplication_id=key, delay=self.period)
+        # Not a child of a calling workflow: the burst may gather calls from many.
+        call = read_call(workflow_id=options.workflow_id, timeout=options.timeout,
+                         as_child=False)
+        parent = current_workflow()
+        if parent is None:
+            return self._debounce(owner, info, call, options, full_args, dict(kwargs))
+        # Its position is fixed at the call, as for any step.
+        return self._debounce_in(parent, parent.allocate_step_id(), owner, info, call,
+                                 options, full_args, dict(kwargs))
+
+    async def _debounce_in(self, parent: WorkflowContext, step_id: int, owner: RuntimeSource,
+                           info: WorkflowInfo, call: CallContext, options: EnqueueOptions,
+                           args: tuple[Any, ...], kwargs: dict[str, Any]
+                           ) -> WorkflowHandle[Any]:
+        """A debounce from a workflow body, checkpointed as the handle it returned (at least
+        once: a crash before the checkpoint debounces again on replay)."""
+        runtime = owner.runtime
+        recorded = parent.checkpoints.get(step_id)
+        if recorded is not None:
+            return replayed_child(runtime, parent, step_id, info, recorded)
+        step = ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms())
+        handle = await self._debounce(owner, info, call, options, args, kwargs)
+        return await record_child_step(runtime, parent, step, info,
+                                       child=(handle.workflow_id, info.name))
+
+    async def _debounce(self, owner: RuntimeSource, info: WorkflowInfo, call: CallContext,
+                        options: EnqueueOptions, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> WorkflowHandle[Any]:
+        runtime = owner.runtime
+        runtime.require_running()
+        queue, key = self.queue, options.deduplication_id
+        assert key is not None
+        placement = replace(placement_of(queue, options), debounced=True,
+                            max_delay=self.max_delay)
+        arguments = Arguments.of(info, args, kwargs)
+        sysdb = runtime.system_database
+        for _ in range(50):
+            until = now_ms() + int(self.period * 1000)
+            bounced = await sysdb.debounce_existing(queue.name, key, info.name,
+                                                    arguments.inputs, until)
+            if bounced is not None:
+                # Its start moved: wake the promoters.
+                sysdb.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
+                return workflow_handle(runtime, bounced, signature=info.signature)
+            plan = plan_registered(runtime, call, info, arguments, placement=placement,
+                                   application_version=options.application_version)
+            try:
+                started = await sysdb.start_workflow(plan.row, plan.creator_xid)
+            except asyncpg.UniqueViolationError as error:
+                if error.constraint_name != DEDUP_INDEX:
+                    raise
+                # A concurrent call started the burst first: join it.
+                await asyncio.sleep(0.001)
+                continue
+            announce(sysdb, plan.row)
+            return workflow_handle(runtime, started.row.workflow_id, signature=info.signature)
+        raise QueueDeduplicatedError(queue.name, key)

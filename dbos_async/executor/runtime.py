@@ -1,0 +1,117 @@
+"""The runtime: what one entry of an executor (``async with dbos:``) has while it runs.
+
+:class:`~dbos_async.DBOS` builds a fresh :class:`Runtime` on every entry and hands it down;
+the executor's modules take it (or a narrower part of it), never the public facade. After
+the exit it is closed for good, and the next entry builds another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from dbos_async.config import DBOSConfig
+from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
+from dbos_async.executor.cancellation import CancellationWatcher
+from dbos_async.executor.claim_gate import ClaimGate
+from dbos_async.executor.registry import Registry
+from dbos_async.executor.serialization import Signature
+from dbos_async.executor.tasks import TaskOwner
+from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL
+from dbos_async.sysdb.statements import QueueRecord
+
+State = Literal["starting", "running", "stopping", "closed"]
+
+NOT_RUNNING = "DBOS is not running: enter it first with `async with dbos:`"
+SHUT_DOWN = "DBOS has been shut down; enter it again with `async with dbos:`"
+
+
+@dataclass
+class ClaimLoopState:
+    """What the claim loop of one queue has done (for diagnostics)."""
+
+    queue: QueueRecord
+    rounds: int = 0
+    # Function names found enqueued here but not registered (each warned about once).
+    unregistered: set[str] = field(default_factory=set)
+
+
+class RuntimeSource(Protocol):
+    """What builds a runtime on every entry (the :class:`~dbos_async.DBOS` facade):
+    queues and debouncers declared with it find the current runtime through it."""
+
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime of the current entry; raises :class:`DBOSError` outside one."""
+        ...
+
+
+class Runtime:
+    """The system database, settings, registry, running workflows and task owners of one
+    running executor. It is a :class:`~dbos_async.executor.peer.Peer` of the system
+    database, so handles and operations run on it as they run on a client."""
+
+    def __init__(self, config: DBOSConfig, registry: Registry, sysdb: SystemDatabase,
+                 application_version: str) -> None:
+        self.config = config
+        self.registry = registry
+        self._sysdb = sysdb
+        self.application_version = application_version
+        self.state: State = "starting"
+        # Workflow ID -> the result of its execution running here.
+        self._running: dict[str, asyncio.Future[Any]] = {}
+        # Owners, closed in this order: claim loops, then workflows (with the grace period),
+        # then the background tasks (listener, notifier, watcher, maintenance).
+        self.queue_tasks = TaskOwner("queues")
+        self.workflows = TaskOwner("workflows")
+        self.background = TaskOwner("background")
+        self.claim_gate = ClaimGate()
+        # The queues this executor claims from, by name.
+        self.claim_loops: dict[str, ClaimLoopState] = {}
+        # Interrupts steps and waits of cancelled workflows (one task for all of them).
+        self.cancellation = CancellationWatcher(config.cancellation_poll_interval)
+        self.recovery_errors: list[DBOSError] = []
+        # Enqueued workflows a claim loop here leaves queued for want of their function
+        # (one per queue and function name; also logged as a warning).
+        self.queue_warnings: list[WorkflowNotRegisteredError] = []
+
+    def require_running(self) -> None:
+        if self.state != "running":
+            raise DBOSError(NOT_RUNNING if self.state == "starting" else SHUT_DOWN)
+
+    # ---- The Peer protocol ----
+
+    @property
+    def system_database(self) -> SystemDatabase:
+        # Start-up, and workflows finishing during the shutdown grace period, still write.
+        if self.state == "closed":
+            raise DBOSError(SHUT_DOWN)
+        return self._sysdb
+
+    def signature_of(self, workflow_name: str) -> Signature | None:
+        info = self.registry.workflows.get(workflow_name)
+        return info.signature if info is not None else None
+
+    def running_result(self, workflow_id: str) -> asyncio.Future[Any] | None:
+        return self._running.get(workflow_id)
+
+    def interrupt_local(self, workflow_ids: set[str]) -> None:
+        self.cancellation.interrupt(workflow_ids)
+
+    # ---- Workflows running here ----
+
+    def running_ids(self) -> list[str]:
+        return list(self._running)
+
+    def track(self, workflow_id: str, result: asyncio.Future[Any]) -> None:
+        self._running[workflow_id] = result
+
+    def untrack(self, workflow_id: str, result: asyncio.Future[Any]) -> None:
+        if self._running.get(workflow_id) is result:
+            del self._running[workflow_id]
+
+    def notify_completion(self, workflow_id: str) -> None:
+        """Announce that ``workflow_id`` reached a terminal status (after that committed)."""
+        self._sysdb.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)

@@ -1,0 +1,276 @@
+"""The start plan: every way a workflow starts decides its start here, the same way.
+
+A direct call, ``start_workflow``, a child start, an enqueue (from a workflow or not), a
+client's enqueue, a debounce and a fork each read the caller's context once, at the call
+(:func:`read_call`), and then take the same decisions from it: the workflow's ID (given,
+``SetWorkflowID``, the child-ID rule, or random), whether a replaying parent recorded this
+start already, the instance of a workflow method and the serialized inputs, the deadline,
+the parent's checkpoint of the start, and the new row (:func:`plan_start`). What differs
+between the ways is only where the row waits (:class:`Placement`) and what runs it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from dbos_async.errors import DBOSError, NondeterminismError, QueueDeduplicatedError
+from dbos_async.executor import workflows
+from dbos_async.executor.context import (
+    WorkflowContext,
+    current_workflow,
+    take_workflow_id,
+    workflow_attributes,
+    workflow_timeout,
+)
+from dbos_async.executor.handles import WorkflowHandle, workflow_handle
+from dbos_async.executor.registry import WorkflowInfo, instance_name
+from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.serialization import deserialize_error, serialize_error
+from dbos_async.sysdb.database import StartResult, StepRecord, now_ms
+from dbos_async.sysdb.statements import DELAYED, ENQUEUED, PENDING, NewWorkflow, ParentStep
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What the caller's context gives a start, read synchronously at the call: the
+    caller's context counts, not the one that awaits the start."""
+
+    workflow_id: str | None = None
+    timeout: float | None = None
+    parent: WorkflowContext | None = None
+    parent_step_id: int | None = None
+    attributes: str | None = None
+
+    @property
+    def timeout_ms(self) -> int | None:
+        return int(self.timeout * 1000) if self.timeout is not None else None
+
+
+def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
+              as_child: bool = True) -> CallContext:
+    """Read the context of a start being called now. A start from a workflow body is its
+    child (``as_child``) and takes the body's next step position; ``workflow_id`` and
+    ``timeout``, when given, win over ``SetWorkflowID`` and ``SetWorkflowTimeout``."""
+    parent = current_workflow() if as_child else None
+    return CallContext(
+        workflow_id=workflow_id if workflow_id is not None else take_workflow_id(),
+        timeout=timeout if timeout is not None else workflow_timeout(),
+        parent=parent,
+        parent_step_id=parent.allocate_step_id() if parent is not None else None,
+        attributes=workflow_attributes(),
+    )
+
+
+def new_workflow_id(call: CallContext) -> str:
+    """The ID rule: the given ID, else a child's ``<parent ID>-<step position>`` (so a
+    replayed parent finds the same child), else a random one."""
+    if call.workflow_id is not None:
+        return call.workflow_id
+    if call.parent is not None and call.parent_step_id is not None:
+        return f"{call.parent.workflow_id}-{call.parent_step_id}"
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an enqueued workflow waits to be claimed, and the options of its enqueue."""
+
+    queue_name: str
+    priority: int = 0
+    deduplication_id: str | None = None
+    partition_key: str | None = None
+    delay: float | None = None
+    # Debounced: the start moves with every call of a burst, never past this many seconds.
+    debounced: bool = False
+    max_delay: float | None = None
+
+    def columns(self, created_at_ms: int) -> dict[str, Any]:
+        delayed = bool(self.delay) or self.debounced
+        until = created_at_ms + int((self.delay or 0) * 1000)
+        deadline = (created_at_ms + int(self.max_delay * 1000)
+                    if self.max_delay is not None else None)
+        return {
+            "status": DELAYED if delayed else ENQUEUED,
+            "queue_name": self.queue_name,
+            "priority": self.priority,
+            "deduplication_id": self.deduplication_id,
+            "queue_partition_key": self.partition_key,
+            "delay_until_epoch_ms": (min(until, deadline) if deadline is not None else until)
+            if delayed else None,
+            "is_debounced": self.debounced,
+            "debounce_deadline_epoch_ms": deadline,
+        }
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """A workflow about to be written: its row, and the parent's checkpoint of the start
+    (written in the same statement, fenced by the parent's owner)."""
+
+    row: NewWorkflow
+    parent_step: ParentStep | None
+    # Makes the insert idempotent under retries: a row carrying it is ours.
+    creator_xid: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    @property
+    def workflow_id(self) -> str:
+        return self.row.workflow_id
+
+
+def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
+               application_version: str | None, placement: Placement | None = None,
+               class_name: str | None = None, config_name: str | None = None,
+               authenticated_user: str | None = None) -> StartPlan:
+    """The row of a new workflow. Started now (no ``placement``), its own timeout counts
+    from now; enqueued, from when a claim starts it. A parent's deadline bounds both."""
+    created_at = now_ms()
+    parent = call.parent
+    deadline = parent.deadline_epoch_ms if parent is not None else None
+    timeout_ms = call.timeout_ms
+    if placement is None and timeout_ms is not None:
+        own = created_at + timeout_ms
+        deadline = own if deadline is None else min(deadline, own)
+    queue_columns: dict[str, Any] = (placement.columns(created_at) if placement is not None
+                                     else {"status": PENDING})
+    row = NewWorkflow(
+        workflow_id=new_workflow_id(call),
+        name=name,
+        inputs=inputs,
+        executor_id=executor_id,
+        application_version=application_version,
+        created_at_ms=created_at,
+        class_name=class_name,
+        config_name=config_name,
+        timeout_ms=timeout_ms,
+        deadline_epoch_ms=deadline,
+        parent_workflow_id=parent.workflow_id if parent is not None else None,
+        authenticated_user=authenticated_user,
+        attributes=call.attributes,
+        **queue_columns,
+    )
+    parent_step = (ParentStep(parent.workflow_id, call.parent_step_id, parent.owner_xid,
+                              created_at)
+                   if parent is not None and call.parent_step_id is not None else None)
+    return StartPlan(row, parent_step)
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """A registered workflow's call arguments: the instance of a workflow method split off
+    and named, the rest serialized before anything is written (a bad argument leaves no
+    row behind)."""
+
+    instance: object | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    config_name: str | None
+    inputs: str
+
+    @classmethod
+    def of(cls, info: WorkflowInfo, args: tuple[Any, ...],
+           kwargs: dict[str, Any]) -> Arguments:
+        instance: object | None = None
+        if info.is_method:
+            if not args:
+                raise DBOSError(f"Workflow method {info.name} was called without its instance")
+            instance, args = args[0], args[1:]
+        return cls(instance, args, kwargs,
+                   instance_name(instance) if instance is not None else None,
+                   info.signature.serialize_inputs(args, kwargs))
+
+    @property
+    def call_args(self) -> tuple[Any, ...]:
+        return (self.instance, *self.args) if self.instance is not None else self.args
+
+
+def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,
+                    arguments: Arguments, *, placement: Placement | None = None,
+                    application_version: str | None = None) -> StartPlan:
+    """:func:`plan_start` for a workflow this executor registers."""
+    return plan_start(call, name=info.name, inputs=arguments.inputs,
+                      executor_id=runtime.config.executor_id,
+                      application_version=application_version or runtime.application_version,
+                      placement=placement, class_name=info.class_name,
+                      config_name=arguments.config_name)
+
+
+def check_name(started: StartResult, workflow_id: str, name: str) -> None:
+    """Raise if the workflow a start found under ``workflow_id`` runs another function."""
+    if not started.created and started.row.name != name:
+        raise DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow "
+                        f"{started.row.name!r}, not {name!r}")
+
+
+# ---- Starts from a workflow body: checkpointed at the parent's step position ----
+
+
+def replayed_start(runtime: Runtime, call: CallContext, info: WorkflowInfo
+                   ) -> WorkflowHandle[Any] | None:
+    """If the parent's replay finds this start recorded, the handle it returned (or the
+    error it raised the first time); None for a start that has to happen."""
+    parent, step_id = call.parent, call.parent_step_id
+    if parent is None or step_id is None:
+        return None
+    recorded = parent.checkpoints.get(step_id)
+    return replayed_child(runtime, parent, step_id, info, recorded) if recorded else None
+
+
+def replayed_child(runtime: Runtime, parent: WorkflowContext, step_id: int,
+                   info: WorkflowInfo, recorded: StepRecord) -> WorkflowHandle[Any]:
+    """The handle a recorded child start returns. A child start records no output of its
+    own: only the name is checked; the result is the child's, read through its handle."""
+    if recorded.function_name != info.name:
+        raise NondeterminismError(parent.workflow_id, step_id, recorded.function_name, info.name)
+    if recorded.error is not None:  # An enqueue its deduplication ID rejected.
+        raise deserialize_error(recorded.error, recorded.serialization)
+    if recorded.child_workflow_id is None:
+        raise DBOSError(f"Step {step_id} of {parent.workflow_id} recorded no child workflow")
+    return workflow_handle(runtime, recorded.child_workflow_id, signature=info.signature)
+
+
+async def record_child_step(
+    runtime: Runtime, parent: WorkflowContext, step: ParentStep, info: WorkflowInfo, *,
+    error: QueueDeduplicatedError | None = None, child: tuple[str, str] | None = None,
+) -> WorkflowHandle[Any]:
+    """Checkpoint a start from a workflow body that created no child of its own
+    (deduplication rejected it or returned the holder; a debounce joined a burst), so a
+    replay does the same even after that workflow has finished; returns the (ID, name)
+    ``child``'s handle, or raises ``error``."""
+    existing = await runtime.system_database.record_step(
+        parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
+        error=serialize_error(error) if error is not None else None,
+        started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
+        child_workflow_id=child[0] if child is not None else None,
+    )
+    if existing is not None:  # Another execution of the parent recorded this step first.
+        return replayed_child(runtime, parent, step.function_id, info, existing)
+    if error is not None:
+        raise error
+    assert child is not None
+    child_id, child_name = child
+    return workflow_handle(runtime, child_id, workflow_name=child_name)
+
+
+# ---- Starting now: a direct call, start_workflow, a child start ----
+
+
+async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext,
+                         args: tuple[Any, ...], kwargs: dict[str, Any]) -> WorkflowHandle[Any]:
+    """Start (or find) a workflow and run it here; return its handle."""
+    replayed = replayed_start(runtime, call, info)
+    if replayed is not None:
+        return replayed
+    arguments = Arguments.of(info, args, kwargs)
+    plan = plan_registered(runtime, call, info, arguments)
+    # From the insert until the launch, the new PENDING row must not look crashed to recovery.
+    async with runtime.claim_gate.claiming():
+        started = await runtime.system_database.start_workflow(plan.row, plan.creator_xid,
+                                                               plan.parent_step)
+        if started.created:
+            workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
+                             arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms)
+        else:
+            check_name(started, plan.workflow_id, info.name)
+        return workflow_handle(runtime, plan.workflow_id, signature=info.signature)
