@@ -2,7 +2,7 @@
 #
 #   make venv    create .venv (Python >= 3.11) and install the project with its extras
 #   make demo    run examples/quickstart.py twice: the second run returns the recorded result
-#   make lint    ruff + mypy --strict
+#   make lint    ruff + mypy --strict + lint-imports (the import contracts in pyproject.toml)
 #   make test    lint, then the test suite in parallel (pytest -n auto)
 #   make bench   the benchmark script
 #   make clean   caches and build outputs (keeps .venv and the embedded database in .dbos/)
@@ -37,6 +37,7 @@ demo: venv
 lint: venv
 	$(VENV)/bin/ruff check dbos_async tests examples benchmarks
 	$(VENV)/bin/mypy --strict dbos_async
+	$(VENV)/bin/lint-imports --no-logo
 
 # pytest exits with 5 when it collected no tests: that is a failure here, not a success.
 test: lint
@@ -48,7 +49,7 @@ bench: venv
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache build dist *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
 
 distclean: clean

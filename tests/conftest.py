@@ -18,6 +18,9 @@ Fixtures:
   same server (it does not create it).
 - ``create_database``: ``await create_database()`` (in an async test) creates one more fresh
   database and returns its URL; all of them are dropped after the test.
+- ``conn`` (async): an asyncpg connection to ``database_url``, closed after the test.
+- ``listen``: ``True`` then ``False`` (ids ``listen`` and ``poll``), for tests that run with
+  LISTEN/NOTIFY and again with polling only.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import asyncpg
@@ -144,3 +147,19 @@ def create_database(admin_url: str) -> Iterator[Callable[[], Awaitable[str]]]:
     finally:
         for name in names:
             pg_server.run_sync(_drop(admin_url, name))
+
+
+@pytest.fixture
+async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the test's fresh database (``database_url``)."""
+    c = await asyncpg.connect(database_url)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture(params=[True, False], ids=["listen", "poll"])
+def listen(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's DBOS uses LISTEN/NOTIFY (``True``) or only polls (``False``)."""
+    return bool(request.param)

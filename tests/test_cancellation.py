@@ -116,7 +116,6 @@ async def test_cancel_from_another_executor_wakes_the_watcher(database_url: str)
         assert runner.runtime.cancellation.polls == polls + 1
 
 
-@pytest.mark.parametrize("listen", [True, False])
 async def test_cancel_by_a_client_that_does_not_notify_is_polled(
         database_url: str, listen: bool) -> None:
     dbos = new_dbos(database_url, cancellation_poll_interval=0.1, use_listen_notify=listen)

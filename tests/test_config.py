@@ -15,10 +15,10 @@ from helpers import (
     new_dbos,
     other_tasks,
     unique_name,
-    url_with_database,
     wait_no_connections,
     workflow_row,
 )
+from pg_server import url_with_database
 
 from dbos_async import (
     DBOS,

@@ -4,33 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
+from helpers import make
 
 from dbos_async import DBOS, NonExistentWorkflowError, SetWorkflowID
-
-
-@pytest.fixture(params=[True, False], ids=["listen", "poll"])
-def listen(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
-
-
-def make(url: str, listen: bool = True, **settings: Any) -> DBOS:
-    options: dict[str, Any] = {"notification_poll_interval": 0.1, "shutdown_grace_period": 1,
-                               "application_version": "events-v1", **settings}
-    return DBOS(system_database_url=url, use_listen_notify=listen, **options)
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(database_url)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_events_inside_and_outside(database_url: str, conn: asyncpg.Connection,

@@ -9,37 +9,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import messaging_worker
 import pytest
+from helpers import make
 
-from dbos_async import DBOS, NonExistentWorkflowError, SetWorkflowID
+from dbos_async import NonExistentWorkflowError, SetWorkflowID
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(params=[True, False], ids=["listen", "poll"])
-def listen(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
-
-
-def make(url: str, listen: bool = True, **settings: Any) -> DBOS:
-    options: dict[str, Any] = {"notification_poll_interval": 0.1, "shutdown_grace_period": 1,
-                               "application_version": "messaging-v1", **settings}
-    return DBOS(system_database_url=url, use_listen_notify=listen, **options)
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(database_url)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def steps_of(conn: asyncpg.Connection, workflow_id: str) -> list[tuple[int, str, Any]]:

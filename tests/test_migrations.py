@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -30,16 +29,6 @@ TABLES = {
     "workflow_schedules",
     "workflow_status",
 }
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    """A connection to a fresh, empty database."""
-    c = await asyncpg.connect(database_url)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 @pytest.fixture

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 import pytest
-from helpers import wait_until
+from helpers import make, wait_no_connections, wait_until
 
 from dbos_async import DBOS, SetWorkflowID
 from dbos_async.sysdb.notifications import (
@@ -19,25 +18,10 @@ from dbos_async.sysdb.notifications import (
 )
 
 
-def make(url: str, listen: bool = True, **settings: Any) -> DBOS:
-    options: dict[str, Any] = {"notification_poll_interval": 0.1, "shutdown_grace_period": 1,
-                               "application_version": "notify-v1", **settings}
-    return DBOS(system_database_url=url, use_listen_notify=listen, **options)
-
-
 def dispatcher_of(dbos: DBOS) -> NotificationDispatcher:
     dispatcher = dbos.system_database.notifications
     assert dispatcher is not None
     return dispatcher
-
-
-@pytest.fixture
-async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(database_url)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_register_then_notify_is_never_lost(database_url: str,
@@ -226,9 +210,7 @@ async def test_polling_queries_are_bounded(database_url: str) -> None:
         assert 1 <= peak <= 2
 
 
-@pytest.mark.parametrize("listen", [True, False], ids=["listen", "poll"])
-async def test_nothing_outlives_the_executor(database_url: str, conn: asyncpg.Connection,
-                                             listen: bool) -> None:
+async def test_nothing_outlives_the_executor(database_url: str, listen: bool) -> None:
     dbos = make(database_url, listen, connection_name="lifecycle_exec")
 
     @dbos.workflow()
@@ -245,9 +227,4 @@ async def test_nothing_outlives_the_executor(database_url: str, conn: asyncpg.Co
     assert runtime is not None and runtime.state == "closed"
     assert all(len(owner) == 0 for owner in (runtime.background, runtime.workflows,
                                              runtime.queue_tasks))
-    async with asyncio.timeout(5):
-        while True:
-            if not await conn.fetchval("SELECT count(*) FROM pg_stat_activity "
-                                       "WHERE application_name = 'lifecycle_exec'"):
-                break
-            await asyncio.sleep(0.05)
+    await wait_no_connections(database_url, "lifecycle_exec", patience=5)

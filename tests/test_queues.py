@@ -233,10 +233,10 @@ async def test_enqueue_from_a_workflow_is_replayed_without_duplicates(
     first = new_dbos(database_url, shutdown_grace_period=0)
     first.queue("children", polling_interval=0.2)
     wfs, log = with_workflows(first)
-    queue = first._queues["children"]
 
     @first.workflow(name="parent")
     async def parent() -> list[str]:
+        queue = await first.get_queue("children")
         child = await queue.enqueue(wfs["echo"], "child")
         await wfs["blocker"]("parent-waits")  # a child workflow that blocks until released
         return [await child.get_result()]
@@ -253,10 +253,10 @@ async def test_enqueue_from_a_workflow_is_replayed_without_duplicates(
     second = new_dbos(database_url)
     second.queue("children", polling_interval=0.2)
     wfs2, _ = with_workflows(second)
-    queue = second._queues["children"]
 
     @second.workflow(name="parent")
     async def parent2() -> list[str]:
+        queue = await second.get_queue("children")
         child = await queue.enqueue(wfs2["echo"], "child")
         await wfs2["blocker"]("parent-waits")
         return [await child.get_result()]
@@ -339,7 +339,7 @@ async def test_recovery_reenqueues_and_dead_letters(database_url: str) -> None:
             status = await dbos.get_workflow_status("fragile-1")
             if status is None:
                 with SetWorkflowID("fragile-1"):
-                    await dbos._queues["fragile"].enqueue(wfs["blocker"], "x")
+                    await (await dbos.get_queue("fragile")).enqueue(wfs["blocker"], "x")
             if status is not None and status.status == "MAX_RECOVERY_ATTEMPTS_EXCEEDED":
                 return status.status
 
@@ -371,7 +371,7 @@ async def test_recovery_leaves_a_workflow_its_queue_just_started(database_url: s
     wfs, _ = with_workflows(dbos)
     async with dbos:
         with SetWorkflowID("just-started"):
-            await dbos._queues["held-back"].enqueue(wfs["echo"], "x")
+            await (await dbos.get_queue("held-back")).enqueue(wfs["echo"], "x")
         await execute(database_url, "UPDATE dbos.workflow_status SET status = 'PENDING', "
                                     "executor_id = $1, recovery_attempts = 1 "
                                     "WHERE workflow_uuid = 'just-started'", EXECUTOR_ID)

@@ -11,7 +11,7 @@ import asyncio
 import difflib
 import sys
 import textwrap
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -197,16 +197,9 @@ def _pg_quote(name: str) -> str:
 
 
 @pytest.fixture
-async def second_database_url(admin_url: str, database_url: str) -> AsyncIterator[str]:
+async def second_database_url(create_database: Callable[[], Awaitable[str]]) -> str:
     """Another empty database next to `database_url`, for side-by-side comparisons."""
-    name = database_url.rsplit("/", 1)[1] + "_b"
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        yield database_url.rsplit("/", 1)[0] + "/" + name
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+    return await create_database()
 
 
 # --- (a) same catalog ----------------------------------------------------------------------

@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -47,8 +46,16 @@ def new_dbos(url: str, **settings: Any) -> DBOS:
     return DBOS(**defaults)
 
 
-def url_with_database(url: str, database: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + database))
+def make(url: str, listen: bool = True, **settings: Any) -> DBOS:
+    """A DBOS instance for the messaging, events and notification tests.
+
+    Notifications over LISTEN/NOTIFY when ``listen``, else by polling (every 0.1 s unless
+    ``notification_poll_interval`` says otherwise); a short shutdown grace period. Unlike
+    :func:`new_dbos` it keeps the default executor ID and connection name.
+    """
+    options: dict[str, Any] = {"notification_poll_interval": 0.1, "shutdown_grace_period": 1,
+                               "application_version": "messaging-v1", **settings}
+    return DBOS(system_database_url=url, use_listen_notify=listen, **options)
 
 
 async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
