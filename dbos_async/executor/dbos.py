@@ -35,8 +35,8 @@ from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.connection import redact
-from dbos_async.sysdb.control import STREAM_CLOSED_SERIALIZED
 from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.statements import STREAM_CLOSED_SERIALIZED
 
 logger = logging.getLogger("dbos_async")
 

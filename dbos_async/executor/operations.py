@@ -3,7 +3,7 @@
 The public methods over these functions are defined once, in
 :class:`~dbos_async.executor.operator.Operator`.
 
-The SQL lives in :mod:`dbos_async.sysdb.control`; this module turns rows into typed values
+The SQL runs in :mod:`dbos_async.sysdb.operations`; this module turns rows into typed values
 (inputs, outputs and errors deserialized with the registered workflow's signature when this
 executor has it, as plain JSON otherwise) and sends the notifications a cancel owes.
 """
@@ -23,14 +23,12 @@ import asyncpg
 from dbos_async.errors import DBOSError, SerializationError
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
 from dbos_async.executor.serialization import deserialize_error, from_json
-from dbos_async.sysdb.control import VersionRecord, WorkflowControl, WorkflowFilter
-from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
 )
-from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME
+from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
 
 if TYPE_CHECKING:
     from dbos_async.executor.peer import Peer
@@ -69,10 +67,6 @@ class ApplicationVersion:
                    record.created_at)
 
 
-def control(dbos: Peer) -> WorkflowControl:
-    return WorkflowControl(dbos.system_database)
-
-
 def epoch_ms(value: TimeBound | None, what: str) -> int | None:
     if value is None:
         return None
@@ -104,7 +98,7 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
 
 
 async def cancel(dbos: Peer, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
-    rows = await control(dbos).cancel(workflow_ids, children=cancel_children, now_ms=now_ms())
+    rows = await dbos.system_database.cancel(workflow_ids, children=cancel_children)
     announce_cancelled(dbos, rows)
     cancelled = [workflow_id for workflow_id, _ in rows]
     if cancelled:
@@ -127,10 +121,10 @@ def announce_cancelled(dbos: Peer, rows: Sequence[tuple[str, str | None]]) -> No
 
 async def delete(dbos: Peer, workflow_ids: Sequence[str], delete_children: bool) -> None:
     ids = list(workflow_ids)
-    ctl = control(dbos)
+    sysdb = dbos.system_database
     if delete_children:
-        ids += await ctl.descendants(ids)
-    await ctl.delete(ids)
+        ids += await sysdb.descendants(ids)
+    await sysdb.delete(ids)
 
 
 # ---- Listing ----
@@ -175,12 +169,12 @@ async def list_workflows(dbos: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
         raise DBOSError(f"limit must be >= 0, got {f.limit}")
     if f.offset is not None and f.offset < 0:
         raise DBOSError(f"offset must be >= 0, got {f.offset}")
-    rows = await control(dbos).list_workflows(f)
+    rows = await dbos.system_database.list_workflows(f)
     return [_status(dbos, row, f.load_input, f.load_output) for row in rows]
 
 
 async def list_steps(dbos: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
-    rows = await control(dbos).list_steps(workflow_id)
+    rows = await dbos.system_database.list_steps(workflow_id)
     steps = []
     for row in rows:
         serialization = row["serialization"]
@@ -217,7 +211,7 @@ async def resume(dbos: Peer, workflow_ids: Sequence[str], queue_name: str | None
     last checkpoint. SUCCESS and ERROR workflows are left as they are. Returns the IDs
     that were re-enqueued."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    resumed = await control(dbos).resume(workflow_ids, queue, now_ms())
+    resumed = await dbos.system_database.resume(workflow_ids, queue)
     if resumed:
         _announce_enqueued(dbos, queue)
         logger.info("Resumed workflows on queue %s: %s", queue, ", ".join(resumed))
@@ -240,10 +234,10 @@ async def fork(dbos: Peer, workflow_id: str, start_step: int, *, fork_id: str | 
     ``start_step`` replay from copies of the original's checkpoints. Returns its ID."""
     new_id = fork_id or str(uuid.uuid4())
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await control(dbos).fork(
+    await dbos.system_database.fork(
         workflow_id, new_id, start_step, queue_name=queue,
         application_version=application_version, timeout_ms=_timeout_ms(workflow_timeout),
-        replacement_children=dict(replacement_children or {}), now_ms=now_ms())
+        replacement_children=dict(replacement_children or {}))
     _announce_enqueued(dbos, queue)
     logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
     return new_id
@@ -254,7 +248,7 @@ async def rewind(dbos: Peer, workflow_id: str, start_step: int, *,
     """Discard a finished workflow's history from ``start_step`` on and re-enqueue it
     under its own ID; steps from ``start_step`` run again."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await control(dbos).rewind(workflow_id, start_step, queue_name=queue,
-                               application_version=application_version, now_ms=now_ms())
+    await dbos.system_database.rewind(workflow_id, start_step, queue_name=queue,
+                                      application_version=application_version)
     _announce_enqueued(dbos, queue)
     logger.info("Rewound workflow %s to step %s", workflow_id, start_step)

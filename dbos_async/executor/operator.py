@@ -36,8 +36,7 @@ from dbos_async.executor.operations import (
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues import Queue
 from dbos_async.executor.serialization import to_json
-from dbos_async.sysdb.control import WorkflowFilter
-from dbos_async.sysdb.database import now_ms
+from dbos_async.sysdb.statements import WorkflowFilter
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -134,7 +133,7 @@ class Operator(Peer):
         """
         return messaging.read_stream(self, workflow_id, key, offset)
 
-    # ---- Cancel and delete (see executor/operations.py and sysdb/control.py) ----
+    # ---- Cancel and delete (see executor/operations.py and sysdb/operations.py) ----
 
     async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
         """Cancel a workflow (and with ``cancel_children`` every workflow it started,
@@ -317,16 +316,16 @@ class Operator(Peer):
     async def list_application_versions(self) -> list[ApplicationVersion]:
         """Every registered application version, latest first."""
         self._require_ready()
-        records = await operations.control(self).list_versions()
+        records = await self.system_database.list_versions()
         return [ApplicationVersion.from_record(r) for r in records]
 
     async def get_latest_application_version(self) -> ApplicationVersion | None:
         """The version with the newest timestamp (None if none is registered)."""
         self._require_ready()
-        record = await operations.control(self).latest_version()
+        record = await self.system_database.latest_version()
         return ApplicationVersion.from_record(record) if record is not None else None
 
     async def set_latest_application_version(self, version_name: str) -> None:
         """Make ``version_name`` the latest (registering it if it is unknown)."""
         self._require_ready()
-        await operations.control(self).set_latest_version(version_name, now_ms())
+        await self.system_database.set_latest_version(version_name)

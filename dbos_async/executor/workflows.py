@@ -8,6 +8,7 @@ nothing and resolves to whatever the owner recorded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dbos_async.errors import (
     DBOSError,
     NondeterminismError,
+    NonExistentWorkflowError,
     SerializationError,
     WorkflowCancelledError,
     WorkflowConflictError,
@@ -193,7 +195,8 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
         ))
         raise
     except _DeadlineExceeded:
-        await dbos.system_database.cancel_workflows([workflow_id])
+        with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
+            await dbos.system_database.cancel([workflow_id], children=False)
         notify_completion(dbos, workflow_id)
         future.set_exception(WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
     except Exception as error:
