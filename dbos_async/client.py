@@ -38,7 +38,7 @@ from dbos_async.executor.queues.enqueue import (
 )
 from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
 from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
-from dbos_async.executor.start import CallContext, Placement, StartPlan, check_name, plan_start
+from dbos_async.executor.start import CallContext, Placement, check_name, plan_start
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase
@@ -209,7 +209,9 @@ class DBOSClient(Operator, Peer):
         def start() -> Awaitable[StartResult]:
             if connection is None:
                 return sysdb.start_workflow(plan.row, plan.creator_xid)
-            return self._start_in_transaction(connection, plan)
+            return sysdb.start_workflow_on(
+                connection, plan.row, plan.creator_xid,
+                announce=(ENQUEUE_CHANNEL, announcement_key(plan.row)))
 
         started = await start_deduplicated(sysdb, start, queue_name, deduplication_id,
                                            deduplication_policy)
@@ -219,17 +221,6 @@ class DBOSClient(Operator, Peer):
         if started.created and connection is None:
             announce(sysdb, plan.row)
         return workflow_handle(self, plan.workflow_id)
-
-    async def _start_in_transaction(self, conn: asyncpg.Connection,
-                                    plan: StartPlan) -> StartResult:
-        async with conn.transaction():  # a savepoint inside the caller's transaction
-            started = await self.system_database.start_workflow_on(conn, plan.row,
-                                                                   plan.creator_xid)
-            if started.created:
-                # Queued with the transaction: delivered on commit, dropped on rollback.
-                await conn.execute("SELECT pg_notify($1, $2)", ENQUEUE_CHANNEL,
-                                   announcement_key(plan.row))
-        return started
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None,

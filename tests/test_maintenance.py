@@ -10,7 +10,8 @@ import time
 from helpers import execute, fetch, fetchval, new_dbos, wait_until
 
 from dbos_async import DBOS, SetWorkflowID, WorkflowCancelledError
-from dbos_async.sysdb.control import JobConnection, WorkflowControl, job_lock_key
+from dbos_async.sysdb.operations import JobConnection
+from dbos_async.sysdb.statements import job_lock_key
 
 HOUR_MS = 3_600_000
 
@@ -114,8 +115,6 @@ async def test_two_executors_never_run_a_job_at_once(database_url: str) -> None:
     b = new_dbos(database_url, executor_id="b")
     async with a, b:
         async def attempt(name: str, executor: DBOS) -> bool:
-            ctl = WorkflowControl(executor.system_database)
-
             async def job(conn: JobConnection) -> None:
                 await conn.execute("INSERT INTO job_runs VALUES ($1, clock_timestamp(), NULL)",
                                    name)
@@ -123,7 +122,7 @@ async def test_two_executors_never_run_a_job_at_once(database_url: str) -> None:
                 await conn.execute("UPDATE job_runs SET finished = clock_timestamp() "
                                    "WHERE executor = $1 AND finished IS NULL", name)
 
-            ran, _ = await ctl.run_locked("test_job", job)
+            ran, _ = await executor.system_database.run_locked("test_job", job)
             return ran
 
         async def loop(name: str, executor: DBOS) -> list[bool]:
@@ -151,8 +150,7 @@ async def test_two_executors_never_run_a_job_at_once(database_url: str) -> None:
             holding.set()
             await release.wait()
 
-        ctl_a = WorkflowControl(a.system_database)
-        holder = asyncio.create_task(ctl_a.run_locked("retention", hold))
+        holder = asyncio.create_task(a.system_database.run_locked("retention", hold))
         await asyncio.wait_for(holding.wait(), 10)
         assert await b.garbage_collect(0) is None
         assert await b.global_timeout(0) == []  # another job, another lock

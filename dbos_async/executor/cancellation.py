@@ -23,7 +23,6 @@ from types import TracebackType
 from typing import Protocol
 
 from dbos_async.errors import WorkflowCancelledError
-from dbos_async.sysdb.control import WorkflowControl
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Spawn
 
@@ -136,9 +135,9 @@ class CancellationWatcher:
         """Subscribe to cancel notifications and start the watcher (a background task)."""
         if sysdb.notifications is not None:
             sysdb.notifications.subscribe(WORKFLOW_CANCEL_CHANNEL, self.on_notification)
-        spawn(self._run(WorkflowControl(sysdb)), "cancellation watcher")
+        spawn(self._run(sysdb), "cancellation watcher")
 
-    async def _run(self, control: WorkflowControl) -> None:
+    async def _run(self, sysdb: SystemDatabase) -> None:
         interval = self._poll_interval
         while True:
             timed_out = False
@@ -160,7 +159,7 @@ class CancellationWatcher:
                 continue
             try:
                 self.polls += 1
-                cancelled = await control.cancelled_among(sorted(ids))
+                cancelled = await sysdb.cancelled_among(sorted(ids))
             except Exception as error:  # the database is down: try again next round
                 logger.warning("The cancellation watcher could not read statuses: %r", error)
                 continue

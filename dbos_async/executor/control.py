@@ -3,7 +3,7 @@
 The public methods over these functions are defined once, in
 :class:`~dbos_async.executor.operator.Operator`.
 
-The SQL lives in :mod:`dbos_async.sysdb.control`; this module turns rows into typed values
+The SQL runs in :mod:`dbos_async.sysdb.operations`; this module turns rows into typed values
 (inputs, outputs and errors deserialized with the registered workflow's signature when this
 executor has it, as plain JSON otherwise) and sends the notifications a cancel owes.
 """
@@ -17,21 +17,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
-
 from dbos_async.errors import DBOSError, SerializationError
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.serialization import deserialize_error, from_json
 from dbos_async.executor.start import CallContext, new_workflow_id
-from dbos_async.sysdb.control import VersionRecord, WorkflowControl, WorkflowFilter
-from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
 )
-from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME
+from dbos_async.sysdb.records import StatusRecord
+from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
 
 logger = logging.getLogger("dbos_async")
 
@@ -67,10 +64,6 @@ class ApplicationVersion:
                    record.created_at)
 
 
-def control(peer: Peer) -> WorkflowControl:
-    return WorkflowControl(peer.system_database)
-
-
 def epoch_ms(value: TimeBound | None, what: str) -> int | None:
     if value is None:
         return None
@@ -102,7 +95,7 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
 
 
 async def cancel(peer: Peer, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
-    rows = await control(peer).cancel(workflow_ids, children=cancel_children, now_ms=now_ms())
+    rows = await peer.system_database.cancel(workflow_ids, children=cancel_children)
     announce_cancelled(peer, rows)
     cancelled = [workflow_id for workflow_id, _ in rows]
     if cancelled:
@@ -125,41 +118,41 @@ def announce_cancelled(peer: Peer, rows: Sequence[tuple[str, str | None]]) -> No
 
 async def delete(peer: Peer, workflow_ids: Sequence[str], delete_children: bool) -> None:
     ids = list(workflow_ids)
-    ctl = control(peer)
+    sysdb = peer.system_database
     if delete_children:
-        ids += await ctl.descendants(ids)
-    await ctl.delete(ids)
+        ids += await sysdb.descendants(ids)
+    await sysdb.delete(ids)
 
 
 # ---- Listing ----
 
 
-def _status(peer: Peer, row: asyncpg.Record, load_input: bool,
+def _status(peer: Peer, row: StatusRecord, load_input: bool,
             load_output: bool) -> WorkflowStatus:
     status = WorkflowStatus.from_record(row)
     if not (load_input or load_output):
         return status
     signature = peer.signature_of(status.name)
-    serialization = row["serialization"]
+    serialization = row.serialization
     changes: dict[str, Any] = {}
     try:
-        if load_input and row["inputs"] is not None:
+        if load_input and row.inputs is not None:
             if signature is not None:
-                args, kwargs = signature.deserialize_inputs(row["inputs"], serialization)
+                args, kwargs = signature.deserialize_inputs(row.inputs, serialization)
                 changes["input"] = WorkflowInputs(args, kwargs)
             else:
-                data = from_json(row["inputs"], serialization, f"the inputs of {status.name}")
+                data = from_json(row.inputs, serialization, f"the inputs of {status.name}")
                 if isinstance(data, dict):
                     changes["input"] = WorkflowInputs(tuple(data.get("positionalArgs") or ()),
                                                       dict(data.get("namedArgs") or {}))
         if load_output:
-            if row["error"] is not None:
-                changes["error"] = deserialize_error(row["error"], serialization)
-            elif row["output"] is not None:
+            if row.error is not None:
+                changes["error"] = deserialize_error(row.error, serialization)
+            elif row.output is not None:
                 changes["output"] = (
-                    signature.deserialize_result(row["output"], serialization)
+                    signature.deserialize_result(row.output, serialization)
                     if signature is not None
-                    else from_json(row["output"], serialization, f"the result of {status.name}")
+                    else from_json(row.output, serialization, f"the result of {status.name}")
                 )
     except SerializationError as error:
         # A payload another library stored in a format we do not read (e.g. py_pickle): the
@@ -173,12 +166,12 @@ async def list_workflows(peer: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
         raise DBOSError(f"limit must be >= 0, got {f.limit}")
     if f.offset is not None and f.offset < 0:
         raise DBOSError(f"offset must be >= 0, got {f.offset}")
-    rows = await control(peer).list_workflows(f)
+    rows = await peer.system_database.list_workflows(f)
     return [_status(peer, row, f.load_input, f.load_output) for row in rows]
 
 
 async def list_steps(peer: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
-    rows = await control(peer).list_steps(workflow_id)
+    rows = await peer.system_database.list_steps(workflow_id)
     steps = []
     for row in rows:
         serialization = row["serialization"]
@@ -215,7 +208,7 @@ async def resume(peer: Peer, workflow_ids: Sequence[str], queue_name: str | None
     last checkpoint. SUCCESS and ERROR workflows are left as they are. Returns the IDs
     that were re-enqueued."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    resumed = await control(peer).resume(workflow_ids, queue, now_ms())
+    resumed = await peer.system_database.resume(workflow_ids, queue)
     if resumed:
         _announce_enqueued(peer, queue)
         logger.info("Resumed workflows on queue %s: %s", queue, ", ".join(resumed))
@@ -238,10 +231,10 @@ async def fork(peer: Peer, workflow_id: str, start_step: int, call: CallContext,
     come from ``call`` as for any start. Returns its ID."""
     new_id = new_workflow_id(call)
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await control(peer).fork(
+    await peer.system_database.fork(
         workflow_id, new_id, start_step, queue_name=queue,
         application_version=application_version, timeout_ms=_timeout_ms(call.timeout),
-        replacement_children=dict(replacement_children or {}), now_ms=now_ms())
+        replacement_children=dict(replacement_children or {}))
     _announce_enqueued(peer, queue)
     logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
     return new_id
@@ -252,7 +245,7 @@ async def rewind(peer: Peer, workflow_id: str, start_step: int, *,
     """Discard a finished workflow's history from ``start_step`` on and re-enqueue it
     under its own ID; steps from ``start_step`` run again."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await control(peer).rewind(workflow_id, start_step, queue_name=queue,
-                               application_version=application_version, now_ms=now_ms())
+    await peer.system_database.rewind(workflow_id, start_step, queue_name=queue,
+                                      application_version=application_version)
     _announce_enqueued(peer, queue)
     logger.info("Rewound workflow %s to step %s", workflow_id, start_step)

@@ -27,8 +27,8 @@ from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, work
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
-from dbos_async.sysdb.control import STREAM_CLOSED_SERIALIZED
 from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.statements import STREAM_CLOSED_SERIALIZED
 
 logger = logging.getLogger("dbos_async")
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
-
-import asyncpg
 
 from dbos_async.errors import (
     DBOSError,
@@ -17,6 +16,7 @@ from dbos_async.errors import (
 )
 from dbos_async.executor.serialization import Signature, deserialize_error, from_json
 from dbos_async.sysdb.database import Outcome
+from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.statements import CANCELLED, ERROR, MAX_RECOVERY_ATTEMPTS_EXCEEDED, SUCCESS
 
 if TYPE_CHECKING:
@@ -62,35 +62,15 @@ class WorkflowStatus:
     error: BaseException | None = None
 
     @classmethod
-    def from_record(cls, row: asyncpg.Record) -> WorkflowStatus:
-        return cls(
-            workflow_id=row["workflow_uuid"],
-            status=row["status"],
-            name=row["name"],
-            class_name=row["class_name"],
-            config_name=row["config_name"],
-            queue_name=row["queue_name"],
-            executor_id=row["executor_id"],
-            application_version=row["application_version"],
-            created_at=row["created_at"],
-            updated_at=row["updated_at"],
-            recovery_attempts=row["recovery_attempts"] or 0,
-            timeout_ms=row["workflow_timeout_ms"],
-            deadline_epoch_ms=row["workflow_deadline_epoch_ms"],
-            parent_workflow_id=row["parent_workflow_id"],
-            completed_at=row["completed_at"],
-            authenticated_user=row.get("authenticated_user"),
-            assumed_role=row.get("assumed_role"),
-            authenticated_roles=row.get("authenticated_roles"),
-            forked_from=row.get("forked_from"),
-            started_at_epoch_ms=row.get("started_at_epoch_ms"),
-            deduplication_id=row.get("deduplication_id"),
-            priority=row.get("priority") or 0,
-            queue_partition_key=row.get("queue_partition_key"),
-            serialization=row.get("serialization"),
-            application_name=row.get("application_name"),
-            attributes=_attributes(row.get("attributes")),
-        )
+    def from_record(cls, record: StatusRecord) -> WorkflowStatus:
+        """The status of a row the system database read (payloads left unloaded)."""
+        fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)
+                  if f.name not in _LOADED_ON_REQUEST}
+        fields["attributes"] = _attributes(record.attributes)
+        return cls(**fields)
+
+
+_LOADED_ON_REQUEST = frozenset({"input", "output", "error"})
 
 
 def _attributes(value: Any) -> dict[str, Any] | None:

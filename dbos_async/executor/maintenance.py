@@ -16,31 +16,16 @@ import logging
 
 from dbos_async.executor.control import announce_cancelled
 from dbos_async.executor.runtime import Runtime
-from dbos_async.sysdb.control import JobConnection, WorkflowControl
 from dbos_async.sysdb.database import now_ms
 
 logger = logging.getLogger("dbos_async")
-
-RETENTION_JOB = "retention"
-GLOBAL_TIMEOUT_JOB = "global_timeout"
 
 
 async def run_retention(runtime: Runtime, cutoff_ms: int, batch_size: int) -> int | None:
     """Delete terminal workflows finished before ``cutoff_ms``, ``batch_size`` per
     statement. Returns how many, or None if another executor holds the job's lock."""
-    ctl = WorkflowControl(runtime.system_database)
-
-    async def job(conn: JobConnection) -> int:
-        total = 0
-        while True:
-            q = ctl.sql.delete_terminal_batch(cutoff_ms, batch_size)
-            deleted = len(await conn.fetch(q.sql, *q.params))
-            total += deleted
-            if deleted < batch_size:
-                return total
-
-    ran, total = await ctl.run_locked(RETENTION_JOB, job)
-    if not ran:
+    total = await runtime.system_database.delete_finished_before(cutoff_ms, batch_size)
+    if total is None:
         return None
     if total:
         logger.info("Retention deleted %d workflows finished before %d", total, cutoff_ms)
@@ -50,14 +35,8 @@ async def run_retention(runtime: Runtime, cutoff_ms: int, batch_size: int) -> in
 async def run_global_timeout(runtime: Runtime, cutoff_ms: int) -> list[str] | None:
     """Cancel in-flight workflows created before ``cutoff_ms``. Returns their IDs, or None
     if another executor holds the job's lock."""
-    ctl = WorkflowControl(runtime.system_database)
-
-    async def job(conn: JobConnection) -> list[tuple[str, str | None]]:
-        q = ctl.sql.cancel_created_before(cutoff_ms, now_ms())
-        return [(r["workflow_uuid"], r["queue_name"]) for r in await conn.fetch(q.sql, *q.params)]
-
-    ran, rows = await ctl.run_locked(GLOBAL_TIMEOUT_JOB, job)
-    if not ran or rows is None:
+    rows = await runtime.system_database.cancel_created_before(cutoff_ms)
+    if rows is None:
         return None
     # Committed: stop what runs here, and tell the others.
     announce_cancelled(runtime, rows)

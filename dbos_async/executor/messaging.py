@@ -25,7 +25,6 @@ from dbos_async.executor.serialization import (
     to_json,
 )
 from dbos_async.executor.steps import replay
-from dbos_async.sysdb.control import STREAM_CLOSED_SERIALIZED
 from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
@@ -36,7 +35,7 @@ from dbos_async.sysdb.notifications import (
     payload_key,
     remaining,
 )
-from dbos_async.sysdb.statements import ACTIVE_STATUSES
+from dbos_async.sysdb.statements import ACTIVE_STATUSES, STREAM_CLOSED_SERIALIZED
 
 if TYPE_CHECKING:
     from dbos_async.executor.handles import WorkflowHandle

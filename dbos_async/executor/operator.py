@@ -37,8 +37,7 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
-from dbos_async.sysdb.control import WorkflowFilter
-from dbos_async.sysdb.database import now_ms
+from dbos_async.sysdb.statements import WorkflowFilter
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -88,7 +87,7 @@ class Operator:
         row = await peer.system_database.get_workflow(workflow_id)
         if row is None:
             raise NonExistentWorkflowError(workflow_id)
-        return workflow_handle(peer, workflow_id, workflow_name=row["name"])
+        return workflow_handle(peer, workflow_id, workflow_name=row.name)
 
     async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
         """The status row of ``workflow_id``, or None if there is no such workflow."""
@@ -313,14 +312,14 @@ class Operator:
 
     async def list_application_versions(self) -> list[ApplicationVersion]:
         """Every registered application version, latest first."""
-        records = await control.control(self._peer()).list_versions()
+        records = await self._peer().system_database.list_versions()
         return [ApplicationVersion.from_record(r) for r in records]
 
     async def get_latest_application_version(self) -> ApplicationVersion | None:
         """The version with the newest timestamp (None if none is registered)."""
-        record = await control.control(self._peer()).latest_version()
+        record = await self._peer().system_database.latest_version()
         return ApplicationVersion.from_record(record) if record is not None else None
 
     async def set_latest_application_version(self, version_name: str) -> None:
         """Make ``version_name`` the latest (registering it if it is unknown)."""
-        await control.control(self._peer()).set_latest_version(version_name, now_ms())
+        await self._peer().system_database.set_latest_version(version_name)

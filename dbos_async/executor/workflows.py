@@ -8,6 +8,7 @@ records nothing and resolves to whatever the owner recorded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ import anyio
 
 from dbos_async.errors import (
     DBOSError,
+    NonExistentWorkflowError,
     SerializationError,
     WorkflowCancelledError,
     WorkflowConflictError,
@@ -90,7 +92,8 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
         ))
         raise
     except _DeadlineExceeded:
-        await runtime.system_database.cancel_workflows([workflow_id])
+        with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
+            await runtime.system_database.cancel([workflow_id], children=False)
         runtime.notify_completion(workflow_id)
         future.set_exception(WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
     except Exception as error:

@@ -4,5 +4,6 @@ Nothing here knows about Python functions or serialization; it stores and return
 """
 
 from dbos_async.sysdb.database import StepRecord, SystemDatabase, WorkflowRow
+from dbos_async.sysdb.records import StatusRecord, status_record
 
-__all__ = ["StepRecord", "SystemDatabase", "WorkflowRow"]
+__all__ = ["StatusRecord", "StepRecord", "SystemDatabase", "WorkflowRow", "status_record"]

@@ -27,8 +27,9 @@ from dbos_async.executor import workflows
 from dbos_async.executor.queues.enqueue import DELAYED_KEY
 from dbos_async.executor.runtime import ClaimLoopState, Runtime
 from dbos_async.executor.serialization import serialize_error
-from dbos_async.sysdb.database import Claim, WorkflowRow
+from dbos_async.sysdb.database import WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.queues import Claim
 from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.statements import QueueRecord
 

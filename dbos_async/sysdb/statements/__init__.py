@@ -22,6 +22,16 @@ from dbos_async.sysdb.statements.base import (
     StatementBase,
     qualify,
 )
+from dbos_async.sysdb.statements.control import (
+    BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS,
+    PAYLOAD_TABLES,
+    STREAM_CLOSED_SERIALIZED,
+    TERMINAL_STATUSES,
+    ControlStatements,
+    WorkflowFilter,
+    advisory_lock_key,
+    job_lock_key,
+)
 from dbos_async.sysdb.statements.messaging import MessagingStatements
 from dbos_async.sysdb.statements.queues import (
     CLAIMED_COLUMNS,
@@ -31,15 +41,19 @@ from dbos_async.sysdb.statements.queues import (
     QueueRecord,
     QueueStatements,
 )
+from dbos_async.sysdb.statements.recovery import RecoveryStatements
+from dbos_async.sysdb.statements.versions import VersionRecord, VersionStatements
 from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 
-class Statements(WorkflowStatements, MessagingStatements, QueueStatements):
+class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
+                 VersionStatements, ControlStatements):
     """Every statement of the system database, for one schema."""
 
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS",
     "CANCELLED",
     "CLAIMED_COLUMNS",
     "DEDUP_INDEX",
@@ -48,10 +62,13 @@ __all__ = [
     "ERROR",
     "INTERNAL_QUEUE_NAME",
     "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
+    "PAYLOAD_TABLES",
     "PENDING",
     "PORTABLE_JSON",
     "QUEUE_COLUMNS",
+    "STREAM_CLOSED_SERIALIZED",
     "SUCCESS",
+    "TERMINAL_STATUSES",
     "NewWorkflow",
     "Params",
     "ParentStep",
@@ -59,5 +76,9 @@ __all__ = [
     "QueueRecord",
     "StatementBase",
     "Statements",
+    "VersionRecord",
+    "WorkflowFilter",
+    "advisory_lock_key",
+    "job_lock_key",
     "qualify",
 ]

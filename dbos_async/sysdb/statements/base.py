@@ -10,7 +10,7 @@ schema identifier, validated and quoted once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +95,11 @@ def qualify(alias: str | None, column: str) -> str:
     return f"{alias}.{column}" if alias else column
 
 
+Writes = Callable[[str], list[tuple[str, str]]]
+"""A fenced statement's writes: given the rows they select from (the owner, or the step's
+RETURNING), each write's CTE name and INSERT; the first one's landing is the verdict."""
+
+
 class StatementBase:
     """The seam and shared fragments; the statement families below build on it."""
 
@@ -145,6 +150,11 @@ class StatementBase:
         self._reject_shard_key(workflow_id, shard_key)
         return {}
 
+    def _key_values(self, workflow_id: str, p: Params) -> dict[str, str]:
+        """The shard-key columns of a new row of this workflow, as parameters: every
+        insert lists them first, so a sharded subclass adds its key in ``wf_values`` alone."""
+        return {col: p(val, "text") for col, val in self.wf_values(workflow_id).items()}
+
     def key_conflict(self, *columns: str) -> str:
         """Conflict target for a unique key of a workflow table."""
         return ", ".join(columns)
@@ -162,6 +172,36 @@ class StatementBase:
     def claim_gate(self, queue_name: str, partition_key: str | None, p: Params) -> str:
         """Predicate a queue claim must also meet; sharded, it caps claimers per key."""
         return "TRUE"
+
+    # ---- Status reads ----
+
+    STATUS_COLUMNS = (
+        "workflow_uuid", "status", "name", "class_name", "config_name", "queue_name",
+        "executor_id", "application_version", "application_id", "authenticated_user",
+        "assumed_role", "authenticated_roles", "created_at", "updated_at", "recovery_attempts",
+        "workflow_timeout_ms", "workflow_deadline_epoch_ms", "started_at_epoch_ms",
+        "deduplication_id", "priority", "queue_partition_key", "forked_from",
+        "parent_workflow_id", "serialization", "completed_at", "application_name",
+        "attributes",
+    )
+
+    def status_select(self, *, load_input: bool, load_output: bool) -> tuple[str, str]:
+        """The columns of a status read from ``workflow_status ws``, and the joins of the
+        payload tables they need: inputs and outputs only on request."""
+        columns = [f"ws.{c}" for c in self.STATUS_COLUMNS]
+        joins = []
+        if load_input:
+            columns.append("COALESCE(wi.inputs, ws.inputs) AS inputs")
+            joins.append(
+                f"LEFT JOIN {self.table('workflow_input')} wi ON {self.wf_join('wi', 'ws')}"
+            )
+        if load_output:
+            columns += ["COALESCE(wo.output, ws.output) AS output",
+                        "COALESCE(wo.error, ws.error) AS error"]
+            joins.append(
+                f"LEFT JOIN {self.table('workflow_output')} wo ON {self.wf_join('wo', 'ws')}"
+            )
+        return ", ".join(columns), " ".join(joins)
 
     # ---- Application ownership (application_name) ----
 
@@ -203,6 +243,14 @@ class StatementBase:
 
     # ---- Fenced writes: one statement locks, checks ownership and writes ----
 
+    def _insert_select(self, table: str, values: dict[str, str], source: str | None,
+                       on_conflict: str = "") -> str:
+        """An INSERT of one row of ``values`` (column: SQL) selected from ``source``; with
+        no source the row is inserted unconditionally."""
+        origin = f" FROM {source}" if source is not None else ""
+        return f"""INSERT INTO {self.table(table)} ({', '.join(values)})
+                  SELECT {', '.join(values.values())}{origin} {on_conflict}"""
+
     def _owner_cte(self, workflow_id: str, p: Params) -> str:
         # FOR NO KEY UPDATE: no hand-off (recovery, cancel, resume) of the workflow commits
         # between the ownership check and the writes of the same statement.
@@ -223,6 +271,31 @@ class StatementBase:
                        EXISTS (SELECT 1 FROM {write}) AS inserted
                 FROM owner"""
 
+    @staticmethod
+    def _write_ctes(writes: list[tuple[str, str]]) -> str:
+        return ", ".join(f"{name} AS ({insert} RETURNING 1)" for name, insert in writes)
+
+    def _fenced_write(self, workflow_id: str, owner_xid: str, p: Params,
+                      writes: Writes) -> Query:
+        """Writes from a step of ``workflow_id``: they land only while the caller owns it.
+        Not a checkpoint (the step's own covers them); the status row lock fences them
+        against a hand-off of the workflow."""
+        owner = self._owner_cte(workflow_id, p)
+        ctes = writes(f"owner WHERE {self._owned(owner_xid, p)}")
+        return Query(f"WITH {owner}, {self._write_ctes(ctes)} "
+                     f"{self._verdict(owner_xid, ctes[0][0], p)}", p.values)
+
+    def _recorded_write(self, workflow_id: str, function_id: int, function_name: str,
+                        owner_xid: str, now_ms: int, p: Params, writes: Writes) -> Query:
+        """A workflow's own write: its checkpoint and the writes, in one fenced statement.
+        The writes select from the step's RETURNING, so they land only with the checkpoint
+        and a retried or replayed write never lands twice."""
+        owner = self._owner_cte(workflow_id, p)
+        step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
+                              output=None, started_at_ms=now_ms, completed_at_ms=now_ms)
+        return Query(f"WITH {owner}, {step}, {self._write_ctes(writes('step'))} "
+                     f"{self._verdict(owner_xid, 'step', p)}", p.values)
+
     def _step_cte(
         self,
         workflow_id: str,
@@ -237,12 +310,11 @@ class StatementBase:
         error: str | None = None,
         child_workflow_id: str | None = None,
         output_sql: str | None = None,
-        source: str = "owner",
+        source: str | None = None,
     ) -> str:
-        """An insert of a checkpoint, guarded by the owner CTE; RETURNING 1 when it landed."""
-        values: dict[str, str] = {
-            col: p(val, 'text') for col, val in self.wf_values(workflow_id).items()
-        }
+        """An insert of a checkpoint, from ``source`` or else guarded by the owner CTE;
+        RETURNING 1 when it landed."""
+        values = self._key_values(workflow_id, p)
         values.update({
             "workflow_uuid": p(workflow_id, "text"),
             "function_id": p(function_id, "integer"),
@@ -256,11 +328,7 @@ class StatementBase:
             # Mirrors the workflow: the running application records its steps.
             "application_name": p(self.app_name, "text"),
         })
-        where = "" if source != "owner" else f"WHERE {self._owned(owner_xid, p)}"
-        return f"""step AS (
-                  INSERT INTO {self.table('operation_outputs')} ({', '.join(values)})
-                  SELECT {', '.join(values.values())}
-                  FROM {source} {where}
-                  ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id')}) DO NOTHING
-                  RETURNING 1
-                )"""
+        origin = source or f"owner WHERE {self._owned(owner_xid, p)}"
+        conflict = f"ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id')}) DO NOTHING"
+        return self._write_ctes([
+            ("step", self._insert_select("operation_outputs", values, origin, conflict))])

@@ -10,14 +10,19 @@ from dbos_async.sysdb.statements.base import (
     Params,
     Query,
     StatementBase,
+    Writes,
 )
 
 
 class MessagingStatements(StatementBase):
-    def _notification_values(
-        self, destination_id: str, message_uuid: str, topic: str, message: str, p: Params
-    ) -> dict[str, str]:
-        values = {col: p(val, 'text') for col, val in self.wf_values(destination_id).items()}
+    def _insert_message(
+        self, destination_id: str, message_uuid: str, topic: str, message: str,
+        source: str | None, p: Params,
+    ) -> str:
+        """A message insert; a repeated message_uuid is ignored. The trigger on
+        notifications NOTIFYs dbos_notifications_channel; a missing destination fails the
+        foreign key (23503)."""
+        values = self._key_values(destination_id, p)
         values.update({
             "message_uuid": p(message_uuid, "text"),
             "destination_uuid": p(destination_id, "text"),
@@ -25,73 +30,40 @@ class MessagingStatements(StatementBase):
             "message": p(message, "text"),
             "serialization": p(PORTABLE_JSON, "text"),
         })
-        return values
+        return self._insert_select("notifications", values, source,
+                                   f"ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING")
 
     def send_message(
         self, destination_id: str, message_uuid: str, topic: str, message: str
     ) -> Query:
-        """Insert a message (from outside a workflow); a repeated message_uuid is ignored.
-
-        The trigger on notifications NOTIFYs dbos_notifications_channel. A missing
-        destination fails the foreign key (23503).
-        """
+        """A message from outside a workflow."""
         p = Params()
-        values = self._notification_values(destination_id, message_uuid, topic, message, p)
-        return Query(
-            f"""INSERT INTO {self.table('notifications')} ({', '.join(values)})
-                VALUES ({', '.join(values.values())})
-                ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING""",
-            p.values,
-        )
+        return Query(self._insert_message(destination_id, message_uuid, topic, message, None, p),
+                     p.values)
 
     def send_message_fenced(
         self, workflow_id: str, owner_xid: str, destination_id: str, message_uuid: str,
         topic: str, message: str,
     ) -> Query:
-        """Insert a message from a step of ``workflow_id``: only while the caller owns it.
-
-        Not a checkpoint (the step's own checkpoint covers it); the status row lock fences
-        the insert against a hand-off of the sending workflow.
-        """
+        """A message from a step of ``workflow_id``: only while the caller owns it."""
         p = Params()
-        owner = self._owner_cte(workflow_id, p)
-        values = self._notification_values(destination_id, message_uuid, topic, message, p)
-        return Query(
-            f"""WITH {owner}, sent AS (
-                  INSERT INTO {self.table('notifications')} ({', '.join(values)})
-                  SELECT {', '.join(values.values())}
-                  FROM owner WHERE {self._owned(owner_xid, p)}
-                  ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING
-                  RETURNING 1
-                )
-                {self._verdict(owner_xid, 'sent', p)}""",
-            p.values,
-        )
+        return self._fenced_write(workflow_id, owner_xid, p, self._message_writes(
+            destination_id, message_uuid, topic, message, p))
 
     def send_message_recorded(
         self, workflow_id: str, function_id: int, owner_xid: str, destination_id: str,
         message_uuid: str, topic: str, message: str, now_ms: int,
     ) -> Query:
-        """A workflow's send: its checkpoint and the message, in one fenced statement.
-
-        The message is inserted only if the checkpoint was (it selects from the step's
-        RETURNING), so a retried or replayed send never delivers twice.
-        """
+        """A workflow's send: its checkpoint and the message, in one fenced statement."""
         p = Params()
-        owner = self._owner_cte(workflow_id, p)
-        step = self._step_cte(workflow_id, function_id, "DBOS.send", owner_xid, p,
-                              output=None, started_at_ms=now_ms, completed_at_ms=now_ms)
-        values = self._notification_values(destination_id, message_uuid, topic, message, p)
-        return Query(
-            f"""WITH {owner}, {step}, sent AS (
-                  INSERT INTO {self.table('notifications')} ({', '.join(values)})
-                  SELECT {', '.join(values.values())} FROM step
-                  ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING
-                  RETURNING 1
-                )
-                {self._verdict(owner_xid, 'step', p)}""",
-            p.values,
-        )
+        return self._recorded_write(
+            workflow_id, function_id, "DBOS.send", owner_xid, now_ms, p,
+            self._message_writes(destination_id, message_uuid, topic, message, p))
+
+    def _message_writes(self, destination_id: str, message_uuid: str, topic: str,
+                        message: str, p: Params) -> Writes:
+        return lambda source: [("sent", self._insert_message(
+            destination_id, message_uuid, topic, message, source, p))]
 
     def consume_message(
         self, workflow_id: str, function_id: int, owner_xid: str, topic: str, now_ms: int
@@ -143,67 +115,43 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def _event_ctes(
+    def _event_writes(
         self, workflow_id: str, key: str, value: str, function_id: int | None, source: str,
         p: Params,
-    ) -> str:
-        keys = {col: p(val, 'text') for col, val in self.wf_values(workflow_id).items()}
-        event = {**keys, "workflow_uuid": p(workflow_id, "text"), "key": p(key, "text"),
-                 "value": p(value, "text"), "serialization": p(PORTABLE_JSON, "text")}
-        ctes = [
-            f"""event AS (
-                  INSERT INTO {self.table('workflow_events')} ({', '.join(event)})
-                  SELECT {', '.join(event.values())} FROM {source}
-                  ON CONFLICT ({self.key_conflict('workflow_uuid', 'key')})
-                    DO UPDATE SET value = EXCLUDED.value, serialization = EXCLUDED.serialization
-                  RETURNING 1
-                )"""
-        ]
+    ) -> list[tuple[str, str]]:
+        """The event's latest value and, for a workflow's own set_event (``function_id``),
+        its history row; each replaces what an earlier write to the same place left."""
+        replace = "DO UPDATE SET value = EXCLUDED.value, serialization = EXCLUDED.serialization"
+        latest = self._key_values(workflow_id, p)
+        latest.update({"workflow_uuid": p(workflow_id, "text"), "key": p(key, "text"),
+                       "value": p(value, "text"), "serialization": p(PORTABLE_JSON, "text")})
+        writes = [("event", self._insert_select(
+            "workflow_events", latest, source,
+            f"ON CONFLICT ({self.key_conflict('workflow_uuid', 'key')}) {replace}"))]
         if function_id is not None:
-            history = {**keys, "workflow_uuid": p(workflow_id, "text"),
-                       "function_id": p(function_id, "integer"), "key": p(key, "text"),
-                       "value": p(value, "text"), "serialization": p(PORTABLE_JSON, "text")}
-            ctes.append(
-                f"""history AS (
-                  INSERT INTO {self.table('workflow_events_history')} ({', '.join(history)})
-                  SELECT {', '.join(history.values())} FROM {source}
-                  ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id', 'key')})
-                    DO UPDATE SET value = EXCLUDED.value, serialization = EXCLUDED.serialization
-                  RETURNING 1
-                )"""
-            )
-        return ", ".join(ctes)
+            history = {**latest, "function_id": p(function_id, "integer")}
+            writes.append(("history", self._insert_select(
+                "workflow_events_history", history, source,
+                f"ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id', 'key')})"
+                f" {replace}")))
+        return writes
 
     def set_event_recorded(
         self, workflow_id: str, function_id: int, owner_xid: str, key: str, value: str,
         now_ms: int,
     ) -> Query:
-        """A workflow's set_event: checkpoint, latest value and history row, one statement.
-
-        The event rows are written only if the checkpoint was, under the status row lock.
-        """
+        """A workflow's set_event: checkpoint, latest value and history row, one statement."""
         p = Params()
-        owner = self._owner_cte(workflow_id, p)
-        step = self._step_cte(workflow_id, function_id, "DBOS.setEvent", owner_xid, p,
-                              output=None, started_at_ms=now_ms, completed_at_ms=now_ms)
-        events = self._event_ctes(workflow_id, key, value, function_id, "step", p)
-        return Query(
-            f"""WITH {owner}, {step}, {events}
-                {self._verdict(owner_xid, 'step', p)}""",
-            p.values,
-        )
+        return self._recorded_write(
+            workflow_id, function_id, "DBOS.setEvent", owner_xid, now_ms, p,
+            lambda source: self._event_writes(workflow_id, key, value, function_id, source, p))
 
     def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str) -> Query:
         """set_event from a step: the latest value, written only while the caller owns it."""
         p = Params()
-        owner = self._owner_cte(workflow_id, p)
-        events = self._event_ctes(workflow_id, key, value, None,
-                                  f"owner WHERE {self._owned(owner_xid, p)}", p)
-        return Query(
-            f"""WITH {owner}, {events}
-                {self._verdict(owner_xid, 'event', p)}""",
-            p.values,
-        )
+        return self._fenced_write(
+            workflow_id, owner_xid, p,
+            lambda source: self._event_writes(workflow_id, key, value, None, source, p))
 
     def get_event(self, workflow_id: str, key: str) -> Query:
         p = Params()
@@ -221,13 +169,12 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def _stream_cte(
+    def _stream_write(
         self, workflow_id: str, key: str, value: str, function_id: int, source: str, p: Params
-    ) -> str:
-        keys = {col: p(val, 'text') for col, val in self.wf_values(workflow_id).items()}
+    ) -> list[tuple[str, str]]:
         key_ref = p(key, "text")
-        values = {
-            **keys,
+        values = self._key_values(workflow_id, p)
+        values.update({
             "workflow_uuid": p(workflow_id, "text"),
             "key": key_ref,
             "value": p(value, "text"),
@@ -238,12 +185,8 @@ class MessagingStatements(StatementBase):
                                -1) + 1""",
             "function_id": p(function_id, "integer"),
             "serialization": p(PORTABLE_JSON, "text"),
-        }
-        return f"""written AS (
-                  INSERT INTO {self.table('streams')} ({', '.join(values)})
-                  SELECT {', '.join(values.values())} FROM {source}
-                  RETURNING "offset"
-                )"""
+        })
+        return [("written", self._insert_select("streams", values, source))]
 
     def write_stream_recorded(
         self, workflow_id: str, function_id: int, function_name: str, owner_xid: str,
@@ -251,29 +194,18 @@ class MessagingStatements(StatementBase):
     ) -> Query:
         """A workflow's stream write (or close): checkpoint and value, in one fenced statement."""
         p = Params()
-        owner = self._owner_cte(workflow_id, p)
-        step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
-                              output=None, started_at_ms=now_ms, completed_at_ms=now_ms)
-        written = self._stream_cte(workflow_id, key, value, function_id, "step", p)
-        return Query(
-            f"""WITH {owner}, {step}, {written}
-                {self._verdict(owner_xid, 'step', p)}""",
-            p.values,
-        )
+        return self._recorded_write(
+            workflow_id, function_id, function_name, owner_xid, now_ms, p,
+            lambda source: self._stream_write(workflow_id, key, value, function_id, source, p))
 
     def write_stream_fenced(
         self, workflow_id: str, owner_xid: str, key: str, value: str, function_id: int
     ) -> Query:
         """A stream write from a step: only while the caller owns the workflow; not recorded."""
         p = Params()
-        owner = self._owner_cte(workflow_id, p)
-        written = self._stream_cte(workflow_id, key, value, function_id,
-                                   f"owner WHERE {self._owned(owner_xid, p)}", p)
-        return Query(
-            f"""WITH {owner}, {written}
-                {self._verdict(owner_xid, 'written', p)}""",
-            p.values,
-        )
+        return self._fenced_write(
+            workflow_id, owner_xid, p,
+            lambda source: self._stream_write(workflow_id, key, value, function_id, source, p))
 
     def read_stream_value(self, workflow_id: str, key: str, offset: int) -> Query:
         """The value at ``offset`` and the writer's status, in one primary-key lookup.
@@ -300,3 +232,9 @@ class MessagingStatements(StatementBase):
                   AND status <> ALL({p(list(ACTIVE_STATUSES), 'text[]')})""",
             p.values,
         )
+
+    def notify_with_transaction(self, channel: str, payload: str) -> Query:
+        """A notification queued in the caller's transaction: PostgreSQL delivers it at
+        commit and drops it on rollback (the transactional outbox's wake-up)."""
+        p = Params()
+        return Query(f"SELECT pg_notify({p(channel, 'text')}, {p(payload, 'text')})", p.values)

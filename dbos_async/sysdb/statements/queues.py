@@ -1,4 +1,4 @@
-"""Statements of queues: registration, claims, partitions, delays, recovery and dedup.
+"""Statements of queues: registration, claims, partitions, delays and dedup.
 
 See dbos_async/executor/queues.py and dispatcher.py.
 """
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from dbos_async.sysdb.statements.base import (
     DELAYED,
     ENQUEUED,
-    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
     PENDING,
     Params,
     Query,
@@ -418,53 +417,6 @@ class QueueStatements(StatementBase):
                        (SELECT min(delay_until_epoch_ms) FROM {table}
                         WHERE {self.scoped(None, p)} AND status = {delayed}
                           AND delay_until_epoch_ms > {now}) AS next_due""",
-            p.values,
-        )
-
-    def requeue_pending(self, executor_id: str, application_version: str | None,
-                        now_ms: int, exclude: Sequence[str] = ()) -> Query:
-        """Recovery of queued workflows: this executor's PENDING ones go back to ENQUEUED on
-        their queue, so the queue's claim (and its limits) admits exactly one runner.
-
-        Clearing the owner fences any execution still running from before.
-        """
-        p = Params()
-        return Query(
-            f"""UPDATE {self.table('workflow_status')}
-                SET status = {p(ENQUEUED)}, owner_xid = NULL, started_at_epoch_ms = NULL,
-                    rate_limited = false, updated_at = {p(now_ms, 'bigint')}
-                WHERE {self.scoped(None, p)} AND status = {p(PENDING)}
-                  AND executor_id = {p(executor_id)} AND queue_name IS NOT NULL
-                  AND {self._recovery_version(application_version, p)}
-                  AND {self.own_scope(None, p)}
-                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
-                RETURNING workflow_uuid, queue_name""",
-            p.values,
-        )
-
-    def _recovery_version(self, application_version: str | None, p: Params) -> str:
-        return (f"application_version = {p(application_version)}"
-                if application_version is not None else "application_version IS NULL")
-
-    def dead_letter_pending(self, executor_id: str, application_version: str | None,
-                            max_attempts: int, now_ms: int,
-                            exclude: Sequence[str] = ()) -> Query:
-        """This executor's PENDING workflows that have used up their recovery attempts become
-        MAX_RECOVERY_ATTEMPTS_EXCEEDED (terminal: no owner, no queue slot, no dedup key)."""
-        p = Params()
-        now = p(now_ms, "bigint")
-        return Query(
-            f"""UPDATE {self.table('workflow_status')}
-                SET status = {p(MAX_RECOVERY_ATTEMPTS_EXCEEDED)}, owner_xid = NULL,
-                    deduplication_id = NULL, started_at_epoch_ms = NULL, queue_name = NULL,
-                    updated_at = {now}, completed_at = {now}
-                WHERE {self.scoped(None, p)} AND status = {p(PENDING)}
-                  AND executor_id = {p(executor_id)}
-                  AND {self._recovery_version(application_version, p)}
-                  AND {self.own_scope(None, p)}
-                  AND recovery_attempts > {p(max_attempts, 'bigint')}
-                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
-                RETURNING workflow_uuid""",
             p.values,
         )
 

@@ -1,16 +1,12 @@
-"""Statements of a workflow's life: start, recovery, steps, outcome, reads, versions."""
+"""Statements of a workflow's life: start, steps, outcome and status reads."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from dbos_async.sysdb.statements.base import (
-    CANCELLED,
-    ERROR,
     PENDING,
     PORTABLE_JSON,
-    SUCCESS,
     NewWorkflow,
     Params,
     ParentStep,
@@ -146,48 +142,7 @@ class WorkflowStatements(StatementBase):
                         FROM parent LEFT JOIN status ON TRUE"""
         return Query(f"WITH {', '.join(ctes)} {select}", p.values)
 
-    # ---- Recovery ----
-
-    def claim_pending(
-        self,
-        executor_id: str,
-        application_version: str | None,
-        now_ms: int,
-        exclude: Sequence[str] = (),
-    ) -> Query:
-        """Take ownership of this executor's PENDING workflows that no queue started, each
-        under a fresh owner token.
-
-        The new ``owner_xid`` fences off any execution still running from before (in this
-        process or a zombie elsewhere): its next durable write fails the ownership check.
-        Queued workflows are left alone: recovery has just put them back on their queues
-        (``requeue_pending``), and one PENDING on a queue now was claimed by a dispatcher of
-        this process that has not launched it yet; claiming it again would run it twice.
-        """
-        p = Params()
-        version = (
-            f"application_version = {p(application_version)}"
-            if application_version is not None
-            else "application_version IS NULL"
-        )
-        return Query(
-            f"""UPDATE {self.table('workflow_status')} ws
-                SET owner_xid = gen_random_uuid()::text,
-                    recovery_attempts = recovery_attempts + 1,
-                    updated_at = {p(now_ms, 'bigint')}
-                WHERE {self.scoped('ws', p)}
-                  AND status = {p(PENDING)} AND executor_id = {p(executor_id)} AND {version}
-                  AND queue_name IS NULL
-                  -- executor_id defaults to "local", so it collides across applications.
-                  AND {self.own_scope('ws', p)}
-                  -- Executions already running here keep their ownership.
-                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))
-                RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
-                          serialization, workflow_deadline_epoch_ms, recovery_attempts,
-                          (SELECT wi.inputs FROM {self.table('workflow_input')} wi
-                           WHERE {self.wf_join('wi', 'ws')}) AS inputs""",
-            p.values,
-        )
+    # ---- Steps ----
 
     def load_checkpoints(self, workflow_id: str) -> Query:
         p = Params()
@@ -198,8 +153,6 @@ class WorkflowStatements(StatementBase):
                 ORDER BY function_id""",
             p.values,
         )
-
-    # ---- Steps ----
 
     def record_step(
         self,
@@ -256,8 +209,9 @@ class WorkflowStatements(StatementBase):
         """
         p = Params()
         target = self.wf(None, workflow_id, p)
-        keys = self.wf_values(workflow_id)
-        output_values = {**keys, "workflow_uuid": workflow_id, "output": output, "error": error}
+        output_values = self._key_values(workflow_id, p)
+        output_values.update({"workflow_uuid": p(workflow_id, "text"),
+                              "output": p(output, "text"), "error": p(error, "text")})
         return Query(
             f"""WITH updated AS (
                   UPDATE {self.table('workflow_status')}
@@ -271,7 +225,7 @@ class WorkflowStatements(StatementBase):
                   RETURNING 1
                 ), stored AS (
                   INSERT INTO {self.table('workflow_output')} ({', '.join(output_values)})
-                  SELECT {', '.join(p(v, 'text') for v in output_values.values())}
+                  SELECT {', '.join(output_values.values())}
                   WHERE EXISTS (SELECT 1 FROM updated)
                   ON CONFLICT ({self.key_conflict('workflow_uuid')})
                     DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error
@@ -281,48 +235,7 @@ class WorkflowStatements(StatementBase):
             p.values,
         )
 
-    def cancel_workflows(self, workflow_ids: Sequence[str], now_ms: int) -> Query:
-        """Mark workflows CANCELLED unless already finished; clearing the owner stops them."""
-        p = Params()
-        return Query(
-            f"""UPDATE {self.table('workflow_status')}
-                SET status = {p(CANCELLED)}, owner_xid = NULL, queue_name = NULL,
-                    deduplication_id = NULL, started_at_epoch_ms = NULL,
-                    updated_at = {p(now_ms, 'bigint')}, completed_at = {p(now_ms, 'bigint')}
-                WHERE {self.wf_in(None, workflow_ids, p)}
-                  AND status NOT IN ({p(SUCCESS)}, {p(ERROR)})""",
-            p.values,
-        )
-
     # ---- Reads ----
-
-    STATUS_COLUMNS = (
-        "workflow_uuid", "status", "name", "class_name", "config_name", "queue_name",
-        "executor_id", "application_version", "application_id", "authenticated_user",
-        "assumed_role", "authenticated_roles", "created_at", "updated_at", "recovery_attempts",
-        "workflow_timeout_ms", "workflow_deadline_epoch_ms", "started_at_epoch_ms",
-        "deduplication_id", "priority", "queue_partition_key", "forked_from",
-        "parent_workflow_id", "serialization", "completed_at", "application_name",
-        "attributes",
-    )
-
-    def status_select(self, *, load_input: bool, load_output: bool) -> tuple[str, str]:
-        """The columns of a status read from ``workflow_status ws``, and the joins of the
-        payload tables they need: inputs and outputs only on request."""
-        columns = [f"ws.{c}" for c in self.STATUS_COLUMNS]
-        joins = []
-        if load_input:
-            columns.append("COALESCE(wi.inputs, ws.inputs) AS inputs")
-            joins.append(
-                f"LEFT JOIN {self.table('workflow_input')} wi ON {self.wf_join('wi', 'ws')}"
-            )
-        if load_output:
-            columns += ["COALESCE(wo.output, ws.output) AS output",
-                        "COALESCE(wo.error, ws.error) AS error"]
-            joins.append(
-                f"LEFT JOIN {self.table('workflow_output')} wo ON {self.wf_join('wo', 'ws')}"
-            )
-        return ", ".join(columns), " ".join(joins)
 
     def get_workflow(self, workflow_id: str, *, load_input: bool, load_output: bool) -> Query:
         p = Params()
@@ -331,44 +244,5 @@ class WorkflowStatements(StatementBase):
             f"""SELECT {columns}
                 FROM {self.table('workflow_status')} ws {joins}
                 WHERE {self.wf('ws', workflow_id, p)}""",
-            p.values,
-        )
-
-    # ---- Application versions ----
-
-    def register_version(self, version_name: str, now_ms: int) -> Query:
-        """Record this application version; an existing one keeps its original timestamp.
-
-        A named application claims an unclaimed (pre-upgrade) row in place; a row another
-        application owns is left alone, and :meth:`version_owner` read afterwards reports
-        the collision. A nameless registrar leaves the owner untouched."""
-        p = Params()
-        table = self.table("application_versions")
-        name, app = p(version_name), p(self.app_name, "text")
-        return Query(
-            f"""WITH claimed AS (
-                  UPDATE {table} SET application_name = {app}
-                  WHERE {self.global_(None, p)} AND version_name = {name}
-                    AND application_name IS NULL AND {app} IS NOT NULL
-                  RETURNING 1
-                )
-                -- Targetless DO NOTHING: absorbs a concurrent registrar under either the
-                -- global or the per-application uniqueness of version names.
-                INSERT INTO {table}
-                  (version_id, version_name, version_timestamp, created_at, application_name)
-                SELECT gen_random_uuid()::text, {name}, {p(now_ms, 'bigint')},
-                       {p(now_ms, 'bigint')}, {app}
-                WHERE NOT EXISTS (SELECT 1 FROM claimed)
-                ON CONFLICT DO NOTHING""",
-            p.values,
-        )
-
-    def version_owner(self, version_name: str) -> Query:
-        """The application owning a version name (no row, or NULL: unclaimed)."""
-        p = Params()
-        return Query(
-            f"""SELECT application_name FROM {self.table('application_versions')}
-                WHERE {self.global_(None, p)} AND version_name = {p(version_name)}
-                ORDER BY application_name NULLS LAST LIMIT 1""",
             p.values,
         )

@@ -1,0 +1,125 @@
+"""What every family of system-database operations runs on: the pool, the retry policy, the
+statements for the schema and the owner of the rows it writes.
+
+:class:`~dbos_async.sysdb.database.SystemDatabase` joins the families built on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+
+from dbos_async.errors import ApplicationOwnershipError
+from dbos_async.sysdb import connection, migrations
+from dbos_async.sysdb.notifications import NotificationDispatcher
+from dbos_async.sysdb.retry import RetryPolicy
+from dbos_async.sysdb.statements import Query, Statements
+
+T = TypeVar("T")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class DatabaseCore:
+    """The system database's pool and retries, and its lifecycle."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "dbos",
+        pool_size: int = 10,
+        connect_timeout: float = 10.0,
+        retry_timeout: float = 60.0,
+        connection_name: str = "dbos_async",
+        application_name: str | None = None,
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self.sql = self.make_statements(migrations.quote_schema(schema))
+        # Ownership of rows when several applications share this database (see
+        # StatementBase.app_scope); None leaves everything unscoped.
+        self.application_name = application_name
+        self.sql.app_name = application_name
+        self._pool_size = pool_size
+        self._connect_timeout = connect_timeout
+        self._connection_name = connection_name
+        self._pool: asyncpg.Pool | None = None
+        self._closing = False
+        self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
+        # Set by the executor once started; None means every wait polls.
+        self.notifications: NotificationDispatcher | None = None
+
+    def make_statements(self, quoted_schema: str) -> Statements:
+        """The statement builder; a sharded database returns its own."""
+        return Statements(quoted_schema)
+
+    def notify(self, channel: str, key: str) -> None:
+        """Announce a committed write: wake the waiters on (channel, key) here now and
+        NOTIFY other processes (see :meth:`NotificationDispatcher.notify`); nothing before
+        the dispatcher is started."""
+        if self.notifications is not None:
+            self.notifications.notify(channel, key)
+
+    # ---- Lifecycle ----
+
+    async def open(self, *, run_migrations: bool = True) -> None:
+        """Create the database if allowed, migrate or verify the schema, and open the pool."""
+        if run_migrations:
+            await connection.ensure_database(self.url, self._connect_timeout)
+        conn = await connection.connect(self.url, self._connect_timeout, self._connection_name)
+        try:
+            if run_migrations:
+                await migrations.migrate(conn, self.schema)
+            else:
+                await migrations.verify(conn, self.schema)
+        finally:
+            await conn.close()
+        self._pool = await connection.create_pool(
+            self.url, self._pool_size, self._connect_timeout, self._connection_name
+        )
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("The system database is not open")
+        return self._pool
+
+    # ---- Running statements ----
+
+    async def _retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        return await self._retry.run(operation, what)
+
+    async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
+        return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))
+
+    async def _fetchrow(self, query: Query, what: str) -> asyncpg.Record | None:
+        return await self._retried(what, lambda: self.pool.fetchrow(query.sql, *query.params))
+
+    async def _execute(self, query: Query, what: str) -> None:
+        await self._retried(what, lambda: self.pool.execute(query.sql, *query.params))
+
+    def _check_owner(self, kind: str, name: str, current: str | None) -> None:
+        """Raise if ``current``, the owner of a queue or version name, is another
+        application: such names are unique across the applications sharing the database."""
+        owner = self.application_name
+        if current is None or owner is None or current == owner:
+            return
+        advice = (f"set a distinct application_version for {owner!r}"
+                  if kind == "Application version"
+                  else f"give {owner!r} a different {kind.lower()} name")
+        raise ApplicationOwnershipError(
+            f"{kind} {name!r} is already registered by application {current!r} in this "
+            f"system database; {kind.lower()} names must be unique across the applications "
+            f"sharing it: {advice}")

@@ -1,0 +1,270 @@
+"""Operations on workflows as a whole: cancel, delete, list, resume, fork, rewind,
+application versions, and the maintenance jobs under their advisory locks.
+
+Each runs in one transaction where it writes more than one statement, with the system
+database's retry policy; the executor turns the rows into typed values and sends the
+notifications the writes owe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeAlias, TypeVar
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.sysdb.core import DatabaseCore, now_ms
+from dbos_async.sysdb.records import StatusRecord, status_record
+from dbos_async.sysdb.statements import (
+    ACTIVE_STATUSES,
+    Query,
+    VersionRecord,
+    WorkflowFilter,
+    job_lock_key,
+)
+
+T = TypeVar("T")
+
+JobConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+"""The connection a locked job runs its statements on (inside the lock's transaction)."""
+
+RETENTION_JOB = "retention"
+GLOBAL_TIMEOUT_JOB = "global_timeout"
+
+
+class WorkflowOperations(DatabaseCore):
+    # ---- Cancel and delete ----
+
+    async def cancel(self, workflow_ids: Sequence[str], *,
+                     children: bool) -> list[tuple[str, str | None]]:
+        """Cancel the workflows (and, with ``children``, every descendant), in one
+        transaction; unknown IDs raise :class:`NonExistentWorkflowError` and change nothing.
+        Returns the IDs whose status changed, with the queue each one was on."""
+        ids = list(dict.fromkeys(workflow_ids))
+        now = now_ms()
+
+        async def run() -> list[tuple[str, str | None]]:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await self._require_existing(conn, ids)
+                cancelled: list[tuple[str, str | None]] = []
+                visited = set(ids)
+                frontier = ids
+                while frontier:
+                    cancelled += _cancelled(await _fetch_on(conn, self.sql.cancel(frontier, now)))
+                    if not children:
+                        break
+                    kids = await _fetch_on(conn, self.sql.direct_children(frontier))
+                    frontier = [r["workflow_uuid"] for r in kids
+                                if r["workflow_uuid"] not in visited]
+                    visited.update(frontier)
+                return cancelled
+
+        return await self._retried("cancelling workflows", run)
+
+    async def descendants(self, workflow_ids: Sequence[str]) -> list[str]:
+        """Every workflow started by these, recursively (not including them)."""
+        seen = set(workflow_ids)
+        found: list[str] = []
+        frontier = list(workflow_ids)
+        while frontier:
+            rows = await self._fetch(self.sql.direct_children(frontier), "reading children")
+            frontier = [r["workflow_uuid"] for r in rows if r["workflow_uuid"] not in seen]
+            seen.update(frontier)
+            found += frontier
+        return found
+
+    async def delete(self, workflow_ids: Sequence[str]) -> None:
+        """Delete every row of the workflows, in one transaction."""
+        ids = list(dict.fromkeys(workflow_ids))
+        if not ids:
+            return
+        queries = self.sql.delete(ids)
+
+        async def run() -> None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                for q in queries:
+                    await conn.execute(q.sql, *q.params)
+
+        await self._retried("deleting workflows", run)
+
+    async def cancelled_among(self, workflow_ids: Sequence[str]) -> set[str]:
+        rows = await self._fetch(self.sql.cancelled_among(workflow_ids), "reading statuses")
+        return {r["workflow_uuid"] for r in rows}
+
+    async def _require_existing(self, conn: JobConnection, ids: Sequence[str]) -> None:
+        found = {r["workflow_uuid"] for r in await _fetch_on(conn, self.sql.existing(ids))}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NonExistentWorkflowError(", ".join(missing))
+
+    # ---- Listing ----
+
+    async def list_workflows(self, f: WorkflowFilter) -> list[StatusRecord]:
+        rows = await self._fetch(self.sql.list_workflows(f), "listing workflows")
+        return [status_record(row) for row in rows]
+
+    async def list_steps(self, workflow_id: str) -> list[asyncpg.Record]:
+        return await self._fetch(self.sql.list_steps(workflow_id), "listing steps")
+
+    # ---- Application versions ----
+
+    async def register_version(self, version_name: str) -> None:
+        await self._execute(self.sql.register_version(version_name, now_ms()),
+                            "registering the application version")
+        await self.check_version_owner(version_name)
+
+    async def check_version_owner(self, version_name: str) -> None:
+        """Raise if another application owns ``version_name`` (version names are unique
+        across the applications sharing a system database)."""
+        row = await self._fetchrow(self.sql.version_owner(version_name),
+                                   "reading an application version's owner")
+        self._check_owner("Application version", version_name,
+                          row["application_name"] if row is not None else None)
+
+    async def list_versions(self) -> list[VersionRecord]:
+        rows = await self._fetch(self.sql.list_versions(), "listing application versions")
+        return [VersionRecord(**dict(r)) for r in rows]
+
+    async def latest_version(self) -> VersionRecord | None:
+        rows = await self._fetch(self.sql.latest_version(), "reading the latest version")
+        return VersionRecord(**dict(rows[0])) if rows else None
+
+    async def set_latest_version(self, version_name: str) -> None:
+        await self._execute(self.sql.set_latest_version(version_name, now_ms()),
+                            "setting the latest application version")
+        await self.check_version_owner(version_name)
+
+    # ---- Maintenance jobs ----
+
+    async def run_locked(self, job_name: str, job: Callable[[JobConnection], Awaitable[T]]
+                         ) -> tuple[bool, T | None]:
+        """Run ``job`` on a connection holding the job's transaction-scoped advisory lock,
+        if no other executor holds it: (whether it ran, its result). The job's statements
+        run in that transaction; the lock goes when it ends (rolled back or committed by
+        the job's outcome)."""
+        q = self.sql.try_job_lock(job_lock_key(self.schema, job_name))
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(q.sql, *q.params):
+                return False, None
+            return True, await job(conn)
+
+    async def delete_finished_before(self, cutoff_ms: int, batch_size: int) -> int | None:
+        """The retention job: delete terminal workflows finished before ``cutoff_ms``,
+        ``batch_size`` per statement. How many, or None if another executor holds the lock."""
+
+        async def job(conn: JobConnection) -> int:
+            total = 0
+            while True:
+                deleted = len(await _fetch_on(
+                    conn, self.sql.delete_terminal_batch(cutoff_ms, batch_size)))
+                total += deleted
+                if deleted < batch_size:
+                    return total
+
+        ran, total = await self.run_locked(RETENTION_JOB, job)
+        return total if ran else None
+
+    async def cancel_created_before(self, cutoff_ms: int
+                                    ) -> list[tuple[str, str | None]] | None:
+        """The global timeout: cancel in-flight workflows created before ``cutoff_ms``. The
+        cancelled IDs with their queues, or None if another executor holds the lock."""
+
+        async def job(conn: JobConnection) -> list[tuple[str, str | None]]:
+            return _cancelled(await _fetch_on(
+                conn, self.sql.cancel_created_before(cutoff_ms, now_ms())))
+
+        ran, rows = await self.run_locked(GLOBAL_TIMEOUT_JOB, job)
+        return rows if ran else None
+
+    # ---- Resume, fork, rewind ----
+
+    async def resume(self, workflow_ids: Sequence[str], queue_name: str) -> list[str]:
+        """Re-enqueue the workflows on ``queue_name`` (see ``ControlStatements.resume``), in
+        one transaction; unknown IDs raise :class:`NonExistentWorkflowError` and change
+        nothing. Returns the IDs that were re-enqueued (a SUCCESS or ERROR one is not)."""
+        ids = list(dict.fromkeys(workflow_ids))
+        now = now_ms()
+
+        async def run() -> list[str]:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await self._require_existing(conn, ids)
+                rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now))
+                return [r["workflow_uuid"] for r in rows]
+
+        return await self._retried("resuming workflows", run)
+
+    async def _locked_for_fork(self, conn: JobConnection, workflow_id: str,
+                               start_step: int) -> str:
+        """Lock the workflow's row and check ``start_step`` against its recorded steps:
+        from 0 to one past the last recorded step. Returns its status."""
+        q = self.sql.lock_for_fork(workflow_id)
+        row = await conn.fetchrow(q.sql, *q.params)
+        if row is None:
+            raise NonExistentWorkflowError(workflow_id)
+        last = row["last_step"] if row["last_step"] is not None else -1
+        if isinstance(start_step, bool) or not isinstance(start_step, int) \
+                or not 0 <= start_step <= last + 1:
+            raise DBOSError(
+                f"start_step {start_step!r} is out of range for workflow {workflow_id!r}: "
+                + (f"its recorded steps are 0..{last}, so start_step must be from 0 to "
+                   f"{last + 1}" if last >= 0 else "it has no recorded step, so start_step "
+                   "must be 0"))
+        status: str = row["status"]
+        return status
+
+    async def fork(self, original_id: str, fork_id: str, start_step: int, *, queue_name: str,
+                   application_version: str | None, timeout_ms: int | None,
+                   replacement_children: dict[str, str]) -> None:
+        """Create ``fork_id`` from ``original_id`` with its history below ``start_step``,
+        in one transaction."""
+        now = now_ms()
+
+        async def run() -> None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await self._locked_for_fork(conn, original_id, start_step)
+                queries = self.sql.insert_fork(original_id, fork_id, queue_name,
+                                               application_version, timeout_ms, now)
+                if start_step > 0:
+                    queries += self.sql.copy_history(original_id, fork_id, start_step,
+                                                     replacement_children)
+                try:
+                    for q in queries:
+                        await conn.execute(q.sql, *q.params)
+                except asyncpg.UniqueViolationError:
+                    raise DBOSError(f"Cannot fork {original_id!r} as {fork_id!r}: a workflow "
+                                    "with that ID exists") from None
+
+        await self._retried(f"forking workflow {original_id}", run)
+
+    async def rewind(self, workflow_id: str, start_step: int, *, queue_name: str,
+                     application_version: str | None) -> None:
+        """Discard the workflow's history from ``start_step`` on and re-enqueue it under
+        its own ID, in one transaction; only a finished (terminal) workflow is rewound."""
+        now = now_ms()
+
+        async def run() -> None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                status = await self._locked_for_fork(conn, workflow_id, start_step)
+                if status in ACTIVE_STATUSES:
+                    raise DBOSError(f"Cannot rewind {workflow_id!r} ({status}): only a "
+                                    "finished workflow can be rewound; cancel it first")
+                for q in self.sql.rewind(workflow_id, start_step):
+                    await conn.execute(q.sql, *q.params)
+                q = self.sql.requeue_rewound(workflow_id, status, queue_name,
+                                             application_version, now)
+                if await conn.execute(q.sql, *q.params) != "UPDATE 1":
+                    raise DBOSError(f"Workflow {workflow_id!r} changed status while being "
+                                    "rewound; retry the rewind")
+
+        await self._retried(f"rewinding workflow {workflow_id}", run)
+
+
+async def _fetch_on(conn: JobConnection, query: Query) -> list[asyncpg.Record]:
+    return await conn.fetch(query.sql, *query.params)
+
+
+def _cancelled(rows: list[asyncpg.Record]) -> list[tuple[str, str | None]]:
+    """A cancel statement's rows: each cancelled ID with the queue it was on."""
+    return [(r["workflow_uuid"], r["queue_name"]) for r in rows]

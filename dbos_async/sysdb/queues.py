@@ -1,0 +1,164 @@
+"""Queue operations of the system database: registration, the claim policy, partitions,
+delays and deduplication (see dbos_async/executor/dispatcher.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import asyncpg
+
+from dbos_async.sysdb.core import DatabaseCore, now_ms
+from dbos_async.sysdb.records import WorkflowRow, workflow_row
+from dbos_async.sysdb.statements import QueueRecord
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a queue claim started: the rows (with partition keys), and when a rate limit
+    that stopped it frees a slot (epoch ms), if known."""
+
+    rows: list[tuple[WorkflowRow, str | None]]
+    retry_at_ms: int | None = None
+
+
+def _claimed(row: asyncpg.Record) -> tuple[WorkflowRow, str | None]:
+    return workflow_row(row), row["queue_partition_key"]
+
+
+class QueueOperations(DatabaseCore):
+    async def upsert_queue(self, queue: QueueRecord) -> None:
+        query = self.sql.upsert_queue(queue, now_ms())
+        row = await self._fetchrow(query, f"registering queue {queue.name!r}")
+        if row is None:  # the name belongs to another application
+            owner = await self._fetchrow(self.sql.queue_owner(queue.name),
+                                         f"reading the owner of queue {queue.name!r}")
+            self._check_owner("Queue", queue.name,
+                              owner["application_name"] if owner is not None else None)
+
+    async def list_queues(self, names: Sequence[str] | None = None) -> list[QueueRecord]:
+        rows = await self._fetch(self.sql.list_queues(names), "reading queues")
+        return [QueueRecord(**dict(row)) for row in rows]
+
+    async def claim_queued(
+        self, queue: QueueRecord, partition_key: str | None, *, executor_id: str,
+        application_version: str | None, names: Sequence[str], room: int | None,
+    ) -> Claim:
+        """Claim and start the queue's next workflows under every limit, in one transaction.
+
+        ``room`` is what this executor's own limits (worker concurrency) allow; the shared
+        limits are read here. A budget shared by every executor (concurrency, rate limit) is
+        spent under SERIALIZABLE: the counts and the claimed rows are one snapshot, and a
+        concurrent claim of the same budget, even of disjoint rows (executors running
+        different functions, different partitions), fails one of the two with 40001 instead
+        of overspending; with NOWAIT a claimer of locked rows fails at once with 55P03. The
+        caller backs off and retries. Without a shared budget there is nothing to count: one
+        autocommit statement locks (SKIP LOCKED: claimers take disjoint rows and never wait)
+        and starts the rows. Not retried here: a lost reply leaves the rows PENDING on this
+        executor, and recovery re-enqueues them.
+        """
+        now = now_ms()
+        if not queue.shared_budget:
+            q = self.sql.claim_startable(queue.name, partition_key, names, application_version,
+                                         room, executor_id, now)
+            return Claim([_claimed(row) for row in await self.pool.fetch(q.sql, *q.params)])
+        async with self.pool.acquire() as conn, conn.transaction(isolation="serializable"):
+            limit = room
+            retry_at: int | None = None
+            limiters: list[tuple[int | None, float | None, str | None]] = [
+                (queue.rate_limit_max, queue.rate_limit_period_sec, None)]
+            if partition_key is not None:
+                limiters.append((queue.partition_rate_limit_max,
+                                 queue.partition_rate_limit_period_sec, partition_key))
+            for maximum, period, key in limiters:
+                if maximum is None or period is None:
+                    continue
+                window = int(period * 1000)
+                q = self.sql.queue_started_since(queue.name, key, now - window)
+                row = await conn.fetchrow(q.sql, *q.params)
+                assert row is not None
+                left = maximum - int(row["started"])
+                if left <= 0 and row["oldest"] is not None:
+                    retry_at = max(retry_at or 0, int(row["oldest"]) + window)
+                limit = left if limit is None else min(limit, left)
+            if limit is not None and limit <= 0:
+                return Claim([], retry_at)
+            budgets: list[tuple[int | None, str | None]] = [(queue.concurrency, None)]
+            if partition_key is not None:
+                budgets.append((queue.partition_concurrency, partition_key))
+            for budget, key in budgets:
+                if budget is None:
+                    continue
+                q = self.sql.queue_pending_count(queue.name, key)
+                running = int(await conn.fetchval(q.sql, *q.params))
+                left = budget - running
+                limit = left if limit is None else min(limit, left)
+            if limit is not None and limit <= 0:
+                return Claim([])
+            q = self.sql.select_startable(queue.name, partition_key, names,
+                                          application_version, limit)
+            ids = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
+            if not ids:
+                return Claim([])
+            rate_limited = (queue.rate_limit_max is not None
+                            or queue.partition_rate_limit_max is not None)
+            q = self.sql.flip_claimed(ids, queue.name, executor_id, application_version,
+                                      rate_limited, now)
+            flipped = {r["workflow_uuid"]: r for r in await conn.fetch(q.sql, *q.params)}
+        return Claim([_claimed(flipped[i]) for i in ids if i in flipped])
+
+    async def unregistered_enqueued(
+        self, queue_name: str, *, names: Sequence[str], known: Sequence[str],
+        application_version: str | None, limit: int = 10,
+    ) -> list[tuple[str, str]]:
+        """[(function name, one workflow ID)] of the queue's ENQUEUED workflows whose function
+        is not among ``names`` (nor ``known``): work this executor leaves for another."""
+        query = self.sql.unregistered_enqueued(queue_name, names, known, application_version,
+                                               limit)
+        rows = await self._fetch(query, f"checking queue {queue_name!r} for unknown functions")
+        return [(row["name"], row["workflow_uuid"]) for row in rows]
+
+    async def claim_partition_heads(
+        self, queue: QueueRecord, *, executor_id: str, application_version: str | None,
+        names: Sequence[str], cap: int,
+    ) -> Claim:
+        """Partition concurrency 1 without queue-wide limits: start each idle partition's
+        head-of-line workflow, in one READ COMMITTED transaction (see the statements)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            q = self.sql.partition_heads(queue.name, application_version, cap)
+            heads = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
+            if not heads:
+                return Claim([])
+            q = self.sql.lock_partition_heads(heads, queue.name, names)
+            locked = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
+            if not locked:
+                return Claim([])
+            q = self.sql.flip_claimed(locked, queue.name, executor_id, application_version,
+                                      False, now_ms(), partition_heads=True)
+            flipped = {r["workflow_uuid"]: r for r in await conn.fetch(q.sql, *q.params)}
+        return Claim([_claimed(flipped[i]) for i in heads if i in flipped])
+
+    async def queue_partitions(self, queue_name: str, cap: int) -> list[str]:
+        rows = await self._fetch(self.sql.queue_partitions(queue_name, cap), "reading partitions")
+        return [row["pk"] for row in rows]
+
+    async def promote_delayed(self) -> tuple[list[str], int | None]:
+        """Make due DELAYED workflows ENQUEUED: (their queues, the next due time in ms)."""
+        row = await self._fetchrow(self.sql.promote_delayed(now_ms()), "promoting delayed")
+        if row is None:
+            return [], None
+        return list(row["queues"] or []), row["next_due"]
+
+    async def find_deduplicated(self, queue_name: str, deduplication_id: str
+                                ) -> tuple[str, str] | None:
+        row = await self._fetchrow(self.sql.find_deduplicated(queue_name, deduplication_id),
+                                   "reading a deduplicated workflow")
+        return (row["workflow_uuid"], row["name"]) if row is not None else None
+
+    async def debounce_existing(self, queue_name: str, key: str, name: str, inputs: str,
+                                delay_until_ms: int) -> str | None:
+        query = self.sql.debounce_existing(queue_name, key, name, inputs, delay_until_ms,
+                                           now_ms())
+        # Idempotent: a retry sets the same delay and inputs again.
+        row = await self._fetchrow(query, f"debouncing {key!r} on {queue_name!r}")
+        return row["workflow_uuid"] if row is not None else None

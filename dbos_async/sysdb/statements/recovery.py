@@ -1,0 +1,99 @@
+"""Statements of recovery: an executor takes back the workflows it left PENDING.
+
+See dbos_async/executor/recovery.py. Each one touches only this executor's rows of this
+application version (and application), and skips those already running here (``exclude``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dbos_async.sysdb.statements.base import (
+    ENQUEUED,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    PENDING,
+    Params,
+    Query,
+    StatementBase,
+)
+
+
+class RecoveryStatements(StatementBase):
+    def _recovered(self, executor_id: str, application_version: str | None,
+                   exclude: Sequence[str], p: Params) -> str:
+        """This executor's PENDING rows of this version that nothing here runs."""
+        version = (f"application_version = {p(application_version)}"
+                   if application_version is not None else "application_version IS NULL")
+        return f"""{self.scoped('ws', p)} AND status = {p(PENDING)}
+                  AND executor_id = {p(executor_id)} AND {version}
+                  -- executor_id defaults to "local", so it collides across applications.
+                  AND {self.own_scope('ws', p)}
+                  -- Executions already running here keep their ownership.
+                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))"""
+
+    def claim_pending(
+        self,
+        executor_id: str,
+        application_version: str | None,
+        now_ms: int,
+        exclude: Sequence[str] = (),
+    ) -> Query:
+        """Take ownership of this executor's PENDING workflows that no queue started, each
+        under a fresh owner token.
+
+        The new ``owner_xid`` fences off any execution still running from before (in this
+        process or a zombie elsewhere): its next durable write fails the ownership check.
+        Queued workflows are left alone: recovery has just put them back on their queues
+        (``requeue_pending``), and one PENDING on a queue now was claimed by a dispatcher of
+        this process that has not launched it yet; claiming it again would run it twice.
+        """
+        p = Params()
+        return Query(
+            f"""UPDATE {self.table('workflow_status')} ws
+                SET owner_xid = gen_random_uuid()::text,
+                    recovery_attempts = recovery_attempts + 1,
+                    updated_at = {p(now_ms, 'bigint')}
+                WHERE {self._recovered(executor_id, application_version, exclude, p)}
+                  AND queue_name IS NULL
+                RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
+                          serialization, workflow_deadline_epoch_ms, recovery_attempts,
+                          (SELECT wi.inputs FROM {self.table('workflow_input')} wi
+                           WHERE {self.wf_join('wi', 'ws')}) AS inputs""",
+            p.values,
+        )
+
+    def requeue_pending(self, executor_id: str, application_version: str | None,
+                        now_ms: int, exclude: Sequence[str] = ()) -> Query:
+        """Recovery of queued workflows: this executor's PENDING ones go back to ENQUEUED on
+        their queue, so the queue's claim (and its limits) admits exactly one runner.
+
+        Clearing the owner fences any execution still running from before.
+        """
+        p = Params()
+        return Query(
+            f"""UPDATE {self.table('workflow_status')} ws
+                SET status = {p(ENQUEUED)}, owner_xid = NULL, started_at_epoch_ms = NULL,
+                    rate_limited = false, updated_at = {p(now_ms, 'bigint')}
+                WHERE {self._recovered(executor_id, application_version, exclude, p)}
+                  AND queue_name IS NOT NULL
+                RETURNING workflow_uuid, queue_name""",
+            p.values,
+        )
+
+    def dead_letter_pending(self, executor_id: str, application_version: str | None,
+                            max_attempts: int, now_ms: int,
+                            exclude: Sequence[str] = ()) -> Query:
+        """This executor's PENDING workflows that have used up their recovery attempts become
+        MAX_RECOVERY_ATTEMPTS_EXCEEDED (terminal: no owner, no queue slot, no dedup key)."""
+        p = Params()
+        now = p(now_ms, "bigint")
+        return Query(
+            f"""UPDATE {self.table('workflow_status')} ws
+                SET status = {p(MAX_RECOVERY_ATTEMPTS_EXCEEDED)}, owner_xid = NULL,
+                    deduplication_id = NULL, started_at_epoch_ms = NULL, queue_name = NULL,
+                    updated_at = {now}, completed_at = {now}
+                WHERE {self._recovered(executor_id, application_version, exclude, p)}
+                  AND recovery_attempts > {p(max_attempts, 'bigint')}
+                RETURNING workflow_uuid""",
+            p.values,
+        )
