@@ -173,7 +173,7 @@ class DBOSClient(Operator, Peer):
 
         With ``connection``, the insert runs on that connection, inside the transaction the
         caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
-        the caller commits, and the dispatchers' wake-up (``pg_notify``) is delivered at
+        the caller commits, and the claim loops' wake-up (``pg_notify``) is delivered at
         that commit."""
         if not isinstance(queue_name, str) or not queue_name:
             raise DBOSError("queue_name must be a non-empty string")

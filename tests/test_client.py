@@ -15,6 +15,7 @@ from helpers import fetch, new_dbos, unique_name, wait_until, workflow_row
 from dbos_async import (
     DBOS,
     DBOSClient,
+    DBOSError,
     MigrationError,
     NonExistentWorkflowError,
     QueueDeduplicatedError,
@@ -254,3 +255,19 @@ async def test_client_in_another_process(database_url: str) -> None:
         with pytest.raises(WorkflowCancelledError):
             await asyncio.wait_for(victim.get_result(), PATIENCE)
         app.gate.set()
+
+
+async def test_enqueue_takes_application_version_and_its_old_name(database_url: str) -> None:
+    app = App(database_url)
+    async with app.dbos, client_for(database_url) as client:
+        await client.enqueue("jobs", "work", 1, workflow_id="named",
+                             application_version="v-named")
+        with pytest.warns(DeprecationWarning, match="application_version"):
+            await client.enqueue("jobs", "work", 2, workflow_id="old-name",
+                                 app_version="v-old")
+        with pytest.warns(DeprecationWarning), pytest.raises(DBOSError, match="not both"):
+            await client.enqueue("jobs", "work", 3, workflow_id="both",
+                                 application_version="a", app_version="b")
+    versions = {row["workflow_uuid"]: row["application_version"] for row in await fetch(
+        database_url, "SELECT workflow_uuid, application_version FROM dbos.workflow_status")}
+    assert versions == {"named": "v-named", "old-name": "v-old"}

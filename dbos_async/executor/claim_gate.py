@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 class ClaimGate:
     """Workflow starts and queue claims run together; recovery runs alone.
 
-    A workflow this process has just made PENDING (started, or flipped by a queue dispatcher)
+    A workflow this process has just made PENDING (started, or flipped by a queue claim loop)
     but not launched yet looks, to recovery, exactly like one a crash left behind: recovery
     would claim, re-enqueue or dead-letter it under the starter's feet, and it would run
     twice. So each start and each claim round, from its statement until its workflows are

@@ -105,7 +105,7 @@ async def cancel(peer: Peer, workflow_ids: Sequence[str], cancel_children: bool)
 
 def announce_cancelled(peer: Peer, rows: Sequence[tuple[str, str | None]]) -> None:
     """After a cancel committed: interrupt what runs here at once, and notify the rest
-    (handles wake on completion, watchers on the cancel channel, the dispatchers of the
+    (handles wake on completion, watchers on the cancel channel, the claim loops of the
     queues whose slots were freed on the enqueue channel)."""
     peer.interrupt_local({workflow_id for workflow_id, _ in rows})
     sysdb = peer.system_database
@@ -199,7 +199,7 @@ async def list_steps(peer: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
 
 
 def _announce_enqueued(peer: Peer, queue_name: str) -> None:
-    """After the re-enqueue committed: wake that queue's dispatchers, here and elsewhere."""
+    """After the re-enqueue committed: wake that queue's claim loops, here and elsewhere."""
     peer.system_database.notify(ENQUEUE_CHANNEL, queue_name)
 
 

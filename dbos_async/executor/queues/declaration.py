@@ -87,7 +87,7 @@ class Queue:
     - ``limiter``: at most ``limit`` starts per ``period`` seconds, across every executor.
     - ``partition_queue``: every enqueue names a partition key; ``partition_concurrency``,
       ``partition_worker_concurrency`` and ``partition_limiter`` apply to each partition.
-    - ``polling_interval``: the longest a dispatcher sleeps between claims when no
+    - ``polling_interval``: the longest a claim loop sleeps between claims when no
       notification wakes it.
     """
 

@@ -122,7 +122,7 @@ class ControlStatements(StatementBase):
 
     def _cancel_where(self, predicate: str, now_ms: int, p: Params) -> Query:
         """Cancel the rows matching ``predicate``; returns each one's ID and the queue it
-        was on (so that queue's dispatchers can be told a slot is free). Clearing the owner
+        was on (so that queue's claim loops can be told a slot is free). Clearing the owner
         fences the running execution; clearing the queue and dedup ID frees its queue slot."""
         table = self.table("workflow_status")
         now = p(now_ms, "bigint")

@@ -44,7 +44,7 @@ class RecoveryStatements(StatementBase):
         The new ``owner_xid`` fences off any execution still running from before (in this
         process or a zombie elsewhere): its next durable write fails the ownership check.
         Queued workflows are left alone: recovery has just put them back on their queues
-        (``requeue_pending``), and one PENDING on a queue now was claimed by a dispatcher of
+        (``requeue_pending``), and one PENDING on a queue now was claimed by a claim loop of
         this process that has not launched it yet; claiming it again would run it twice.
         """
         p = Params()
