@@ -1,5 +1,6 @@
-"""What handles, messaging reads and operations need from whoever runs them: an executor
-(:class:`~dbos_async.DBOS`) or a client (:class:`~dbos_async.DBOSClient`).
+"""What handles, messaging reads and operations need from whoever runs them: the runtime
+of a running executor (:class:`~dbos_async.executor.runtime.Runtime`) or a client
+(:class:`~dbos_async.DBOSClient`).
 
 Both are peers on the system database; this protocol lets them share one implementation of
 every operation instead of each keeping its own copy.
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Peer(Protocol):
-    """An executor or a client, connected to a system database."""
+    """An executor's runtime or a client, connected to a system database."""
 
     config: DBOSConfig
 
