@@ -18,6 +18,7 @@ from helpers import (
     new_dbos,
     other_tasks,
     wait_no_connections,
+    wait_until,
     workflow_row,
 )
 from pg_server import run_sync
@@ -36,18 +37,38 @@ async def test_one_instance_entered_three_times_on_two_databases(
     reached: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
     gates: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
 
-    @dbos.step()
+    @dbos.step(name="double")
     async def double(key: str, x: int) -> int:
         step_runs.append(key)
         return 2 * x
 
-    @dbos.workflow()
-    async def gated(key: str, x: int) -> int:
+    async def gated_body(key: str, x: int) -> int:
         workflow_runs.append(key)
         y = await double(key, x)
         reached[key].set()
         await gates[key].wait()
         return y
+
+    gated = dbos.workflow(name="gated")(gated_body)
+
+    async def leave_pending(url: str, key: str) -> None:
+        """What a crashed executor leaves: ``key`` PENDING after its step, on ``url``, for
+        ``dbos`` (same executor ID and version) to recover on entering."""
+        other = new_dbos(url, shutdown_grace_period=0)
+        other_double = other.step(name="double")(double.__wrapped__)  # type: ignore[attr-defined]
+
+        @other.workflow(name="gated")
+        async def other_gated(key: str, x: int) -> int:
+            y = await other_double(key, x)
+            reached[key].set()
+            await asyncio.Event().wait()
+            return y
+
+        async with other:
+            with SetWorkflowID(key):
+                await other.start_workflow(other_gated, key, 100)
+            await reached[key].wait()
+        reached.pop(key)
 
     async def serve(n: int) -> None:
         """The work of entry ``n``: ``done-n`` runs to completion, ``pending-n`` is left
@@ -74,6 +95,12 @@ async def test_one_instance_entered_three_times_on_two_databases(
         assert done is not None and done["status"] == "SUCCESS"
         assert pending is not None and pending["status"] == "PENDING"
 
+    # Every entry recovers a workflow left PENDING on its database before it.
+    await leave_pending(url_a, "crashed-a")
+    await leave_pending(url_b, "crashed-b")
+    gates["crashed-a"].set()
+    gates["crashed-b"].set()
+
     # Entry 1, database A, by two tasks at once: one enters, the other is refused.
     tasks_before = other_tasks()
     outcomes = await asyncio.gather(dbos.__aenter__(), dbos.__aenter__(), return_exceptions=True)
@@ -81,6 +108,7 @@ async def test_one_instance_entered_three_times_on_two_databases(
         assert outcomes.count(dbos) == 1, outcomes
         [refused] = [outcome for outcome in outcomes if outcome is not dbos]
         assert isinstance(refused, DBOSError) and "already" in str(refused), refused
+        assert await (await dbos.retrieve_workflow("crashed-a")).get_result() == 200
         await serve(1)
     finally:
         if dbos in outcomes:
@@ -91,6 +119,7 @@ async def test_one_instance_entered_three_times_on_two_databases(
     dbos.configure(system_database_url=url_b)
     tasks_before = other_tasks()
     async with dbos:
+        assert await (await dbos.retrieve_workflow("crashed-b")).get_result() == 200
         await serve(2)
     await check_exit(url_b, 2, tasks_before)
     assert await workflow_row(url_a, "done-2") is None
@@ -108,8 +137,10 @@ async def test_one_instance_entered_three_times_on_two_databases(
     await check_exit(url_a, 3, tasks_before)
     recovered = await workflow_row(url_a, "pending-1")
     assert recovered is not None and recovered["status"] == "SUCCESS"
-    # Replayed from its checkpoint: the workflow ran again, its recorded step did not.
+    # Replayed from their checkpoints: the workflows ran again, their recorded steps did not.
     assert workflow_runs.count("pending-1") == 2 and step_runs.count("pending-1") == 1
+    for crashed in ("crashed-a", "crashed-b"):
+        assert workflow_runs.count(crashed) == 1 and step_runs.count(crashed) == 1
     assert await workflow_row(url_b, "pending-2") is not None  # B keeps its own PENDING one
 
 
@@ -151,3 +182,47 @@ def test_fastapi_test_client_twice_on_one_app(database_url: str) -> None:
                                         "WHERE name = 'doubled' ORDER BY created_at"))
     assert [(r["workflow_uuid"], r["status"]) for r in rows] == [(served[0], "SUCCESS"),
                                                                  (served[1], "SUCCESS")]
+
+
+async def test_a_cancelled_exit_still_leaves_nothing_running(database_url: str) -> None:
+    """Cancelling the task that leaves ``async with dbos:`` during the grace period stops
+    the rest at once: the clean-up is shielded, no task or connection is left, and the
+    interrupted workflow stays PENDING for recovery. The instance can be entered again."""
+    dbos = new_dbos(database_url, shutdown_grace_period=60)
+    started = asyncio.Event()
+
+    @dbos.workflow(name="forever")
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    before = other_tasks()
+
+    async def serve() -> None:
+        async with dbos:
+            with SetWorkflowID("forever-1"):
+                await dbos.start_workflow(forever)
+            await started.wait()
+
+    server = asyncio.ensure_future(serve())
+    await started.wait()
+    stopping = asyncio.Event()
+
+    async def exit_began() -> bool:
+        runtime = dbos._runtime
+        if runtime is not None and runtime.state == "stopping":
+            stopping.set()
+        return stopping.is_set()
+
+    await wait_until(exit_began, what="the exit to wait for the running workflow")
+    server.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await server
+    assert other_tasks() - before == set()
+    await wait_no_connections(database_url, dbos.config.connection_name)
+    row = await workflow_row(database_url, "forever-1")
+    assert row is not None and row["status"] == "PENDING"
+    dbos.configure(shutdown_grace_period=0)
+    async with dbos:  # recovers it
+        runtime = dbos.runtime
+        assert "forever-1" in runtime.running_ids()

@@ -98,6 +98,9 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
     finally:
         runtime.state = "closed"
         with anyio.CancelScope(shield=True):
+            # Again, in case the exit was cancelled before these were closed.
+            await runtime.queue_tasks.close(0)
+            await runtime.workflows.close(0)
             if sysdb.notifications is not None:
                 await sysdb.notifications.stop()
             await runtime.background.close(0)

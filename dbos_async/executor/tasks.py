@@ -80,13 +80,16 @@ class TaskOwner:
         """Give the tasks up to ``grace_period`` seconds, then cancel and reap the rest.
 
         Tasks may still start others during the grace period (a workflow starting a child);
-        those share what is left of it.
+        those share what is left of it. Closing again is harmless.
         """
-        with anyio.move_on_after(grace_period):
-            while self._count:
-                await self._drained.wait()
-        self.closed = True
-        self._stop.set()
-        if self._host is not None:
-            with anyio.CancelScope(shield=True):
-                await self._host
+        try:
+            with anyio.move_on_after(grace_period):
+                while self._count:
+                    await self._drained.wait()
+        finally:
+            # Even when the closer is cancelled while it waits, nothing is left running.
+            self.closed = True
+            self._stop.set()
+            if self._host is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._host
