@@ -25,7 +25,7 @@ from dbos_async.executor.context import (
     SetWorkflowID,
     SetWorkflowTimeout,
 )
-from dbos_async.executor.control import ApplicationVersion, WorkflowStepInfo
+from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.queues import (
@@ -68,6 +68,7 @@ __all__ = [
     "SetWorkflowID",
     "SetWorkflowTimeout",
     "StepRetriesExceededError",
+    "TimeBound",
     "WorkflowCancelledError",
     "WorkflowConflictError",
     "WorkflowHandle",
