@@ -21,6 +21,7 @@ from dbos_async.errors import (
     WorkflowNotRegisteredError,
 )
 from dbos_async.executor.context import (
+    SetShardKey,
     SetWorkflowAttributes,
     SetWorkflowID,
     SetWorkflowTimeout,
@@ -64,6 +65,7 @@ __all__ = [
     "RetryOn",
     "SerializationError",
     "SetEnqueueOptions",
+    "SetShardKey",
     "SetWorkflowAttributes",
     "SetWorkflowID",
     "SetWorkflowTimeout",

@@ -43,6 +43,7 @@ from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 
 logger = logging.getLogger("dbos_async")
 
@@ -124,10 +125,11 @@ class DBOSClient(Operator, Peer):
     def signature_of(self, workflow_name: str) -> Signature | None:
         return None  # a client has no workflow code: values are plain JSON
 
-    def running_result(self, workflow_id: str) -> asyncio.Future[Any] | None:
+    def running_result(self, workflow_id: str,
+                       shard_key: str | None = None) -> asyncio.Future[Any] | None:
         return None
 
-    def interrupt_local(self, workflow_ids: set[str]) -> None:
+    def interrupt_local(self, waiters: set[str]) -> None:
         return None
 
     # ---- Operator hooks (see executor/operator.py) ----
@@ -135,8 +137,10 @@ class DBOSClient(Operator, Peer):
     def _peer(self, during_shutdown: bool = False) -> Peer:
         return self
 
-    async def _handle(self, workflow_id: str) -> WorkflowHandle[Any]:
-        return workflow_handle(self, workflow_id)  # plain JSON: no signature to look up
+    async def _handle(self, workflow_id: str,
+                      shard_key: str | None = None) -> WorkflowHandle[Any]:
+        # Plain JSON: no signature to look up.
+        return workflow_handle(self, workflow_id, shard_key=shard_key)
 
     # ---- Enqueue and send ----
 
@@ -158,6 +162,7 @@ class DBOSClient(Operator, Peer):
         authenticated_user: str | None = None,
         attributes: dict[str, Any] | None = None,
         connection: asyncpg.Connection | None = None,
+        shard_key: str | None = None,
         app_version: str | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
@@ -169,6 +174,7 @@ class DBOSClient(Operator, Peer):
         workflow's handle (``"return_existing"``), as ``SetEnqueueOptions`` does.
         ``application_version=None`` leaves it unversioned (run by an executor of the latest
         version). ``attributes`` (a JSON-serializable dict) are stored with the workflow.
+        ``shard_key`` is the workflow's key on a sharded database (required there).
         ``app_version`` is the deprecated name of ``application_version``.
 
         With ``connection``, the insert runs on that connection, inside the transaction the
@@ -186,6 +192,7 @@ class DBOSClient(Operator, Peer):
                 raise DBOSError("Give application_version or its deprecated name "
                                 "app_version, not both")
             application_version = app_version
+        validate_shard_key(shard_key)
         check_options({"priority": priority, "delay": delay, "timeout": timeout,
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
@@ -195,7 +202,7 @@ class DBOSClient(Operator, Peer):
                        f"the inputs of {workflow_name}")
         plan = plan_start(
             CallContext(workflow_id=workflow_id, timeout=timeout,
-                        attributes=attributes_json(attributes)),
+                        attributes=attributes_json(attributes), shard_key=shard_key),
             name=workflow_name, inputs=inputs, executor_id=self.config.executor_id,
             application_version=application_version,
             placement=Placement(queue_name, priority=priority,
@@ -214,35 +221,37 @@ class DBOSClient(Operator, Peer):
                 announce=(ENQUEUE_CHANNEL, announcement_key(plan.row)))
 
         started = await start_deduplicated(sysdb, start, queue_name, deduplication_id,
-                                           deduplication_policy)
+                                           deduplication_policy, shard_key)
         if isinstance(started, tuple):  # "return_existing": the holder's handle
-            return workflow_handle(self, started[0])
+            return workflow_handle(self, started[0], shard_key=shard_key)
         check_name(started, plan.workflow_id, workflow_name)
         if started.created and connection is None:
             announce(sysdb, plan.row)
-        return workflow_handle(self, plan.workflow_id)
+        return workflow_handle(self, plan.workflow_id, shard_key=shard_key)
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
-             idempotency_key: str | None = None,
+             idempotency_key: str | None = None, *, shard_key: str | None = None,
              connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
         """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``). With
         ``connection``, the message is inserted in the caller's transaction (in a
-        savepoint): it is delivered only if the caller commits; the trigger on
-        ``notifications`` wakes the receiver at that commit."""
+        savepoint): it is delivered only if the caller commits, and the receiver is woken
+        at that commit."""
         if connection is None:
-            return super().send(destination_id, message, topic, idempotency_key)
+            return super().send(destination_id, message, topic, idempotency_key,
+                                shard_key=shard_key)
         return self._send_in_transaction(connection, destination_id,
                                          to_json(message, "a message"), topic,
-                                         idempotency_key)
+                                         idempotency_key, shard_key)
 
     async def _send_in_transaction(self, conn: asyncpg.Connection, destination_id: str,
-                                   text: str, topic: str | None,
-                                   idempotency_key: str | None) -> None:
+                                   text: str, topic: str | None, idempotency_key: str | None,
+                                   shard_key: str | None) -> None:
         stored_topic, message_uuid = messaging.message_address(destination_id, topic,
                                                                idempotency_key)
-        async with conn.transaction():
-            await self.system_database.send_on(conn, destination_id, message_uuid,
-                                               stored_topic, text)
+        with bind_shard_keys({destination_id: shard_key}):
+            async with conn.transaction():
+                await self.system_database.send_on(conn, destination_id, message_uuid,
+                                                   stored_topic, text)
 
     # ---- Queues ----
 

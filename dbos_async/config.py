@@ -41,6 +41,10 @@ class DBOSConfig(BaseModel):
         "several applications share a system database; None leaves everything unscoped.",
     )
     run_migrations: bool = Field(True, description="Migrate on start; False only verifies.")
+    sharding: bool = Field(
+        False, description="Use the sharded system schema: every workflow lives under a "
+        "shard key (see SetShardKey); on Citus its tables are distributed by that key.",
+    )
     shutdown_grace_period: float = Field(
         10.0, ge=0, description="Seconds running workflows get to finish when DBOS exits."
     )

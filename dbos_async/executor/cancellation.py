@@ -24,7 +24,8 @@ from typing import Protocol
 
 from dbos_async.errors import WorkflowCancelledError
 from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Spawn
+from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Spawn, keyed
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 
 logger = logging.getLogger("dbos_async")
 
@@ -35,7 +36,13 @@ class Execution(Protocol):
     """What the watcher needs of one execution of a workflow (its context)."""
 
     workflow_id: str
+    shard_key: str | None
     cancelled: bool
+
+
+def _waiter(ctx: Execution) -> str:
+    # IDs repeat across shard keys: executions are told apart as notifications name them.
+    return keyed(ctx.workflow_id, ctx.shard_key)
 
 
 class Region:
@@ -81,6 +88,7 @@ class CancellationWatcher:
 
     def __init__(self, poll_interval: float) -> None:
         self._poll_interval = poll_interval
+        # Both by waiter key (see sysdb.notifications.keyed).
         self._regions: dict[str, set[Region]] = {}
         # Every execution running here, so a cancel marks even one between steps.
         self._contexts: dict[str, list[Execution]] = {}
@@ -93,43 +101,59 @@ class CancellationWatcher:
         return Region(self, ctx, cancellable)
 
     def attach(self, ctx: Execution) -> None:
-        self._contexts.setdefault(ctx.workflow_id, []).append(ctx)
+        self._contexts.setdefault(_waiter(ctx), []).append(ctx)
 
     def detach(self, ctx: Execution) -> None:
-        contexts = self._contexts.get(ctx.workflow_id)
+        contexts = self._contexts.get(_waiter(ctx))
         if contexts is not None:
             contexts[:] = [c for c in contexts if c is not ctx]
             if not contexts:
-                del self._contexts[ctx.workflow_id]
+                del self._contexts[_waiter(ctx)]
 
     def _add(self, region: Region) -> None:
         was_idle = not self._regions
-        self._regions.setdefault(region.ctx.workflow_id, set()).add(region)
+        self._regions.setdefault(_waiter(region.ctx), set()).add(region)
         if was_idle:
             # The watcher waits without a timeout while idle: let it start its poll timer.
             self._event.set()
 
     def _remove(self, region: Region) -> None:
-        regions = self._regions.get(region.ctx.workflow_id)
+        regions = self._regions.get(_waiter(region.ctx))
         if regions is not None:
             regions.discard(region)
             if not regions:
-                del self._regions[region.ctx.workflow_id]
+                del self._regions[_waiter(region.ctx)]
 
-    def on_notification(self, workflow_id: str) -> None:
+    def on_notification(self, waiter: str) -> None:
         """A cancel notification (local or from another process)."""
-        if workflow_id in self._regions:
-            self._suspects.add(workflow_id)
+        if waiter in self._regions:
+            self._suspects.add(waiter)
             self._event.set()
 
-    def interrupt(self, workflow_ids: set[str]) -> None:
-        """Stop the executions of these (cancelled) workflows running here: interrupt their
-        regions, and mark them so no further step or wait starts."""
-        for workflow_id in workflow_ids:
-            for ctx in self._contexts.get(workflow_id, ()):
+    def interrupt(self, waiters: set[str]) -> None:
+        """Stop the executions of these (cancelled) workflows running here, named by their
+        waiter keys: interrupt their regions, and mark them so no further step or wait
+        starts."""
+        for waiter in waiters:
+            for ctx in self._contexts.get(waiter, ()):
                 ctx.cancelled = True
-            for region in list(self._regions.get(workflow_id, ())):
+            for region in list(self._regions.get(waiter, ())):
                 region.interrupt()
+
+    async def _cancelled_among(self, sysdb: SystemDatabase, waiters: set[str]) -> set[str]:
+        """Which of these running executions' workflows are CANCELLED: one read per key."""
+        by_key: dict[str | None, dict[str, str]] = {}
+        for waiter in waiters:
+            for region in self._regions.get(waiter, ()):
+                ctx = region.ctx
+                by_key.setdefault(ctx.shard_key, {})[ctx.workflow_id] = waiter
+                break
+        cancelled: set[str] = set()
+        for key, ids in by_key.items():
+            with bind_shard_keys(dict.fromkeys(ids, key)):
+                found = await sysdb.cancelled_among(sorted(ids))
+            cancelled |= {ids[workflow_id] for workflow_id in found}
+        return cancelled
 
     def start(self, sysdb: SystemDatabase, spawn: Spawn) -> None:
         """Subscribe to cancel notifications and start the watcher (a background task)."""
@@ -159,7 +183,7 @@ class CancellationWatcher:
                 continue
             try:
                 self.polls += 1
-                cancelled = await sysdb.cancelled_among(sorted(ids))
+                cancelled = await self._cancelled_among(sysdb, ids)
             except Exception as error:  # the database is down: try again next round
                 logger.warning("The cancellation watcher could not read statuses: %r", error)
                 continue

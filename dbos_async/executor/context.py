@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError
 from dbos_async.sysdb.database import StepRecord
+from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
 
 if TYPE_CHECKING:
     from dbos_async.executor.runtime import Runtime
@@ -29,9 +30,18 @@ class WorkflowContext:
     owner_xid: str
     checkpoints: dict[int, StepRecord]
     deadline_epoch_ms: int | None
+    # The workflow's shard key (None on an unsharded database).
+    shard_key: str | None = None
     next_step_id: int = field(default=0)
     # Set by the cancellation watcher: no new step or wait of this execution starts.
     cancelled: bool = field(default=False)
+
+    @contextmanager
+    def routed(self) -> Iterator[None]:
+        """Route the statements of this execution by its own key, whatever its starter had
+        bound (workflow IDs repeat across keys)."""
+        with cleared_shard_keys(), bind_shard_keys({self.workflow_id: self.shard_key}):
+            yield
 
     def allocate_step_id(self) -> int:
         step_id = self.next_step_id
@@ -44,6 +54,7 @@ _in_step: ContextVar[bool] = ContextVar("dbos_in_step", default=False)
 _next_workflow_id: ContextVar[str | None] = ContextVar("dbos_next_workflow_id", default=None)
 _timeout: ContextVar[float | None] = ContextVar("dbos_workflow_timeout", default=None)
 _attributes: ContextVar[str | None] = ContextVar("dbos_workflow_attributes", default=None)
+_shard_key: ContextVar[str | None] = ContextVar("dbos_next_shard_key", default=None)
 
 
 def current_workflow() -> WorkflowContext | None:
@@ -62,11 +73,13 @@ def workflow_of_step() -> WorkflowContext | None:
 def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
     token = _workflow.set(ctx)
     step_token = _in_step.set(False)
-    # Attributes are not inherited by the workflow's children.
+    # Attributes and shard keys are not inherited by the workflow's children.
     attributes_token = _attributes.set(None)
+    key_token = _shard_key.set(None)
     try:
         yield
     finally:
+        _shard_key.reset(key_token)
         _attributes.reset(attributes_token)
         _in_step.reset(step_token)
         _workflow.reset(token)
@@ -91,6 +104,11 @@ def take_workflow_id() -> str | None:
 
 def workflow_timeout() -> float | None:
     return _timeout.get()
+
+
+def next_shard_key() -> str | None:
+    """The shard key :class:`SetShardKey` gives workflows started in this block."""
+    return _shard_key.get()
 
 
 def workflow_attributes() -> str | None:
@@ -146,6 +164,25 @@ class SetWorkflowAttributes:
 
     def __exit__(self, *exc: object) -> None:
         _attributes.reset(self._token)
+
+
+class SetShardKey:
+    """Give the workflows started, enqueued or called in this block the shard key ``key``
+    (required on a sharded system database). A workflow never inherits its caller's key:
+    a child started from a workflow body under no ``SetShardKey`` has none."""
+
+    def __init__(self, shard_key: str) -> None:
+        if not isinstance(shard_key, str) or not shard_key:
+            raise DBOSError(f"Invalid shard key {shard_key!r}: a shard key must be a "
+                            "non-empty string")
+        self.shard_key = shard_key
+
+    def __enter__(self) -> SetShardKey:
+        self._token = _shard_key.set(self.shard_key)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _shard_key.reset(self._token)
 
 
 class SetWorkflowTimeout:

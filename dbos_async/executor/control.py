@@ -26,7 +26,9 @@ from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
+    keyed,
 )
+from dbos_async.sysdb.operations import CancelledWorkflow
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
 
@@ -47,6 +49,8 @@ class WorkflowStepInfo:
     child_workflow_id: str | None
     started_at_epoch_ms: int | None
     completed_at_epoch_ms: int | None
+    # The shard key the child lives under (sharded databases only).
+    child_shard_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,31 +101,30 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
 async def cancel(peer: Peer, workflow_ids: Sequence[str], cancel_children: bool) -> list[str]:
     rows = await peer.system_database.cancel(workflow_ids, children=cancel_children)
     announce_cancelled(peer, rows)
-    cancelled = [workflow_id for workflow_id, _ in rows]
+    cancelled = [row.workflow_id for row in rows]
     if cancelled:
         logger.info("Cancelled workflows: %s", ", ".join(cancelled))
     return cancelled
 
 
-def announce_cancelled(peer: Peer, rows: Sequence[tuple[str, str | None]]) -> None:
+def announce_cancelled(peer: Peer, rows: Sequence[CancelledWorkflow]) -> None:
     """After a cancel committed: interrupt what runs here at once, and notify the rest
     (handles wake on completion, watchers on the cancel channel, the claim loops of the
     queues whose slots were freed on the enqueue channel)."""
-    peer.interrupt_local({workflow_id for workflow_id, _ in rows})
+    waiters = [keyed(row.workflow_id, row.shard_key) for row in rows]
+    peer.interrupt_local(set(waiters))
     sysdb = peer.system_database
-    for workflow_id, _ in rows:
-        sysdb.notify(WORKFLOW_CANCEL_CHANNEL, workflow_id)
-        sysdb.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
-    for queue_name in sorted({queue for _, queue in rows if queue is not None}):
+    for waiter in waiters:
+        sysdb.notify(WORKFLOW_CANCEL_CHANNEL, waiter)
+        sysdb.notify(WORKFLOW_COMPLETION_CHANNEL, waiter)
+    for queue_name in sorted({row.queue_name for row in rows if row.queue_name is not None}):
         sysdb.notify(ENQUEUE_CHANNEL, queue_name)
 
 
 async def delete(peer: Peer, workflow_ids: Sequence[str], delete_children: bool) -> None:
-    ids = list(workflow_ids)
     sysdb = peer.system_database
-    if delete_children:
-        ids += await sysdb.descendants(ids)
-    await sysdb.delete(ids)
+    descendants = await sysdb.descendants(workflow_ids) if delete_children else []
+    await sysdb.delete(workflow_ids, descendants)
 
 
 # ---- Listing ----
@@ -191,6 +194,7 @@ async def list_steps(peer: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
             error=error, child_workflow_id=row["child_workflow_id"],
             started_at_epoch_ms=row["started_at_epoch_ms"],
             completed_at_epoch_ms=row["completed_at_epoch_ms"],
+            child_shard_key=row.get("child_shard_key"),
         ))
     return steps
 

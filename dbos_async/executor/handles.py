@@ -17,6 +17,7 @@ from dbos_async.errors import (
 from dbos_async.executor.serialization import Signature, deserialize_error, from_json
 from dbos_async.sysdb.database import Outcome
 from dbos_async.sysdb.records import StatusRecord
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import CANCELLED, ERROR, MAX_RECOVERY_ATTEMPTS_EXCEEDED, SUCCESS
 
 if TYPE_CHECKING:
@@ -56,6 +57,9 @@ class WorkflowStatus:
     # The owning application (None: unclaimed) and the custom attributes set at start.
     application_name: str | None = None
     attributes: dict[str, Any] | None = None
+    # Its shard key and its parent's (sharded databases only).
+    shard_key: str | None = None
+    parent_shard_key: str | None = None
     # Loaded only on request (list_workflows(load_input=..., load_output=...)).
     input: WorkflowInputs | None = None
     output: Any = None
@@ -104,13 +108,16 @@ def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | Non
 
 
 def workflow_handle(peer: Peer, workflow_id: str, *, signature: Signature | None = None,
-                    workflow_name: str | None = None) -> WorkflowHandle[Any]:
-    """The handle on ``workflow_id`` every start, lookup and operation returns: attached to
-    its execution if it runs in this process, its result typed by ``signature`` (or by the
-    signature registered for ``workflow_name``; plain JSON without either)."""
+                    workflow_name: str | None = None,
+                    shard_key: str | None = None) -> WorkflowHandle[Any]:
+    """The handle on ``workflow_id`` (under ``shard_key``, on a sharded database) every
+    start, lookup and operation returns: attached to its execution if it runs in this
+    process, its result typed by ``signature`` (or by the signature registered for
+    ``workflow_name``; plain JSON without either)."""
     if signature is None and workflow_name is not None:
         signature = peer.signature_of(workflow_name)
-    return WorkflowHandle(peer, workflow_id, peer.running_result(workflow_id), signature)
+    return WorkflowHandle(peer, workflow_id, peer.running_result(workflow_id, shard_key),
+                          signature, shard_key)
 
 
 class WorkflowHandle(Generic[R]):
@@ -126,11 +133,14 @@ class WorkflowHandle(Generic[R]):
         workflow_id: str,
         result: asyncio.Future[Any] | None = None,
         signature: Signature | None = None,
+        shard_key: str | None = None,
     ) -> None:
         self._peer = peer
         self._result = result
         self._signature = signature
         self.workflow_id = workflow_id
+        # Remembered, so its result and status need no key from the caller.
+        self.shard_key = shard_key
 
     def __repr__(self) -> str:
         return f"WorkflowHandle({self.workflow_id!r})"
@@ -141,19 +151,21 @@ class WorkflowHandle(Generic[R]):
             # Shielded: a caller that gives up waiting must not cancel the workflow.
             value: R = await asyncio.shield(self._result)
             return value
-        running = self._peer.running_result(self.workflow_id)
+        running = self._peer.running_result(self.workflow_id, self.shard_key)
         if running is not None:
             value = await asyncio.shield(running)
             return value
-        outcome = await self._peer.system_database.wait_outcome(
-            self.workflow_id, self._peer.config.result_poll_interval
-        )
+        with bind_shard_keys({self.workflow_id: self.shard_key}):
+            outcome = await self._peer.system_database.wait_outcome(
+                self.workflow_id, self._peer.config.result_poll_interval
+            )
         signature = self._signature or self._peer.signature_of(outcome.name)
         result: R = outcome_value(self.workflow_id, outcome, signature)
         return result
 
     async def get_status(self) -> WorkflowStatus:
-        row = await self._peer.system_database.get_workflow(self.workflow_id)
+        with bind_shard_keys({self.workflow_id: self.shard_key}):
+            row = await self._peer.system_database.get_workflow(self.workflow_id)
         if row is None:
             raise NonExistentWorkflowError(self.workflow_id)
         return WorkflowStatus.from_record(row)

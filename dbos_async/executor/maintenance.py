@@ -40,7 +40,7 @@ async def run_global_timeout(runtime: Runtime, cutoff_ms: int) -> list[str] | No
         return None
     # Committed: stop what runs here, and tell the others.
     announce_cancelled(runtime, rows)
-    cancelled = [workflow_id for workflow_id, _ in rows]
+    cancelled = [row.workflow_id for row in rows]
     if cancelled:
         logger.info("Global timeout cancelled %d workflows created before %d",
                     len(cancelled), cutoff_ms)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -32,9 +33,9 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_COMPLETION_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
-    payload_key,
     remaining,
 )
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import ACTIVE_STATUSES, STREAM_CLOSED_SERIALIZED
 
 if TYPE_CHECKING:
@@ -140,8 +141,14 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
                                 message_uuid, topic, message)
     else:
         await sysdb.send(destination_id, message_uuid, topic, message)
-    # The trigger on notifications NOTIFYs other processes; wake this one's waiters now.
-    _dispatcher(sysdb).wake(NOTIFICATIONS_CHANNEL, payload_key(destination_id, topic))
+    waiter = sysdb.waiter_key(destination_id, topic)
+    if sysdb.sharded:
+        # No trigger on a sharded schema (on Citus it would fire on a worker): the writer
+        # tells every process.
+        sysdb.notify(NOTIFICATIONS_CHANNEL, waiter)
+    else:
+        # The trigger on notifications NOTIFYs other processes; wake this one's waiters now.
+        _dispatcher(sysdb).wake(NOTIFICATIONS_CHANNEL, waiter)
 
 
 async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str | None,
@@ -154,7 +161,8 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
     topic = topic if topic is not None else NULL_TOPIC
     deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
                 if timeout is not None else None)
-    with dispatcher.register(NOTIFICATIONS_CHANNEL, payload_key(ctx.workflow_id, topic)) as w:
+    with dispatcher.register(NOTIFICATIONS_CHANNEL,
+                             sysdb.waiter_key(ctx.workflow_id, topic)) as w:
         while True:
             async with dispatcher.polling():
                 found, message, serialization = await sysdb.consume_message(
@@ -192,13 +200,14 @@ async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | Non
         workflow_id = step_ctx.workflow_id
     else:
         raise DBOSError("set_event can only be called from a workflow or one of its steps")
-    _dispatcher(sysdb).notify(WORKFLOW_EVENTS_CHANNEL, payload_key(workflow_id, key))
+    _dispatcher(sysdb).notify(WORKFLOW_EVENTS_CHANNEL, sysdb.waiter_key(workflow_id, key))
 
 
 async def _poll_event(sysdb: SystemDatabase, workflow_id: str, key: str,
                       deadline: int | None) -> tuple[str, str | None] | None:
     dispatcher = _dispatcher(sysdb)
-    with dispatcher.register(WORKFLOW_EVENTS_CHANNEL, payload_key(workflow_id, key)) as waiter:
+    with dispatcher.register(WORKFLOW_EVENTS_CHANNEL,
+                             sysdb.waiter_key(workflow_id, key)) as waiter:
         while True:
             async with dispatcher.polling():
                 found = await sysdb.get_event(workflow_id, key)
@@ -259,22 +268,27 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
         workflow_id = step_ctx.workflow_id
     else:
         raise DBOSError("Streams can be written only from a workflow or one of its steps")
-    _dispatcher(sysdb).notify(STREAMS_CHANNEL, payload_key(workflow_id, key))
+    _dispatcher(sysdb).notify(STREAMS_CHANNEL, sysdb.waiter_key(workflow_id, key))
 
 
-async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int
-                      ) -> AsyncIterator[Any]:
+async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
+                      shard_key: str | None = None) -> AsyncIterator[Any]:
     sysdb = peer.system_database
     dispatcher = _dispatcher(sysdb)
     # Other clients may not announce completion: re-read at least this often.
     cap = peer.config.result_poll_interval
-    with dispatcher.register(STREAMS_CHANNEL, payload_key(workflow_id, key),
-                             also=[(WORKFLOW_COMPLETION_CHANNEL, workflow_id)]) as waiter:
+    # Bound only around each read, never across a yield: the consumer's context is its own.
+    route = functools.partial(bind_shard_keys, {workflow_id: shard_key})
+    with route():
+        targets = (sysdb.waiter_key(workflow_id, key), sysdb.waiter_key(workflow_id))
+    with dispatcher.register(STREAMS_CHANNEL, targets[0],
+                             also=[(WORKFLOW_COMPLETION_CHANNEL, targets[1])]) as waiter:
         while True:
             async with dispatcher.polling():
-                status, value, serialization, found = await sysdb.read_stream_value(
-                    workflow_id, key, offset
-                )
+                with route():
+                    status, value, serialization, found = await sysdb.read_stream_value(
+                        workflow_id, key, offset
+                    )
             if status is None:
                 raise NonExistentWorkflowError(workflow_id)
             if found:

@@ -20,7 +20,7 @@ client differ, a small hook decides:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos_async.errors import NonExistentWorkflowError
 from dbos_async.executor import control, messaging
@@ -37,10 +37,19 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import WorkflowFilter
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
+
+T = TypeVar("T")
+
+
+async def _routed(keys: dict[str, str | None], call: Coroutine[Any, Any, T]) -> T:
+    """Run ``call`` with these workflows bound to their keys (None binds nothing)."""
+    with bind_shard_keys(keys):
+        return await call
 
 
 def _queue_name(queue: str | Queue | None) -> str | None:
@@ -73,25 +82,31 @@ class Operator:
         """The start context of a fork given these arguments."""
         return CallContext(workflow_id=workflow_id, timeout=timeout)
 
-    async def _handle(self, workflow_id: str) -> WorkflowHandle[Any]:
+    async def _handle(self, workflow_id: str,
+                      shard_key: str | None = None) -> WorkflowHandle[Any]:
         """The handle resume, fork and rewind return on ``workflow_id``."""
-        return await self.retrieve_workflow(workflow_id)
+        return await self.retrieve_workflow(workflow_id, shard_key=shard_key)
 
     # ---- Handles and waits ----
 
-    async def retrieve_workflow(self, workflow_id: str) -> WorkflowHandle[Any]:
-        """A handle on an existing workflow, started by any executor. Its ``get_result()``
-        is typed by the registered workflow's signature in an executor that has it, and
-        returns plain JSON values elsewhere (as in a client)."""
+    async def retrieve_workflow(self, workflow_id: str, *,
+                                shard_key: str | None = None) -> WorkflowHandle[Any]:
+        """A handle on an existing workflow, started by any executor (under ``shard_key``,
+        on a sharded database). Its ``get_result()`` is typed by the registered workflow's
+        signature in an executor that has it, and returns plain JSON values elsewhere (as
+        in a client)."""
         peer = self._peer()
-        row = await peer.system_database.get_workflow(workflow_id)
+        with bind_shard_keys({workflow_id: shard_key}):
+            row = await peer.system_database.get_workflow(workflow_id)
         if row is None:
             raise NonExistentWorkflowError(workflow_id)
-        return workflow_handle(peer, workflow_id, workflow_name=row.name)
+        return workflow_handle(peer, workflow_id, workflow_name=row.name, shard_key=shard_key)
 
-    async def get_workflow_status(self, workflow_id: str) -> WorkflowStatus | None:
+    async def get_workflow_status(self, workflow_id: str, *,
+                                  shard_key: str | None = None) -> WorkflowStatus | None:
         """The status row of ``workflow_id``, or None if there is no such workflow."""
-        row = await self._peer().system_database.get_workflow(workflow_id)
+        with bind_shard_keys({workflow_id: shard_key}):
+            row = await self._peer().system_database.get_workflow(workflow_id)
         return WorkflowStatus.from_record(row) if row is not None else None
 
     async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
@@ -105,8 +120,10 @@ class Operator:
     # ---- Messages, events and streams ----
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
-             idempotency_key: str | None = None) -> Coroutine[Any, Any, None]:
-        """Send ``message`` to workflow ``destination_id`` under ``topic``.
+             idempotency_key: str | None = None, *,
+             shard_key: str | None = None) -> Coroutine[Any, Any, None]:
+        """Send ``message`` to workflow ``destination_id`` (under ``shard_key``, on a
+        sharded database) under ``topic``.
 
         In a workflow the send is a checkpoint (exactly once); in a step it is not recorded
         but lands only while the workflow is still owned by this execution; elsewhere it is a
@@ -115,80 +132,98 @@ class Operator:
         text = to_json(message, "a message")
         ctx, step_ctx = self._contexts()
         step_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.send(self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id,
-                              destination_id, text, topic, idempotency_key)
+        return _routed({destination_id: shard_key}, messaging.send(
+            self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id, destination_id, text,
+            topic, idempotency_key))
 
-    def get_event(self, workflow_id: str, key: str,
-                  timeout: float | None = 60.0) -> Coroutine[Any, Any, Any]:
+    def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
+                  shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
         """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset.
         In a workflow the value seen (or None) is a checkpoint."""
         ctx, _ = self._contexts()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         timeout_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.get_event(self._caller_peer(ctx), ctx, step_id, timeout_id,
-                                   workflow_id, key, timeout)
+        return _routed({workflow_id: shard_key}, messaging.get_event(
+            self._caller_peer(ctx), ctx, step_id, timeout_id, workflow_id, key, timeout))
 
-    async def get_all_events(self, workflow_id: str) -> dict[str, Any]:
+    async def get_all_events(self, workflow_id: str, *,
+                             shard_key: str | None = None) -> dict[str, Any]:
         """Every event of ``workflow_id`` with its latest value (a read, not a checkpoint)."""
-        return await messaging.get_all_events(self._peer(), workflow_id)
+        with bind_shard_keys({workflow_id: shard_key}):
+            return await messaging.get_all_events(self._peer(), workflow_id)
 
-    def read_stream(self, workflow_id: str, key: str, offset: int = 0) -> AsyncIterator[Any]:
+    def read_stream(self, workflow_id: str, key: str, offset: int = 0, *,
+                    shard_key: str | None = None) -> AsyncIterator[Any]:
         """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come.
 
         Ends at the close marker, or when the workflow is finished and nothing more is there.
         """
-        return messaging.read_stream(self._peer(during_shutdown=True), workflow_id, key, offset)
+        return messaging.read_stream(self._peer(during_shutdown=True), workflow_id, key, offset,
+                                     shard_key)
 
     # ---- Cancel and delete (see executor/control.py) ----
 
-    async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False) -> None:
+    async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False, *,
+                              shard_key: str | None = None) -> None:
         """Cancel a workflow (and with ``cancel_children`` every workflow it started,
         recursively). A finished one keeps its outcome; cancelling twice changes nothing;
         an unknown ID raises :class:`NonExistentWorkflowError`. A running workflow stops at
         once (its step or wait is interrupted) and its ``get_result()`` raises
         :class:`WorkflowCancelledError`."""
-        await self.cancel_workflows([workflow_id], cancel_children=cancel_children)
+        await self.cancel_workflows([workflow_id], cancel_children=cancel_children,
+                                    shard_key=shard_key)
 
     async def cancel_workflows(self, workflow_ids: Sequence[str],
-                               cancel_children: bool = False) -> list[str]:
-        """Cancel several workflows in one transaction (all or, if one is unknown, none).
-        Returns the IDs whose status changed."""
-        return await control.cancel(self._peer(), list(workflow_ids), cancel_children)
+                               cancel_children: bool = False, *,
+                               shard_key: str | None = None) -> list[str]:
+        """Cancel several workflows (all under ``shard_key``, on a sharded database) in one
+        transaction (all or, if one is unknown, none). Returns the IDs whose status
+        changed."""
+        with bind_shard_keys(dict.fromkeys(workflow_ids, shard_key)):
+            return await control.cancel(self._peer(), list(workflow_ids), cancel_children)
 
-    async def delete_workflow(self, workflow_id: str, delete_children: bool = False) -> None:
+    async def delete_workflow(self, workflow_id: str, delete_children: bool = False, *,
+                              shard_key: str | None = None) -> None:
         """Delete every row of a workflow (status, inputs, outputs, steps, messages,
         events, streams), and with ``delete_children`` of its descendants. Unknown IDs are
         ignored."""
-        await self.delete_workflows([workflow_id], delete_children=delete_children)
+        await self.delete_workflows([workflow_id], delete_children=delete_children,
+                                    shard_key=shard_key)
 
     async def delete_workflows(self, workflow_ids: Sequence[str],
-                               delete_children: bool = False) -> None:
-        """Delete several workflows, in one transaction."""
-        await control.delete(self._peer(), list(workflow_ids), delete_children)
+                               delete_children: bool = False, *,
+                               shard_key: str | None = None) -> None:
+        """Delete several workflows (under ``shard_key``), in one transaction."""
+        with bind_shard_keys(dict.fromkeys(workflow_ids, shard_key)):
+            await control.delete(self._peer(), list(workflow_ids), delete_children)
 
     # ---- Resume, fork and rewind ----
 
-    async def resume_workflow(self, workflow_id: str,
-                              queue: str | Queue | None = None) -> WorkflowHandle[Any]:
+    async def resume_workflow(self, workflow_id: str, queue: str | Queue | None = None, *,
+                              shard_key: str | None = None) -> WorkflowHandle[Any]:
         """Continue a cancelled, dead-lettered or stuck workflow from its last checkpoint:
         it is re-enqueued on ``queue`` (default: the internal queue every executor
         serves), with its recovery attempts and deadline reset. Resuming a SUCCESS or
         ERROR workflow changes nothing (its handle returns the recorded outcome); an
         unknown ID raises :class:`NonExistentWorkflowError`."""
-        [handle] = await self.resume_workflows([workflow_id], queue)
+        [handle] = await self.resume_workflows([workflow_id], queue, shard_key=shard_key)
         return handle
 
     async def resume_workflows(self, workflow_ids: Sequence[str],
-                               queue: str | Queue | None = None) -> list[WorkflowHandle[Any]]:
-        """Resume several workflows in one transaction (all or, if one is unknown, none)."""
+                               queue: str | Queue | None = None, *,
+                               shard_key: str | None = None) -> list[WorkflowHandle[Any]]:
+        """Resume several workflows (under ``shard_key``) in one transaction (all or, if one
+        is unknown, none)."""
         ids = list(workflow_ids)
-        await control.resume(self._peer(), ids, _queue_name(queue))
-        return [await self._handle(workflow_id) for workflow_id in ids]
+        with bind_shard_keys(dict.fromkeys(ids, shard_key)):
+            await control.resume(self._peer(), ids, _queue_name(queue))
+        return [await self._handle(workflow_id, shard_key) for workflow_id in ids]
 
     async def fork_workflow(
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
         queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
         new_workflow_id: str | None = None, workflow_timeout: float | None = None,
+        shard_key: str | None = None,
     ) -> WorkflowHandle[Any]:
         """Start a new workflow with ``workflow_id``'s inputs whose steps below
         ``start_step`` replay from copies of the original's checkpoints (and its events
@@ -197,25 +232,29 @@ class Operator:
         random; its timeout is ``workflow_timeout``, else (in an executor) the one
         ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
         last recorded step. ``replacement_children`` maps child IDs recorded in the copied
-        steps to other workflows to use instead."""
+        steps to other workflows to use instead. The fork lives under the original's
+        ``shard_key``."""
         peer = self._peer()
-        new_id = await control.fork(
-            peer, workflow_id, start_step, self._fork_call(new_workflow_id, workflow_timeout),
-            application_version=application_version, queue_name=_queue_name(queue),
-            replacement_children=replacement_children)
-        return await self._handle(new_id)
+        with bind_shard_keys({workflow_id: shard_key}):
+            new_id = await control.fork(
+                peer, workflow_id, start_step,
+                self._fork_call(new_workflow_id, workflow_timeout),
+                application_version=application_version, queue_name=_queue_name(queue),
+                replacement_children=replacement_children)
+        return await self._handle(new_id, shard_key)
 
     async def rewind_workflow(
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
-        queue: str | Queue | None = None,
+        queue: str | Queue | None = None, shard_key: str | None = None,
     ) -> WorkflowHandle[Any]:
         """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
         discarded (events rolled back, stream close markers removed, messages consumed
         since deleted) and it is re-enqueued under the same ID to run them again."""
-        await control.rewind(self._peer(), workflow_id, start_step,
-                                application_version=application_version,
-                                queue_name=_queue_name(queue))
-        return await self._handle(workflow_id)
+        with bind_shard_keys({workflow_id: shard_key}):
+            await control.rewind(self._peer(), workflow_id, start_step,
+                                 application_version=application_version,
+                                 queue_name=_queue_name(queue))
+        return await self._handle(workflow_id, shard_key)
 
     # ---- Listing ----
 
@@ -236,6 +275,8 @@ class Operator:
         workflow_id_prefix: str | Sequence[str] | None = None,
         application_name: str | Sequence[str] | None = None,
         attributes: dict[str, Any] | None = None,
+        shard_key: str | Sequence[str] | None = None,
+        parent_shard_key: str | Sequence[str] | None = None,
         limit: int | None = None,
         offset: int | None = None,
         sort_desc: bool = False,
@@ -251,7 +292,9 @@ class Operator:
         otherwise). ``application_name`` lists those applications' workflows (and
         unclaimed ones); by default this executor's or client's own application's (every
         one when it has no name). ``attributes`` keeps workflows whose attributes contain
-        the given dict. ``queues_only`` keeps workflows on a queue that have not finished (as
+        the given dict. ``shard_key`` / ``parent_shard_key`` (sharded databases) keep
+        workflows of those keys, or whose parent has them (an empty list matches nothing).
+        ``queues_only`` keeps workflows on a queue that have not finished (as
         :meth:`list_queued_workflows`)."""
         return await control.list_workflows(self._peer(), WorkflowFilter(
             workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
@@ -269,6 +312,8 @@ class Operator:
             workflow_id_prefixes=as_list(workflow_id_prefix),
             application_names=as_list(application_name),
             attributes=attributes_json(attributes),
+            shard_keys=as_list(shard_key),
+            parent_shard_keys=as_list(parent_shard_key),
             limit=limit, offset=offset, sort_desc=sort_desc,
             load_input=load_input, load_output=load_output,
         ))
@@ -299,13 +344,15 @@ class Operator:
             queues_only=True,
         )
 
-    async def list_workflow_steps(self, workflow_id: str) -> list[WorkflowStepInfo]:
+    async def list_workflow_steps(self, workflow_id: str, *,
+                                  shard_key: str | None = None) -> list[WorkflowStepInfo]:
         """The recorded steps (and other checkpoints) of a workflow, by position; an
         unknown ID raises :class:`NonExistentWorkflowError`."""
         peer = self._peer()
-        steps = await control.list_steps(peer, workflow_id)
-        if not steps and await peer.system_database.get_workflow(workflow_id) is None:
-            raise NonExistentWorkflowError(workflow_id)
+        with bind_shard_keys({workflow_id: shard_key}):
+            steps = await control.list_steps(peer, workflow_id)
+            if not steps and await peer.system_database.get_workflow(workflow_id) is None:
+                raise NonExistentWorkflowError(workflow_id)
         return steps
 
     # ---- Application versions ----

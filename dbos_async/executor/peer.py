@@ -31,11 +31,12 @@ class Peer(Protocol):
         """The registered workflow's signature (types its values), or None."""
         ...
 
-    def running_result(self, workflow_id: str) -> asyncio.Future[Any] | None:
+    def running_result(self, workflow_id: str,
+                       shard_key: str | None = None) -> asyncio.Future[Any] | None:
         """The result of the workflow if it runs in this process."""
         ...
 
-    def interrupt_local(self, workflow_ids: set[str]) -> None:
+    def interrupt_local(self, waiters: set[str]) -> None:
         """Interrupt the steps and waits of these workflows where they run here."""
         ...
 
@@ -52,6 +53,7 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
         retry_timeout=config.db_retry_timeout,
         connection_name=config.connection_name,
         application_name=config.application_name,
+        sharded=config.sharding,
     )
 
 

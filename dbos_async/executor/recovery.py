@@ -39,7 +39,8 @@ async def recover_pending(runtime: Runtime) -> list[WorkflowHandle[Any]]:
                 logger.error("Cannot recover workflow %s: %s", row.workflow_id, error)
                 runtime.recovery_errors.append(error)
                 continue
-            handles.append(workflow_handle(runtime, row.workflow_id, signature=info.signature))
+            handles.append(workflow_handle(runtime, row.workflow_id, signature=info.signature,
+                                           shard_key=row.shard_key))
     if rows:
         logger.info("Recovered %d of %d pending workflows", len(handles), len(rows))
     return handles
@@ -56,11 +57,11 @@ async def _dead_letter_and_requeue(runtime: Runtime) -> None:
     version = runtime.application_version
     executor_id = runtime.config.executor_id
     max_attempts = runtime.config.max_recovery_attempts
-    for workflow_id in await sysdb.dead_letter_pending(executor_id, version, max_attempts,
-                                                       exclude=running):
+    for workflow_id, shard_key in await sysdb.dead_letter_pending(
+            executor_id, version, max_attempts, exclude=running):
         logger.error("Workflow %s exceeded %d recovery attempts and was dead-lettered "
                      "(MAX_RECOVERY_ATTEMPTS_EXCEEDED)", workflow_id, max_attempts)
-        runtime.notify_completion(workflow_id)
+        runtime.notify_completion(workflow_id, shard_key)
     requeued = await sysdb.requeue_pending(executor_id, version, exclude=running)
     for queue_name in {queue for _, queue in requeued}:
         sysdb.notify(ENQUEUE_CHANNEL, queue_name)

@@ -19,7 +19,7 @@ from dbos_async.executor.registry import Registry
 from dbos_async.executor.serialization import Signature
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL
+from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.statements import QueueRecord
 
 State = Literal["starting", "running", "stopping", "closed"]
@@ -60,8 +60,8 @@ class Runtime:
         self._sysdb = sysdb
         self.application_version = application_version
         self.state: State = "starting"
-        # Workflow ID -> the result of its execution running here.
-        self._running: dict[str, asyncio.Future[Any]] = {}
+        # (Workflow ID, shard key) -> the result of its execution running here.
+        self._running: dict[tuple[str, str | None], asyncio.Future[Any]] = {}
         # Owners, closed in this order: claim loops, then workflows (with the grace period),
         # then the background tasks (listener, notifier, watcher, maintenance).
         self.queue_tasks = TaskOwner("queues")
@@ -94,24 +94,27 @@ class Runtime:
         info = self.registry.workflows.get(workflow_name)
         return info.signature if info is not None else None
 
-    def running_result(self, workflow_id: str) -> asyncio.Future[Any] | None:
-        return self._running.get(workflow_id)
+    def running_result(self, workflow_id: str,
+                       shard_key: str | None = None) -> asyncio.Future[Any] | None:
+        return self._running.get((workflow_id, shard_key))
 
-    def interrupt_local(self, workflow_ids: set[str]) -> None:
-        self.cancellation.interrupt(workflow_ids)
+    def interrupt_local(self, waiters: set[str]) -> None:
+        self.cancellation.interrupt(waiters)
 
     # ---- Workflows running here ----
 
     def running_ids(self) -> list[str]:
-        return list(self._running)
+        return [workflow_id for workflow_id, _ in self._running]
 
-    def track(self, workflow_id: str, result: asyncio.Future[Any]) -> None:
-        self._running[workflow_id] = result
+    def track(self, workflow_id: str, shard_key: str | None,
+              result: asyncio.Future[Any]) -> None:
+        self._running[(workflow_id, shard_key)] = result
 
-    def untrack(self, workflow_id: str, result: asyncio.Future[Any]) -> None:
-        if self._running.get(workflow_id) is result:
-            del self._running[workflow_id]
+    def untrack(self, workflow_id: str, shard_key: str | None,
+                result: asyncio.Future[Any]) -> None:
+        if self._running.get((workflow_id, shard_key)) is result:
+            del self._running[(workflow_id, shard_key)]
 
-    def notify_completion(self, workflow_id: str) -> None:
+    def notify_completion(self, workflow_id: str, shard_key: str | None = None) -> None:
         """Announce that ``workflow_id`` reached a terminal status (after that committed)."""
-        self._sysdb.notify(WORKFLOW_COMPLETION_CHANNEL, workflow_id)
+        self._sysdb.notify(WORKFLOW_COMPLETION_CHANNEL, keyed(workflow_id, shard_key))

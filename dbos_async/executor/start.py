@@ -20,6 +20,7 @@ from dbos_async.executor import workflows
 from dbos_async.executor.context import (
     WorkflowContext,
     current_workflow,
+    next_shard_key,
     take_workflow_id,
     workflow_attributes,
     workflow_timeout,
@@ -29,6 +30,7 @@ from dbos_async.executor.registry import WorkflowInfo, instance_name
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.serialization import deserialize_error, serialize_error
 from dbos_async.sysdb.database import StartResult, StepRecord, now_ms
+from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import DELAYED, ENQUEUED, PENDING, NewWorkflow, ParentStep
 
 
@@ -42,6 +44,7 @@ class CallContext:
     parent: WorkflowContext | None = None
     parent_step_id: int | None = None
     attributes: str | None = None
+    shard_key: str | None = None
 
     @property
     def timeout_ms(self) -> int | None:
@@ -49,10 +52,12 @@ class CallContext:
 
 
 def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
-              as_child: bool = True) -> CallContext:
+              as_child: bool = True, shard_key: str | None = None) -> CallContext:
     """Read the context of a start being called now. A start from a workflow body is its
-    child (``as_child``) and takes the body's next step position; ``workflow_id`` and
-    ``timeout``, when given, win over ``SetWorkflowID`` and ``SetWorkflowTimeout``."""
+    child (``as_child``) and takes the body's next step position; ``workflow_id``,
+    ``timeout`` and ``shard_key``, when given, win over ``SetWorkflowID``,
+    ``SetWorkflowTimeout`` and ``SetShardKey``."""
+    validate_shard_key(shard_key)
     parent = current_workflow() if as_child else None
     return CallContext(
         workflow_id=workflow_id if workflow_id is not None else take_workflow_id(),
@@ -60,16 +65,22 @@ def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
         parent=parent,
         parent_step_id=parent.allocate_step_id() if parent is not None else None,
         attributes=workflow_attributes(),
+        shard_key=shard_key if shard_key is not None else next_shard_key(),
     )
 
 
 def new_workflow_id(call: CallContext) -> str:
     """The ID rule: the given ID, else a child's ``<parent ID>-<step position>`` (so a
-    replayed parent finds the same child), else a random one."""
+    replayed parent finds the same child; prefixed by the parent's key when the child lives
+    under another, as the parent's ID is unique only within its key), else a random one."""
     if call.workflow_id is not None:
         return call.workflow_id
-    if call.parent is not None and call.parent_step_id is not None:
-        return f"{call.parent.workflow_id}-{call.parent_step_id}"
+    parent = call.parent
+    if parent is not None and call.parent_step_id is not None:
+        base = f"{parent.workflow_id}-{call.parent_step_id}"
+        if parent.shard_key is None or call.shard_key in (None, parent.shard_key):
+            return base
+        return f"{len(parent.shard_key)}:{parent.shard_key}:{base}"
     return str(uuid.uuid4())
 
 
@@ -118,6 +129,10 @@ class StartPlan:
     def workflow_id(self) -> str:
         return self.row.workflow_id
 
+    @property
+    def shard_key(self) -> str | None:
+        return self.row.shard_key
+
 
 def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
                application_version: str | None, placement: Placement | None = None,
@@ -148,10 +163,11 @@ def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
         parent_workflow_id=parent.workflow_id if parent is not None else None,
         authenticated_user=authenticated_user,
         attributes=call.attributes,
+        shard_key=call.shard_key,
         **queue_columns,
     )
     parent_step = (ParentStep(parent.workflow_id, call.parent_step_id, parent.owner_xid,
-                              created_at)
+                              created_at, parent.shard_key)
                    if parent is not None and call.parent_step_id is not None else None)
     return StartPlan(row, parent_step)
 
@@ -227,30 +243,33 @@ def replayed_child(runtime: Runtime, parent: WorkflowContext, step_id: int,
         raise deserialize_error(recorded.error, recorded.serialization)
     if recorded.child_workflow_id is None:
         raise DBOSError(f"Step {step_id} of {parent.workflow_id} recorded no child workflow")
-    return workflow_handle(runtime, recorded.child_workflow_id, signature=info.signature)
+    return workflow_handle(runtime, recorded.child_workflow_id, signature=info.signature,
+                           shard_key=recorded.child_shard_key)
 
 
 async def record_child_step(
     runtime: Runtime, parent: WorkflowContext, step: ParentStep, info: WorkflowInfo, *,
     error: QueueDeduplicatedError | None = None, child: tuple[str, str] | None = None,
+    child_shard_key: str | None = None,
 ) -> WorkflowHandle[Any]:
     """Checkpoint a start from a workflow body that created no child of its own
     (deduplication rejected it or returned the holder; a debounce joined a burst), so a
     replay does the same even after that workflow has finished; returns the (ID, name)
     ``child``'s handle, or raises ``error``."""
-    existing = await runtime.system_database.record_step(
-        parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
-        error=serialize_error(error) if error is not None else None,
-        started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
-        child_workflow_id=child[0] if child is not None else None,
-    )
+    child_id = child[0] if child is not None else None
+    with bind_shard_keys({child_id: child_shard_key} if child_id is not None else {}):
+        existing = await runtime.system_database.record_step(
+            parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
+            error=serialize_error(error) if error is not None else None,
+            started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
+            child_workflow_id=child_id,
+        )
     if existing is not None:  # Another execution of the parent recorded this step first.
         return replayed_child(runtime, parent, step.function_id, info, existing)
     if error is not None:
         raise error
     assert child is not None
-    child_id, child_name = child
-    return workflow_handle(runtime, child_id, workflow_name=child_name)
+    return workflow_handle(runtime, child[0], workflow_name=child[1], shard_key=child_shard_key)
 
 
 # ---- Starting now: a direct call, start_workflow, a child start ----
@@ -270,7 +289,9 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
                                                                plan.parent_step)
         if started.created:
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
-                             arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms)
+                             arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms,
+                             plan.shard_key)
         else:
             check_name(started, plan.workflow_id, info.name)
-        return workflow_handle(runtime, plan.workflow_id, signature=info.signature)
+        return workflow_handle(runtime, plan.workflow_id, signature=info.signature,
+                               shard_key=plan.shard_key)

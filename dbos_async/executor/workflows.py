@@ -28,6 +28,7 @@ from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.serialization import serialize_error
 from dbos_async.sysdb.database import StepRecord, WorkflowRow, now_ms
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 
 logger = logging.getLogger("dbos_async")
 
@@ -53,11 +54,13 @@ def launch(
     kwargs: dict[str, Any],
     checkpoints: dict[int, StepRecord],
     deadline_epoch_ms: int | None,
+    shard_key: str | None,
 ) -> Execution:
     """Run a workflow body this execution owns, as a task of the runtime."""
     execution = Execution(info)
-    ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms)
-    runtime.track(workflow_id, execution.result)
+    ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
+                          shard_key)
+    runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
     runtime.workflows.spawn(_run(ctx, execution, args, kwargs), name=f"workflow {workflow_id}")
     return execution
@@ -71,15 +74,22 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
         args = (runtime.registry.instance(row.class_name, row.config_name), *args)
     # A resumed or forked workflow continues from its own or copied checkpoints; a queue
     # claim says whether there are any, so a fresh one costs no read.
-    checkpoints = (await runtime.system_database.load_checkpoints(row.workflow_id)
-                   if row.has_checkpoints else {})
+    with bind_shard_keys({row.workflow_id: row.shard_key}):
+        checkpoints = (await runtime.system_database.load_checkpoints(row.workflow_id)
+                       if row.has_checkpoints else {})
     assert row.owner_xid is not None
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
-                  row.deadline_epoch_ms)
+                  row.deadline_epoch_ms, row.shard_key)
 
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> None:
+    with ctx.routed():
+        await _execute(ctx, execution, args, kwargs)
+
+
+async def _execute(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> None:
     runtime, workflow_id = ctx.runtime, ctx.workflow_id
     future = execution.result
     try:
@@ -101,7 +111,7 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
     else:
         await _finish(ctx, execution, value=value)
     finally:
-        runtime.untrack(workflow_id, future)
+        runtime.untrack(workflow_id, ctx.shard_key, future)
         runtime.cancellation.detach(ctx)
 
 

@@ -14,9 +14,10 @@ import asyncpg
 
 from dbos_async.errors import ApplicationOwnershipError
 from dbos_async.sysdb import connection, migrations
-from dbos_async.sysdb.notifications import NotificationDispatcher
+from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy
 from dbos_async.sysdb.statements import Query, Statements
+from dbos_async.sysdb.statements.sharded import ShardedStatements
 
 T = TypeVar("T")
 
@@ -38,10 +39,13 @@ class DatabaseCore:
         retry_timeout: float = 60.0,
         connection_name: str = "dbos_async",
         application_name: str | None = None,
+        sharded: bool = False,
     ) -> None:
         self.url = url
         self.schema = schema
-        self.sql = self.make_statements(migrations.quote_schema(schema))
+        self.sharded = sharded
+        statements = ShardedStatements if sharded else Statements
+        self.sql = statements(migrations.quote_schema(schema))
         # Ownership of rows when several applications share this database (see
         # StatementBase.app_scope); None leaves everything unscoped.
         self.application_name = application_name
@@ -55,9 +59,11 @@ class DatabaseCore:
         # Set by the executor once started; None means every wait polls.
         self.notifications: NotificationDispatcher | None = None
 
-    def make_statements(self, quoted_schema: str) -> Statements:
-        """The statement builder; a sharded database returns its own."""
-        return Statements(quoted_schema)
+    def waiter_key(self, workflow_id: str, name: str | None = None) -> str:
+        """What notifications about ``workflow_id`` (and its topic or key ``name``) carry:
+        see :func:`~dbos_async.sysdb.notifications.keyed`, with the workflow's bound key."""
+        key = self.sql.key_hint(workflow_id)
+        return keyed(workflow_id, key) if name is None else payload_key(workflow_id, name, key)
 
     def notify(self, channel: str, key: str) -> None:
         """Announce a committed write: wake the waiters on (channel, key) here now and

@@ -20,7 +20,7 @@ from dbos_async.errors import (
     WorkflowConflictError,
 )
 from dbos_async.sysdb.core import now_ms
-from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL
+from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.operations import WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
@@ -95,12 +95,18 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
 
     async def send_on(self, conn: asyncpg.Connection, destination_id: str, message_uuid: str,
                       topic: str, message: str) -> None:
-        """Insert a message on the caller's connection (see :meth:`send`)."""
+        """Insert a message on the caller's connection (see :meth:`send`). On a sharded
+        schema, which has no trigger to notify the receiver, the notification is queued in
+        the caller's transaction too."""
         q = self.sql.send_message(destination_id, message_uuid, topic, message)
         try:
             await conn.execute(q.sql, *q.params)
         except asyncpg.ForeignKeyViolationError:
             raise NonExistentWorkflowError(destination_id) from None
+        if self.sharded:
+            q = self.sql.notify_with_transaction(NOTIFICATIONS_CHANNEL,
+                                                 self.waiter_key(destination_id, topic))
+            await conn.execute(q.sql, *q.params)
 
     async def load_checkpoints(self, workflow_id: str) -> dict[int, StepRecord]:
         rows = await self._fetch(self.sql.load_checkpoints(workflow_id), "loading checkpoints")
@@ -177,11 +183,13 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
         return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
 
     async def dead_letter_pending(self, executor_id: str, application_version: str | None,
-                                  max_attempts: int, exclude: Sequence[str] = ()) -> list[str]:
+                                  max_attempts: int, exclude: Sequence[str] = ()
+                                  ) -> list[tuple[str, str | None]]:
+        """Dead-letter this executor's workflows past ``max_attempts``: [(workflow, key)]."""
         query = self.sql.dead_letter_pending(executor_id, application_version, max_attempts,
                                              now_ms(), exclude)
         rows = await self._fetch(query, "dead-lettering workflows")
-        return [row["workflow_uuid"] for row in rows]
+        return [(row["workflow_uuid"], row.get("shard_key")) for row in rows]
 
     # ---- Fenced writes (steps too), messages, events and streams ----
 
@@ -330,7 +338,8 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
         dispatcher = self.notifications
         assert dispatcher is not None, "the notification dispatcher starts with its owner"
         delay = min(0.05, poll_interval)
-        with dispatcher.register(WORKFLOW_COMPLETION_CHANNEL, workflow_id) as waiter:
+        with dispatcher.register(WORKFLOW_COMPLETION_CHANNEL,
+                                 self.waiter_key(workflow_id)) as waiter:
             while True:
                 async with dispatcher.polling():
                     outcome = await self.get_outcome(workflow_id)

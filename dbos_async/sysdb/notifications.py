@@ -64,9 +64,17 @@ Connect = Callable[[], Awaitable[asyncpg.Connection]]
 _NOTIFY_SQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
 
 
-def payload_key(workflow_id: str, name: str) -> str:
-    """The payload of a message, event or stream notification: ``<workflow>::<name>``."""
-    return f"{workflow_id}::{name}"
+def keyed(workflow_id: str, shard_key: str | None = None) -> str:
+    """A workflow as a notification names it: its ID, prefixed on a sharded database by its
+    key (length first, so no pair of key and ID reads as another), as IDs repeat across
+    keys and a waiter must not wake for a same-ID workflow of another key."""
+    return workflow_id if shard_key is None else f"{len(shard_key)}:{shard_key}:{workflow_id}"
+
+
+def payload_key(workflow_id: str, name: str, shard_key: str | None = None) -> str:
+    """The payload of a message, event or stream notification: ``<workflow>::<name>``,
+    with the workflow :func:`keyed`."""
+    return f"{keyed(workflow_id, shard_key)}::{name}"
 
 
 class Waiter:

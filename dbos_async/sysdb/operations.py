@@ -9,6 +9,7 @@ notifications the writes owe.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
 import asyncpg
@@ -17,6 +18,7 @@ from asyncpg.pool import PoolConnectionProxy
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.sysdb.core import DatabaseCore, now_ms
 from dbos_async.sysdb.records import StatusRecord, status_record
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import (
     ACTIVE_STATUSES,
     Query,
@@ -33,61 +35,91 @@ JobConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 RETENTION_JOB = "retention"
 GLOBAL_TIMEOUT_JOB = "global_timeout"
 
+Ref: TypeAlias = "tuple[str, str | None]"
+"""A workflow as a sharded database tells it apart: its ID and shard key (None unsharded)."""
+
+
+@dataclass(frozen=True)
+class CancelledWorkflow:
+    """A workflow a cancel changed: the queue whose slot it freed, and its key."""
+
+    workflow_id: str
+    queue_name: str | None
+    shard_key: str | None = None
+
 
 class WorkflowOperations(DatabaseCore):
     # ---- Cancel and delete ----
 
     async def cancel(self, workflow_ids: Sequence[str], *,
-                     children: bool) -> list[tuple[str, str | None]]:
+                     children: bool) -> list[CancelledWorkflow]:
         """Cancel the workflows (and, with ``children``, every descendant), in one
         transaction; unknown IDs raise :class:`NonExistentWorkflowError` and change nothing.
-        Returns the IDs whose status changed, with the queue each one was on."""
-        ids = list(dict.fromkeys(workflow_ids))
+        Returns the workflows whose status changed, with the queue each one was on. On a
+        sharded database each statement addresses one key (children may live under others)."""
+        refs = self._refs(workflow_ids)
         now = now_ms()
 
-        async def run() -> list[tuple[str, str | None]]:
+        async def run() -> list[CancelledWorkflow]:
             async with self.pool.acquire() as conn, conn.transaction():
-                await self._require_existing(conn, ids)
-                cancelled: list[tuple[str, str | None]] = []
-                visited = set(ids)
-                frontier = ids
+                for key, ids in _by_key(refs).items():
+                    with bind_shard_keys(dict.fromkeys(ids, key)):
+                        await self._require_existing(conn, ids)
+                cancelled: list[CancelledWorkflow] = []
+                visited = set(refs)
+                frontier = refs
                 while frontier:
-                    cancelled += _cancelled(await _fetch_on(conn, self.sql.cancel(frontier, now)))
-                    if not children:
-                        break
-                    kids = await _fetch_on(conn, self.sql.direct_children(frontier))
-                    frontier = [r["workflow_uuid"] for r in kids
-                                if r["workflow_uuid"] not in visited]
+                    kids: list[Ref] = []
+                    for key, ids in _by_key(frontier).items():
+                        with bind_shard_keys(dict.fromkeys(ids, key)):
+                            cancelled += _cancelled(
+                                await _fetch_on(conn, self.sql.cancel(ids, now)))
+                            if children:
+                                kids += _refs_of(
+                                    await _fetch_on(conn, self.sql.direct_children(ids)))
+                    frontier = [kid for kid in dict.fromkeys(kids) if kid not in visited]
                     visited.update(frontier)
                 return cancelled
 
         return await self._retried("cancelling workflows", run)
 
-    async def descendants(self, workflow_ids: Sequence[str]) -> list[str]:
-        """Every workflow started by these, recursively (not including them)."""
-        seen = set(workflow_ids)
-        found: list[str] = []
-        frontier = list(workflow_ids)
+    async def descendants(self, workflow_ids: Sequence[str]) -> list[Ref]:
+        """Every workflow started by these, recursively (not including them), with its key."""
+        refs = self._refs(workflow_ids)
+        seen = set(refs)
+        found: list[Ref] = []
+        frontier = refs
         while frontier:
-            rows = await self._fetch(self.sql.direct_children(frontier), "reading children")
-            frontier = [r["workflow_uuid"] for r in rows if r["workflow_uuid"] not in seen]
+            kids: list[Ref] = []
+            for key, ids in _by_key(frontier).items():
+                with bind_shard_keys(dict.fromkeys(ids, key)):
+                    kids += _refs_of(await self._fetch(self.sql.direct_children(ids),
+                                                       "reading children"))
+            frontier = [kid for kid in dict.fromkeys(kids) if kid not in seen]
             seen.update(frontier)
             found += frontier
         return found
 
-    async def delete(self, workflow_ids: Sequence[str]) -> None:
-        """Delete every row of the workflows, in one transaction."""
-        ids = list(dict.fromkeys(workflow_ids))
-        if not ids:
+    async def delete(self, workflow_ids: Sequence[str],
+                     extra: Sequence[Ref] = ()) -> None:
+        """Delete every row of the workflows (and of the ``extra`` ones, given with their
+        keys), in one transaction."""
+        refs = list(dict.fromkeys([*self._refs(workflow_ids), *extra]))
+        if not refs:
             return
-        queries = self.sql.delete(ids)
 
         async def run() -> None:
             async with self.pool.acquire() as conn, conn.transaction():
-                for q in queries:
-                    await conn.execute(q.sql, *q.params)
+                for key, ids in _by_key(refs).items():
+                    with bind_shard_keys(dict.fromkeys(ids, key)):
+                        for q in self.sql.delete(ids):
+                            await conn.execute(q.sql, *q.params)
 
         await self._retried("deleting workflows", run)
+
+    def _refs(self, workflow_ids: Sequence[str]) -> list[Ref]:
+        """The workflows with the keys bound to them (None unsharded), once each."""
+        return [(i, self.sql.key_hint(i)) for i in dict.fromkeys(workflow_ids)]
 
     async def cancelled_among(self, workflow_ids: Sequence[str]) -> set[str]:
         rows = await self._fetch(self.sql.cancelled_among(workflow_ids), "reading statuses")
@@ -166,12 +198,11 @@ class WorkflowOperations(DatabaseCore):
         ran, total = await self.run_locked(RETENTION_JOB, job)
         return total if ran else None
 
-    async def cancel_created_before(self, cutoff_ms: int
-                                    ) -> list[tuple[str, str | None]] | None:
+    async def cancel_created_before(self, cutoff_ms: int) -> list[CancelledWorkflow] | None:
         """The global timeout: cancel in-flight workflows created before ``cutoff_ms``. The
-        cancelled IDs with their queues, or None if another executor holds the lock."""
+        cancelled workflows with their queues, or None if another executor holds the lock."""
 
-        async def job(conn: JobConnection) -> list[tuple[str, str | None]]:
+        async def job(conn: JobConnection) -> list[CancelledWorkflow]:
             return _cancelled(await _fetch_on(
                 conn, self.sql.cancel_created_before(cutoff_ms, now_ms())))
 
@@ -265,6 +296,19 @@ async def _fetch_on(conn: JobConnection, query: Query) -> list[asyncpg.Record]:
     return await conn.fetch(query.sql, *query.params)
 
 
-def _cancelled(rows: list[asyncpg.Record]) -> list[tuple[str, str | None]]:
-    """A cancel statement's rows: each cancelled ID with the queue it was on."""
-    return [(r["workflow_uuid"], r["queue_name"]) for r in rows]
+def _cancelled(rows: list[asyncpg.Record]) -> list[CancelledWorkflow]:
+    """A cancel statement's rows: each cancelled workflow with the queue it was on."""
+    return [CancelledWorkflow(r["workflow_uuid"], r["queue_name"], r.get("shard_key"))
+            for r in rows]
+
+
+def _refs_of(rows: list[asyncpg.Record]) -> list[Ref]:
+    return [(r["workflow_uuid"], r.get("shard_key")) for r in rows]
+
+
+def _by_key(refs: Sequence[Ref]) -> dict[str | None, list[str]]:
+    """Workflow IDs grouped by key, for statements that each address one key."""
+    groups: dict[str | None, list[str]] = {}
+    for workflow_id, key in refs:
+        groups.setdefault(key, []).append(workflow_id)
+    return groups

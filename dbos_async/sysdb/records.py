@@ -25,6 +25,8 @@ class StepRecord:
     error: str | None
     child_workflow_id: str | None
     serialization: str | None
+    # The shard key of the child a step started (sharded databases record it).
+    child_shard_key: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +49,8 @@ class WorkflowRow:
     # Whether the workflow has recorded steps to load (unknown, so assumed, unless the
     # statement says).
     has_checkpoints: bool = True
+    # The workflow's shard key, read back from a sharded database.
+    shard_key: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +80,7 @@ class StatusRecord(WorkflowRow):
     attributes: str | None
     output: str | None = None
     error: str | None = None
+    parent_shard_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,7 @@ def _from_row(cls: type[R], row: asyncpg.Record, **columns: Any) -> R:
         owner_xid=row.get("owner_xid"),
         inputs=row.get("inputs"),
         has_checkpoints=row.get("has_checkpoints", True),
+        shard_key=row.get("shard_key"),
         **columns,
     )
 
@@ -151,4 +157,5 @@ def status_record(row: asyncpg.Record) -> StatusRecord:
         attributes=row["attributes"],
         output=row.get("output"),
         error=row.get("error"),
+        parent_shard_key=row.get("parent_shard_key"),
     )

@@ -3,26 +3,40 @@
 A sharded system database routes every per-workflow statement by a shard key. The key of a
 workflow a statement names comes from :func:`bind_shard_keys`; statements that name no workflow
 (a queue scan, a list) run under :func:`shard_key_scope`. The unsharded database accepts neither
-and says so, so code written for one kind never silently runs unrouted on the other.
+and says so, so code written for one kind never silently runs unrouted on the other. Workflow
+IDs are unique only per key, so a binding is what tells two same-ID workflows apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
+
+from dbos_async.errors import DBOSError
 
 _bound: ContextVar[Mapping[str, str]] = ContextVar("dbos_shard_keys", default=MappingProxyType({}))
 _scope: ContextVar[str | None] = ContextVar("dbos_shard_key_scope", default=None)
 
 
+def validate_shard_key(shard_key: object) -> None:
+    """Refuse a key that is not None or a non-empty string."""
+    if shard_key is not None and (not isinstance(shard_key, str) or not shard_key):
+        raise DBOSError(f"Invalid shard key {shard_key!r}: a shard key must be a non-empty string")
+
+
 @contextmanager
-def bind_shard_keys(pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> Iterator[None]:
-    """Route statements naming these workflow IDs by these keys, for the duration of the block."""
-    merged = dict(_bound.get())
-    merged.update(dict(pairs))
-    token = _bound.set(MappingProxyType(merged))
+def bind_shard_keys(pairs: Mapping[str, str | None]) -> Iterator[None]:
+    """Route statements naming these workflow IDs by these keys, for the duration of the
+    block (None values bind nothing)."""
+    given = {workflow_id: key for workflow_id, key in pairs.items() if key is not None}
+    for key in given.values():
+        validate_shard_key(key)
+    if not given:
+        yield
+        return
+    token = _bound.set(MappingProxyType({**_bound.get(), **given}))
     try:
         yield
     finally:
@@ -30,13 +44,27 @@ def bind_shard_keys(pairs: Mapping[str, str] | Iterable[tuple[str, str]]) -> Ite
 
 
 @contextmanager
-def shard_key_scope(key: str) -> Iterator[None]:
-    """Confine statements that name no single workflow to the shard of ``key``."""
+def shard_key_scope(key: str | None) -> Iterator[None]:
+    """Confine statements that name no single workflow to the shard of ``key`` (None: no
+    scope, every key)."""
+    validate_shard_key(key)
     token = _scope.set(key)
     try:
         yield
     finally:
         _scope.reset(token)
+
+
+@contextmanager
+def cleared_shard_keys() -> Iterator[None]:
+    """No binding and no scope inside the block: a background task or a workflow body
+    binds the keys it needs itself, never inheriting its starter's."""
+    bound, scope = _bound.set(MappingProxyType({})), _scope.set(None)
+    try:
+        yield
+    finally:
+        _scope.reset(scope)
+        _bound.reset(bound)
 
 
 def bound_shard_key(workflow_id: str) -> str | None:

@@ -31,6 +31,7 @@ from dbos_async.sysdb.database import WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.queues import Claim
 from dbos_async.sysdb.retry import is_transient
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import QueueRecord
 
 logger = logging.getLogger("dbos_async")
@@ -56,7 +57,8 @@ class ClaimLoop:
         self.runtime = runtime
         self.state = state
         self.queue = state.queue
-        self.running: dict[str, str | None] = {}  # workflow ID -> partition key
+        # (workflow ID, shard key) -> partition key
+        self.running: dict[tuple[str, str | None], str | None] = {}
         self._next_unregistered_check = 0.0
 
     def _room(self) -> int | None:
@@ -198,16 +200,19 @@ class ClaimLoop:
         except DBOSError as error:
             # It cannot run anywhere as stored: record why, rather than retry forever.
             logger.error("Queued workflow %s cannot start: %s", workflow_id, error)
-            if await sysdb.record_outcome(workflow_id, row.owner_xid,
-                                          error=serialize_error(error)):
-                runtime.notify_completion(workflow_id)
+            with bind_shard_keys({workflow_id: row.shard_key}):
+                recorded = await sysdb.record_outcome(workflow_id, row.owner_xid,
+                                                      error=serialize_error(error))
+            if recorded:
+                runtime.notify_completion(workflow_id, row.shard_key)
             self._freed()
             return
-        self.running[workflow_id] = partition_key
-        execution.result.add_done_callback(lambda _: self._finished(workflow_id))
+        running = (workflow_id, row.shard_key)
+        self.running[running] = partition_key
+        execution.result.add_done_callback(lambda _: self._finished(running))
 
-    def _finished(self, workflow_id: str) -> None:
-        self.running.pop(workflow_id, None)
+    def _finished(self, running: tuple[str, str | None]) -> None:
+        self.running.pop(running, None)
         self._freed()
 
     def _freed(self) -> None:

@@ -26,6 +26,7 @@ from dbos_async.executor.start import (
 )
 from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.shard_keys import shard_key_scope
 from dbos_async.sysdb.statements import DEDUP_INDEX, ParentStep
 
 P = ParamSpec("P")
@@ -85,7 +86,8 @@ class Debouncer(Generic[P, R]):
         step = ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms())
         handle = await self._debounce(owner, info, call, options, args, kwargs)
         return await record_child_step(runtime, parent, step, info,
-                                       child=(handle.workflow_id, info.name))
+                                       child=(handle.workflow_id, info.name),
+                                       child_shard_key=handle.shard_key)
 
     async def _debounce(self, owner: RuntimeSource, info: WorkflowInfo, call: CallContext,
                         options: EnqueueOptions, args: tuple[Any, ...],
@@ -100,12 +102,15 @@ class Debouncer(Generic[P, R]):
         sysdb = runtime.system_database
         for _ in range(50):
             until = now_ms() + int(self.period * 1000)
-            bounced = await sysdb.debounce_existing(queue.name, key, info.name,
-                                                    arguments.inputs, until)
+            # Deduplication, so debouncing, is per shard key.
+            with shard_key_scope(call.shard_key):
+                bounced = await sysdb.debounce_existing(queue.name, key, info.name,
+                                                        arguments.inputs, until)
             if bounced is not None:
                 # Its start moved: wake the promoters.
                 sysdb.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
-                return workflow_handle(runtime, bounced, signature=info.signature)
+                return workflow_handle(runtime, bounced, signature=info.signature,
+                                       shard_key=call.shard_key)
             plan = plan_registered(runtime, call, info, arguments, placement=placement,
                                    application_version=options.application_version)
             try:
@@ -117,5 +122,6 @@ class Debouncer(Generic[P, R]):
                 await asyncio.sleep(0.001)
                 continue
             announce(sysdb, plan.row)
-            return workflow_handle(runtime, started.row.workflow_id, signature=info.signature)
+            return workflow_handle(runtime, started.row.workflow_id, signature=info.signature,
+                                   shard_key=plan.shard_key)
         raise QueueDeduplicatedError(queue.name, key)

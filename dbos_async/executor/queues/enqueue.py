@@ -30,6 +30,7 @@ from dbos_async.executor.start import (
 )
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.shard_keys import shard_key_scope
 from dbos_async.sysdb.statements import DEDUP_INDEX, ENQUEUED, NewWorkflow
 
 DELAYED_KEY = "dbos_async:delayed"
@@ -74,10 +75,11 @@ def announce(sysdb: SystemDatabase, row: NewWorkflow) -> None:
 
 async def start_deduplicated(
     sysdb: SystemDatabase, start: Callable[[], Awaitable[StartResult]], queue_name: str,
-    deduplication_id: str | None, policy: DeduplicationPolicy,
+    deduplication_id: str | None, policy: DeduplicationPolicy, shard_key: str | None = None,
 ) -> StartResult | tuple[str, str]:
     """Run ``start`` (an enqueue's insert) under the deduplication policy: if an active
-    workflow of the queue holds ``deduplication_id``, raise :class:`QueueDeduplicatedError`
+    workflow of the queue holds ``deduplication_id`` (under the same ``shard_key``, on a
+    sharded database: deduplication is per key), raise :class:`QueueDeduplicatedError`
     naming it (``"reject"``) or return its (ID, name) (``"return_existing"``); a holder
     that finished in between is enqueued afresh."""
     for _ in range(10):
@@ -86,7 +88,8 @@ async def start_deduplicated(
         except asyncpg.UniqueViolationError as error:
             if error.constraint_name != DEDUP_INDEX or deduplication_id is None:
                 raise
-            holder = await sysdb.find_deduplicated(queue_name, deduplication_id)
+            with shard_key_scope(shard_key):
+                holder = await sysdb.find_deduplicated(queue_name, deduplication_id)
             if policy == "reject":
                 raise QueueDeduplicatedError(queue_name, deduplication_id,
                                              holder[0] if holder else None) from None
@@ -111,16 +114,20 @@ async def enqueue(runtime: Runtime, queue: EnqueueTarget, info: WorkflowInfo,
     try:
         started = await start_deduplicated(
             sysdb, lambda: sysdb.start_workflow(plan.row, plan.creator_xid, step),
-            queue.name, options.deduplication_id, options.deduplication_policy)
+            queue.name, options.deduplication_id, options.deduplication_policy,
+            plan.shard_key)
     except QueueDeduplicatedError as rejected:
         if parent is not None and step is not None:
             await record_child_step(runtime, parent, step, info, error=rejected)
         raise
     if isinstance(started, tuple):  # "return_existing": the holder's handle
         if parent is not None and step is not None:
-            return await record_child_step(runtime, parent, step, info, child=started)
-        return workflow_handle(runtime, started[0], workflow_name=started[1])
+            return await record_child_step(runtime, parent, step, info, child=started,
+                                           child_shard_key=plan.shard_key)
+        return workflow_handle(runtime, started[0], workflow_name=started[1],
+                               shard_key=plan.shard_key)
     check_name(started, plan.workflow_id, info.name)
     if started.created:
         announce(sysdb, plan.row)
-    return workflow_handle(runtime, plan.workflow_id, signature=info.signature)
+    return workflow_handle(runtime, plan.workflow_id, signature=info.signature,
+                           shard_key=plan.shard_key)

@@ -89,6 +89,7 @@ class ParentStep:
     function_id: int
     owner_xid: str
     started_at_ms: int
+    shard_key: str | None = None
 
 
 def qualify(alias: str | None, column: str) -> str:
@@ -141,6 +142,12 @@ class StatementBase:
             self._reject_shard_key(workflow_id)
         return f"{qualify(alias, 'workflow_uuid')} = ANY({p(list(workflow_ids), 'text[]')})"
 
+    def parent_in(self, workflow_ids: Sequence[str], p: Params) -> str:
+        """Predicate selecting the children of these workflows (under any key)."""
+        for workflow_id in workflow_ids:
+            self._reject_shard_key(workflow_id)
+        return f"parent_workflow_id = ANY({p(list(workflow_ids), 'text[]')})"
+
     def wf_join(self, left: str, right: str) -> str:
         """Condition joining two tables' rows of the same workflow."""
         return f"{left}.workflow_uuid = {right}.workflow_uuid"
@@ -159,6 +166,12 @@ class StatementBase:
         """Conflict target for a unique key of a workflow table."""
         return ", ".join(columns)
 
+    def key_hint(self, workflow_id: str) -> str | None:
+        """The key of ``workflow_id``, resolved now for a waiter or notification that
+        needs it later; None unsharded."""
+        self._reject_shard_key(workflow_id)
+        return None
+
     def scoped(self, alias: str | None, p: Params) -> str:
         """Predicate confining a statement that names no single workflow to the current shard."""
         if shard_keys.current_scope() is not None:
@@ -172,6 +185,27 @@ class StatementBase:
     def claim_gate(self, queue_name: str, partition_key: str | None, p: Params) -> str:
         """Predicate a queue claim must also meet; sharded, it caps claimers per key."""
         return "TRUE"
+
+    def parent_values(self, parent_workflow_id: str | None,
+                      shard_key: str | None = None) -> dict[str, Any]:
+        """Extra column values storing the shard key of a new workflow's parent."""
+        return {}
+
+    def child_values(self, child_workflow_id: str | None,
+                     shard_key: str | None = None) -> dict[str, Any]:
+        """Extra column values storing the shard key of the workflow a step started."""
+        return {}
+
+    def key_columns(self, alias: str | None = None,
+                    names: Sequence[str] = ("shard_key",)) -> str:
+        """The shard-key columns a statement returning rows reads back with each
+        (``, shard_key``), so rows of several keys can be told apart; none unsharded."""
+        return ""
+
+    def key_in(self, alias: str | None, shard_keys: Sequence[str], p: Params,
+               column: str = "shard_key") -> str:
+        """Predicate keeping rows whose ``column`` holds one of these shard keys."""
+        raise DBOSError("Filtering by shard key requires a sharded system database")
 
     # ---- Status reads ----
 
@@ -189,6 +223,9 @@ class StatementBase:
         """The columns of a status read from ``workflow_status ws``, and the joins of the
         payload tables they need: inputs and outputs only on request."""
         columns = [f"ws.{c}" for c in self.STATUS_COLUMNS]
+        keys = self.key_columns("ws", ("shard_key", "parent_shard_key"))
+        if keys:
+            columns.append(keys.removeprefix(", "))
         joins = []
         if load_input:
             columns.append("COALESCE(wi.inputs, ws.inputs) AS inputs")
@@ -322,6 +359,7 @@ class StatementBase:
             "output": output_sql if output_sql is not None else p(output, "text"),
             "error": p(error, "text"),
             "child_workflow_id": p(child_workflow_id, "text"),
+            **{col: p(val, "text") for col, val in self.child_values(child_workflow_id).items()},
             "started_at_epoch_ms": p(started_at_ms, "bigint"),
             "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
             "serialization": p(PORTABLE_JSON, "text"),

@@ -78,6 +78,9 @@ class WorkflowFilter:
     application_names: Sequence[str] | None = None
     # A JSON object (as text) the workflow's attributes must contain (jsonb @>).
     attributes: str | None = None
+    # Sharded databases: the workflows' own keys, their parents' keys.
+    shard_keys: Sequence[str] | None = None
+    parent_shard_keys: Sequence[str] | None = None
     limit: int | None = None
     offset: int | None = None
     sort_desc: bool = False
@@ -139,16 +142,15 @@ class ControlStatements(StatementBase):
                     deduplication_id = NULL, started_at_epoch_ms = NULL,
                     updated_at = {now}, completed_at = {now}
                 FROM target WHERE {self.wf_join('ws', 'target')}
-                RETURNING ws.workflow_uuid, target.queue_name""",
+                RETURNING ws.workflow_uuid, target.queue_name{self.key_columns('ws')}""",
             p.values,
         )
 
     def direct_children(self, workflow_ids: Sequence[str]) -> Query:
         p = Params()
         return Query(
-            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)}
-                  AND parent_workflow_id = ANY({p(list(workflow_ids), 'text[]')})""",
+            f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.parent_in(workflow_ids, p)}""",
             p.values,
         )
 
@@ -192,6 +194,10 @@ class ControlStatements(StatementBase):
             where.append(self.app_scope(
                 "ws", p, f.application_names if f.application_names is not None
                 else self.app_name))
+        if f.shard_keys is not None:
+            where.append(self.key_in("ws", f.shard_keys, p))
+        if f.parent_shard_keys is not None:
+            where.append(self.key_in("ws", f.parent_shard_keys, p, "parent_shard_key"))
         if f.attributes is not None:
             # Containment, served by the GIN index idx_workflow_status_attributes.
             where.append(f"ws.attributes @> {p(f.attributes, 'jsonb')}")
@@ -237,7 +243,8 @@ class ControlStatements(StatementBase):
         p = Params()
         return Query(
             f"""SELECT function_id, function_name, output, error, child_workflow_id,
-                       started_at_epoch_ms, completed_at_epoch_ms, serialization
+                       started_at_epoch_ms, completed_at_epoch_ms,
+                       serialization{self.key_columns(None, ("child_shard_key",))}
                 FROM {self.table('operation_outputs')}
                 WHERE {self.wf(None, workflow_id, p)}
                 ORDER BY function_id""",

@@ -305,7 +305,7 @@ class QueueStatements(StatementBase):
                       THEN {now} + LEAST(workflow_timeout_ms, 9223372036854775807 - {now})
                       ELSE workflow_deadline_epoch_ms END
                 WHERE {target} AND {self.own_scope('ws', p)} {guard}
-                RETURNING {CLAIMED_COLUMNS},
+                RETURNING {CLAIMED_COLUMNS}{self.key_columns('ws')},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.wf_join('wi', 'ws')}) AS inputs,
                           -- A fresh workflow has none: its execution need not load them.

@@ -56,7 +56,8 @@ class RecoveryStatements(StatementBase):
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}
                   AND queue_name IS NULL
                 RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
-                          serialization, workflow_deadline_epoch_ms, recovery_attempts,
+                          serialization, workflow_deadline_epoch_ms,
+                          recovery_attempts{self.key_columns('ws')},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.wf_join('wi', 'ws')}) AS inputs""",
             p.values,
@@ -94,6 +95,6 @@ class RecoveryStatements(StatementBase):
                     updated_at = {now}, completed_at = {now}
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}
                   AND recovery_attempts > {p(max_attempts, 'bigint')}
-                RETURNING workflow_uuid""",
+                RETURNING workflow_uuid{self.key_columns()}""",
             p.values,
         )

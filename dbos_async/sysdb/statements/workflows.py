@@ -52,6 +52,8 @@ class WorkflowStatements(StatementBase):
             "workflow_deadline_epoch_ms": wf.deadline_epoch_ms,
             "priority": wf.priority,
             "parent_workflow_id": wf.parent_workflow_id,
+            **self.parent_values(wf.parent_workflow_id,
+                                 parent.shard_key if parent is not None else None),
             "serialization": wf.serialization,
             "creator_xid": creator_xid,
             "owner_xid": owner_xid,
@@ -80,7 +82,7 @@ class WorkflowStatements(StatementBase):
             ctes.append(
                 f"""parent AS (
                   SELECT status, owner_xid FROM {self.table('workflow_status')}
-                  WHERE {self.wf(None, parent.workflow_id, p)}
+                  WHERE {self.wf(None, parent.workflow_id, p, shard_key=parent.shard_key)}
                   FOR NO KEY UPDATE
                 )"""
             )
@@ -98,7 +100,7 @@ class WorkflowStatements(StatementBase):
                 DO UPDATE SET creator_xid = workflow_status.creator_xid
               RETURNING workflow_uuid, status, name, class_name, config_name, queue_name,
                         executor_id, creator_xid, owner_xid, serialization,
-                        workflow_deadline_epoch_ms, recovery_attempts
+                        workflow_deadline_epoch_ms, recovery_attempts{self.key_columns()}
             )"""
         )
         input_values = {**self.wf_values(wf.workflow_id, wf.shard_key),
@@ -115,11 +117,12 @@ class WorkflowStatements(StatementBase):
         select = "SELECT status.* FROM status"
         if parent is not None:
             step_values = {
-                **self.wf_values(parent.workflow_id),
+                **self.wf_values(parent.workflow_id, parent.shard_key),
                 "workflow_uuid": parent.workflow_id,
                 "function_id": parent.function_id,
                 "function_name": wf.name,
                 "child_workflow_id": wf.workflow_id,
+                **self.child_values(wf.workflow_id, wf.shard_key),
                 "started_at_epoch_ms": parent.started_at_ms,
                 "completed_at_epoch_ms": parent.started_at_ms,
                 "serialization": PORTABLE_JSON,
@@ -147,7 +150,8 @@ class WorkflowStatements(StatementBase):
     def load_checkpoints(self, workflow_id: str) -> Query:
         p = Params()
         return Query(
-            f"""SELECT function_id, function_name, output, error, child_workflow_id, serialization
+            f"""SELECT function_id, function_name, output, error, child_workflow_id,
+                       serialization{self.key_columns(None, ("child_shard_key",))}
                 FROM {self.table('operation_outputs')}
                 WHERE {self.wf(None, workflow_id, p)}
                 ORDER BY function_id""",
@@ -184,7 +188,8 @@ class WorkflowStatements(StatementBase):
     def get_checkpoint(self, workflow_id: str, function_id: int) -> Query:
         p = Params()
         return Query(
-            f"""SELECT function_id, function_name, output, error, child_workflow_id, serialization
+            f"""SELECT function_id, function_name, output, error, child_workflow_id,
+                       serialization{self.key_columns(None, ("child_shard_key",))}
                 FROM {self.table('operation_outputs')}
                 WHERE {self.wf(None, workflow_id, p)}
                   AND function_id = {p(function_id, 'integer')}""",
