@@ -138,6 +138,11 @@ class QueueOperations(DatabaseCore):
             flipped = {r["workflow_uuid"]: r for r in await conn.fetch(q.sql, *q.params)}
         return Claim([_claimed(flipped[i]) for i in heads if i in flipped])
 
+    async def dequeue_scopes(self, queue_name: str) -> list[str]:
+        """The shard keys with ENQUEUED work on the queue (sharded databases)."""
+        rows = await self._fetch(self.sql.dequeue_scopes(queue_name), "reading dequeue scopes")
+        return [row["shard_key"] for row in rows]
+
     async def queue_partitions(self, queue_name: str, cap: int) -> list[str]:
         rows = await self._fetch(self.sql.queue_partitions(queue_name, cap), "reading partitions")
         return [row["pk"] for row in rows]

@@ -31,7 +31,7 @@ from dbos_async.sysdb.database import WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.queues import Claim
 from dbos_async.sysdb.retry import is_transient
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
 from dbos_async.sysdb.statements import QueueRecord
 
 logger = logging.getLogger("dbos_async")
@@ -60,6 +60,10 @@ class ClaimLoop:
         # (workflow ID, shard key) -> partition key
         self.running: dict[tuple[str, str | None], str | None] = {}
         self._next_unregistered_check = 0.0
+        # Sharded: the keys with work on the queue, and when to read them again.
+        self._scope_keys: list[str] = []
+        self._scopes_due = 0.0
+        self._fresh_scopes = False
 
     def _room(self) -> int | None:
         if self.queue.worker_concurrency is None:
@@ -112,10 +116,49 @@ class ClaimLoop:
                 await waiter.wait(timeout)
 
     async def claim_once(self) -> tuple[int, int | None]:
-        """One claim round: (workflows started, when a rate limit frees a slot, if known)."""
+        """One claim round: (workflows started, when a rate limit frees a slot, if known).
+
+        On a sharded database a round claims in each dequeue scope (a key with ENQUEUED
+        work on the queue) in turn, so every claim statement addresses one key.
+        """
+        self.state.rounds += 1
+        started, retry_at = await self._claim_in(await self._scopes())
+        if not started and self.runtime.system_database.sharded and not self._fresh_scopes:
+            # A key enqueued since the scopes were read: read them again at once.
+            self._scopes_due = 0.0
+            started, retry_at = await self._claim_in(await self._scopes())
+        return started, retry_at
+
+    async def _claim_in(self, scopes: list[str | None]) -> tuple[int, int | None]:
+        started = 0
+        retry_at: int | None = None
+        for scope in scopes:
+            with shard_key_scope(scope):
+                count, at = await self._claim_scope()
+            started += count
+            if at is not None:
+                retry_at = at if retry_at is None else min(retry_at, at)
+        return started, retry_at
+
+    async def _scopes(self) -> list[str | None]:
+        """The scopes of a round: one, unsharded; sharded, the keys with ENQUEUED work on
+        the queue, read at most every polling interval, in a random order each round so
+        that no key waits behind the others."""
+        sysdb = self.runtime.system_database
+        if not sysdb.sharded:
+            return [None]
+        now = time.monotonic()
+        self._fresh_scopes = now >= self._scopes_due
+        if self._fresh_scopes:
+            self._scope_keys = await sysdb.dequeue_scopes(self.queue.name)
+            self._scopes_due = now + self.queue.polling_interval_sec
+        scopes: list[str | None] = list(self._scope_keys)
+        random.shuffle(scopes)
+        return scopes
+
+    async def _claim_scope(self) -> tuple[int, int | None]:
         queue, runtime = self.queue, self.runtime
         sysdb = runtime.system_database
-        self.state.rounds += 1
         names = list(runtime.registry.workflows)
         room = self._room()
         if room == 0 or not names:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dbos_async.errors import DBOSError
 from dbos_async.sysdb.statements.base import (
     DELAYED,
     ENQUEUED,
@@ -331,6 +332,19 @@ class QueueStatements(StatementBase):
                       ORDER BY queue_partition_key LIMIT 1)
               FROM partitions WHERE partitions.pk IS NOT NULL
             )"""
+
+    def dequeue_scopes(self, queue_name: str) -> Query:
+        """The keys a sharded queue's claim rounds visit: those with ENQUEUED work of
+        this application (one multi-shard read, no lock)."""
+        if not self.sharded:
+            raise DBOSError("Dequeue scopes exist only on a sharded system database")
+        p = Params()
+        return Query(
+            f"""SELECT DISTINCT shard_key FROM {self.table('workflow_status')}
+                WHERE queue_name = {p(queue_name)} AND status = {p(ENQUEUED)}
+                  AND {self.own_scope(None, p)}""",
+            p.values,
+        )
 
     def queue_partitions(self, queue_name: str, cap: int) -> Query:
         """The distinct partition keys with ENQUEUED workflows, at most ``cap`` of them."""

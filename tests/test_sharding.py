@@ -1,0 +1,239 @@
+"""Sharding on plain PostgreSQL: workflows under shard keys, isolated per key.
+
+Workflow IDs are unique per key: the same ID under two keys is two workflows, with their own
+checkpoints, messages, events and streams, and a call addressing one never touches the
+other. Everything a workflow does routes by its own key; callers outside name the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+from helpers import fetch, new_dbos, unique_name
+
+from dbos_async import (
+    DBOS,
+    DBOSClient,
+    DBOSError,
+    QueueDeduplicatedError,
+    SetEnqueueOptions,
+    SetShardKey,
+    SetWorkflowID,
+    WorkflowCancelledError,
+)
+
+PATIENCE = 15.0
+
+
+def sharded(url: str, **settings: Any) -> DBOS:
+    return new_dbos(url, sharding=True, **settings)
+
+
+class Tenants:
+    """A sharded executor with one workflow that exercises every primitive."""
+
+    def __init__(self, url: str, **settings: Any) -> None:
+        self.dbos = dbos = sharded(url, **settings)
+        self.runs: Counter[tuple[str, str]] = Counter()
+        self.queue = dbos.queue("tenant-jobs")
+
+        @dbos.step(name="note")
+        async def note(tenant: str, text: str) -> str:
+            self.runs[(tenant, text)] += 1
+            return f"{tenant}:{text}"
+
+        @dbos.workflow(name="work")
+        async def work(tenant: str) -> str:
+            first = await note(tenant, "first")
+            await dbos.set_event("progress", first)
+            await dbos.write_stream("out", first)
+            await dbos.close_stream("out")
+            reply = await dbos.recv("go", timeout=PATIENCE)
+            return f"{first}|{reply}"
+
+        @dbos.workflow(name="child")
+        async def child(tenant: str) -> str:
+            return await note(tenant, "child")
+
+        @dbos.workflow(name="parent")
+        async def parent(tenant: str, child_key: str) -> list[str]:
+            same = await dbos.start_workflow(child, tenant)
+            with SetShardKey(child_key):
+                other = await dbos.start_workflow(child, tenant)
+            return [same.workflow_id, await same.get_result(),
+                    other.workflow_id, await other.get_result()]
+
+        self.work, self.child, self.parent = work, child, parent
+
+
+async def test_the_same_id_under_two_keys_is_two_workflows(database_url: str) -> None:
+    app = Tenants(database_url)
+    async with app.dbos as dbos:
+        handles = {}
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("same-id"):
+                handles[key] = await dbos.start_workflow(app.work, key)
+            assert handles[key].shard_key == key
+        for key in ("acme", "globex"):
+            assert await dbos.get_event("same-id", "progress", timeout=PATIENCE,
+                                        shard_key=key) == f"{key}:first"
+            assert [v async for v in dbos.read_stream("same-id", "out", shard_key=key)] \
+                == [f"{key}:first"]
+        # A message to one key's workflow wakes that one only.
+        await dbos.send("same-id", "go-acme", "go", shard_key="acme")
+        assert await handles["acme"].get_result() == "acme:first|go-acme"
+        status = await dbos.get_workflow_status("same-id", shard_key="globex")
+        assert status is not None and status.status == "PENDING"
+        assert status.shard_key == "globex"
+        # Cancelling one leaves the other finished.
+        await dbos.cancel_workflow("same-id", shard_key="globex")
+        with pytest.raises(WorkflowCancelledError):
+            await handles["globex"].get_result()
+        done = await dbos.get_workflow_status("same-id", shard_key="acme")
+        assert done is not None and done.status == "SUCCESS"
+        listed = await dbos.list_workflows(shard_key="acme")
+        assert [(w.workflow_id, w.shard_key) for w in listed] == [("same-id", "acme")]
+        assert await dbos.list_workflows(shard_key=[]) == []
+        assert {w.shard_key for w in await dbos.list_workflows()} == {"acme", "globex"}
+        steps = await dbos.list_workflow_steps("same-id", shard_key="globex")
+        assert [s.name for s in steps][:1] == ["note"]
+    assert app.runs == Counter({("acme", "first"): 1, ("globex", "first"): 1})
+    rows = await fetch(database_url, "SELECT shard_key, count(*) AS n FROM dbos.operation_outputs"
+                                     " WHERE workflow_uuid = 'same-id' GROUP BY shard_key")
+    assert {r["shard_key"]: r["n"] for r in rows}.keys() == {"acme", "globex"}
+
+
+async def test_a_workflow_without_a_key_is_refused_before_anything_is_written(
+        database_url: str) -> None:
+    app = Tenants(database_url)
+    async with app.dbos as dbos:
+        with SetWorkflowID("keyless"), pytest.raises(DBOSError, match=r"'keyless'.*shard key"):
+            await dbos.start_workflow(app.work, "nobody")
+        with pytest.raises(DBOSError, match="shard key"):
+            await dbos.get_workflow_status("keyless")
+        with pytest.raises(DBOSError, match="non-empty string"):
+            SetShardKey("")
+        with pytest.raises(DBOSError, match="non-empty string"):
+            await dbos.get_workflow_status("keyless", shard_key="")
+    assert await fetch(database_url, "SELECT 1 FROM dbos.workflow_status") == []
+
+
+async def test_an_unkeyed_child_is_refused(database_url: str) -> None:
+    """A workflow never inherits its caller's key: a child started with none fails."""
+    app = Tenants(database_url)
+    async with app.dbos as dbos:
+        with SetShardKey("acme"), SetWorkflowID("p"):
+            handle = await dbos.start_workflow(app.parent, "acme", "globex")
+        with pytest.raises(DBOSError, match="'p-0' needs a shard key"):
+            await handle.get_result()
+
+
+async def test_children_keyed_explicitly(database_url: str) -> None:
+    app = Tenants(database_url)
+
+    @app.dbos.workflow(name="keyed-parent")
+    async def keyed_parent() -> list[str]:
+        with SetShardKey("acme"):
+            same = await app.dbos.start_workflow(app.child, "acme")
+        with SetShardKey("globex"):
+            other = await app.dbos.start_workflow(app.child, "globex")
+        return [same.workflow_id, await same.get_result(),
+                other.workflow_id, await other.get_result()]
+
+    async with app.dbos as dbos:
+        with SetShardKey("acme"), SetWorkflowID("kp"):
+            result = await keyed_parent()
+        # A child under the parent's key gets the plain child ID; under another key the
+        # parent's key prefixes it (the parent's ID is unique only within its key).
+        assert result == ["kp-0", "acme:child", "4:acme:kp-1", "globex:child"]
+        children = await dbos.list_workflows(parent_shard_key="acme")
+        assert sorted((w.workflow_id, w.shard_key, w.parent_workflow_id)
+                      for w in children) == [("4:acme:kp-1", "globex", "kp"),
+                                             ("kp-0", "acme", "kp")]
+        steps = await dbos.list_workflow_steps("kp", shard_key="acme")
+        assert [(s.child_workflow_id, s.child_shard_key) for s in steps] == [
+            ("kp-0", "acme"), ("4:acme:kp-1", "globex")]
+        # Cancel with children follows the children to their keys.
+        with SetShardKey("acme"), SetWorkflowID("kp-again"):
+            handle = await dbos.start_workflow(keyed_parent)
+        await handle.get_result()
+        cancelled = await dbos.cancel_workflows(["kp-again"], cancel_children=True,
+                                                shard_key="acme")
+        assert cancelled == []  # all finished: nothing changed, nothing refused
+        await dbos.delete_workflow("kp", delete_children=True, shard_key="acme")
+        remaining = {(w.workflow_id, w.shard_key) for w in await dbos.list_workflows()}
+        assert remaining == {("kp-again", "acme"), ("kp-again-0", "acme"),
+                             ("4:acme:kp-again-1", "globex")}
+
+
+async def test_recovery_resumes_each_workflow_under_its_key(database_url: str) -> None:
+    gate = asyncio.Event()
+    reached: dict[str, asyncio.Event] = {k: asyncio.Event() for k in ("acme", "globex")}
+    runs: Counter[str] = Counter()
+
+    def register(dbos: DBOS) -> Any:
+        @dbos.step(name="before")
+        async def before(key: str) -> None:
+            runs[key] += 1
+
+        @dbos.workflow(name="held")
+        async def held(key: str) -> str:
+            await before(key)
+            reached[key].set()
+            await gate.wait()
+            return key
+
+        return held
+
+    first = sharded(database_url, shutdown_grace_period=0)
+    held = register(first)
+    async with first:
+        for key in reached:
+            with SetShardKey(key), SetWorkflowID("held-1"):
+                await first.start_workflow(held, key)
+        for event in reached.values():
+            await event.wait()
+    gate.set()
+    second = sharded(database_url)
+    register(second)
+    async with second:
+        for key in reached:
+            handle = await second.retrieve_workflow("held-1", shard_key=key)
+            assert await handle.get_result() == key
+    assert runs == Counter({"acme": 1, "globex": 1})  # the steps did not run again
+
+
+async def test_queues_and_deduplication_per_key(database_url: str) -> None:
+    app = Tenants(database_url)
+    async with app.dbos:
+        handles = []
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetEnqueueOptions(deduplication_id="once"):
+                handles.append(await app.queue.enqueue(app.child, key))
+        # Deduplication holds per key: a second enqueue under acme is refused only there.
+        with SetShardKey("acme"), SetEnqueueOptions(deduplication_id="once"), \
+                pytest.raises(QueueDeduplicatedError):
+            await app.queue.enqueue(app.child, "acme")
+        assert [await h.get_result() for h in handles] == ["acme:child", "globex:child"]
+
+
+async def test_client_addresses_workflows_by_key(database_url: str) -> None:
+    app = Tenants(database_url)
+    async with app.dbos as dbos, DBOSClient(system_database_url=database_url, sharding=True,
+                                            application_name=unique_name("client")) as client:
+        with SetShardKey("acme"), SetWorkflowID("via-client"):
+            await dbos.start_workflow(app.work, "acme")
+        assert await client.get_event("via-client", "progress", timeout=PATIENCE,
+                                      shard_key="acme") == "acme:first"
+        await client.send("via-client", "from-client", "go", shard_key="acme")
+        handle = await client.retrieve_workflow("via-client", shard_key="acme")
+        assert await handle.get_result() == "acme:first|from-client"
+        queued = await client.enqueue("tenant-jobs", "child", "globex", shard_key="globex",
+                                      workflow_id="client-child")
+        assert queued.shard_key == "globex"
+        assert await queued.get_result() == "globex:child"
+        with pytest.raises(DBOSError, match="shard key"):
+            await client.enqueue("tenant-jobs", "child", "x", workflow_id="unkeyed")
