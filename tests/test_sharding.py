@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from helpers import fetch, new_dbos, unique_name
+from helpers import fetch, new_dbos, unique_name, wait_until
 
 from dbos_async import (
     DBOS,
@@ -220,6 +220,45 @@ async def test_queues_and_deduplication_per_key(database_url: str) -> None:
         assert [await h.get_result() for h in handles] == ["acme:child", "globex:child"]
 
 
+async def test_queue_limits_and_partitions_per_key(database_url: str) -> None:
+    """``concurrency`` and ``limiter`` hold per key (each claim counts within its key);
+    ``worker_concurrency`` holds across every key of the executor."""
+    dbos = sharded(database_url)
+    limited = dbos.queue("limited", concurrency=1, limiter=(100, 1.0), polling_interval=0.1)
+    parted = dbos.queue("parted", partition_queue=True, partition_concurrency=1,
+                        polling_interval=0.1)
+    running: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+    release = asyncio.Event()
+
+    @dbos.workflow(name="occupy")
+    async def occupy(key: str) -> str:
+        running[key] += 1
+        peak[key] = max(peak[key], running[key])
+        await release.wait()
+        running[key] -= 1
+        return key
+
+    async with dbos:
+        handles = []
+        for key in ("acme", "globex"):
+            for _ in range(3):
+                with SetShardKey(key):
+                    handles.append(await limited.enqueue(occupy, key))
+                with SetShardKey(key), SetEnqueueOptions(partition_key="p"):
+                    handles.append(await parted.enqueue(occupy, key))
+
+        async def both_started() -> bool:
+            return running["acme"] >= 2 and running["globex"] >= 2
+
+        await wait_until(both_started, what="one workflow of each queue under each key")
+        release.set()
+        assert sorted(await asyncio.gather(*(h.get_result() for h in handles))) \
+            == ["acme"] * 6 + ["globex"] * 6
+    # One per queue at a time within a key (concurrency 1, partition concurrency 1).
+    assert peak == Counter({"acme": 2, "globex": 2})
+
+
 async def test_client_addresses_workflows_by_key(database_url: str) -> None:
     app = Tenants(database_url)
     async with app.dbos as dbos, DBOSClient(system_database_url=database_url, sharding=True,
@@ -237,3 +276,70 @@ async def test_client_addresses_workflows_by_key(database_url: str) -> None:
         assert await queued.get_result() == "globex:child"
         with pytest.raises(DBOSError, match="shard key"):
             await client.enqueue("tenant-jobs", "child", "x", workflow_id="unkeyed")
+
+
+async def test_resume_fork_rewind_and_sleep_under_keys(database_url: str) -> None:
+    dbos = sharded(database_url)
+    runs: Counter[tuple[str, int]] = Counter()
+    gate = asyncio.Event()
+
+    @dbos.step(name="count")
+    async def count(key: str, n: int) -> int:
+        runs[(key, n)] += 1
+        return n
+
+    @dbos.workflow(name="three")
+    async def three(key: str) -> list[int]:
+        first = await count(key, 1)
+        await dbos.sleep(0.01)
+        await gate.wait()
+        return [first, await count(key, 2)]
+
+    async with dbos:
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("w"):
+                await dbos.start_workflow(three, key)
+        await dbos.cancel_workflow("w", shard_key="acme")
+        gate.set()
+        globex = await dbos.retrieve_workflow("w", shard_key="globex")
+        assert await globex.get_result() == [1, 2]
+        # Resume continues the cancelled one from its checkpoints, under its key.
+        resumed = await dbos.resume_workflow("w", shard_key="acme")
+        assert resumed.shard_key == "acme"
+        assert await resumed.get_result() == [1, 2]
+        # A fork lives under its original's key; steps below the cut are copied.
+        fork = await dbos.fork_workflow("w", 2, shard_key="globex", new_workflow_id="w-fork")
+        assert fork.shard_key == "globex"
+        assert await fork.get_result() == [1, 2]
+        # Rewind re-runs the steps from the cut, in place.
+        rewound = await dbos.rewind_workflow("w", 2, shard_key="acme")
+        assert await rewound.get_result() == [1, 2]
+    assert runs == Counter({("acme", 1): 1, ("globex", 1): 1, ("acme", 2): 2,
+                            ("globex", 2): 2})
+
+
+async def test_maintenance_jobs_span_every_key(database_url: str) -> None:
+    dbos = sharded(database_url)
+
+    @dbos.workflow(name="quick")
+    async def quick() -> int:
+        return 1
+
+    @dbos.workflow(name="stuck")
+    async def stuck() -> None:
+        await dbos.sleep(3600)  # interruptible: the cancel stops it at once
+
+    async with dbos:
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID(f"quick-{key}"):
+                await quick()
+            with SetShardKey(key), SetWorkflowID(f"stuck-{key}"):
+                await dbos.start_workflow(stuck)
+        far_future = 2**62
+        cancelled = await dbos.global_timeout(far_future)
+        assert sorted(cancelled or []) == ["stuck-acme", "stuck-globex"]
+        for key in ("acme", "globex"):
+            with pytest.raises(WorkflowCancelledError):
+                await (await dbos.retrieve_workflow(f"stuck-{key}", shard_key=key)).get_result()
+        assert await dbos.garbage_collect(far_future) == 4
+        assert await dbos.list_workflows() == []

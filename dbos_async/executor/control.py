@@ -30,6 +30,7 @@ from dbos_async.sysdb.notifications import (
 )
 from dbos_async.sysdb.operations import CancelledWorkflow
 from dbos_async.sysdb.records import StatusRecord
+from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
 
 logger = logging.getLogger("dbos_async")
@@ -235,10 +236,13 @@ async def fork(peer: Peer, workflow_id: str, start_step: int, call: CallContext,
     come from ``call`` as for any start. Returns its ID."""
     new_id = new_workflow_id(call)
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await peer.system_database.fork(
-        workflow_id, new_id, start_step, queue_name=queue,
-        application_version=application_version, timeout_ms=_timeout_ms(call.timeout),
-        replacement_children=dict(replacement_children or {}))
+    sysdb = peer.system_database
+    # The fork lives under its original's key.
+    with bind_shard_keys({new_id: sysdb.sql.key_hint(workflow_id)}):
+        await sysdb.fork(
+            workflow_id, new_id, start_step, queue_name=queue,
+            application_version=application_version, timeout_ms=_timeout_ms(call.timeout),
+            replacement_children=dict(replacement_children or {}))
     _announce_enqueued(peer, queue)
     logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
     return new_id

@@ -133,7 +133,7 @@ class ControlStatements(StatementBase):
         # row, so it is the slot this cancel frees even if a resume moved the row meanwhile.
         return Query(
             f"""WITH target AS (
-                  SELECT workflow_uuid, queue_name FROM {table}
+                  SELECT workflow_uuid, queue_name{self.key_columns()} FROM {table}
                   WHERE {predicate}
                   FOR UPDATE
                 )
@@ -271,7 +271,7 @@ class ControlStatements(StatementBase):
         # FOR UPDATE SKIP LOCKED: a row some other statement holds (a resume, a fork) is
         # left for the next round instead of waited on.
         victims = f"""victims AS (
-                  SELECT workflow_uuid FROM {self.table('workflow_status')}
+                  SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
                   WHERE {self.scoped(None, p)}
                     AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
                     AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
@@ -386,8 +386,11 @@ class ControlStatements(StatementBase):
         checkpoints (child IDs replaced as asked), streams, events history, and each
         event's latest value among those."""
         return [
-            self._copy_below("operation_outputs", STEP_COPY_COLUMNS, original_id, fork_id,
-                             start_step, replacement_children=replacement_children),
+            # A sharded step also names the key of the child it started.
+            self._copy_below("operation_outputs",
+                             (*STEP_COPY_COLUMNS, *(("child_shard_key",) if self.sharded else ())),
+                             original_id, fork_id, start_step,
+                             replacement_children=replacement_children),
             self._copy_below("streams", STREAM_COPY_COLUMNS, original_id, fork_id, start_step),
             self._copy_below("workflow_events_history", HISTORY_COPY_COLUMNS, original_id,
                              fork_id, start_step),

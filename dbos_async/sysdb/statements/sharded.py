@@ -29,9 +29,12 @@ class ShardedStatements(Statements):
         return True
 
     def key_of(self, workflow_id: str, shard_key: str | None = None) -> str:
-        """The key of ``workflow_id`` for a statement: the one given, else the one bound."""
+        """The key of ``workflow_id`` for a statement: the one given, else the one bound,
+        else the current scope's (a claim names the rows it found in its scope)."""
         shard_keys.validate_shard_key(shard_key)
         key = shard_key if shard_key is not None else shard_keys.bound_shard_key(workflow_id)
+        if key is None:
+            key = shard_keys.current_scope()
         if key is None:
             raise DBOSError(
                 f"Workflow {workflow_id!r} needs a shard key: this system database is sharded "
