@@ -38,9 +38,13 @@ class DatabaseCore:
         retry_timeout: float = 60.0,
         connection_name: str = "dbos_async",
         application_name: str | None = None,
+        sharded: bool = False,
     ) -> None:
         self.url = url
         self.schema = schema
+        # Which kind of schema this handle migrates, verifies and addresses (set before the
+        # statements are made, as a sharded database makes its own).
+        self.sharded = sharded
         self.sql = self.make_statements(migrations.quote_schema(schema))
         # Ownership of rows when several applications share this database (see
         # StatementBase.app_scope); None leaves everything unscoped.
@@ -69,15 +73,20 @@ class DatabaseCore:
     # ---- Lifecycle ----
 
     async def open(self, *, run_migrations: bool = True) -> None:
-        """Create the database if allowed, migrate or verify the schema, and open the pool."""
+        """Create the database if allowed, migrate or verify the schema, and open the pool.
+
+        A schema of the other kind (sharded for an unsharded handle, or the reverse) is refused
+        with a :class:`~dbos_async.errors.ConfigurationError` before any row is read or
+        written and before any migration: migrate and verify check the kind first.
+        """
         if run_migrations:
             await connection.ensure_database(self.url, self._connect_timeout)
         conn = await connection.connect(self.url, self._connect_timeout, self._connection_name)
         try:
             if run_migrations:
-                await migrations.migrate(conn, self.schema)
+                await migrations.migrate(conn, self.schema, sharded=self.sharded)
             else:
-                await migrations.verify(conn, self.schema)
+                await migrations.verify(conn, self.schema, sharded=self.sharded)
         finally:
             await conn.close()
         self._pool = await connection.create_pool(
