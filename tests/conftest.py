@@ -21,6 +21,10 @@ Fixtures:
 - ``conn`` (async): an asyncpg connection to ``database_url``, closed after the test.
 - ``listen``: ``True`` then ``False`` (ids ``listen`` and ``poll``), for tests that run with
   LISTEN/NOTIFY and again with polling only.
+- ``citus_url``: URL of a new database on the Citus cluster whose coordinator
+  ``DBOS_TEST_CITUS_URL`` names (a database there with the citus extension), ready for
+  distributed tables on the same nodes; dropped after the test. Skipped when the variable is
+  unset. Tests using it are marked ``@pytest.mark.citus``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -163,3 +168,93 @@ async def conn(database_url: str) -> AsyncIterator[asyncpg.Connection]:
 def listen(request: pytest.FixtureRequest) -> bool:
     """Whether the test's DBOS uses LISTEN/NOTIFY (``True``) or only polls (``False``)."""
     return bool(request.param)
+
+
+CITUS_URL_ENV = "DBOS_TEST_CITUS_URL"
+
+
+def _on_node(url: str, host: str, port: int, database: str) -> str:
+    """The URL's user and options on another node of the cluster, in ``database``."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@{host}:{port}" if credentials else f"{host}:{port}"
+    return urlunsplit(parts._replace(netloc=netloc, path="/" + database))
+
+
+async def _create_citus(admin_url: str, name: str) -> None:
+    """Create database ``name`` on every node and make it a Citus database of the same nodes.
+
+    Citus keeps its metadata per database: a new database has the extension nowhere and knows
+    no node. CREATE DATABASE itself is propagated to the workers when asked (Citus >= 12.1);
+    the extension is then created on each node, and the new database is told the admin
+    database's node list.
+    """
+    admin = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        nodes = await admin.fetch(
+            "SELECT groupid, nodename, nodeport, shouldhaveshards FROM pg_dist_node "
+            "WHERE noderole = 'primary' AND isactive ORDER BY groupid"
+        )
+        await admin.execute("SET citus.enable_create_database_propagation = on")
+        for attempt in range(5):
+            try:
+                await admin.execute(f'CREATE DATABASE "{name}"')
+                break
+            except asyncpg.ObjectInUseError:  # another worker's CREATE DATABASE
+                if attempt == 4:
+                    raise
+                await asyncio.sleep(0.1 * (attempt + 1))
+    finally:
+        await admin.close()
+    workers = [n for n in nodes if n["groupid"] != 0]
+    for node in workers:
+        worker = await asyncpg.connect(
+            _on_node(admin_url, node["nodename"], node["nodeport"], name), timeout=10
+        )
+        try:
+            await worker.execute("CREATE EXTENSION citus")
+        finally:
+            await worker.close()
+    conn = await asyncpg.connect(pg_server.url_with_database(admin_url, name), timeout=10)
+    try:
+        await conn.execute("CREATE EXTENSION citus")
+        for node in nodes:
+            if node["groupid"] == 0:
+                await conn.execute(
+                    "SELECT citus_set_coordinator_host($1, $2)", node["nodename"], node["nodeport"]
+                )
+                await conn.execute(
+                    "SELECT citus_set_node_property($1, $2, 'shouldhaveshards', $3)",
+                    node["nodename"], node["nodeport"], node["shouldhaveshards"],
+                )  # fmt: skip
+        for node in workers:
+            await conn.execute("SELECT citus_add_node($1, $2)", node["nodename"], node["nodeport"])
+    finally:
+        await conn.close()
+
+
+async def _drop_citus(admin_url: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_url, timeout=10)
+    try:
+        await admin.execute("SET citus.enable_create_database_propagation = on")
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+def citus_url() -> Iterator[str]:
+    """URL of a new Citus database on the cluster of ``DBOS_TEST_CITUS_URL``, dropped after."""
+    admin_url = os.environ.get(CITUS_URL_ENV, "").strip()
+    if not admin_url:
+        pytest.skip(
+            f"{CITUS_URL_ENV} is not set: set it to the URL of a database with the citus "
+            "extension on a Citus coordinator, as a user that may create databases, to run the "
+            "Citus tests"
+        )
+    name = _new_name()
+    try:
+        pg_server.run_sync(_create_citus(admin_url, name))
+        yield pg_server.url_with_database(admin_url, name)
+    finally:
+        pg_server.run_sync(_drop_citus(admin_url, name))

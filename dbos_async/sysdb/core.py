@@ -43,6 +43,7 @@ class DatabaseCore:
     ) -> None:
         self.url = url
         self.schema = schema
+        # Which kind of schema this handle migrates, verifies and addresses.
         self.sharded = sharded
         statements = ShardedStatements if sharded else Statements
         self.sql = statements(migrations.quote_schema(schema))
@@ -75,15 +76,20 @@ class DatabaseCore:
     # ---- Lifecycle ----
 
     async def open(self, *, run_migrations: bool = True) -> None:
-        """Create the database if allowed, migrate or verify the schema, and open the pool."""
+        """Create the database if allowed, migrate or verify the schema, and open the pool.
+
+        A schema of the other kind (sharded for an unsharded handle, or the reverse) is refused
+        with a :class:`~dbos_async.errors.ConfigurationError` before any row is read or
+        written and before any migration: migrate and verify check the kind first.
+        """
         if run_migrations:
             await connection.ensure_database(self.url, self._connect_timeout)
         conn = await connection.connect(self.url, self._connect_timeout, self._connection_name)
         try:
             if run_migrations:
-                await migrations.migrate(conn, self.schema)
+                await migrations.migrate(conn, self.schema, sharded=self.sharded)
             else:
-                await migrations.verify(conn, self.schema)
+                await migrations.verify(conn, self.schema, sharded=self.sharded)
         finally:
             await conn.close()
         self._pool = await connection.create_pool(

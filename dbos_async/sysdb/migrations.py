@@ -31,6 +31,25 @@ Versions newer than this package knows
 
 The bookkeeping table ``dbos_migrations`` is created by the runner, not by a step, because it
 must exist before any step can be recorded (DBOS does the same).
+
+Two tracks: unsharded and sharded
+    ``sql/`` builds the unsharded schema; ``sql/sharded/`` builds the sharded one, where every
+    per-workflow table starts with a ``shard_key`` column that leads its keys, so workflows of
+    different shard keys (tenants) can be spread over nodes. Its files follow the same rules and
+    placeholders. Where the ``citus`` extension is installed in the database, its last file also
+    distributes the per-workflow tables by ``shard_key`` and makes the global ones reference
+    tables; on plain PostgreSQL the same files build the same schema, undistributed.
+    :func:`migrate` and :func:`verify` run one track or the other (``sharded=``).
+
+    Both tracks record the DBOS version they build (125) in ``dbos_migrations``: the version
+    says how far a schema is migrated, and the kind is read off the schema itself, as DBOS does:
+    a schema is sharded iff ``workflow_status`` has a ``shard_key`` column. A distinct version
+    number for the sharded track would not keep the kinds apart: an unsharded runner (this
+    one, or DBOS's) reads a higher number as a newer schema and accepts it as is. Instead, each
+    runner first checks the kind and refuses a schema of the other kind with a
+    :class:`ConfigurationError`, before it takes a lock, reads a row or runs a step. A schema
+    with no ``workflow_status`` yet has no kind and is built by whichever runner comes first;
+    the advisory lock makes runners take turns, and each checks the kind again under it.
 """
 
 from __future__ import annotations
@@ -46,7 +65,8 @@ import asyncpg
 
 from dbos_async.errors import ConfigurationError, MigrationError
 
-__all__ = ["LATEST_VERSION", "migrate", "quote_schema", "verify"]
+__all__ = ["LATEST_VERSION", "check_schema_kind", "holds_sharded_schema", "migrate",
+           "quote_schema", "verify"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +77,9 @@ _SCHEMA_PLACEHOLDER = "{{schema}}"
 _BODY_TAG = "$dbos_fn$"
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_[a-z0-9_]+\.sql$")
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1; longer names are silently cut.
+_SHARDED_DIR = "sharded"
+# Bounds holds_sharded_schema's connection attempt, as the caller's own connection would be.
+_PROBE_CONNECT_TIMEOUT = 10.0
 
 # The advisory-lock key DBOS (Python) takes around its own migrations. Holding it too makes a
 # dbos_async process and a DBOS process that start on the same empty database take turns
@@ -99,10 +122,11 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _sql_dir() -> Path:
-    """Where the migration files are: the wheel's copy first, else the source checkout's."""
+def _sql_dir(sharded: bool) -> Path:
+    """Where a track's migration files are: the wheel's copy first, else the source checkout's."""
     here = Path(__file__).resolve()
-    candidates = (here.parents[1] / "_sql", here.parents[2] / "sql")
+    track = _SHARDED_DIR if sharded else ""
+    candidates = (here.parents[1] / "_sql" / track, here.parents[2] / "sql" / track)
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
@@ -114,9 +138,9 @@ def _sql_dir() -> Path:
 
 
 @functools.cache
-def _steps() -> tuple[_Step, ...]:
-    """Load and group the migration files once; they do not change while running."""
-    directory = _sql_dir()
+def _steps(sharded: bool) -> tuple[_Step, ...]:
+    """Load and group a track's migration files once; they do not change while running."""
+    directory = _sql_dir(sharded)
     grouped: dict[int, list[Path]] = {}
     for path in sorted(directory.glob("*.sql")):
         match = _FILE_NAME.match(path.name)
@@ -186,22 +210,23 @@ async def _recorded_version(conn: asyncpg.Connection, schema: str) -> int | None
     return int(version) if version is not None else 0
 
 
-def _too_old(schema: str, version: int) -> MigrationError:
+def _too_old(schema: str, version: int, sharded: bool) -> MigrationError:
     return MigrationError(
         f"the DBOS system schema {schema!r} was created by an older DBOS release and is at "
-        f"version {version}; dbos_async only ships the version-{_steps()[0].version} baseline. "
+        f"version {version}; dbos_async only ships the version-{_steps(sharded)[0].version} "
+        "baseline. "
         f"Upgrade it to version {LATEST_VERSION} with DBOS's own tooling first "
         f"(e.g. `dbos migrate` from the dbos Python package), then start again"
     )
 
 
-def _needs_migration(schema: str, version: int) -> bool:
+def _needs_migration(schema: str, version: int, sharded: bool) -> bool:
     """Whether steps must run on a database at `version`; raises if they cannot."""
     if version >= LATEST_VERSION:
         _note_if_newer(schema, version)
         return False
-    if 0 < version < _steps()[0].version:
-        raise _too_old(schema, version)
+    if 0 < version < _steps(sharded)[0].version:
+        raise _too_old(schema, version, sharded)
     return True
 
 
@@ -216,21 +241,92 @@ def _note_if_newer(schema: str, version: int) -> None:
         )
 
 
-async def migrate(conn: asyncpg.Connection, schema: str = "dbos") -> int:
+async def _holds_sharded_table(conn: asyncpg.Connection, schema: str) -> bool | None:
+    """Whether the schema's workflow_status has a shard_key column; None if there is no
+    workflow_status (the schema has no kind yet)."""
+    # pg_catalog, not information_schema: the latter hides tables the role has no rights on.
+    row = await conn.fetchrow(
+        """
+        SELECT EXISTS (
+            SELECT 1 FROM pg_catalog.pg_attribute a
+            WHERE a.attrelid = c.oid AND a.attname = 'shard_key' AND NOT a.attisdropped
+        ) AS sharded
+        FROM pg_catalog.pg_class c
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = $1 AND c.relname = 'workflow_status' AND c.relkind = 'r'
+        """,
+        schema,
+    )
+    return None if row is None else bool(row["sharded"])
+
+
+async def check_schema_kind(conn: asyncpg.Connection, schema: str, *, sharded: bool) -> None:
+    """Raise :class:`ConfigurationError` if the schema is of the other kind than ``sharded``.
+
+    An unsharded handle's statements on a sharded schema would span every key's rows, and a
+    sharded handle's name a column an unsharded schema lacks; either must stop before it
+    touches a row. A schema without workflow_status passes: it has no kind yet.
+    """
+    found = await _holds_sharded_table(conn, schema)
+    if found is None or found == sharded:
+        return
+    if found:
+        raise ConfigurationError(
+            f"The DBOS system schema {schema} is sharded. Enable sharding to use it: set "
+            "sharding=True in DBOS(...) or DBOSClient(..., sharding=True), or DBOS_SHARDING=true."
+        )
+    raise ConfigurationError(
+        f"The DBOS system schema {schema} is not sharded. Disable sharding to use it: set "
+        "sharding=False in DBOS(...) or DBOSClient(..., sharding=False), or DBOS_SHARDING=false "
+        "(a sharded system database needs a schema of its own)."
+    )
+
+
+async def holds_sharded_schema(url: str, schema: str | None = None) -> bool:
+    """Whether the database at ``url`` holds a sharded DBOS system schema (``schema``, if
+    given); for choosing which kind of handle to open.
+
+    False if the database cannot be reached or read: the caller's own connection then reports
+    the problem with its context, rather than this probe.
+    """
+    try:
+        conn = await asyncpg.connect(url, timeout=_PROBE_CONNECT_TIMEOUT)
+    except Exception:  # a malformed URL, a refused or timed-out connection, a bad login
+        return False
+    try:
+        query = (
+            "SELECT true FROM information_schema.columns "
+            "WHERE table_name = 'workflow_status' AND column_name = 'shard_key'"
+        )
+        if schema is None:
+            found = await conn.fetchval(query + " LIMIT 1")
+        else:
+            found = await conn.fetchval(query + " AND table_schema = $1 LIMIT 1", schema)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):  # refused, or lost mid-way
+        return False
+    finally:
+        await conn.close()
+    return bool(found)
+
+
+async def migrate(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bool = False) -> int:
     """Bring the system schema up to :data:`LATEST_VERSION`; return the final version.
 
-    Safe to call from many processes at once (an advisory lock serialises them; the losers
-    find the work done) and on every start-up (an up-to-date database costs two queries).
-    Call it outside a transaction: each step commits on its own.
+    ``sharded`` picks the track (see the module docstring); a schema of the other kind is
+    refused by :func:`check_schema_kind` before anything else. Safe to call from many
+    processes at once (an advisory lock serialises them; the losers find the work done) and
+    on every start-up (an up-to-date database costs three queries). Call it outside a
+    transaction: each step commits on its own.
     """
     quoted = quote_schema(schema)
-    steps = _steps()
+    steps = _steps(sharded)
     if conn.is_in_transaction():
         raise MigrationError("migrate() must be called outside a transaction")
+    await check_schema_kind(conn, schema, sharded=sharded)
 
     # Fast path without the lock: the usual case is a database that is already migrated.
     version = await _recorded_version(conn, schema)
-    if version is not None and not _needs_migration(schema, version):
+    if version is not None and not _needs_migration(schema, version, sharded):
         return version
 
     held: list[int] = []
@@ -240,10 +336,11 @@ async def migrate(conn: asyncpg.Connection, schema: str = "dbos") -> int:
             held.append(key)
         await _ensure_bookkeeping(conn, schema, quoted)
 
-        # Re-read under the lock: another process may have migrated meanwhile.
+        # Re-read under the lock: another process, of either kind, may have migrated meanwhile.
+        await check_schema_kind(conn, schema, sharded=sharded)
         version = await _recorded_version(conn, schema)
         assert version is not None
-        if not _needs_migration(schema, version):
+        if not _needs_migration(schema, version, sharded):
             return version
         for step in steps:
             if step.version > version:
@@ -300,13 +397,15 @@ async def _apply(conn: asyncpg.Connection, schema: str, quoted: str, step: _Step
         ) from e
 
 
-async def verify(conn: asyncpg.Connection, schema: str = "dbos") -> int:
-    """Check, without changing anything, that the system schema is usable; return its version.
+async def verify(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bool = False) -> int:
+    """Check, without changing anything, that the system schema is usable and of the kind
+    ``sharded`` asks for; return its version.
 
     For deployments where the application role may not run DDL and migrations are applied
     separately (by :func:`migrate` or by DBOS's tooling).
     """
     quote_schema(schema)
+    await check_schema_kind(conn, schema, sharded=sharded)
     if not await _schema_exists(conn, schema):
         raise MigrationError(
             f"the DBOS system schema {schema!r} does not exist in this database; "
@@ -323,8 +422,8 @@ async def verify(conn: asyncpg.Connection, schema: str = "dbos") -> int:
             f"the DBOS system schema {schema!r} records no migration; "
             "run dbos_async's migrate() first"
         )
-    if version < _steps()[0].version:
-        raise _too_old(schema, version)
+    if version < _steps(sharded)[0].version:
+        raise _too_old(schema, version, sharded)
     if version < LATEST_VERSION:
         raise MigrationError(
             f"the DBOS system schema {schema!r} is at version {version}, older than the "

@@ -1,0 +1,169 @@
+-- DBOS system schema, version 125, sharded track, part 3 of 4: the SQL interface.
+--
+-- enqueue_workflow and send_message take the parameters of the unsharded functions
+-- (../0125_03_functions.sql) plus a trailing shard_key, which is required here: a row without
+-- a key cannot be placed. Functions pin search_path to pg_catalog and qualify every table.
+--
+-- There is no trigger on notifications. On Citus a trigger on a distributed table fires on the
+-- worker holding the shard, and its NOTIFY never reaches listeners on the coordinator, which is
+-- where clients connect. So the functions notify themselves, in the caller's session: the
+-- notification is delivered where the caller is connected, at commit. For the same reason these
+-- functions are not distributed with create_distributed_function: delegated to a worker, their
+-- pg_notify would fire there.
+--
+-- Notification payloads name the key first, as '<length of key>:<key>:<rest>', the length
+-- counted in characters; the length makes the key end unambiguous whatever it contains.
+
+CREATE FUNCTION {{schema}}.enqueue_workflow(
+    workflow_name        text,
+    queue_name           text,
+    positional_args      json[]  DEFAULT ARRAY[]::json[],
+    named_args           json    DEFAULT '{}'::json,
+    class_name           text    DEFAULT NULL,
+    config_name          text    DEFAULT NULL,
+    workflow_id          text    DEFAULT NULL,
+    app_version          text    DEFAULT NULL,
+    timeout_ms           bigint  DEFAULT NULL,
+    deadline_epoch_ms    bigint  DEFAULT NULL,
+    deduplication_id     text    DEFAULT NULL,
+    priority             integer DEFAULT NULL,
+    queue_partition_key  text    DEFAULT NULL,
+    authenticated_user   text    DEFAULT NULL,
+    authenticated_roles  text    DEFAULT NULL,
+    delay_until_epoch_ms bigint  DEFAULT NULL,
+    application_name     text    DEFAULT NULL,
+    shard_key            text    DEFAULT NULL
+)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $dbos_fn$
+DECLARE
+    wf_id       text;
+    now_ms      bigint := (extract(epoch FROM now()) * 1000)::bigint;
+    inputs_json text;
+BEGIN
+    IF shard_key IS NULL OR shard_key = '' THEN
+        RAISE EXCEPTION 'enqueue_workflow: shard_key must be a non-empty string on a sharded system database'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF workflow_name IS NULL OR workflow_name = '' THEN
+        RAISE EXCEPTION 'enqueue_workflow: workflow_name must be a non-empty string'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'enqueue_workflow: queue_name must be a non-empty string'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF named_args IS NOT NULL AND json_typeof(named_args) <> 'object' THEN
+        RAISE EXCEPTION 'enqueue_workflow: named_args must be a JSON object, not %',
+                json_typeof(named_args)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF workflow_id = '' THEN
+        RAISE EXCEPTION 'enqueue_workflow: workflow_id must not be empty (pass NULL for a new ID)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF delay_until_epoch_ms < 0 THEN
+        RAISE EXCEPTION 'enqueue_workflow: delay_until_epoch_ms must be >= 0, got %',
+                delay_until_epoch_ms
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    wf_id := coalesce(workflow_id, gen_random_uuid()::text);
+    inputs_json := json_build_object(
+        'positionalArgs', coalesce(positional_args, ARRAY[]::json[]),
+        'namedArgs', coalesce(named_args, '{}'::json)
+    )::text;
+
+    BEGIN
+        INSERT INTO {{schema}}.workflow_status (
+            shard_key, workflow_uuid, status, name, class_name, config_name,
+            queue_name, deduplication_id, priority, queue_partition_key,
+            application_version, application_name,
+            authenticated_user, authenticated_roles,
+            workflow_timeout_ms, workflow_deadline_epoch_ms, delay_until_epoch_ms,
+            created_at, updated_at, recovery_attempts,
+            owner_xid, serialization
+        ) VALUES (
+            enqueue_workflow.shard_key, wf_id,
+            CASE WHEN delay_until_epoch_ms IS NULL THEN 'ENQUEUED' ELSE 'DELAYED' END,
+            workflow_name, class_name, config_name,
+            queue_name, deduplication_id, coalesce(priority, 0), queue_partition_key,
+            app_version, application_name,
+            authenticated_user, authenticated_roles,
+            timeout_ms, deadline_epoch_ms, delay_until_epoch_ms,
+            now_ms, now_ms, 0,
+            gen_random_uuid()::text, 'portable_json'
+        )
+        -- The constraint rather than its columns: a column list would read shard_key as the
+        -- parameter of that name.
+        ON CONFLICT ON CONSTRAINT workflow_status_pkey
+            DO UPDATE SET updated_at = excluded.updated_at;
+    EXCEPTION WHEN unique_violation THEN
+        -- The primary key is handled above, so this is the (key, queue, deduplication ID) index.
+        RAISE EXCEPTION 'DBOS queue duplicated'
+            USING ERRCODE = 'unique_violation',
+                  DETAIL = format(
+                      'Workflow %s: queue %s already has a workflow with deduplication ID %s',
+                      wf_id, queue_name, deduplication_id);
+    END;
+
+    INSERT INTO {{schema}}.workflow_input (shard_key, workflow_uuid, inputs, retention_timestamp)
+    VALUES (enqueue_workflow.shard_key, wf_id, inputs_json, now_ms)
+    ON CONFLICT ON CONSTRAINT workflow_input_pkey DO NOTHING;
+
+    -- Wake the queue's dequeuers, as an executor's enqueue does; sent at commit.
+    PERFORM pg_notify('dbos_enqueue_channel', queue_name);
+    RETURN wf_id;
+END;
+$dbos_fn$;
+
+
+-- Send a message to the workflow destination_id under shard_key. With message_id the send is
+-- idempotent per key: a second send with the same ID under the same key is ignored.
+CREATE FUNCTION {{schema}}.send_message(
+    destination_id text,
+    message        json,
+    topic          text DEFAULT NULL,
+    message_id     text DEFAULT NULL,
+    shard_key      text DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $dbos_fn$
+DECLARE
+    stored_topic text := coalesce(topic, '__null__topic__');  -- recv without a topic reads this
+BEGIN
+    IF shard_key IS NULL OR shard_key = '' THEN
+        RAISE EXCEPTION 'send_message: shard_key must be a non-empty string on a sharded system database'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    INSERT INTO {{schema}}.notifications (
+        shard_key, message_uuid, destination_uuid, topic, message, serialization
+    ) VALUES (
+        send_message.shard_key,
+        coalesce(message_id, gen_random_uuid()::text),
+        destination_id,
+        stored_topic,
+        message::text,
+        'portable_json'
+    )
+    ON CONFLICT ON CONSTRAINT notifications_pkey DO NOTHING;
+
+    -- Only a new message wakes the receiver, as the unsharded trigger fires only on a new row.
+    IF FOUND THEN
+        PERFORM pg_notify(
+            'dbos_notifications_channel',
+            char_length(send_message.shard_key) || ':' || send_message.shard_key || ':'
+                || destination_id || '::' || stored_topic);
+    END IF;
+EXCEPTION WHEN foreign_key_violation THEN
+    RAISE EXCEPTION 'DBOS non-existent workflow'
+        USING ERRCODE = 'foreign_key_violation',
+              DETAIL = format('send_message: destination workflow %s does not exist under shard key %s',
+                              destination_id, shard_key);
+END;
+$dbos_fn$;
