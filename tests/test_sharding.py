@@ -282,6 +282,7 @@ async def test_resume_fork_rewind_and_sleep_under_keys(database_url: str) -> Non
     dbos = sharded(database_url)
     runs: Counter[tuple[str, int]] = Counter()
     gate = asyncio.Event()
+    waiting: Counter[str] = Counter()
 
     @dbos.step(name="count")
     async def count(key: str, n: int) -> int:
@@ -292,13 +293,19 @@ async def test_resume_fork_rewind_and_sleep_under_keys(database_url: str) -> Non
     async def three(key: str) -> list[int]:
         first = await count(key, 1)
         await dbos.sleep(0.01)
+        waiting[key] += 1
         await gate.wait()
         return [first, await count(key, 2)]
+
+    async def both_waiting() -> bool:
+        return waiting["acme"] >= 1 and waiting["globex"] >= 1
 
     async with dbos:
         for key in ("acme", "globex"):
             with SetShardKey(key), SetWorkflowID("w"):
                 await dbos.start_workflow(three, key)
+        # Both recorded their first step and sleep: the cancel stops acme at its gate.
+        await wait_until(both_waiting, what="both workflows at their gate")
         await dbos.cancel_workflow("w", shard_key="acme")
         gate.set()
         globex = await dbos.retrieve_workflow("w", shard_key="globex")
