@@ -126,8 +126,15 @@ def make_database_url(admin_url: str) -> Callable[[str], str]:
 
 
 @pytest.fixture
-def database_url(admin_url: str) -> Iterator[str]:
+def database_url(plain_database_url: str) -> str:
     """URL of a new, empty database, dropped after the test."""
+    return plain_database_url
+
+
+@pytest.fixture
+def plain_database_url(admin_url: str) -> Iterator[str]:
+    """URL of a new, empty database on the test PostgreSQL server, dropped after the test
+    (what ``database_url`` is, unless a test module overrides that fixture)."""
     name = _new_name()
     pg_server.run_sync(_create(admin_url, name))
     try:

@@ -28,6 +28,15 @@ from dbos_async import (
 PATIENCE = 15.0
 
 
+@pytest.fixture(params=["postgres", pytest.param("citus", marks=pytest.mark.citus)])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database for a sharded system schema: on the test PostgreSQL server, and on
+    the Citus cluster of ``DBOS_TEST_CITUS_URL`` (skipped when it is not set)."""
+    fixture = "citus_url" if request.param == "citus" else "plain_database_url"
+    url: str = request.getfixturevalue(fixture)
+    return url
+
+
 def sharded(url: str, **settings: Any) -> DBOS:
     return new_dbos(url, sharding=True, **settings)
 

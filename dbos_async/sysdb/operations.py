@@ -189,8 +189,7 @@ class WorkflowOperations(DatabaseCore):
         async def job(conn: JobConnection) -> int:
             total = 0
             while True:
-                deleted = len(await _fetch_on(
-                    conn, self.sql.delete_terminal_batch(cutoff_ms, batch_size)))
+                deleted = await self._delete_terminal_batch(conn, cutoff_ms, batch_size)
                 total += deleted
                 if deleted < batch_size:
                     return total
@@ -203,11 +202,36 @@ class WorkflowOperations(DatabaseCore):
         cancelled workflows with their queues, or None if another executor holds the lock."""
 
         async def job(conn: JobConnection) -> list[CancelledWorkflow]:
-            return _cancelled(await _fetch_on(
-                conn, self.sql.cancel_created_before(cutoff_ms, now_ms())))
+            if not self.sharded:
+                return _cancelled(await _fetch_on(
+                    conn, self.sql.cancel_created_before(cutoff_ms, now_ms())))
+            # Sharded: read the candidates across keys, then cancel each key's (one
+            # statement per key, as a lock may not span shards).
+            candidates = _refs_of(await _fetch_on(conn, self.sql.active_created_before(cutoff_ms)))
+            cancelled: list[CancelledWorkflow] = []
+            for key, ids in _by_key(candidates).items():
+                with bind_shard_keys(dict.fromkeys(ids, key)):
+                    cancelled += _cancelled(
+                        await _fetch_on(conn, self.sql.cancel(ids, now_ms())))
+            return cancelled
 
         ran, rows = await self.run_locked(GLOBAL_TIMEOUT_JOB, job)
         return rows if ran else None
+
+    async def _delete_terminal_batch(self, conn: JobConnection, cutoff_ms: int,
+                                     batch_size: int) -> int:
+        """One retention batch: one statement unsharded; sharded, the batch read across
+        keys, then each key's workflows deleted with their rows."""
+        if not self.sharded:
+            return len(await _fetch_on(conn, self.sql.delete_terminal_batch(cutoff_ms,
+                                                                            batch_size)))
+        victims = _refs_of(await _fetch_on(
+            conn, self.sql.terminal_finished_before(cutoff_ms, batch_size)))
+        for key, ids in _by_key(victims).items():
+            with bind_shard_keys(dict.fromkeys(ids, key)):
+                for q in self.sql.delete(ids):
+                    await conn.execute(q.sql, *q.params)
+        return len(victims)
 
     # ---- Resume, fork, rewind ----
 

@@ -169,7 +169,9 @@ class ClaimLoop:
                                              application_version=version, names=names)
             await self._start(claim)
             return len(claim.rows), claim.retry_at_ms
-        if queue.head_of_line:
+        # The sweep of every partition's head joins rows across keys: sharded, each
+        # partition is claimed in turn instead.
+        if queue.head_of_line and not sysdb.sharded:
             claim = await sysdb.claim_partition_heads(
                 queue, cap=min(room, SWEEP_CAP) if room is not None else SWEEP_CAP,
                 executor_id=executor_id, application_version=version, names=names)

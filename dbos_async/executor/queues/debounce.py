@@ -27,7 +27,7 @@ from dbos_async.executor.start import (
 from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import shard_key_scope
-from dbos_async.sysdb.statements import DEDUP_INDEX, ParentStep
+from dbos_async.sysdb.statements import ParentStep, is_dedup_conflict
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -116,7 +116,7 @@ class Debouncer(Generic[P, R]):
             try:
                 started = await sysdb.start_workflow(plan.row, plan.creator_xid)
             except asyncpg.UniqueViolationError as error:
-                if error.constraint_name != DEDUP_INDEX:
+                if not is_dedup_conflict(error):
                     raise
                 # A concurrent call started the burst first: join it.
                 await asyncio.sleep(0.001)

@@ -31,7 +31,7 @@ from dbos_async.executor.start import (
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import shard_key_scope
-from dbos_async.sysdb.statements import DEDUP_INDEX, ENQUEUED, NewWorkflow
+from dbos_async.sysdb.statements import ENQUEUED, NewWorkflow, is_dedup_conflict
 
 DELAYED_KEY = "dbos_async:delayed"
 """ENQUEUE_CHANNEL payload announcing a new DELAYED workflow (wakes the promoters)."""
@@ -86,7 +86,7 @@ async def start_deduplicated(
         try:
             return await start()
         except asyncpg.UniqueViolationError as error:
-            if error.constraint_name != DEDUP_INDEX or deduplication_id is None:
+            if not is_dedup_conflict(error) or deduplication_id is None:
                 raise
             with shard_key_scope(shard_key):
                 holder = await sysdb.find_deduplicated(queue_name, deduplication_id)

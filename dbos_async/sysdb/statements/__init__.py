@@ -40,6 +40,7 @@ from dbos_async.sysdb.statements.queues import (
     QUEUE_COLUMNS,
     QueueRecord,
     QueueStatements,
+    is_dedup_conflict,
 )
 from dbos_async.sysdb.statements.recovery import RecoveryStatements
 from dbos_async.sysdb.statements.versions import VersionRecord, VersionStatements
@@ -79,6 +80,7 @@ __all__ = [
     "VersionRecord",
     "WorkflowFilter",
     "advisory_lock_key",
+    "is_dedup_conflict",
     "job_lock_key",
     "qualify",
 ]

@@ -10,6 +10,7 @@ schema identifier, validated and quoted once.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,6 +166,12 @@ class StatementBase:
     def key_conflict(self, *columns: str) -> str:
         """Conflict target for a unique key of a workflow table."""
         return ", ".join(columns)
+
+    def fresh_owner(self, p: Params, alias: str = "ws") -> str:
+        """A new owner token for each row a claim starts: a random value bound per
+        statement and the row's ID, unique per workflow and claim. Computed from parameters
+        rather than ``gen_random_uuid()``, which Citus refuses in a distributed UPDATE."""
+        return f"({p(str(uuid.uuid4()))} || ':' || {qualify(alias, 'workflow_uuid')})"
 
     def key_hint(self, workflow_id: str) -> str | None:
         """The key of ``workflow_id``, resolved now for a waiter or notification that

@@ -115,6 +115,32 @@ class ControlStatements(StatementBase):
             f"""{self.wf_in(None, workflow_ids, p)}
                 AND status <> ALL({p([SUCCESS, ERROR, CANCELLED], 'text[]')})""", now_ms, p)
 
+    def active_created_before(self, cutoff_ms: int) -> Query:
+        """The global timeout's candidates on a sharded database, read without a lock (a
+        lock spanning shards is refused); each is then cancelled under its own key."""
+        p = Params()
+        return Query(
+            f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)}
+                  AND status = ANY({p(list(ACTIVE_STATUSES), 'text[]')})
+                  AND created_at < {p(cutoff_ms, 'bigint')}""",
+            p.values,
+        )
+
+    def terminal_finished_before(self, cutoff_ms: int, batch_size: int) -> Query:
+        """A batch of the retention job's victims on a sharded database, read without a
+        lock; each key's are then deleted with their rows."""
+        p = Params()
+        return Query(
+            f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)}
+                  AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
+                  AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
+                ORDER BY created_at
+                LIMIT {p(batch_size, 'bigint')}""",
+            p.values,
+        )
+
     def cancel_created_before(self, cutoff_ms: int, now_ms: int) -> Query:
         """The global timeout: cancel every in-flight workflow created before ``cutoff_ms``."""
         p = Params()
@@ -326,7 +352,7 @@ class ControlStatements(StatementBase):
         return Query(
             f"""SELECT ws.status,
                        (SELECT max(oo.function_id) FROM {self.table('operation_outputs')} oo
-                        WHERE {self.wf_join('oo', 'ws')}) AS last_step
+                        WHERE {self.wf('oo', workflow_id, p)}) AS last_step
                 FROM {self.table('workflow_status')} ws
                 WHERE {self.wf('ws', workflow_id, p)}
                 FOR NO KEY UPDATE OF ws""",

@@ -5,6 +5,7 @@ See dbos_async/executor/queues.py and dispatcher.py.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,6 +24,18 @@ INTERNAL_QUEUE_NAME = "_dbos_internal_queue"
 """The queue DBOS uses to run resumed workflows; every executor dispatches it."""
 
 DEDUP_INDEX = "uq_workflow_status_dedup_id"
+
+
+_SHARD_INDEX = re.compile(rf'"{DEDUP_INDEX}(_\d+)?"')
+
+
+def is_dedup_conflict(error: Exception) -> bool:
+    """Whether ``error`` is a violation of the deduplication index. Citus reports it under
+    the shard's copy of the index (``<name>_<shard id>``), and only in the message."""
+    name = getattr(error, "constraint_name", None)
+    if name is not None:
+        return bool(_SHARD_INDEX.fullmatch(f'"{name}"'))
+    return bool(_SHARD_INDEX.search(str(error)))
 
 
 @dataclass(frozen=True)
@@ -289,7 +302,7 @@ class QueueStatements(StatementBase):
         now = p(now_ms, "bigint")
         return f"""UPDATE {self.table('workflow_status')} ws
                 SET status = {p(PENDING)},
-                    owner_xid = gen_random_uuid()::text,
+                    owner_xid = {self.fresh_owner(p)},
                     executor_id = {p(executor_id)},
                     application_version = COALESCE(ws.application_version,
                                                    {p(application_version)}),

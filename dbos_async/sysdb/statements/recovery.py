@@ -50,7 +50,7 @@ class RecoveryStatements(StatementBase):
         p = Params()
         return Query(
             f"""UPDATE {self.table('workflow_status')} ws
-                SET owner_xid = gen_random_uuid()::text,
+                SET owner_xid = {self.fresh_owner(p)},
                     recovery_attempts = recovery_attempts + 1,
                     updated_at = {p(now_ms, 'bigint')}
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}

@@ -7,6 +7,7 @@ application until one claims them.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from dbos_async.sysdb.statements.base import Params, Query, StatementBase
@@ -24,15 +25,19 @@ class VersionRecord:
 
 
 class VersionStatements(StatementBase):
-    def _insert_version(self, name: str, stamp: str, created: str, app: str,
+    def _new_id(self, p: Params) -> str:
+        return p(str(uuid.uuid4()))
+
+    def _insert_version(self, version_id: str, name: str, stamp: str, created: str, app: str,
                         unless: str) -> str:
-        """Insert a version (``name``, ``stamp``, ``created`` and ``app`` are parameters)
+        """Insert a version (``version_id``, ``name``, ``stamp``, ``created`` and ``app`` are
+        parameters: the ID is drawn in Python, as Citus runs no volatile function in a write)
         unless the CTE ``unless`` already updated it. Targetless DO NOTHING: absorbs a
         concurrent registrar under either the global or the per-application uniqueness of
         version names."""
         return f"""INSERT INTO {self.table('application_versions')}
                   (version_id, version_name, version_timestamp, created_at, application_name)
-                SELECT gen_random_uuid()::text, {name}, {stamp}, {created}, {app}
+                SELECT {version_id}, {name}, {stamp}, {created}, {app}
                 WHERE NOT EXISTS (SELECT 1 FROM {unless})
                 ON CONFLICT DO NOTHING"""
 
@@ -51,7 +56,7 @@ class VersionStatements(StatementBase):
                     AND application_name IS NULL AND {app} IS NOT NULL
                   RETURNING 1
                 )
-                {self._insert_version(name, now, now, app, 'claimed')}""",
+                {self._insert_version(self._new_id(p), name, now, now, app, 'claimed')}""",
             p.values,
         )
 
@@ -74,7 +79,7 @@ class VersionStatements(StatementBase):
                     AND {self.own_scope(None, p)}
                   RETURNING 1
                 )
-                {self._insert_version(name, stamp, now, app, 'bumped')}""",
+                {self._insert_version(self._new_id(p), name, stamp, now, app, 'bumped')}""",
             p.values,
         )
 
