@@ -8,11 +8,15 @@ other. Everything a workflow does routes by its own key; callers outside name th
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
-from helpers import fetch, new_dbos, unique_name, wait_until
+from helpers import execute, fetch, new_dbos, unique_name, wait_until
 
 from dbos_async import (
     DBOS,
@@ -359,3 +363,47 @@ async def test_maintenance_jobs_span_every_key(database_url: str) -> None:
                 await (await dbos.retrieve_workflow(f"stuck-{key}", shard_key=key)).get_result()
         assert await dbos.garbage_collect(far_future) == 4
         assert await dbos.list_workflows() == []
+
+
+WORKER = Path(__file__).resolve().parent / "helpers" / "recovery_worker.py"
+
+
+async def test_sigkilled_workflows_recover_under_their_keys(database_url: str) -> None:
+    """A worker process running one workflow ID under three keys is SIGKILLed mid-way; a
+    new process recovers each under its key, and every checkpointed step ran once."""
+    url, keys = database_url, ["acme", "globex", "initech"]
+    await execute(url, "CREATE TABLE side_effects (step text NOT NULL)")
+    worker = await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), url, "start", "sequential", "crash", ",".join(keys),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        async def two_steps_each() -> bool:
+            if worker.returncode is not None:
+                raise AssertionError((await worker.communicate())[1].decode())
+            try:
+                rows = await fetch(url, "SELECT shard_key, count(*) AS n FROM "
+                                        "dbos.operation_outputs WHERE workflow_uuid = 'crash'"
+                                        " GROUP BY shard_key")
+            except asyncpg.UndefinedTableError:
+                return False  # the worker has not created the system schema yet
+            return len(rows) == 3 and all(r["n"] >= 2 for r in rows)
+
+        await wait_until(two_steps_each, patience=60, what="two steps under each key")
+    finally:
+        worker.kill()
+        await worker.communicate()
+    recorded = {r["shard_key"]: r["n"] for r in await fetch(
+        url, "SELECT shard_key, count(*) AS n FROM dbos.operation_outputs GROUP BY shard_key")}
+    recover = await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), url, "recover", "sequential", "crash", ",".join(keys),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(recover.communicate(), 120)
+    assert recover.returncode == 0, err.decode()
+    results = json.loads(out.decode().strip().splitlines()[-1])
+    assert results == {key: [f"done-{i}" for i in range(5)] for key in keys}
+    counts = Counter(r["step"] for r in await fetch(url, "SELECT step FROM side_effects"))
+    for key in keys:
+        for i in range(5):
+            # The step in flight at the kill may have run twice; the recorded ones once.
+            expected = (1, 1) if i < recorded[key] else (1, 2)
+            assert expected[0] <= counts[f"{key}:seq-{i}"] <= expected[1], (key, i, counts)

@@ -1,11 +1,12 @@
 """A worker process for the crash-recovery tests (run with the test's own interpreter).
 
-usage: python recovery_worker.py URL MODE KIND WORKFLOW_ID
+usage: python recovery_worker.py URL MODE KIND WORKFLOW_ID [SHARD_KEYS]
 
 ``MODE`` is ``start``: start workflow ``KIND`` under ``WORKFLOW_ID`` and wait forever (the
 test SIGKILLs the process mid-workflow); or ``recover``: enter DBOS, which recovers this
 executor's PENDING workflows, wait for ``WORKFLOW_ID`` to finish and print its result as one
-line of JSON.
+line of JSON. With ``SHARD_KEYS`` (comma-separated) the system database is sharded and the
+workflow runs once under each key, with the same ID; ``recover`` prints ``{key: result}``.
 
 Every step first inserts its name into ``side_effects(step text)`` in the same database (on
 its own connection, outside the step's checkpoint) and then sleeps, so the test can tell how
@@ -22,7 +23,7 @@ from typing import Any
 
 import asyncpg
 
-from dbos_async import DBOS, SetWorkflowID
+from dbos_async import DBOS, SetShardKey, SetWorkflowID
 
 # Both processes must use the same executor ID and application version: recovery claims only
 # the PENDING workflows of its own executor and version.
@@ -33,9 +34,10 @@ SEQUENTIAL_SLEEP = 0.3
 FAN_WIDTH = 4
 
 
-def build(url: str) -> tuple[DBOS, dict[str, Any]]:
+def build(url: str, sharding: bool = False) -> tuple[DBOS, dict[str, Any]]:
     dbos = DBOS(
         system_database_url=url,
+        sharding=sharding,
         executor_id=EXECUTOR_ID,
         application_version=APP_VERSION,
         connection_name=f"crash_worker_{os.getpid()}",
@@ -51,14 +53,14 @@ def build(url: str) -> tuple[DBOS, dict[str, Any]]:
             await conn.close()
 
     @dbos.step(name="seq_step")
-    async def seq_step(i: int) -> str:
-        await side_effect(f"seq-{i}")
+    async def seq_step(i: int, prefix: str = "") -> str:
+        await side_effect(f"{prefix}seq-{i}")
         await asyncio.sleep(SEQUENTIAL_SLEEP)
         return f"done-{i}"
 
     @dbos.workflow(name="sequential")
-    async def sequential() -> list[str]:
-        return [await seq_step(i) for i in range(SEQUENTIAL_STEPS)]
+    async def sequential(prefix: str = "") -> list[str]:
+        return [await seq_step(i, prefix) for i in range(SEQUENTIAL_STEPS)]
 
     @dbos.step(name="fan_step")
     async def fan_step(i: int) -> int:
@@ -82,21 +84,32 @@ def build(url: str) -> tuple[DBOS, dict[str, Any]]:
     return dbos, {"sequential": sequential, "fanout": fanout}
 
 
-async def main(url: str, mode: str, kind: str, workflow_id: str) -> None:
-    dbos, workflows = build(url)
+async def main(url: str, mode: str, kind: str, workflow_id: str, keys: str = "") -> None:
+    shard_keys = [key for key in keys.split(",") if key]
+    dbos, workflows = build(url, sharding=bool(shard_keys))
     async with dbos:
         if mode == "start":
-            with SetWorkflowID(workflow_id):
-                await dbos.start_workflow(workflows[kind])
+            if not shard_keys:
+                with SetWorkflowID(workflow_id):
+                    await dbos.start_workflow(workflows[kind])
+            for key in shard_keys:
+                with SetShardKey(key), SetWorkflowID(workflow_id):
+                    await dbos.start_workflow(workflows[kind], f"{key}:")
             print("started", flush=True)
             await asyncio.Event().wait()  # until SIGKILL
         elif mode == "recover":
-            handle = await dbos.retrieve_workflow(workflow_id)
-            result = await handle.get_result()
-            print(json.dumps(result), flush=True)
+            if not shard_keys:
+                handle = await dbos.retrieve_workflow(workflow_id)
+                print(json.dumps(await handle.get_result()), flush=True)
+                return
+            results = {}
+            for key in shard_keys:
+                handle = await dbos.retrieve_workflow(workflow_id, shard_key=key)
+                results[key] = await handle.get_result()
+            print(json.dumps(results), flush=True)
         else:
             raise SystemExit(f"unknown mode {mode!r}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:5]))
+    asyncio.run(main(*sys.argv[1:6]))
