@@ -29,7 +29,7 @@ from typing import Any
 import asyncpg
 from common import drive
 
-from dbos_async import DBOS
+from dbos_async import DBOS, SetShardKey
 
 STATS_QUERY = """
 SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
@@ -117,15 +117,21 @@ def _workload(dbos: DBOS) -> Any:
 
 
 async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, warmup: int,
-              profile: bool = False) -> dict[str, Any]:
+              profile: bool = False, shard_keys: int = 0) -> dict[str, Any]:
+    """With ``shard_keys``, the sharded system schema, workflows spread over that many
+    keys."""
     dbos = DBOS(system_database_url=url, pool_size=pool_size, name="bench_dbos_async",
-                application_version="bench")
+                application_version="bench", sharding=shard_keys > 0)
     three_steps = _workload(dbos)
     counter = QueryCounter()
     profiler = cProfile.Profile() if profile else None
 
     async def one(i: int) -> None:
-        handle = await dbos.start_workflow(three_steps, i)
+        if shard_keys:
+            with SetShardKey(f"tenant-{i % shard_keys}"):
+                handle = await dbos.start_workflow(three_steps, i)
+        else:
+            handle = await dbos.start_workflow(three_steps, i)
         result = await handle.get_result()
         if result != (i + 1) * 2 - 2:
             raise RuntimeError(f"workflow {i} returned {result!r}")

@@ -216,7 +216,8 @@ async def run_waiters(args: argparse.Namespace) -> dict[str, Any]:
 
 async def run_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
     n, c, pool = args.workflows, args.concurrency, args.pool_size
-    names = {kind: f"{args.db_prefix}_{kind}" for kind in ("dbos_async", "dbos", "raw")}
+    names = {kind: f"{args.db_prefix}_{kind}"
+             for kind in ("dbos_async", "dbos_async_sharded", "dbos", "raw")}
     results["parameters"].update({
         "workflows": n, "dbos_workflows": args.dbos_workflows, "concurrency": c,
         "steps_per_workflow": 3, "rounds": args.rounds,
@@ -231,6 +232,12 @@ async def run_throughput(args: argparse.Namespace, results: dict[str, Any]) -> N
             rounds["dbos_async"].append(await bench_dbos_async.run(
                 urls["dbos_async"], workflows=n, concurrency=c, pool_size=pool,
                 warmup=min(n, 200), profile=args.profile,
+            ))
+            _progress(f"round {number}/{args.rounds}: dbos_async sharded, {n} workflows "
+                      f"over {SHARD_KEYS} keys")
+            rounds["dbos_async_sharded"].append(await bench_dbos_async.run(
+                urls["dbos_async_sharded"], workflows=n, concurrency=c, pool_size=pool,
+                warmup=min(n, 200), shard_keys=SHARD_KEYS,
             ))
             if not args.skip_dbos:
                 m = args.dbos_workflows
@@ -306,7 +313,9 @@ def _latency_ratios(out: dict[str, Any]) -> dict[str, dict[str, float]]:
     return ratios
 
 
-SYSTEMS = ("dbos_async", "dbos", "raw", "raw_default_reset")
+SYSTEMS = ("dbos_async", "dbos_async_sharded", "dbos", "raw", "raw_default_reset")
+SHARD_KEYS = 100
+"""Keys the sharded round spreads its workflows over (plain PostgreSQL, sharded schema)."""
 RATES = ("workflows_per_s", "steps_per_s", "inserts_per_s")
 
 
@@ -323,7 +332,7 @@ def aggregate(key: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             values = [r[rate] for r in runs]
             merged[rate] = statistics.median(values)
             merged[rate + "_range"] = [min(values), max(values)]
-    if key == "dbos_async":
+    if key in ("dbos_async", "dbos_async_sharded"):
         merged["statements"] = _merge_statements(runs)
         commits = sum(r["server"]["xact_commits"] for r in runs)
         total_wf = sum(r["workflows"] for r in runs)
@@ -377,6 +386,11 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     if "dbos" in results:
         summary["workflow_ratio_vs_dbos"] = (
             fast["workflows_per_s"] / results["dbos"]["workflows_per_s"])
+    if "dbos_async_sharded" in results:
+        keyed = results["dbos_async_sharded"]
+        summary["sharded_fraction_of_unsharded"] = (
+            keyed["workflows_per_s"] / fast["workflows_per_s"])
+        summary["sharded_round_trips_per_step"] = keyed["statements"]["round_trips_per_step"]
     return summary
 
 
@@ -442,6 +456,12 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
                  f"{fast['workflows']} wf", f"{fast['seconds']:.2f}",
                  f"{fast['workflows_per_s']:,.0f}", f"{fast['steps_per_s']:,.0f}",
                  spread(fast, "steps_per_s")))
+    if "dbos_async_sharded" in results:
+        keyed = results["dbos_async_sharded"]
+        rows.append((f"dbos_async, sharded schema, {SHARD_KEYS} keys",
+                     f"{keyed['workflows']} wf", f"{keyed['seconds']:.2f}",
+                     f"{keyed['workflows_per_s']:,.0f}", f"{keyed['steps_per_s']:,.0f}",
+                     spread(keyed, "steps_per_s")))
     if "dbos" in results:
         peer = results["dbos"]
         rows.append((f"dbos {peer.get('dbos_version') or ''} (child process)".replace("  ", " "),
@@ -462,6 +482,13 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
         rows.append(("workflows/s, dbos_async / dbos", f"{ratio:.1f}x",
                      f">= {WORKFLOW_RATIO_TARGET:.0f}x (DESIGN {WORKFLOW_RATIO_DESIGN:.0f}x)",
                      _verdict(ratio >= WORKFLOW_RATIO_TARGET)))
+    if "sharded_fraction_of_unsharded" in s:
+        keyed = s["sharded_fraction_of_unsharded"]
+        rows.append((f"workflows/s, sharded ({SHARD_KEYS} keys) / unsharded", f"{keyed:.0%}",
+                     ">= 85%", _verdict(keyed >= 0.85)))
+        rows.append(("  round trips per step, sharded",
+                     f"{s['sharded_round_trips_per_step']:.2f}", f"{EXPECTED_PER_STEP:.0f}",
+                     _verdict(s["sharded_round_trips_per_step"] < EXPECTED_PER_STEP + 0.1)))
     frac = s["step_fraction_of_raw"]
     rows.append(("step checkpoints/s / raw inserts/s", f"{frac:.0%}",
                  f">= {RAW_FRACTION_TARGET:.0%}", _verdict(frac >= RAW_FRACTION_TARGET)))
