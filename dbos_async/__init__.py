@@ -38,6 +38,7 @@ from dbos_async.executor.queues import (
     SetEnqueueOptions,
 )
 from dbos_async.executor.steps import RetryOn
+from dbos_async.sysdb.migrations import holds_sharded_schema
 
 __version__ = "0.1.0"
 
@@ -78,4 +79,5 @@ __all__ = [
     "WorkflowNotRegisteredError",
     "WorkflowStatus",
     "WorkflowStepInfo",
+    "holds_sharded_schema",
 ]

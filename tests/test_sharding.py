@@ -407,3 +407,21 @@ async def test_sigkilled_workflows_recover_under_their_keys(database_url: str) -
             # The step in flight at the kill may have run twice; the recorded ones once.
             expected = (1, 1) if i < recorded[key] else (1, 2)
             assert expected[0] <= counts[f"{key}:seq-{i}"] <= expected[1], (key, i, counts)
+
+
+async def test_a_workflow_messages_a_workflow_under_another_key(database_url: str) -> None:
+    app = Tenants(database_url)
+
+    @app.dbos.workflow(name="courier")
+    async def courier(target: str, key: str) -> str:
+        await app.dbos.send(target, "from-courier", "go", shard_key=key)
+        return await app.dbos.get_event(target, "progress", timeout=PATIENCE, shard_key=key)
+
+    async with app.dbos as dbos:
+        with SetShardKey("globex"), SetWorkflowID("receiver"):
+            receiver = await dbos.start_workflow(app.work, "globex")
+        with SetShardKey("acme"), SetWorkflowID("courier"):
+            assert await courier("receiver", "globex") == "globex:first"
+        assert await receiver.get_result() == "globex:first|from-courier"
+        steps = await dbos.list_workflow_steps("courier", shard_key="acme")
+        assert [s.name for s in steps][:1] == ["DBOS.send"]
