@@ -111,9 +111,11 @@ class ControlStatements(StatementBase):
     def cancel(self, workflow_ids: Sequence[str], now_ms: int) -> Query:
         """CANCELLED, unless finished or already cancelled (so a second cancel is a no-op)."""
         p = Params()
+        # The IDs again on the updated side: a router sees the key there too.
         return self._cancel_where(
             f"""{self.wf_in(None, workflow_ids, p)}
-                AND status <> ALL({p([SUCCESS, ERROR, CANCELLED], 'text[]')})""", now_ms, p)
+                AND status <> ALL({p([SUCCESS, ERROR, CANCELLED], 'text[]')})""", now_ms, p,
+            also=self.wf_in("ws", workflow_ids, p))
 
     def active_created_before(self, cutoff_ms: int) -> Query:
         """The global timeout's candidates on a sharded database, read without a lock (a
@@ -149,7 +151,8 @@ class ControlStatements(StatementBase):
                 AND status = ANY({p(list(ACTIVE_STATUSES), 'text[]')})
                 AND created_at < {p(cutoff_ms, 'bigint')}""", now_ms, p)
 
-    def _cancel_where(self, predicate: str, now_ms: int, p: Params) -> Query:
+    def _cancel_where(self, predicate: str, now_ms: int, p: Params,
+                      also: str = "TRUE") -> Query:
         """Cancel the rows matching ``predicate``; returns each one's ID and the queue it
         was on (so that queue's claim loops can be told a slot is free). Clearing the owner
         fences the running execution; clearing the queue and dedup ID frees its queue slot."""
@@ -167,7 +170,7 @@ class ControlStatements(StatementBase):
                 SET status = {p(CANCELLED)}, owner_xid = NULL, queue_name = NULL,
                     deduplication_id = NULL, started_at_epoch_ms = NULL,
                     updated_at = {now}, completed_at = {now}
-                FROM target WHERE {self.wf_join('ws', 'target')}
+                FROM target WHERE {self.wf_join('ws', 'target')} AND {also}
                 RETURNING ws.workflow_uuid, target.queue_name{self.key_columns('ws')}""",
             p.values,
         )

@@ -318,7 +318,7 @@ class QueueStatements(StatementBase):
                       WHEN workflow_timeout_ms IS NOT NULL AND workflow_deadline_epoch_ms IS NULL
                       THEN {now} + LEAST(workflow_timeout_ms, 9223372036854775807 - {now})
                       ELSE workflow_deadline_epoch_ms END
-                WHERE {target} AND {self.own_scope('ws', p)} {guard}
+                WHERE {target} AND {self.scoped('ws', p)} AND {self.own_scope('ws', p)} {guard}
                 RETURNING {CLAIMED_COLUMNS}{self.key_columns('ws')},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.wf_join('wi', 'ws')}) AS inputs,
