@@ -225,4 +225,4 @@ async def test_a_cancelled_exit_still_leaves_nothing_running(database_url: str) 
     dbos.configure(shutdown_grace_period=0)
     async with dbos:  # recovers it
         runtime = dbos.runtime
-        assert "forever-1" in runtime.running_ids()
+        assert ("forever-1", None) in runtime.running()

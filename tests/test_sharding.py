@@ -425,3 +425,38 @@ async def test_a_workflow_messages_a_workflow_under_another_key(database_url: st
         assert await receiver.get_result() == "globex:first|from-courier"
         steps = await dbos.list_workflow_steps("courier", shard_key="acme")
         assert [s.name for s in steps][:1] == ["DBOS.send"]
+
+
+async def test_recovery_tells_same_id_workflows_of_two_keys_apart(database_url: str) -> None:
+    """An execution of ("x", acme) running here does not hide the crashed ("x", globex) from
+    recovery: what runs here is excluded by ID and key."""
+    release = asyncio.Event()
+    started: Counter[str] = Counter()
+
+    def register(dbos: DBOS) -> Any:
+        @dbos.workflow(name="blocked")
+        async def blocked(key: str) -> str:
+            started[key] += 1
+            await release.wait()
+            return key
+
+        return blocked
+
+    runner = sharded(database_url)
+    blocked = register(runner)
+    # Another executor ID, so entering it does not recover what the runner runs.
+    crashed = sharded(database_url, shutdown_grace_period=0, executor_id="crashed")
+    blocked_there = register(crashed)
+    async with runner:
+        with SetShardKey("acme"), SetWorkflowID("x"):
+            mine = await runner.start_workflow(blocked, "acme")
+        async with crashed:
+            with SetShardKey("globex"), SetWorkflowID("x"):
+                await crashed.start_workflow(blocked_there, "globex")
+        # Left PENDING under globex, as if by an earlier life of the runner's executor.
+        await execute(database_url, "UPDATE dbos.workflow_status SET executor_id = $1 "
+                      "WHERE shard_key = 'globex'", runner.config.executor_id)
+        recovered = await runner.recover_pending_workflows()
+        assert [(h.workflow_id, h.shard_key) for h in recovered] == [("x", "globex")]
+        release.set()
+        assert [await mine.get_result(), await recovered[0].get_result()] == ["acme", "globex"]

@@ -27,7 +27,7 @@ async def recover_pending(runtime: Runtime) -> list[WorkflowHandle[Any]]:
         await _dead_letter_and_requeue(runtime)
         rows = await sysdb.claim_pending(
             runtime.config.executor_id, runtime.application_version,
-            exclude=runtime.running_ids()
+            exclude=runtime.running()
         )
         for row in rows:
             info = runtime.registry.workflows.get(row.name)
@@ -53,7 +53,7 @@ async def _dead_letter_and_requeue(runtime: Runtime) -> None:
     queue's claim, under the queue's limits, admits exactly one runner (any executor).
     """
     sysdb = runtime.system_database
-    running = runtime.running_ids()
+    running = runtime.running()
     version = runtime.application_version
     executor_id = runtime.config.executor_id
     max_attempts = runtime.config.max_recovery_attempts

@@ -103,8 +103,9 @@ class Runtime:
 
     # ---- Workflows running here ----
 
-    def running_ids(self) -> list[str]:
-        return [workflow_id for workflow_id, _ in self._running]
+    def running(self) -> list[tuple[str, str | None]]:
+        """The (workflow ID, shard key) of every execution running here."""
+        return list(self._running)
 
     def track(self, workflow_id: str, shard_key: str | None,
               result: asyncio.Future[Any]) -> None:

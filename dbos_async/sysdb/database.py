@@ -40,6 +40,7 @@ from dbos_async.sysdb.statements import (
     NewWorkflow,
     ParentStep,
     Query,
+    WorkflowRef,
 )
 
 __all__ = [
@@ -167,7 +168,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
     # ---- Recovery (see dbos_async/executor/recovery.py) ----
 
     async def claim_pending(
-        self, executor_id: str, application_version: str | None, exclude: Sequence[str] = ()
+        self, executor_id: str, application_version: str | None, exclude: Sequence[WorkflowRef] = ()
     ) -> list[WorkflowRow]:
         query = self.sql.claim_pending(executor_id, application_version, now_ms(), exclude)
         # Not retried: a lost reply would leave rows claimed under tokens we never learned;
@@ -176,14 +177,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
         return [workflow_row(row) for row in rows]
 
     async def requeue_pending(self, executor_id: str, application_version: str | None,
-                              exclude: Sequence[str] = ()) -> list[tuple[str, str]]:
+                              exclude: Sequence[WorkflowRef] = ()) -> list[tuple[str, str]]:
         """Re-enqueue this executor's PENDING queued workflows: [(workflow, queue)]."""
         query = self.sql.requeue_pending(executor_id, application_version, now_ms(), exclude)
         rows = await self._fetch(query, "re-enqueuing pending workflows")
         return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
 
     async def dead_letter_pending(self, executor_id: str, application_version: str | None,
-                                  max_attempts: int, exclude: Sequence[str] = ()
+                                  max_attempts: int, exclude: Sequence[WorkflowRef] = ()
                                   ) -> list[tuple[str, str | None]]:
         """Dead-letter this executor's workflows past ``max_attempts``: [(workflow, key)]."""
         query = self.sql.dead_letter_pending(executor_id, application_version, max_attempts,

@@ -24,6 +24,7 @@ from dbos_async.sysdb.statements import (
     Query,
     VersionRecord,
     WorkflowFilter,
+    WorkflowRef,
     job_lock_key,
 )
 
@@ -35,8 +36,6 @@ JobConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 RETENTION_JOB = "retention"
 GLOBAL_TIMEOUT_JOB = "global_timeout"
 
-Ref: TypeAlias = "tuple[str, str | None]"
-"""A workflow as a sharded database tells it apart: its ID and shard key (None unsharded)."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class WorkflowOperations(DatabaseCore):
                 visited = set(refs)
                 frontier = refs
                 while frontier:
-                    kids: list[Ref] = []
+                    kids: list[WorkflowRef] = []
                     for key, ids in _by_key(frontier).items():
                         with bind_shard_keys(dict.fromkeys(ids, key)):
                             cancelled += _cancelled(
@@ -83,14 +82,14 @@ class WorkflowOperations(DatabaseCore):
 
         return await self._retried("cancelling workflows", run)
 
-    async def descendants(self, workflow_ids: Sequence[str]) -> list[Ref]:
+    async def descendants(self, workflow_ids: Sequence[str]) -> list[WorkflowRef]:
         """Every workflow started by these, recursively (not including them), with its key."""
         refs = self._refs(workflow_ids)
         seen = set(refs)
-        found: list[Ref] = []
+        found: list[WorkflowRef] = []
         frontier = refs
         while frontier:
-            kids: list[Ref] = []
+            kids: list[WorkflowRef] = []
             for key, ids in _by_key(frontier).items():
                 with bind_shard_keys(dict.fromkeys(ids, key)):
                     kids += _refs_of(await self._fetch(self.sql.direct_children(ids),
@@ -101,7 +100,7 @@ class WorkflowOperations(DatabaseCore):
         return found
 
     async def delete(self, workflow_ids: Sequence[str],
-                     extra: Sequence[Ref] = ()) -> None:
+                     extra: Sequence[WorkflowRef] = ()) -> None:
         """Delete every row of the workflows (and of the ``extra`` ones, given with their
         keys), in one transaction."""
         refs = list(dict.fromkeys([*self._refs(workflow_ids), *extra]))
@@ -117,7 +116,7 @@ class WorkflowOperations(DatabaseCore):
 
         await self._retried("deleting workflows", run)
 
-    def _refs(self, workflow_ids: Sequence[str]) -> list[Ref]:
+    def _refs(self, workflow_ids: Sequence[str]) -> list[WorkflowRef]:
         """The workflows with the keys bound to them (None unsharded), once each."""
         return [(i, self.sql.key_hint(i)) for i in dict.fromkeys(workflow_ids)]
 
@@ -326,11 +325,11 @@ def _cancelled(rows: list[asyncpg.Record]) -> list[CancelledWorkflow]:
             for r in rows]
 
 
-def _refs_of(rows: list[asyncpg.Record]) -> list[Ref]:
+def _refs_of(rows: list[asyncpg.Record]) -> list[WorkflowRef]:
     return [(r["workflow_uuid"], r.get("shard_key")) for r in rows]
 
 
-def _by_key(refs: Sequence[Ref]) -> dict[str | None, list[str]]:
+def _by_key(refs: Sequence[WorkflowRef]) -> dict[str | None, list[str]]:
     """Workflow IDs grouped by key, for statements that each address one key."""
     groups: dict[str | None, list[str]] = {}
     for workflow_id, key in refs:

@@ -20,6 +20,7 @@ from dbos_async.sysdb.statements.base import (
     ParentStep,
     Query,
     StatementBase,
+    WorkflowRef,
     qualify,
 )
 from dbos_async.sysdb.statements.control import (
@@ -79,6 +80,7 @@ __all__ = [
     "Statements",
     "VersionRecord",
     "WorkflowFilter",
+    "WorkflowRef",
     "advisory_lock_key",
     "is_dedup_conflict",
     "job_lock_key",

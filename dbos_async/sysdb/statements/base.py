@@ -93,6 +93,10 @@ class ParentStep:
     shard_key: str | None = None
 
 
+WorkflowRef = tuple[str, str | None]
+"""A workflow as a sharded database tells it apart: its ID and shard key (None unsharded)."""
+
+
 def qualify(alias: str | None, column: str) -> str:
     return f"{alias}.{column}" if alias else column
 
@@ -142,6 +146,10 @@ class StatementBase:
         for workflow_id in workflow_ids:
             self._reject_shard_key(workflow_id)
         return f"{qualify(alias, 'workflow_uuid')} = ANY({p(list(workflow_ids), 'text[]')})"
+
+    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params) -> str:
+        """Predicate true for the rows of these workflows (of any keys: they are given)."""
+        return f"{qualify(alias, 'workflow_uuid')} = ANY({p([i for i, _ in refs], 'text[]')})"
 
     def parent_in(self, workflow_ids: Sequence[str], p: Params) -> str:
         """Predicate selecting the children of these workflows (under any key)."""

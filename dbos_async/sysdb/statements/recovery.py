@@ -15,12 +15,13 @@ from dbos_async.sysdb.statements.base import (
     Params,
     Query,
     StatementBase,
+    WorkflowRef,
 )
 
 
 class RecoveryStatements(StatementBase):
     def _recovered(self, executor_id: str, application_version: str | None,
-                   exclude: Sequence[str], p: Params) -> str:
+                   exclude: Sequence[WorkflowRef], p: Params) -> str:
         """This executor's PENDING rows of this version that nothing here runs."""
         version = (f"application_version = {p(application_version)}"
                    if application_version is not None else "application_version IS NULL")
@@ -29,14 +30,14 @@ class RecoveryStatements(StatementBase):
                   -- executor_id defaults to "local", so it collides across applications.
                   AND {self.own_scope('ws', p)}
                   -- Executions already running here keep their ownership.
-                  AND NOT (workflow_uuid = ANY({p(list(exclude), 'text[]')}))"""
+                  AND NOT {self.among('ws', exclude, p)}"""
 
     def claim_pending(
         self,
         executor_id: str,
         application_version: str | None,
         now_ms: int,
-        exclude: Sequence[str] = (),
+        exclude: Sequence[WorkflowRef] = (),
     ) -> Query:
         """Take ownership of this executor's PENDING workflows that no queue started, each
         under a fresh owner token.
@@ -64,7 +65,7 @@ class RecoveryStatements(StatementBase):
         )
 
     def requeue_pending(self, executor_id: str, application_version: str | None,
-                        now_ms: int, exclude: Sequence[str] = ()) -> Query:
+                        now_ms: int, exclude: Sequence[WorkflowRef] = ()) -> Query:
         """Recovery of queued workflows: this executor's PENDING ones go back to ENQUEUED on
         their queue, so the queue's claim (and its limits) admits exactly one runner.
 
@@ -83,7 +84,7 @@ class RecoveryStatements(StatementBase):
 
     def dead_letter_pending(self, executor_id: str, application_version: str | None,
                             max_attempts: int, now_ms: int,
-                            exclude: Sequence[str] = ()) -> Query:
+                            exclude: Sequence[WorkflowRef] = ()) -> Query:
         """This executor's PENDING workflows that have used up their recovery attempts become
         MAX_RECOVERY_ATTEMPTS_EXCEEDED (terminal: no owner, no queue slot, no dedup key)."""
         p = Params()

@@ -18,7 +18,7 @@ from typing import Any
 from dbos_async.errors import DBOSError
 from dbos_async.sysdb import shard_keys
 from dbos_async.sysdb.statements import Statements
-from dbos_async.sysdb.statements.base import Params, qualify
+from dbos_async.sysdb.statements.base import Params, WorkflowRef, qualify
 
 
 class ShardedStatements(Statements):
@@ -56,6 +56,12 @@ class ShardedStatements(Statements):
         if not keys:
             return ids
         return f"{qualify(alias, 'shard_key')} = {p(keys.pop())} AND {ids}"
+
+    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params) -> str:
+        # IDs repeat across keys: the pairs, not the IDs.
+        ids, keys = [i for i, _ in refs], [k or "" for _, k in refs]
+        return (f"({qualify(alias, 'shard_key')}, {qualify(alias, 'workflow_uuid')}) IN "
+                f"(SELECT * FROM unnest({p(keys, 'text[]')}, {p(ids, 'text[]')}))")
 
     def parent_in(self, workflow_ids: Sequence[str], p: Params) -> str:
         # The children may live under any key; their parent's is stored with them.
