@@ -460,3 +460,21 @@ async def test_recovery_tells_same_id_workflows_of_two_keys_apart(database_url: 
         assert [(h.workflow_id, h.shard_key) for h in recovered] == [("x", "globex")]
         release.set()
         assert [await mine.get_result(), await recovered[0].get_result()] == ["acme", "globex"]
+
+
+async def test_debounce_per_key(database_url: str) -> None:
+    """A burst under one key collapses into one run with its latest arguments; the same
+    debounce key under another key is another burst."""
+    app = Tenants(database_url)
+    debouncer = app.queue.debouncer(app.child, period=0.2)
+    async with app.dbos:
+        handles = {}
+        for key in ("acme", "globex"):
+            with SetShardKey(key):
+                first = await debouncer.debounce("burst", f"{key}-1")
+                handles[key] = await debouncer.debounce("burst", f"{key}-2")
+            assert first.workflow_id == handles[key].workflow_id
+            assert handles[key].shard_key == key
+        assert {key: await h.get_result() for key, h in handles.items()} == {
+            "acme": "acme-2:child", "globex": "globex-2:child"}
+    assert app.runs == Counter({("acme-2", "child"): 1, ("globex-2", "child"): 1})

@@ -473,10 +473,11 @@ class QueueStatements(StatementBase):
                   WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
                     AND deduplication_id = {p(key)} AND status = {p(DELAYED)}
                     AND is_debounced AND name = {p(name)}
-                  RETURNING workflow_uuid
+                  RETURNING workflow_uuid{self.key_columns()}
                 ), replaced AS (
                   UPDATE {self.table('workflow_input')} wi SET inputs = {p(inputs)}
                   FROM bounced WHERE {self.wf_join('wi', 'bounced')}
+                    AND {self.scoped('wi', p)}
                   RETURNING 1
                 )
                 SELECT workflow_uuid FROM bounced""",
