@@ -116,6 +116,20 @@ def workflow_attributes() -> str | None:
     return _attributes.get()
 
 
+@contextmanager
+def added_attributes(extra: dict[str, Any]) -> Iterator[None]:
+    """Add ``extra`` over the attributes of workflows started in the block, keeping the
+    user's own: integrations record what they need (a request digest, a trace context) in
+    keys of their own, so a caller's ``SetWorkflowAttributes`` and theirs combine."""
+    current = _attributes.get()
+    merged = {**(json.loads(current) if current is not None else {}), **extra}
+    token = _attributes.set(attributes_json(merged))
+    try:
+        yield
+    finally:
+        _attributes.reset(token)
+
+
 def attributes_json(attributes: dict[str, Any] | None) -> str | None:
     """Check custom workflow attributes (a JSON-serializable dict) and encode them."""
     if attributes is None:
