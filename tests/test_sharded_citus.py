@@ -5,10 +5,15 @@ while workers hold the rows."""
 from __future__ import annotations
 
 import asyncio
+import re
+from collections.abc import Sequence
+from typing import Any
 
 import asyncpg
 import pytest
+from helpers import new_dbos
 
+from dbos_async import SetShardKey, SetWorkflowID
 from dbos_async.errors import ConfigurationError
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.migrations import LATEST_VERSION, migrate, verify
@@ -137,4 +142,142 @@ async def test_functions_notify_the_coordinator(citus_url: str) -> None:
             )
     finally:
         await listener.close()
+        await conn.close()
+
+
+# ---- Every per-key statement stays on its key's shard ----
+
+def sql_literal(value: Any) -> str:
+    """``value`` as a SQL literal. Citus cannot EXPLAIN an INSERT ... SELECT with bound
+    parameters, so the captured statements are explained with their values spliced in."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        items = ",".join('"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+                         for v in value)
+        return sql_literal("{" + items + "}")
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def with_literals(sql: str, args: Sequence[Any]) -> str:
+    return re.sub(r"\$(\d+)", lambda m: sql_literal(args[int(m.group(1)) - 1]), sql)
+
+
+# The writes that touch several tables of one key in one statement (modifying CTEs): Citus
+# runs each part as a task on the key's shard, through the coordinator, not as one task.
+MULTI_TABLE_WRITES = ("WITH status AS", "WITH parent AS", "WITH owner AS", "WITH updated AS")
+INSERT = re.compile(r"^\s*INSERT\b", re.I)
+TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|LISTEN|UNLISTEN)\b", re.I)
+
+
+async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]:
+    """Run workflows under keys through every family of operations, recording each distinct
+    statement the executor's pool sends, with its first arguments."""
+    dbos = new_dbos(url, sharding=True)
+    queue = dbos.queue("jobs", concurrency=2, worker_concurrency=2)
+    statements: dict[str, tuple[Any, ...]] = {}
+
+    @dbos.step(name="note")
+    async def note(text: str) -> str:
+        return text
+
+    @dbos.workflow(name="child")
+    async def child(text: str) -> str:
+        return await note(text)
+
+    @dbos.workflow(name="peer")
+    async def peer() -> Any:
+        return await dbos.recv("hello", timeout=30)
+
+    @dbos.workflow(name="work")
+    async def work(text: str) -> str:
+        first = await note(text)
+        await dbos.set_event("progress", first)
+        await dbos.write_stream("out", first)
+        await dbos.close_stream("out")
+        with SetShardKey("acme"):
+            same = await dbos.start_workflow(child, text)
+        with SetShardKey("globex"):
+            other = await dbos.start_workflow(child, text)
+        await dbos.sleep(0.01)
+        await dbos.send("peer", "hi", "hello", shard_key="acme")
+        reply = await dbos.recv("go", timeout=30)
+        return f"{first}{await same.get_result()}{await other.get_result()}{reply}"
+
+    async with dbos:
+        pool = dbos.runtime.system_database.pool
+        connections = [await pool.acquire() for _ in range(pool.get_max_size())]
+        for connection in connections:
+            connection.add_query_logger(
+                lambda q: statements.setdefault(q.query, tuple(q.args or ())))
+        for connection in connections:
+            await pool.release(connection)
+        with SetShardKey("acme"), SetWorkflowID("peer"):
+            peer_handle = await dbos.start_workflow(peer)
+        with SetShardKey("acme"), SetWorkflowID("w"):
+            handle = await dbos.start_workflow(work, "x")
+        assert await dbos.get_event("w", "progress", timeout=30, shard_key="acme") == "x"
+        assert [v async for v in dbos.read_stream("w", "out", shard_key="acme")] == ["x"]
+        await dbos.send("w", 1, "go", shard_key="acme")
+        assert await handle.get_result() == "xxx1"
+        assert await peer_handle.get_result() == "hi"
+        with SetShardKey("acme"):
+            queued = await queue.enqueue(child, "q")
+        assert await queued.get_result() == "q"
+        with SetShardKey("acme"), SetWorkflowID("blocked"):
+            await dbos.start_workflow(peer)
+        await dbos.cancel_workflow("blocked", shard_key="acme")
+        blocked = await dbos.resume_workflow("blocked", shard_key="acme")
+        await dbos.send("blocked", "again", "hello", shard_key="acme")
+        assert await blocked.get_result() == "again"
+        fork = await dbos.fork_workflow("w", 1, shard_key="acme", new_workflow_id="w-fork")
+        await fork.get_status()
+        await dbos.list_workflows(shard_key="acme")
+        await dbos.list_workflow_steps("w", shard_key="acme")
+        await dbos.get_all_events("w", shard_key="acme")
+        await dbos.delete_workflow("blocked", shard_key="acme")
+    return list(statements.items())
+
+
+async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
+    statements = await representative_workload(citus_url)
+    conn = await asyncpg.connect(citus_url)
+    try:
+        workers = {f"port={r['nodeport']}" for r in await conn.fetch(
+            "SELECT nodeport FROM pg_dist_node WHERE groupid <> 0")}
+        assert workers, "the cluster needs a worker node"
+        routed, multi_table, per_key = [], [], 0
+        for sql, args in statements:
+            if TRANSACTION_CONTROL.match(sql):
+                continue
+            plan = "\n".join(r[0] for r in await conn.fetch(
+                "EXPLAIN " + with_literals(sql, args)))
+            keyed = re.search(r"\bshard_key = \$\d+", sql) or INSERT.match(sql)
+            if "Citus" not in plan or not keyed:
+                continue  # no distributed table, or a statement over every key by design
+            per_key += 1
+            text = " ".join(sql.split())
+            tasks = [int(n) for n in re.findall(r"Task Count: (\d+)", plan)]
+            nodes = set(re.findall(r"Node: host=\S+ (port=\d+)", plan))
+            # One shard: every task of the plan is a single one, and the shards it reaches
+            # are on one worker (the coordinator only reads back intermediate results).
+            assert tasks and all(n == 1 for n in tasks), (text, plan)
+            assert len(nodes & workers) == 1, (text, plan)
+            if "Distributed Subplan" in plan or "pull to coordinator" in plan:
+                assert text.startswith(MULTI_TABLE_WRITES), ("not one router task", text, plan)
+                multi_table.append(text)
+            else:
+                routed.append(text)
+        assert per_key >= 25, per_key
+        # The hot single-table statements are router tasks: the step checkpoint, the claim,
+        # an outside send, the fork's copies.
+        for table in ("operation_outputs", "notifications", "streams"):
+            assert any(s.startswith(f'INSERT INTO "dbos".{table}') for s in routed), table
+        for shape in ('UPDATE "dbos".workflow_status ws',):
+            assert any(s.startswith(shape) for s in routed), shape
+    finally:
         await conn.close()

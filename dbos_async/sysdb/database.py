@@ -135,8 +135,11 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
             workflow_id, function_id, function_name, owner_xid, output, error,
             started_at_ms, completed_at_ms, child_workflow_id,
         )
-        row = await self._fetchrow(query, f"checkpointing step {function_id} of {workflow_id}")
-        return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
+        what = f"checkpointing step {function_id} of {workflow_id}"
+        if await self._fetchrow(query, what) is not None:
+            return None
+        verdict = await self._fetchrow(self.sql.fence_verdict(workflow_id, owner_xid), what)
+        return await self._recorded_or_existing(verdict, workflow_id, function_id, function_name)
 
     async def record_outcome(
         self,

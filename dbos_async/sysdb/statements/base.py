@@ -161,6 +161,10 @@ class StatementBase:
         """Condition joining two tables' rows of the same workflow."""
         return f"{left}.workflow_uuid = {right}.workflow_uuid"
 
+    def scoped_join(self, left: str, right: str, p: Params) -> str:
+        """:meth:`wf_join` for a subquery of a statement confined to the current scope."""
+        return self.wf_join(left, right)
+
     def wf_values(self, workflow_id: str, shard_key: str | None = None) -> dict[str, Any]:
         """Extra column values for a new row of this workflow."""
         self._reject_shard_key(workflow_id, shard_key)
@@ -170,6 +174,16 @@ class StatementBase:
         """The shard-key columns of a new row of this workflow, as parameters: every
         insert lists them first, so a sharded subclass adds its key in ``wf_values`` alone."""
         return {col: p(val, "text") for col, val in self.wf_values(workflow_id).items()}
+
+    workflow_key_columns: tuple[str, ...] = ()
+    """The columns locating a workflow besides its ID (the shard key, when sharded)."""
+
+    def _key_values_of(self, alias: str) -> dict[str, str]:
+        """The shard-key columns of a new row, read from the workflow's status row ``alias``:
+        Citus runs an INSERT ... SELECT on the key's shard alone only when the key comes
+        from the co-located row it selects (a bound key makes it pull rows through the
+        coordinator)."""
+        return {column: qualify(alias, column) for column in self.workflow_key_columns}
 
     def key_conflict(self, *columns: str) -> str:
         """Conflict target for a unique key of a workflow table."""
@@ -299,9 +313,14 @@ class StatementBase:
                        on_conflict: str = "") -> str:
         """An INSERT of one row of ``values`` (column: SQL) selected from ``source``; with
         no source the row is inserted unconditionally."""
-        origin = f" FROM {source}" if source is not None else ""
-        return f"""INSERT INTO {self.table(table)} ({', '.join(values)})
-                  SELECT {', '.join(values.values())}{origin} {on_conflict}"""
+        columns = ", ".join(values)
+        if source is None:
+            # VALUES, not a SELECT of constants: Citus routes the one but plans the other as an
+            # INSERT ... SELECT pulled through the coordinator.
+            return f"""INSERT INTO {self.table(table)} ({columns})
+                      VALUES ({', '.join(values.values())}) {on_conflict}"""
+        return f"""INSERT INTO {self.table(table)} ({columns})
+                  SELECT {', '.join(values.values())} FROM {source} {on_conflict}"""
 
     def _owner_cte(self, workflow_id: str, p: Params) -> str:
         # FOR NO KEY UPDATE: no hand-off (recovery, cancel, resume) of the workflow commits
@@ -366,7 +385,36 @@ class StatementBase:
     ) -> str:
         """An insert of a checkpoint, from ``source`` or else guarded by the owner CTE;
         RETURNING 1 when it landed."""
-        values = self._key_values(workflow_id, p)
+        values = self._checkpoint_values(
+            self._key_values(workflow_id, p), workflow_id, function_id, function_name, p,
+            output=output, started_at_ms=started_at_ms, completed_at_ms=completed_at_ms,
+            error=error, child_workflow_id=child_workflow_id, output_sql=output_sql)
+        origin = source or f"owner WHERE {self._owned(owner_xid, p)}"
+        return self._write_ctes([
+            ("step", self._insert_select("operation_outputs", values, origin,
+                                         self._checkpoint_conflict()))])
+
+    def _checkpoint_conflict(self) -> str:
+        # The first record of a step stands; a retried or replayed write adds nothing.
+        return f"ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id')}) DO NOTHING"
+
+    def _checkpoint_values(
+        self,
+        keys: dict[str, str],
+        workflow_id: str,
+        function_id: int,
+        function_name: str,
+        p: Params,
+        *,
+        output: str | None,
+        started_at_ms: int,
+        completed_at_ms: int,
+        error: str | None = None,
+        child_workflow_id: str | None = None,
+        output_sql: str | None = None,
+    ) -> dict[str, str]:
+        """The columns of a checkpoint row (``operation_outputs``), after its ``keys``."""
+        values = dict(keys)
         values.update({
             "workflow_uuid": p(workflow_id, "text"),
             "function_id": p(function_id, "integer"),
@@ -381,7 +429,4 @@ class StatementBase:
             # Mirrors the workflow: the running application records its steps.
             "application_name": p(self.app_name, "text"),
         })
-        origin = source or f"owner WHERE {self._owned(owner_xid, p)}"
-        conflict = f"ON CONFLICT ({self.key_conflict('workflow_uuid', 'function_id')}) DO NOTHING"
-        return self._write_ctes([
-            ("step", self._insert_select("operation_outputs", values, origin, conflict))])
+        return values

@@ -368,8 +368,10 @@ class ControlStatements(StatementBase):
         """The fork's status row (the original's identity, inputs and serialization,
         ENQUEUED on ``queue_name``, ``forked_from`` the original) and its inputs; and the
         original marked ``was_forked_from``."""
+        # The fork lives under its original's key, read from the rows copied (see
+        # _key_values_of: so Citus copies on that key's shard).
         p = Params()
-        keys = self._key_values(fork_id, p)
+        keys = self._key_values_of("src")
         now = p(now_ms, "bigint")
         status = Query(
             f"""INSERT INTO {self.table('workflow_status')} (
@@ -385,12 +387,12 @@ class ControlStatements(StatementBase):
                   workflow_uuid, serialization, attributes,
                   COALESCE(application_name, {p(self.app_name, 'text')}),
                   {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0
-                FROM {self.table('workflow_status')}
-                WHERE {self.wf(None, original_id, p)}""",
+                FROM {self.table('workflow_status')} src
+                WHERE {self.wf('src', original_id, p)}""",
             p.values,
         )
         p = Params()
-        keys = self._key_values(fork_id, p)
+        keys = self._key_values_of("ws")
         inputs = Query(
             f"""INSERT INTO {self.table('workflow_input')}
                   ({''.join(f'{c}, ' for c in keys)}workflow_uuid, inputs)
@@ -444,7 +446,8 @@ class ControlStatements(StatementBase):
                   (SELECT r.new FROM unnest({p(list(replacement_children), 'text[]')},
                           {p(list(replacement_children.values()), 'text[]')}) AS r(old, new)
                    WHERE r.old = src.child_workflow_id), src.child_workflow_id)"""
-        values = {**self._key_values(copy_id, p), "workflow_uuid": p(copy_id), **selected}
+        # The copy lives under the original's key (a fork's, or the workflow itself).
+        values = {**self._key_values_of("src"), "workflow_uuid": p(copy_id), **selected}
         where = [self.wf("src", original_id, p), f"src.function_id < {start}"]
         if only_past_cut:
             where.append(self._past_cut(original_id, "src.key", start, p))

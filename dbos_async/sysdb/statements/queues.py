@@ -321,10 +321,10 @@ class QueueStatements(StatementBase):
                 WHERE {target} AND {self.scoped('ws', p)} AND {self.own_scope('ws', p)} {guard}
                 RETURNING {CLAIMED_COLUMNS}{self.key_columns('ws')},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
-                           WHERE {self.wf_join('wi', 'ws')}) AS inputs,
+                           WHERE {self.scoped_join('wi', 'ws', p)}) AS inputs,
                           -- A fresh workflow has none: its execution need not load them.
                           EXISTS (SELECT 1 FROM {self.table('operation_outputs')} oo
-                                  WHERE {self.wf_join('oo', 'ws')}) AS has_checkpoints"""
+                                  WHERE {self.scoped_join('oo', 'ws', p)}) AS has_checkpoints"""
 
     def _partitions_cte(self, queue_name: str, p: Params) -> str:
         # Recursive loose index scan: one seek per distinct key on

@@ -24,6 +24,8 @@ from dbos_async.sysdb.statements.base import Params, WorkflowRef, qualify
 class ShardedStatements(Statements):
     """Every statement of the system database, for one sharded schema."""
 
+    workflow_key_columns = ("shard_key",)
+
     @property
     def sharded(self) -> bool:
         return True
@@ -58,8 +60,13 @@ class ShardedStatements(Statements):
         return f"{qualify(alias, 'shard_key')} = {p(keys.pop())} AND {ids}"
 
     def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params) -> str:
-        # IDs repeat across keys: the pairs, not the IDs.
         ids, keys = [i for i, _ in refs], [k or "" for _, k in refs]
+        if len(set(keys)) == 1:
+            # One key (a claim's rows come from one dequeue scope): a plain equality, which
+            # a router sends to that key's shard alone.
+            return (f"{qualify(alias, 'shard_key')} = {p(keys[0])} "
+                    f"AND {qualify(alias, 'workflow_uuid')} = ANY({p(ids, 'text[]')})")
+        # IDs repeat across keys: the pairs, not the IDs.
         return (f"({qualify(alias, 'shard_key')}, {qualify(alias, 'workflow_uuid')}) IN "
                 f"(SELECT * FROM unnest({p(keys, 'text[]')}, {p(ids, 'text[]')}))")
 
@@ -73,6 +80,15 @@ class ShardedStatements(Statements):
 
     def wf_join(self, left: str, right: str) -> str:
         return (f"{left}.shard_key = {right}.shard_key "
+                f"AND {left}.workflow_uuid = {right}.workflow_uuid")
+
+    def scoped_join(self, left: str, right: str, p: Params) -> str:
+        scope = shard_keys.current_scope()
+        if scope is None:
+            return self.wf_join(left, right)
+        # The scope's key as a parameter: a subquery correlated on the key column makes
+        # Citus send the statement to every shard.
+        return (f"{left}.shard_key = {p(scope)} "
                 f"AND {left}.workflow_uuid = {right}.workflow_uuid")
 
     def wf_values(self, workflow_id: str, shard_key: str | None = None) -> dict[str, Any]:

@@ -170,20 +170,35 @@ class WorkflowStatements(StatementBase):
         completed_at_ms: int,
         child_workflow_id: str | None = None,
     ) -> Query:
-        """Fence, notice cancellation and record a step's outcome, in one round trip.
-
-        The status row is locked FOR NO KEY UPDATE, so no hand-off (recovery, cancel, resume)
-        commits between the ownership check and the insert; the insert happens only while this
-        execution owns a PENDING workflow. ON CONFLICT DO NOTHING keeps the first record of a
-        step; the caller reads an existing one back when ``inserted`` is false.
-        """
+        """Fence, notice cancellation and record a step's outcome, in one statement: the
+        checkpoint is selected from the workflow's status row, locked FOR NO KEY UPDATE so no
+        hand-off (recovery, cancel, resume) commits between the ownership check and the
+        insert, and it lands only while this execution owns a PENDING workflow. The row's own
+        key feeds the insert, so Citus runs it as one task on that key's shard. RETURNING 1
+        when it landed; when nothing did, :meth:`fence_verdict` says why."""
         p = Params()
-        owner = self._owner_cte(workflow_id, p)
-        step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
-                              output=output, error=error, started_at_ms=started_at_ms,
-                              completed_at_ms=completed_at_ms,
-                              child_workflow_id=child_workflow_id)
-        return Query(f"WITH {owner}, {step} {self._verdict(owner_xid, 'step', p)}", p.values)
+        values = self._checkpoint_values(
+            self._key_values_of("ws"), workflow_id, function_id, function_name, p,
+            output=output, error=error, started_at_ms=started_at_ms,
+            completed_at_ms=completed_at_ms, child_workflow_id=child_workflow_id)
+        source = f"""{self.table('workflow_status')} ws
+                     WHERE {self.wf('ws', workflow_id, p)} AND ws.status = {p(PENDING)}
+                       AND ws.owner_xid = {p(owner_xid)}
+                     FOR NO KEY UPDATE"""
+        insert = self._insert_select("operation_outputs", values, source,
+                                     self._checkpoint_conflict())
+        return Query(f"{insert} RETURNING 1", p.values)
+
+    def fence_verdict(self, workflow_id: str, owner_xid: str) -> Query:
+        """Why a fenced write landed nothing: the workflow's status and whether this execution
+        still owns it (``inserted`` is false: a write that lands needs no verdict)."""
+        p = Params()
+        return Query(
+            f"""SELECT status, owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned,
+                       FALSE AS inserted
+                FROM {self.table('workflow_status')} WHERE {self.wf(None, workflow_id, p)}""",
+            p.values,
+        )
 
     def get_checkpoint(self, workflow_id: str, function_id: int) -> Query:
         p = Params()
