@@ -426,6 +426,20 @@ async def test_a_workflow_messages_a_workflow_under_another_key(database_url: st
         steps = await dbos.list_workflow_steps("courier", shard_key="acme")
         assert [s.name for s in steps][:1] == ["DBOS.send"]
 
+        # A workflow messaging its namesake under another key: each side's rows stay under
+        # its own key (the sender's checkpoints under acme, the message under globex).
+        with SetShardKey("globex"), SetWorkflowID("twin"):
+            twin = await dbos.start_workflow(app.work, "globex")
+        with SetShardKey("acme"), SetWorkflowID("twin"):
+            assert await courier("twin", "globex") == "globex:first"
+        assert await twin.get_result() == "globex:first|from-courier"
+        sender = await dbos.list_workflow_steps("twin", shard_key="acme")
+        assert [s.name for s in sender][:2] == ["DBOS.send", "DBOS.getEvent"]
+        receiver_steps = await dbos.list_workflow_steps("twin", shard_key="globex")
+        assert "DBOS.send" not in [s.name for s in receiver_steps]
+        status = await dbos.get_workflow_status("twin", shard_key="acme")
+        assert status is not None and status.status == "SUCCESS"
+
 
 async def test_recovery_tells_same_id_workflows_of_two_keys_apart(database_url: str) -> None:
     """An execution of ("x", acme) running here does not hide the crashed ("x", globex) from

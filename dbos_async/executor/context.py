@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError
 from dbos_async.sysdb.database import StepRecord
-from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
+from dbos_async.sysdb.shard_keys import WorkflowAddress
 
 if TYPE_CHECKING:
     from dbos_async.executor.runtime import Runtime
@@ -40,7 +40,7 @@ class WorkflowContext:
     def routed(self) -> Iterator[None]:
         """Route the statements of this execution by its own key, whatever its starter had
         bound (workflow IDs repeat across keys)."""
-        with cleared_shard_keys(), bind_shard_keys({self.workflow_id: self.shard_key}):
+        with WorkflowAddress(self.workflow_id, self.shard_key).routed():
             yield
 
     def allocate_step_id(self) -> int:

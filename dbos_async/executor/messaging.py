@@ -35,7 +35,7 @@ from dbos_async.sysdb.notifications import (
     NotificationDispatcher,
     remaining,
 )
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
 from dbos_async.sysdb.statements import ACTIVE_STATUSES, STREAM_CLOSED_SERIALIZED
 
 if TYPE_CHECKING:
@@ -123,15 +123,24 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
         done, _ = _recorded(ctx, step_id, SEND)
         if done:
             return
+        destination_key = sysdb.sql.key_hint(destination_id)
         try:
-            existing = await sysdb.send_recorded(ctx.workflow_id, step_id, ctx.owner_xid,
-                                                 destination_id, message_uuid, topic, message)
+            if destination_key == ctx.shard_key:
+                existing = await sysdb.send_recorded(ctx.workflow_id, step_id, ctx.owner_xid,
+                                                     destination_id, message_uuid, topic,
+                                                     message)
+            else:
+                existing = await sysdb.send_recorded_across(
+                    WorkflowAddress(ctx.workflow_id, ctx.shard_key), step_id, ctx.owner_xid,
+                    WorkflowAddress(destination_id, destination_key), message_uuid, topic,
+                    message)
         except NonExistentWorkflowError as missing:
             # Recorded as the step's outcome, so a replay raises the same error.
             started = now_ms()
-            await sysdb.record_step(ctx.workflow_id, step_id, SEND, ctx.owner_xid, output=None,
-                                    error=serialize_error(missing), started_at_ms=started,
-                                    completed_at_ms=started)
+            with ctx.routed():
+                await sysdb.record_step(ctx.workflow_id, step_id, SEND, ctx.owner_xid,
+                                        output=None, error=serialize_error(missing),
+                                        started_at_ms=started, completed_at_ms=started)
             raise
         if existing is not None:
             replay(ctx, step_id, SEND, existing)
@@ -230,14 +239,19 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
     done, value = _recorded(ctx, step_id, GET_EVENT)
     if done:
         return value
-    deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
-                if timeout is not None else None)
-    with ctx.runtime.cancellation.region(ctx):
+    # The target may share the caller's ID under another key: each side is routed by its
+    # own key alone.
+    target = WorkflowAddress(workflow_id, sysdb.sql.key_hint(workflow_id))
+    with ctx.routed():
+        deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
+                    if timeout is not None else None)
+    with ctx.runtime.cancellation.region(ctx), target.routed():
         found = await _poll_event(sysdb, workflow_id, key, deadline)
-    if found is None:
-        return await _record_value(ctx, step_id, GET_EVENT, "null")
-    from_json(found[0], found[1], "an event")  # check it before recording it
-    return await _record_value(ctx, step_id, GET_EVENT, found[0])
+    with ctx.routed():
+        if found is None:
+            return await _record_value(ctx, step_id, GET_EVENT, "null")
+        from_json(found[0], found[1], "an event")  # check it before recording it
+        return await _record_value(ctx, step_id, GET_EVENT, found[0])
 
 
 async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:

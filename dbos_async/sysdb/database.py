@@ -32,6 +32,7 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
+from dbos_async.sysdb.shard_keys import WorkflowAddress
 from dbos_async.sysdb.statements import (
     CANCELLED,
     ERROR,
@@ -262,6 +263,40 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
                                                now_ms())
         row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
         return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.send")
+
+    async def send_recorded_across(self, sender: WorkflowAddress, function_id: int,
+                                   owner_xid: str, destination: WorkflowAddress,
+                                   message_uuid: str, topic: str, message: str
+                                   ) -> StepRecord | None:
+        """A workflow's send to a workflow under another shard key: the sender's checkpoint
+        and the message, one statement per key, in one transaction, so the message lands
+        only with the checkpoint. Each statement is built under its own key alone: the
+        destination may have the sender's ID."""
+        now = now_ms()
+        with sender.routed():
+            checkpoint = self.sql.record_step(sender.workflow_id, function_id, "DBOS.send",
+                                              owner_xid, None, None, now, now)
+        with destination.routed():
+            sent = self.sql.send_message(destination.workflow_id, message_uuid, topic, message)
+
+        async def attempt() -> bool:
+            async with self.pool.acquire() as conn, conn.transaction():
+                if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
+                    return False  # nothing to send: not ours, or sent already
+                await conn.execute(sent.sql, *sent.params)
+                return True
+
+        what = f"sending to {destination.workflow_id}"
+        try:
+            if await self._retried(what, attempt):
+                return None
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(destination.workflow_id) from None
+        with sender.routed():
+            verdict = await self._fetchrow(
+                self.sql.fence_verdict(sender.workflow_id, owner_xid), what)
+            return await self._recorded_or_existing(verdict, sender.workflow_id, function_id,
+                                                    "DBOS.send")
 
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
                               topic: str) -> tuple[bool, str | None, str | None]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
+from typing import NamedTuple
 
 from dbos_async.errors import DBOSError
 
@@ -75,3 +76,17 @@ def bound_shard_key(workflow_id: str) -> str | None:
 def current_scope() -> str | None:
     """The shard-key scope of the current context, if any."""
     return _scope.get()
+
+
+class WorkflowAddress(NamedTuple):
+    """A workflow and its shard key (None unsharded): what tells two same-ID workflows apart."""
+
+    workflow_id: str
+    shard_key: str | None
+
+    @contextmanager
+    def routed(self) -> Iterator[None]:
+        """Statements naming this workflow's ID route by its key alone inside the block,
+        whatever the surrounding context bound to the same ID."""
+        with cleared_shard_keys(), bind_shard_keys({self.workflow_id: self.shard_key}):
+            yield
