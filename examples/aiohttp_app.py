@@ -100,8 +100,8 @@ async def place_order(request: web.Request) -> web.Response:
     try:
         order = Order.model_validate_json(await request.read())
     except ValidationError as error:
-        return web.json_response({"detail": error.errors(include_url=False, include_context=False,
-                                                             include_input=False)}, status=422)
+        problems = error.errors(include_url=False, include_context=False, include_input=False)
+        return web.json_response({"detail": problems}, status=422)
     # With an Idempotency-Key header, the key is this workflow's ID.
     with SetWorkflowAttributes({"customer": order.customer}):
         handle = await request.app[DBOS_KEY].start_workflow(checkout, order)
