@@ -48,13 +48,14 @@ def setup(app: web.Application, executor: DBOS | DBOSClient, *,
     """Store ``executor`` in ``app`` (under :data:`DBOS_KEY` or :data:`CLIENT_KEY`), enter it
     while the application runs (a ``cleanup_ctx``, so cleanup contexts added after this one
     can use it), and add :func:`dbos_middleware`. Call it before the application starts."""
+    middleware = dbos_middleware(idempotency_header=idempotency_header,
+                                 error_statuses=error_statuses)
     if isinstance(executor, DBOS):
         app[DBOS_KEY] = executor
     else:
         app[CLIENT_KEY] = executor
     app.cleanup_ctx.append(dbos_context(executor))
-    app.middlewares.append(dbos_middleware(idempotency_header=idempotency_header,
-                                           error_statuses=error_statuses))
+    app.middlewares.append(middleware)
 
 
 def dbos_context(
