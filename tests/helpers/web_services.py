@@ -140,7 +140,7 @@ class Service:
         except TimeoutError:
             process.kill()
             await process.wait()
-            raise AssertionError(f"the service did not stop on SIGTERM:\n{self.output()}")
+            raise AssertionError(f"the service did not stop on SIGTERM:\n{self.output()}") from None
 
     async def close(self) -> None:
         try:
