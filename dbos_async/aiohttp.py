@@ -22,12 +22,17 @@ from dbos_async.errors import DBOSError
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.operator import Operator
 from dbos_async.web import views
-from dbos_async.web.idempotency import DEFAULT_HEADER, idempotent_request
+from dbos_async.web.idempotency import (
+    DEFAULT_HEADER,
+    current_idempotent_request,
+    idempotent_request,
+)
 from dbos_async.web.problems import PROBLEM_CONTENT_TYPE, checked_statuses, problem_for
 
 __all__ = [
     "CLIENT_KEY",
     "DBOS_KEY",
+    "current_idempotent_request",
     "dbos_context",
     "dbos_middleware",
     "executor_of",

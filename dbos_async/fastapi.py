@@ -25,13 +25,18 @@ from dbos_async.errors import DBOSError
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.operator import Operator
 from dbos_async.web import views
-from dbos_async.web.idempotency import DEFAULT_HEADER, idempotent_request
+from dbos_async.web.idempotency import (
+    DEFAULT_HEADER,
+    current_idempotent_request,
+    idempotent_request,
+)
 from dbos_async.web.problems import PROBLEM_CONTENT_TYPE, checked_statuses, problem_for
 
 __all__ = [
     "DBOSClientDep",
     "DBOSDep",
     "IdempotencyMiddleware",
+    "current_idempotent_request",
     "get_client",
     "get_dbos",
     "install",

@@ -15,7 +15,13 @@ import pytest
 from aiohttp import web
 
 from dbos_async import DBOSClient, SetWorkflowID
-from dbos_async.aiohttp import CLIENT_KEY, DBOS_KEY, setup, workflow_routes
+from dbos_async.aiohttp import (
+    CLIENT_KEY,
+    DBOS_KEY,
+    current_idempotent_request,
+    setup,
+    workflow_routes,
+)
 from dbos_async.errors import ConfigurationError
 from tests.helpers import new_dbos
 from tests.helpers import web_scenarios as scenarios
@@ -141,11 +147,13 @@ async def test_setup_composes_with_the_apps_contexts_and_serves_a_client(
         database_url: str) -> None:
     """A cleanup context added after setup runs inside the executor's (it can start a
     workflow); a second app runs on a DBOSClient, with the read-only routes on a
-    sub-application that finds the client through the parent's key."""
+    sub-application that finds the client through the parent's key, and idempotent
+    enqueues."""
     dbos = new_dbos(database_url)
+    dbos.queue("greetings")
     greetings: list[str] = []
 
-    @dbos.workflow()
+    @dbos.workflow(name="greet")
     async def greet(name: str) -> str:
         return f"hello {name}"
 
@@ -170,10 +178,26 @@ async def test_setup_composes_with_the_apps_contexts_and_serves_a_client(
         found = await request.app[CLIENT_KEY].get_workflow_status("greeting")
         return web.json_response({"status": found.status if found else None})
 
+    async def enqueue_greeting(request: web.Request) -> web.Response:
+        keyed = current_idempotent_request()
+        assert keyed is not None
+        handle = await request.app[CLIENT_KEY].enqueue(
+            "greetings", "greet", await request.text(), workflow_id=keyed.key,
+            attributes=keyed.attributes)
+        return web.json_response({"workflow_id": handle.workflow_id,
+                                  "greeting": await handle.get_result()})
+
     client_app.router.add_get("/status", status)
+    client_app.router.add_post("/greet", enqueue_greeting)
     async with serving(app), serving(client_app) as client_http:
         assert (await client_http.get("/status")).json() == {"status": "SUCCESS"}
         detail = (await client_http.get("/admin/workflows/greeting")).json()
+        enqueued = [await client_http.post("/greet", content=name,
+                                           headers={"Idempotency-Key": "g1"})
+                    for name in ("ann", "ann", "bob")]
+    assert [g.status_code for g in enqueued] == [200, 200, 422], [g.text for g in enqueued]
+    assert enqueued[0].json() == enqueued[1].json() == {"workflow_id": "g1",
+                                                        "greeting": "hello ann"}
     assert greetings == ["hello startup"]
     assert detail["output"] == "hello startup"
     assert client_app[CLIENT_KEY] is client and DBOS_KEY not in client_app

@@ -22,6 +22,7 @@ from dbos_async.errors import ConfigurationError
 from dbos_async.fastapi import (
     DBOSClientDep,
     DBOSDep,
+    current_idempotent_request,
     install,
     lifespan,
     workflow_router,
@@ -156,10 +157,12 @@ async def test_a_key_on_a_request_that_starts_no_workflow_is_not_deduplicated(
 async def test_lifespan_composes_with_the_apps_and_serves_a_client(database_url: str) -> None:
     """The executor is entered around the app's own lifespan (which can start a workflow,
     and whose state reaches requests); a second app runs on a DBOSClient, with its
-    dependency and the read-only routes; the wrong dependency is a clear problem."""
+    dependency, idempotent enqueues and the read-only routes; the wrong dependency is a
+    clear problem."""
     dbos = new_dbos(database_url)
+    dbos.queue("greetings")
 
-    @dbos.workflow()
+    @dbos.workflow(name="greet")
     async def greet(name: str) -> str:
         return f"hello {name}"
 
@@ -185,6 +188,14 @@ async def test_lifespan_composes_with_the_apps_and_serves_a_client(database_url:
         found = await client.get_workflow_status(workflow_id)
         return {"status": found.status if found else None}
 
+    @client_app.post("/greet")
+    async def enqueue_greeting(request: Request, client: DBOSClientDep) -> dict[str, Any]:
+        keyed = current_idempotent_request()
+        assert keyed is not None
+        handle = await client.enqueue("greetings", "greet", (await request.body()).decode(),
+                                      workflow_id=keyed.key, attributes=keyed.attributes)
+        return {"workflow_id": handle.workflow_id, "greeting": await handle.get_result()}
+
     @client_app.get("/wrong")
     async def wrong(executor: DBOSDep) -> dict[str, str]:
         return {}
@@ -195,7 +206,13 @@ async def test_lifespan_composes_with_the_apps_and_serves_a_client(database_url:
         assert (await client_http.get("/status/greeting")).json() == {"status": "SUCCESS"}
         detail = (await client_http.get("/admin/workflows/greeting")).json()
         assert detail["output"] == "hello startup"
+        greetings = [await client_http.post("/greet", content=name,
+                                            headers={"Idempotency-Key": "g1"})
+                     for name in ("ann", "ann", "bob")]
         wrong_dependency = await client_http.get("/wrong")
+    assert [g.status_code for g in greetings] == [200, 200, 422], [g.text for g in greetings]
+    assert greetings[0].json() == greetings[1].json() == {"workflow_id": "g1",
+                                                          "greeting": "hello ann"}
     assert wrong_dependency.status_code == 500
     assert "get_client" in wrong_dependency.json()["detail"]
     assert not hasattr(app.state, "dbos_async")

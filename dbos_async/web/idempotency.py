@@ -11,7 +11,9 @@ one whose start lost the race only joined the winner's workflow, and must not an
 that workflow's result.
 
 Safe methods (GET, HEAD, OPTIONS, TRACE) ignore the header. A request with a key that
-starts no workflow is not deduplicated: a retry runs the endpoint again.
+starts no workflow is not deduplicated: a retry runs the endpoint again. A start that
+``SetWorkflowID`` does not reach (``DBOSClient.enqueue``) takes the key and the digest from
+:func:`current_idempotent_request`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from dbos_async.errors import IdempotencyKeyConflictError, InvalidRequestError
@@ -43,6 +46,11 @@ class IdempotentRequest:
     digest: str
     header: str = DEFAULT_HEADER
 
+    @property
+    def attributes(self) -> dict[str, str]:
+        """The attributes the request's workflow records (the digest)."""
+        return {DIGEST_ATTRIBUTE: self.digest}
+
     async def check(self, operator: Operator) -> None:
         """Raise :class:`IdempotencyKeyConflictError` if the key's workflow exists and was
         not started by a request with this digest."""
@@ -56,8 +64,23 @@ class IdempotentRequest:
     def starting(self) -> Iterator[None]:
         """The block the endpoint runs in: its first workflow start takes the key as ID,
         and every start records the digest."""
-        with SetWorkflowID(self.key), added_attributes({DIGEST_ATTRIBUTE: self.digest}):
-            yield
+        token = _current.set(self)
+        try:
+            with SetWorkflowID(self.key), added_attributes(self.attributes):
+                yield
+        finally:
+            _current.reset(token)
+
+
+_current: ContextVar[IdempotentRequest | None] = ContextVar(
+    "dbos_async_idempotent_request", default=None)
+
+
+def current_idempotent_request() -> IdempotentRequest | None:
+    """In an endpoint serving a request with an idempotency key, that request (its ``key``
+    and ``attributes``), else None: for starts ``SetWorkflowID`` does not reach, such as
+    ``client.enqueue(..., workflow_id=r.key, attributes=r.attributes)``."""
+    return _current.get()
 
 
 def idempotent_request(header: str, value: str | None, method: str, path: str,
