@@ -155,6 +155,24 @@ class QueueNotFoundError(DBOSError):
         self.queue_name = queue_name
 
 
+class InvalidRequestError(DBOSError):
+    """An HTTP request the web integrations refuse before doing anything: a malformed
+    ``Idempotency-Key`` header, an unknown or malformed query parameter."""
+
+
+class IdempotencyKeyConflictError(DBOSError):
+    """An idempotency key sent again with a different request (method, path, query or
+    body) than the one whose workflow it names."""
+
+    def __init__(self, key: str, header: str = "Idempotency-Key") -> None:
+        super().__init__(
+            f"{header} {key!r} was already used for a different request (another method, "
+            "path, query or body); reuse a key only to retry the same request"
+        )
+        self.key = key
+        self.header = header
+
+
 class ApplicationOwnershipError(DBOSError):
     """A queue or application version name is already owned by another application sharing
     the system database (names are unique across applications)."""

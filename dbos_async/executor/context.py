@@ -54,6 +54,10 @@ _in_step: ContextVar[bool] = ContextVar("dbos_in_step", default=False)
 _next_workflow_id: ContextVar[str | None] = ContextVar("dbos_next_workflow_id", default=None)
 _timeout: ContextVar[float | None] = ContextVar("dbos_workflow_timeout", default=None)
 _attributes: ContextVar[str | None] = ContextVar("dbos_workflow_attributes", default=None)
+# Integrations' own keys, kept apart from the user's so SetWorkflowAttributes inside their
+# block does not drop them.
+_added_attributes: ContextVar[dict[str, Any] | None] = ContextVar(
+    "dbos_added_workflow_attributes", default=None)
 _shard_key: ContextVar[str | None] = ContextVar("dbos_next_shard_key", default=None)
 
 
@@ -75,11 +79,13 @@ def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
     step_token = _in_step.set(False)
     # Attributes and shard keys are not inherited by the workflow's children.
     attributes_token = _attributes.set(None)
+    added_token = _added_attributes.set(None)
     key_token = _shard_key.set(None)
     try:
         yield
     finally:
         _shard_key.reset(key_token)
+        _added_attributes.reset(added_token)
         _attributes.reset(attributes_token)
         _in_step.reset(step_token)
         _workflow.reset(token)
@@ -112,22 +118,27 @@ def next_shard_key() -> str | None:
 
 
 def workflow_attributes() -> str | None:
-    """The attributes set by :class:`SetWorkflowAttributes`, as a JSON object (text)."""
-    return _attributes.get()
+    """The attributes of the next start, as a JSON object (text): those set by
+    :class:`SetWorkflowAttributes`, with the keys of :func:`added_attributes` over them."""
+    user = _attributes.get()
+    added = _added_attributes.get()
+    if added is None:
+        return user
+    return attributes_json({**(json.loads(user) if user is not None else {}), **added})
 
 
 @contextmanager
 def added_attributes(extra: dict[str, Any]) -> Iterator[None]:
     """Add ``extra`` over the attributes of workflows started in the block, keeping the
     user's own: integrations record what they need (a request digest, a trace context) in
-    keys of their own, so a caller's ``SetWorkflowAttributes`` and theirs combine."""
-    current = _attributes.get()
-    merged = {**(json.loads(current) if current is not None else {}), **extra}
-    token = _attributes.set(attributes_json(merged))
+    keys of their own, so a caller's ``SetWorkflowAttributes`` and theirs combine, whichever
+    is entered first."""
+    attributes_json(extra)  # checked now, where the integration calls it
+    token = _added_attributes.set({**(_added_attributes.get() or {}), **extra})
     try:
         yield
     finally:
-        _attributes.reset(token)
+        _added_attributes.reset(token)
 
 
 def attributes_json(attributes: dict[str, Any] | None) -> str | None:
