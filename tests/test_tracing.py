@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from helpers import new_dbos
+from helpers.tracing_worker import define_waiting
+from helpers.tracing_worker import new_dbos as worker_dbos
 from opentelemetry.sdk.trace import TracerProvider
 
 from dbos_async import DBOSClient
@@ -118,6 +120,22 @@ async def test_a_trace_continues_across_a_queue_into_another_executor_process(
     assert workflow["parent_span_id"] == span_id
     assert step["parent_span_id"] == workflow["span_id"]
     assert workflow["attributes"]["dbos.workflow.id"] == handle.workflow_id
+
+
+async def test_a_recovered_workflow_continues_the_trace_of_its_start(database_url: str) -> None:
+    tracer = TracerProvider().get_tracer("test")
+    dbos = worker_dbos(database_url, shutdown_grace_period=0)
+    waiting = define_waiting(dbos)
+    async with dbos:
+        with tracer.start_as_current_span("request") as request:
+            handle = await dbos.start_workflow(waiting)
+    # Left at once: the workflow stays PENDING, for the worker (same executor ID) to recover.
+    spans = run_worker(database_url, "recover", handle.workflow_id)
+    workflow, step = one(spans, "waiting"), one(spans, "add_one")
+    context = request.get_span_context()
+    assert workflow["trace_id"] == step["trace_id"] == format(context.trace_id, "032x")
+    assert workflow["parent_span_id"] == format(context.span_id, "016x")
+    assert step["parent_span_id"] == workflow["span_id"]
 
 
 NO_OTEL = textwrap.dedent(

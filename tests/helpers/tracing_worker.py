@@ -15,7 +15,10 @@ Scenarios:
 - ``retry``: workflow ``retrying`` whose step ``flaky`` fails twice, then succeeds;
 - ``failure``: workflow ``failing`` whose step ``explode`` raises ``ValueError('bad 3')``;
 - ``worker``: an executor of queue ``traced`` that runs ``queued`` (a step ``queued_step``)
-  until workflow ``WORKFLOW_ID`` has finished.
+  until workflow ``WORKFLOW_ID`` has finished;
+- ``recover``: an executor that recovers the PENDING workflow ``WORKFLOW_ID`` (``waiting``
+  of :func:`define_waiting`, left by the test under the same executor ID), sends it its
+  number and waits for its result.
 """
 
 from __future__ import annotations
@@ -32,12 +35,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dbos_async import DBOS
 
-exporter = InMemorySpanExporter()
-provider = TracerProvider()
-provider.add_span_processor(SimpleSpanProcessor(exporter))
-trace.set_tracer_provider(provider)
-
-
 def span_json(span: ReadableSpan) -> dict[str, Any]:
     context = span.get_span_context()
     assert context is not None
@@ -53,9 +50,10 @@ def span_json(span: ReadableSpan) -> dict[str, Any]:
     }
 
 
-def new_dbos(url: str) -> DBOS:
-    return DBOS(system_database_url=url, executor_id="tracing-worker",
-                application_version="tracing-v1", shutdown_grace_period=5, pool_size=4)
+def new_dbos(url: str, **settings: Any) -> DBOS:
+    return DBOS(**{"system_database_url": url, "executor_id": "tracing-worker",
+                   "application_version": "tracing-v1", "shutdown_grace_period": 5,
+                   "pool_size": 4, **settings})
 
 
 async def tree(url: str) -> None:
@@ -142,11 +140,37 @@ async def worker(url: str, workflow_id: str) -> None:
         await (await dbos.retrieve_workflow(workflow_id)).get_result()
 
 
+def define_waiting(dbos: DBOS) -> Any:
+    """Workflow ``waiting``: receives a number, then adds one in step ``add_one``."""
+
+    @dbos.step(name="add_one")
+    async def add_one(x: int) -> int:
+        return x + 1
+
+    @dbos.workflow(name="waiting")
+    async def waiting() -> int:
+        return await add_one(await dbos.recv(timeout=60))
+
+    return waiting
+
+
+async def recover(url: str, workflow_id: str) -> None:
+    dbos = new_dbos(url)
+    define_waiting(dbos)
+    async with dbos:  # recovers the test's PENDING workflow
+        await dbos.send(workflow_id, 41)
+        assert await (await dbos.retrieve_workflow(workflow_id)).get_result() == 42
+
+
 def main() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
     url, scenario, *rest = sys.argv[1:]
     scenarios = {"tree": tree, "retry": retry, "failure": failure}
-    if scenario == "worker":
-        asyncio.run(worker(url, rest[0]))
+    if scenario in ("worker", "recover"):
+        asyncio.run({"worker": worker, "recover": recover}[scenario](url, rest[0]))
     else:
         asyncio.run(scenarios[scenario](url))
     for span in exporter.get_finished_spans():
