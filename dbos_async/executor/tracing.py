@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.executor.context import added_attributes, workflow_of_step
@@ -61,16 +61,11 @@ def current_carrier() -> dict[str, str] | None:
     return carrier or None
 
 
-@contextmanager
-def propagated() -> Iterator[None]:
+def propagated() -> AbstractContextManager[None]:
     """Record the active span's trace context in the attributes of workflows started or
     enqueued in the block."""
     carrier = current_carrier()
-    if carrier is None:
-        yield
-        return
-    with added_attributes({CARRIER_KEY: carrier}):
-        yield
+    return nullcontext() if carrier is None else added_attributes({CARRIER_KEY: carrier})
 
 
 def traced_attributes(attributes: dict[str, Any] | None) -> dict[str, Any] | None:

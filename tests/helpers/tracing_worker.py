@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from dbos_async import DBOS
 
+
 def span_json(span: ReadableSpan) -> dict[str, Any]:
     context = span.get_span_context()
     assert context is not None
