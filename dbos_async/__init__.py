@@ -31,6 +31,7 @@ from dbos_async.executor.context import (
 from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
+from dbos_async.executor.logs import log_to_stderr
 from dbos_async.executor.queues import (
     Debouncer,
     DeduplicationPolicy,
@@ -84,4 +85,5 @@ __all__ = [
     "WorkflowStatus",
     "WorkflowStepInfo",
     "holds_sharded_schema",
+    "log_to_stderr",
 ]

@@ -40,6 +40,7 @@ from dbos_async.executor.queues.options import DeduplicationPolicy, check_option
 from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
 from dbos_async.executor.start import CallContext, Placement, check_name, plan_start
 from dbos_async.executor.tasks import TaskOwner
+from dbos_async.executor.tracing import traced_attributes
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
@@ -202,7 +203,8 @@ class DBOSClient(Operator, Peer):
                        f"the inputs of {workflow_name}")
         plan = plan_start(
             CallContext(workflow_id=workflow_id, timeout=timeout,
-                        attributes=attributes_json(attributes), shard_key=shard_key),
+                        attributes=attributes_json(traced_attributes(attributes)),
+                        shard_key=shard_key),
             name=workflow_name, inputs=inputs, executor_id=self.config.executor_id,
             application_version=application_version,
             placement=Placement(queue_name, priority=priority,

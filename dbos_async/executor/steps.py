@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from dbos_async.errors import (
     StepRetriesExceededError,
     WorkflowCancelledError,
 )
+from dbos_async.executor import logs, observe
 from dbos_async.executor.context import WorkflowContext, running_step
 from dbos_async.executor.serialization import (
     Signature,
@@ -24,8 +24,6 @@ from dbos_async.executor.serialization import (
     serialize_error,
 )
 from dbos_async.sysdb.database import StepRecord, now_ms
-
-logger = logging.getLogger("dbos_async")
 
 RetryOn = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
@@ -78,28 +76,29 @@ class StepInfo:
     signature: Signature
 
 
-async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run the step under its retry policy, marked as inside a step."""
+async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  step_id: int | None = None) -> Any:
+    """Run the step under its retry policy, marked as inside a step (``step_id``: its
+    position in its workflow, if it runs in one)."""
     options = info.options
     errors: list[BaseException] = []
     delay = options.retry_interval
     with running_step():
         for attempt_number in range(options.retries + 1):
             try:
-                if options.timeout is None:
-                    return await info.fn(*args, **kwargs)
-                with anyio.fail_after(options.timeout):
-                    return await info.fn(*args, **kwargs)
+                with observe.step_attempt(options.name, step_id, attempt_number + 1):
+                    if options.timeout is None:
+                        return await info.fn(*args, **kwargs)
+                    with anyio.fail_after(options.timeout):
+                        return await info.fn(*args, **kwargs)
             except Exception as error:
                 if not options.should_retry(error):
                     raise
                 errors.append(error)
                 if attempt_number == options.retries:
                     break
-                logger.warning(
-                    "Step %s failed (attempt %d of %d), retrying in %.2fs: %r",
-                    options.name, attempt_number + 1, options.retries + 1, delay, error,
-                )
+                logs.step_retrying(options.name, step_id, attempt_number + 1,
+                                   options.retries + 1, delay, error)
                 await asyncio.sleep(delay)
                 delay = min(delay * options.backoff_rate, options.max_retry_interval)
     if options.retries == 0:
@@ -135,7 +134,7 @@ async def run_checkpointed(
     started = now_ms()
     try:
         with ctx.runtime.cancellation.region(ctx, info.options.cancellable):
-            value = await attempt(info, args, kwargs)
+            value = await attempt(info, args, kwargs, step_id)
     except Exception as error:
         if ctx.cancelled:
             # Interrupted (or cancelled meanwhile): nothing to record, the workflow stops.

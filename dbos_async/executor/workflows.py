@@ -22,6 +22,7 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
+from dbos_async.executor import observe
 from dbos_async.executor.context import WorkflowContext, running_workflow
 from dbos_async.executor.handles import outcome_value
 from dbos_async.executor.registry import WorkflowInfo
@@ -55,14 +56,17 @@ def launch(
     checkpoints: dict[int, StepRecord],
     deadline_epoch_ms: int | None,
     shard_key: str | None,
+    attributes: str | None = None,
 ) -> Execution:
-    """Run a workflow body this execution owns, as a task of the runtime."""
+    """Run a workflow body this execution owns, as a task of the runtime (``attributes``:
+    its stored attributes, which may carry the trace its span continues)."""
     execution = Execution(info)
     ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
                           shard_key)
     runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
-    runtime.workflows.spawn(_run(ctx, execution, args, kwargs), name=f"workflow {workflow_id}")
+    runtime.workflows.spawn(_run(ctx, execution, args, kwargs, attributes),
+                            name=f"workflow {workflow_id}")
     return execution
 
 
@@ -79,12 +83,13 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
                        if row.has_checkpoints else {})
     assert row.owner_xid is not None
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
-                  row.deadline_epoch_ms, row.shard_key)
+                  row.deadline_epoch_ms, row.shard_key, row.attributes)
 
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> None:
-    with ctx.routed():
+               kwargs: dict[str, Any], attributes: str | None) -> None:
+    with ctx.routed(), observe.workflow_run(ctx, execution.info.name, execution.result,
+                                            attributes):
         await _execute(ctx, execution, args, kwargs)
 
 

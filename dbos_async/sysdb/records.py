@@ -51,6 +51,8 @@ class WorkflowRow:
     has_checkpoints: bool = True
     # The workflow's shard key, read back from a sharded database.
     shard_key: str | None = None
+    # Its custom attributes, the jsonb as text (where the statement returns them).
+    attributes: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +79,6 @@ class StatusRecord(WorkflowRow):
     priority: int
     queue_partition_key: str | None
     application_name: str | None
-    attributes: str | None
     output: str | None = None
     error: str | None = None
     parent_shard_key: str | None = None
@@ -123,6 +124,7 @@ def _from_row(cls: type[R], row: asyncpg.Record, **columns: Any) -> R:
         inputs=row.get("inputs"),
         has_checkpoints=row.get("has_checkpoints", True),
         shard_key=row.get("shard_key"),
+        attributes=row.get("attributes"),
         **columns,
     )
 
@@ -154,7 +156,6 @@ def status_record(row: asyncpg.Record) -> StatusRecord:
         priority=row["priority"] or 0,
         queue_partition_key=row["queue_partition_key"],
         application_name=row["application_name"],
-        attributes=row["attributes"],
         output=row.get("output"),
         error=row.get("error"),
         parent_shard_key=row.get("parent_shard_key"),

@@ -57,7 +57,7 @@ class RecoveryStatements(StatementBase):
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}
                   AND queue_name IS NULL
                 RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
-                          serialization, workflow_deadline_epoch_ms,
+                          serialization, workflow_deadline_epoch_ms, attributes,
                           recovery_attempts{self.key_columns('ws')},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.wf_join('wi', 'ws')}) AS inputs""",

@@ -1,0 +1,78 @@
+"""What a workflow run and a step attempt report: their log records and spans.
+
+Two hooks, one around each: :func:`workflow_run` around a workflow body's execution (with
+its outcome recorded), :func:`step_attempt` around each attempt of a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from dbos_async.errors import WorkflowCancelledError
+from dbos_async.executor import logs, tracing
+from dbos_async.executor.context import WorkflowContext
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+_UNTRACED: AbstractContextManager[None] = nullcontext()
+
+
+@contextmanager
+def workflow_run(ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
+                 attributes: str | None) -> Iterator[None]:
+    """Log the run's start and finish and trace it as a span (continuing the trace recorded
+    in its ``attributes``); the block settles ``outcome``, the run's result or error."""
+    workflow_id = ctx.workflow_id
+    started = time.monotonic()
+    logs.workflow_started(workflow_id, name, len(ctx.checkpoints))
+    span = tracing.start_workflow_span(workflow_id, name, ctx.runtime.config.executor_id,
+                                       attributes)
+    interrupted = False
+    try:
+        with tracing.active(span) if span is not None else _UNTRACED:
+            yield
+    except asyncio.CancelledError:
+        interrupted = True
+        raise
+    finally:
+        status, error = (logs.PENDING, None) if interrupted else _settled(outcome)
+        logs.workflow_finished(workflow_id, name, status, (time.monotonic() - started) * 1000,
+                               error)
+        if span is not None:
+            tracing.end_span(span, error if status == logs.ERROR else None,
+                             {"dbos.workflow.status": status})
+
+
+def _settled(outcome: asyncio.Future[Any]) -> tuple[str, BaseException | None]:
+    if not outcome.done() or outcome.cancelled():
+        return logs.PENDING, None
+    error = outcome.exception()
+    if error is None:
+        return logs.SUCCESS, None
+    return (logs.CANCELLED if isinstance(error, WorkflowCancelledError) else logs.ERROR), error
+
+
+def step_attempt(name: str, step_id: int | None, attempt: int) -> AbstractContextManager[None]:
+    """Trace attempt ``attempt`` (from 1) of a step as a span of its own, a child of the
+    active span; nothing while tracing is off."""
+    span = tracing.start_step_span(name, step_id, attempt)
+    return _UNTRACED if span is None else _traced_attempt(span)
+
+
+@contextmanager
+def _traced_attempt(span: Span) -> Iterator[None]:
+    try:
+        with tracing.active(span):
+            yield
+    except Exception as error:
+        tracing.end_span(span, error)
+        raise
+    except BaseException:  # cancelled: no verdict on the step
+        tracing.end_span(span, None)
+        raise
+    tracing.end_span(span, None)
