@@ -25,6 +25,10 @@ from dbos_async.executor.context import (
     SetWorkflowAttributes,
     SetWorkflowID,
     SetWorkflowTimeout,
+    current_shard_key,
+    current_step_attempt,
+    current_step_id,
+    current_workflow_id,
 )
 from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
 from dbos_async.executor.dbos import DBOS
@@ -79,5 +83,9 @@ __all__ = [
     "WorkflowNotRegisteredError",
     "WorkflowStatus",
     "WorkflowStepInfo",
+    "current_shard_key",
+    "current_step_attempt",
+    "current_step_id",
+    "current_workflow_id",
     "holds_sharded_schema",
 ]

@@ -74,13 +74,16 @@ class StepInfo:
     signature: Signature
 
 
-async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run the step under its retry policy, marked as inside a step."""
+async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  step_id: int | None = None) -> Any:
+    """Run the step under its retry policy, marked as inside step ``step_id`` (None: a step
+    called outside a workflow, or inside another step)."""
     options = info.options
     errors: list[BaseException] = []
     delay = options.retry_interval
-    with running_step():
+    with running_step(step_id) as step:
         for attempt_number in range(options.retries + 1):
+            step.attempt = attempt_number + 1
             try:
                 if options.timeout is None:
                     return await info.fn(*args, **kwargs)
@@ -131,7 +134,7 @@ async def run_checkpointed(
     started = now_ms()
     try:
         with ctx.runtime.cancellation.region(ctx, info.options.cancellable):
-            value = await attempt(info, args, kwargs)
+            value = await attempt(info, args, kwargs, step_id)
     except Exception as error:
         if ctx.cancelled:
             # Interrupted (or cancelled meanwhile): nothing to record, the workflow stops.
