@@ -27,6 +27,10 @@ from dbos_async.executor.context import (
     SetWorkflowAttributes,
     SetWorkflowID,
     SetWorkflowTimeout,
+    current_shard_key,
+    current_step_attempt,
+    current_step_id,
+    current_workflow_id,
 )
 from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
 from dbos_async.executor.dbos import DBOS
@@ -84,6 +88,10 @@ __all__ = [
     "WorkflowNotRegisteredError",
     "WorkflowStatus",
     "WorkflowStepInfo",
+    "current_shard_key",
+    "current_step_attempt",
+    "current_step_id",
+    "current_workflow_id",
     "holds_sharded_schema",
     "log_to_stderr",
 ]

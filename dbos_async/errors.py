@@ -106,12 +106,15 @@ class StepRetriesExceededError(DBOSError):
 
 
 class RecordedError(DBOSError):
-    """An error read back from the system database.
+    """An error as the system database records it: a workflow's or step's failure.
 
-    Workflows and steps record their exceptions as portable JSON (name, message, code, data);
-    a replay or another process gets this exception back. When the recorded type is a Python
-    builtin exception, the raised object is also an instance of that builtin, so
-    ``except ValueError`` keeps working on replay.
+    Workflows and steps record their exceptions as portable JSON (name, message, code, data),
+    and every caller gets them in this form, on the first run (with the original exception
+    as ``__cause__``) as on a replay or in another process, so the two read the same:
+    ``str()`` is the original message. Where the recorded type can be found (a builtin
+    exception, one of dbos_async's errors, or a module-level class of a module this process
+    has imported) the raised object is also an instance of it, so ``except ValueError`` or
+    ``except MyError`` catches it either way.
     """
 
     def __init__(
@@ -126,7 +129,7 @@ class RecordedError(DBOSError):
         self.data = data
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.message}"
+        return self.message
 
 
 class QueueDeduplicatedError(DBOSError):

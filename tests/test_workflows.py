@@ -536,9 +536,11 @@ async def test_recorded_step_error_replays_as_the_builtin_type(database_url: str
     assert attempts["parse"] == 1
     [(_, live), (label, replayed)] = seen
     assert label == "second"
-    assert type(live) is ValueError
+    # The body caught the recorded form both times (the original is the live one's cause).
+    assert type(live) is type(replayed)
     assert isinstance(replayed, RecordedError) and isinstance(replayed, ValueError)
-    assert replayed.message == str(live)
+    assert type(live.__cause__) is ValueError
+    assert str(replayed) == str(live) == str(live.__cause__)
 
 
 # ---- Step retries and timeouts ----

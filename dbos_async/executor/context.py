@@ -49,8 +49,17 @@ class WorkflowContext:
         return step_id
 
 
+@dataclass
+class StepContext:
+    """The step running here: its position in its workflow (None for a step called outside
+    a workflow) and the attempt under way (1 for the first, counting its retries)."""
+
+    step_id: int | None
+    attempt: int = 1
+
+
 _workflow: ContextVar[WorkflowContext | None] = ContextVar("dbos_workflow", default=None)
-_in_step: ContextVar[bool] = ContextVar("dbos_in_step", default=False)
+_step: ContextVar[StepContext | None] = ContextVar("dbos_step", default=None)
 _next_workflow_id: ContextVar[str | None] = ContextVar("dbos_next_workflow_id", default=None)
 _timeout: ContextVar[float | None] = ContextVar("dbos_workflow_timeout", default=None)
 _attributes: ContextVar[str | None] = ContextVar("dbos_workflow_attributes", default=None)
@@ -63,20 +72,20 @@ _shard_key: ContextVar[str | None] = ContextVar("dbos_next_shard_key", default=N
 
 def current_workflow() -> WorkflowContext | None:
     """The workflow whose body is running here, or None outside workflows and inside steps."""
-    if _in_step.get():
+    if _step.get() is not None:
         return None
     return _workflow.get()
 
 
 def workflow_of_step() -> WorkflowContext | None:
     """Inside a step of a workflow, that workflow's context; else None."""
-    return _workflow.get() if _in_step.get() else None
+    return _workflow.get() if _step.get() is not None else None
 
 
 @contextmanager
 def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
     token = _workflow.set(ctx)
-    step_token = _in_step.set(False)
+    step_token = _step.set(None)
     # Attributes and shard keys are not inherited by the workflow's children.
     attributes_token = _attributes.set(None)
     added_token = _added_attributes.set(None)
@@ -87,17 +96,57 @@ def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
         _shard_key.reset(key_token)
         _added_attributes.reset(added_token)
         _attributes.reset(attributes_token)
-        _in_step.reset(step_token)
+        _step.reset(step_token)
         _workflow.reset(token)
 
 
 @contextmanager
-def running_step() -> Iterator[None]:
-    token = _in_step.set(True)
+def running_step(step_id: int | None) -> Iterator[StepContext]:
+    """Mark the block as step ``step_id`` of the current workflow. A step called inside
+    another step runs as part of it, so it keeps the enclosing step's position."""
+    outer = _step.get()
+    if step_id is None and outer is not None:
+        step_id = outer.step_id
+    step = StepContext(step_id)
+    token = _step.set(step)
     try:
-        yield
+        yield step
     finally:
-        _in_step.reset(token)
+        _step.reset(token)
+
+
+# ---- Public accessors: what the running code can learn of its workflow and step ----
+
+
+def current_workflow_id() -> str | None:
+    """The ID of the workflow running this code (its body, or one of its steps); None
+    outside workflows. Like the ``dbos`` package's ``DBOS.workflow_id``."""
+    ctx = _workflow.get()
+    return ctx.workflow_id if ctx is not None else None
+
+
+def current_step_id() -> int | None:
+    """Inside a step of a workflow, the step's position in it (its ``function_id``, what
+    ``list_workflow_steps`` shows); None in a workflow body outside steps, in a step called
+    outside a workflow, and outside workflows. Like ``DBOS.step_id``."""
+    step = _step.get()
+    return step.step_id if step is not None else None
+
+
+def current_step_attempt() -> int | None:
+    """Inside a step, the attempt under way: 1 for the first, 2 for the first retry, ...
+    (also in a step called outside a workflow, which retries too); None outside steps.
+    ``DBOS.step_status.current_attempt`` plus one (that count starts at 0)."""
+    step = _step.get()
+    return step.attempt if step is not None else None
+
+
+def current_shard_key() -> str | None:
+    """The shard key of the workflow running this code (its body or a step) on a sharded
+    system database; None on an unsharded one and outside workflows. Like
+    ``DBOS.shard_key``."""
+    ctx = _workflow.get()
+    return ctx.shard_key if ctx is not None else None
 
 
 def take_workflow_id() -> str | None:

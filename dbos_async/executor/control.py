@@ -20,7 +20,8 @@ from typing import Any
 from dbos_async.errors import DBOSError, SerializationError
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.serialization import deserialize_error, from_json
+from dbos_async.executor.recorded_errors import deserialize_error
+from dbos_async.executor.serialization import from_json
 from dbos_async.executor.start import CallContext, new_workflow_id
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,

@@ -14,7 +14,8 @@ from dbos_async.errors import (
     NonExistentWorkflowError,
     WorkflowCancelledError,
 )
-from dbos_async.executor.serialization import Signature, deserialize_error, from_json
+from dbos_async.executor.recorded_errors import deserialize_error
+from dbos_async.executor.serialization import Signature, from_json
 from dbos_async.sysdb.database import Outcome
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import bind_shard_keys

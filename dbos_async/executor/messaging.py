@@ -20,11 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.executor.context import WorkflowContext
-from dbos_async.executor.serialization import (
-    from_json,
-    serialize_error,
-    to_json,
-)
+from dbos_async.executor.recorded_errors import recorded_error
+from dbos_async.executor.serialization import from_json, to_json
 from dbos_async.executor.steps import replay
 from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
@@ -137,11 +134,12 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
         except NonExistentWorkflowError as missing:
             # Recorded as the step's outcome, so a replay raises the same error.
             started = now_ms()
+            text, recorded = recorded_error(missing)
             with ctx.routed():
                 await sysdb.record_step(ctx.workflow_id, step_id, SEND, ctx.owner_xid,
-                                        output=None, error=serialize_error(missing),
-                                        started_at_ms=started, completed_at_ms=started)
-            raise
+                                        output=None, error=text, started_at_ms=started,
+                                        completed_at_ms=started)
+            raise recorded from missing
         if existing is not None:
             replay(ctx, step_id, SEND, existing)
             return

@@ -1,14 +1,14 @@
 """DBOS portable JSON, with values coerced back to the annotated types.
 
-Inputs are stored as ``{"positionalArgs": [...], "namedArgs": {...}}``, results as plain JSON
-and errors as ``{"name", "message", "code", "data"}``, so DBOS clients in other languages can
-read and write them. On the way back, pydantic validates each value against its parameter's
-or return annotation: a workflow taking an ``Order`` model gets an ``Order`` on recovery.
+Inputs are stored as ``{"positionalArgs": [...], "namedArgs": {...}}`` and results as plain
+JSON, so DBOS clients in other languages can read and write them (errors: see
+:mod:`dbos_async.executor.recorded_errors`). On the way back, pydantic validates each value
+against its parameter's or return annotation: a workflow taking an ``Order`` model gets an
+``Order`` on recovery.
 """
 
 from __future__ import annotations
 
-import builtins
 import inspect
 import json
 from collections.abc import Callable
@@ -18,8 +18,7 @@ from typing import Any, get_type_hints
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from dbos_async import errors as library_errors
-from dbos_async.errors import DBOSError, RecordedError, SerializationError
+from dbos_async.errors import SerializationError
 from dbos_async.sysdb.statements import PORTABLE_JSON
 
 
@@ -145,87 +144,3 @@ class Signature:
     def deserialize_result(self, text: str | None, serialization: str | None) -> Any:
         what = f"the result of {self.qualname}"
         return self.coerce("return", from_json(text, serialization, what), what)
-
-
-# ---- Errors ----
-
-def _error_code(error: BaseException) -> int | str | None:
-    for attribute in ("code", "error_code", "errno", "status_code"):
-        value = getattr(error, attribute, None)
-        if isinstance(value, int | str) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def serialize_error(error: BaseException) -> str:
-    """Record an exception as a portable error; a replayed :class:`RecordedError` keeps its name."""
-    if isinstance(error, RecordedError):
-        name, message, code, data = error.name, error.message, error.code, error.data
-    else:
-        name, message, code = type(error).__name__, str(error), _error_code(error)
-        data = _library_error_fields(error) if isinstance(error, DBOSError) else None
-    try:
-        data = to_jsonable_python(data)
-    except (PydanticSerializationError, TypeError, ValueError):
-        data = repr(data)
-    payload = {"name": name, "message": message, "code": code, "data": data}
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def _library_error_fields(error: DBOSError) -> dict[str, Any]:
-    """The scalar attributes of one of our own errors (``step_id``, ``recorded``, ...), kept so
-    the error read back from the database carries them too."""
-    return {
-        key: value for key, value in vars(error).items()
-        if not key.startswith("_") and isinstance(value, str | int | float | bool | None)
-    }
-
-
-_recorded_types: dict[str, type[RecordedError]] = {}
-
-
-def _known_exception(name: str) -> type[Exception] | None:
-    """The builtin or dbos_async exception class called ``name``, if there is one."""
-    for namespace in (builtins, library_errors):
-        known = getattr(namespace, name, None)
-        if (isinstance(known, type) and issubclass(known, Exception)
-                and not issubclass(known, RecordedError)):
-            return known
-    return None
-
-
-def _recorded_type(name: str) -> type[RecordedError]:
-    """A RecordedError subclass that is also the builtin or dbos_async exception ``name``, so
-    ``except ValueError`` or ``except NondeterminismError`` catches the error whether it was
-    raised here or read back from the database."""
-    if name in _recorded_types:
-        return _recorded_types[name]
-    known = _known_exception(name)
-    cls: type[RecordedError] = RecordedError
-    if known is not None:
-        try:
-            cls = type(name, (RecordedError, known), {"__module__": "dbos_async.errors"})
-        except TypeError:
-            cls = RecordedError  # A builtin whose layout cannot be mixed in.
-    _recorded_types[name] = cls
-    return cls
-
-
-def deserialize_error(text: str | None, serialization: str | None) -> RecordedError:
-    data = from_json(text, serialization, "a recorded error")
-    if not isinstance(data, dict):
-        return RecordedError("Error", str(data))
-    name = str(data.get("name") or "Error")
-    message = str(data.get("message") or "")
-    code = data.get("code")
-    cls = _recorded_type(name)
-    fields = data.get("data")
-    try:
-        error = cls(name, message, code if isinstance(code, int | str) else None, fields)
-    except Exception:
-        return RecordedError(name, message, None, fields)
-    if cls is not RecordedError and hasattr(library_errors, name) and isinstance(fields, dict):
-        for key, value in fields.items():
-            if isinstance(key, str) and not hasattr(RecordedError, key) and key not in vars(error):
-                setattr(error, key, value)
-    return error

@@ -26,9 +26,9 @@ from dbos_async.executor.context import (
     workflow_timeout,
 )
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
+from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
 from dbos_async.executor.registry import WorkflowInfo, instance_name
 from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.serialization import deserialize_error, serialize_error
 from dbos_async.sysdb.database import StartResult, StepRecord, now_ms
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import DELAYED, ENQUEUED, PENDING, NewWorkflow, ParentStep
@@ -257,19 +257,20 @@ async def record_child_step(
     """Checkpoint a start from a workflow body that created no child of its own
     (deduplication rejected it or returned the holder; a debounce joined a burst), so a
     replay does the same even after that workflow has finished; returns the (ID, name)
-    ``child``'s handle, or raises ``error``."""
+    ``child``'s handle, or raises ``error`` (recorded)."""
     child_id = child[0] if child is not None else None
+    # A rejection reaches the body in its recorded form, as a replay raises it.
+    text, recorded = recorded_error(error) if error is not None else (None, None)
     with bind_shard_keys({child_id: child_shard_key} if child_id is not None else {}):
         existing = await runtime.system_database.record_step(
             parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
-            error=serialize_error(error) if error is not None else None,
-            started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
+            error=text, started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
             child_workflow_id=child_id,
         )
     if existing is not None:  # Another execution of the parent recorded this step first.
         return replayed_child(runtime, parent, step.function_id, info, existing)
-    if error is not None:
-        raise error
+    if recorded is not None:
+        raise recorded
     assert child is not None
     return workflow_handle(runtime, child[0], workflow_name=child[1], shard_key=child_shard_key)
 

@@ -17,12 +17,8 @@ from dbos_async.errors import (
 )
 from dbos_async.executor import logs, observe
 from dbos_async.executor.context import WorkflowContext, running_step
-from dbos_async.executor.serialization import (
-    Signature,
-    deserialize_error,
-    from_json,
-    serialize_error,
-)
+from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
+from dbos_async.executor.serialization import Signature, from_json
 from dbos_async.sysdb.database import StepRecord, now_ms
 
 RetryOn = (
@@ -78,13 +74,14 @@ class StepInfo:
 
 async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
                   step_id: int | None = None) -> Any:
-    """Run the step under its retry policy, marked as inside a step (``step_id``: its
-    position in its workflow, if it runs in one)."""
+    """Run the step under its retry policy, marked as inside step ``step_id`` (None: a step
+    called outside a workflow, or inside another step)."""
     options = info.options
     errors: list[BaseException] = []
     delay = options.retry_interval
-    with running_step():
+    with running_step(step_id) as step:
         for attempt_number in range(options.retries + 1):
+            step.attempt = attempt_number + 1
             try:
                 with observe.step_attempt(options.name, step_id, attempt_number + 1):
                     if options.timeout is None:
@@ -141,13 +138,15 @@ async def run_checkpointed(
             if isinstance(error, WorkflowCancelledError):
                 raise
             raise WorkflowCancelledError(ctx.workflow_id) from error
+        # The workflow body gets the error as a replay will: in its recorded form.
+        text, failure = recorded_error(error)
         existing = await sysdb.record_step(
             ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
-            error=serialize_error(error), started_at_ms=started, completed_at_ms=now_ms(),
+            error=text, started_at_ms=started, completed_at_ms=now_ms(),
         )
         if existing is not None:
             return replay(ctx, step_id, name, existing, info.signature)
-        raise
+        raise failure from failure.__cause__  # the original, or a replayed error's own
     # A value that cannot be serialized fails here, before anything is written.
     output = info.signature.serialize_result(value)
     existing = await sysdb.record_step(

@@ -18,6 +18,7 @@ import anyio
 from dbos_async.errors import (
     DBOSError,
     NonExistentWorkflowError,
+    RecordedError,
     SerializationError,
     WorkflowCancelledError,
     WorkflowConflictError,
@@ -25,9 +26,9 @@ from dbos_async.errors import (
 from dbos_async.executor import observe
 from dbos_async.executor.context import WorkflowContext, running_workflow
 from dbos_async.executor.handles import outcome_value
+from dbos_async.executor.recorded_errors import recorded_error
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.serialization import serialize_error
 from dbos_async.sysdb.database import StepRecord, WorkflowRow, now_ms
 from dbos_async.sysdb.shard_keys import bind_shard_keys
 
@@ -141,18 +142,18 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
     runtime, workflow_id, future = ctx.runtime, ctx.workflow_id, execution.result
     sysdb = runtime.system_database
     try:
-        if isinstance(error, WorkflowCancelledError | WorkflowConflictError):
+        if _stops_execution(ctx, error):
             recorded = False
         elif error is not None:
-            recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid,
-                                                  error=serialize_error(error))
+            # The caller gets the failure as a replay will: in its recorded form.
+            text, error = recorded_error(error)
+            recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
         else:
             try:
                 output = execution.info.signature.serialize_result(value)
             except SerializationError as bad:
-                error = bad
-                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid,
-                                                      error=serialize_error(bad))
+                text, error = recorded_error(bad)
+                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
             else:
                 recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, output=output)
         if recorded:
@@ -175,3 +176,12 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
     except Exception as failure:
         if not future.done():
             future.set_exception(failure)
+
+
+def _stops_execution(ctx: WorkflowContext, error: Exception | None) -> bool:
+    """Whether ``error`` is this workflow being cancelled or taken over (nothing to record:
+    the status says it). Another workflow's cancellation, met by awaiting its handle, is a
+    failure like any other, recorded as this workflow's outcome."""
+    return (isinstance(error, WorkflowCancelledError | WorkflowConflictError)
+            and not isinstance(error, RecordedError)
+            and (ctx.cancelled or error.workflow_id == ctx.workflow_id))

@@ -25,8 +25,8 @@ import asyncpg
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
 from dbos_async.executor import workflows
 from dbos_async.executor.queues.enqueue import DELAYED_KEY
+from dbos_async.executor.recorded_errors import serialize_error
 from dbos_async.executor.runtime import ClaimLoopState, Runtime
-from dbos_async.executor.serialization import serialize_error
 from dbos_async.sysdb.database import WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.queues import Claim
