@@ -18,7 +18,6 @@ from helpers import (
     wait_no_connections,
     workflow_row,
 )
-from pg_server import url_with_database
 
 from dbos_async import (
     DBOS,
@@ -27,6 +26,7 @@ from dbos_async import (
     DBOSError,
     MigrationError,
 )
+from dbos_async.testing import with_database
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ async def test_environment_variables_are_read(database_url: str,
 
 async def test_missing_database_is_created(admin_url: str) -> None:
     name = f"dbos_test_created_{uuid.uuid4().hex}"
-    url = url_with_database(admin_url, name)
+    url = with_database(admin_url, name)
     exists = "SELECT count(*) FROM pg_database WHERE datname = $1"
     assert await fetchval(admin_url, exists, name) == 0
     connection_name = unique_name("create")
