@@ -39,6 +39,7 @@ from dbos_async.executor.queues import (
 )
 from dbos_async.executor.steps import RetryOn
 from dbos_async.sysdb.migrations import holds_sharded_schema
+from dbos_async.sysdb.setup import migrate
 
 __version__ = "0.1.0"
 
@@ -80,4 +81,5 @@ __all__ = [
     "WorkflowStatus",
     "WorkflowStepInfo",
     "holds_sharded_schema",
+    "migrate",
 ]

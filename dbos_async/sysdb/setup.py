@@ -26,6 +26,16 @@ async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
         await conn.close()
 
 
+async def sharded(config: DBOSConfig) -> bool:
+    """Whether to address a sharded schema: the ``sharding`` setting where one is given,
+    else the kind of schema the database holds (unsharded when it holds none)."""
+    if "sharding" in config.model_fields_set:
+        return config.sharding
+    if config.system_database_url is None:
+        return False
+    return await migrations.holds_sharded_schema(config.system_database_url, config.schema_name)
+
+
 async def migrate(system_database_url: str | None = None, *, schema_name: str | None = None,
                   sharding: bool | None = None,
                   config_file: str | Path | None = None) -> int:
@@ -45,8 +55,7 @@ async def migrate(system_database_url: str | None = None, *, schema_name: str | 
         raise ConfigurationError(
             "migrate() needs a system database URL: pass system_database_url, or set "
             "DBOS_SYSTEM_DATABASE_URL or system_database_url in the configuration file")
-    sharded = (config.sharding if "sharding" in config.model_fields_set
-               else await migrations.holds_sharded_schema(url, config.schema_name))
-    return await prepare(url, config.schema_name, sharded=sharded, run_migrations=True,
+    return await prepare(url, config.schema_name, sharded=await sharded(config),
+                         run_migrations=True,
                          connect_timeout=config.connect_timeout,
                          connection_name=config.connection_name)
