@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from helpers import new_dbos, unique_name
@@ -315,7 +316,7 @@ def closed_port() -> int:
     return port
 
 
-def test_bad_or_missing_urls(tmp_path: Path) -> None:
+def test_bad_or_missing_urls(tmp_path: Path, make_database_url: Any, admin_url: str) -> None:
     unreachable = f"postgresql://postgres@127.0.0.1:{closed_port()}/app"
     message = failed(run_cli("workflow", "list", "--url", unreachable))
     assert message.startswith(f"Error: Cannot connect to the system database at {unreachable}")
@@ -329,6 +330,15 @@ def test_bad_or_missing_urls(tmp_path: Path) -> None:
     message = failed(run_cli("workflow", "list", "--config", str(bad_config)))
     assert "system_database_urll" in message and "bad.toml" in message
     assert run_cli("workflow", "lst").returncode == 2
+    # A database that does not exist, a role that does not exist: named, not a traceback.
+    missing = make_database_url(unique_name("dbos_test_missing"))
+    message = failed(run_cli("workflow", "list", "--url", missing))
+    assert "does not exist" in message and "dbos-async migrate" in message
+    parts = urlsplit(admin_url)
+    stranger = urlunsplit(parts._replace(netloc=f"no_such_role@{parts.hostname}:{parts.port}"))
+    message = failed(run_cli("workflow", "list", "--url", stranger))
+    assert message.startswith("Error: Cannot connect to the system database") and (
+        "no_such_role" in message)
 
 
 async def test_sharded_schema_is_detected(database_url: str) -> None:

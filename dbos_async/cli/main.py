@@ -21,8 +21,10 @@ def cli() -> None:
 @cli.command()
 @target_options
 def migrate(target: Target) -> None:
-    """Create the system database if it is missing and migrate its schema to the latest
-    version (safe to repeat, and to run while executors run)."""
+    """Create or migrate the system database.
+
+    Creates the database if it is missing and brings its schema to the latest version;
+    safe to repeat, and to run while executors run."""
 
     async def run_migration() -> tuple[str, str, int]:
         config = target.config()

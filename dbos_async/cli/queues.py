@@ -35,11 +35,13 @@ def _limits(q: Queue | None) -> dict[str, Any]:
 
 
 @queue.command("list")
-@target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@target_options
 def list_queues(target: Target, as_json: bool) -> None:
-    """List queues with their limits and their workflows by status (DELAYED, ENQUEUED,
-    PENDING); a queue with workflows but no stored settings is listed too."""
+    """List queues, their limits and depth.
+
+    The depth is how many workflows are DELAYED, ENQUEUED and PENDING on each queue; a queue
+    with workflows but no stored settings is listed too."""
 
     async def read() -> tuple[list[Queue], dict[str, dict[str, int]]]:
         async with target.client() as client:

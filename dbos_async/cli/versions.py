@@ -15,11 +15,12 @@ def version() -> None:
 
 
 @version.command("list")
-@target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@target_options
 def list_versions(target: Target, as_json: bool) -> None:
-    """List application versions, latest first (the latest is the one executors of
-    unversioned work follow)."""
+    """List application versions, latest first.
+
+    Unversioned queued work runs on executors of the latest version."""
 
     async def read() -> list[ApplicationVersion]:
         async with target.client() as client:
@@ -37,8 +38,8 @@ def list_versions(target: Target, as_json: bool) -> None:
 
 
 @version.command("set-latest")
-@target_options
 @click.argument("name")
+@target_options
 def set_latest(target: Target, name: str) -> None:
     """Make NAME the latest application version (registering it if unknown)."""
 

@@ -67,7 +67,6 @@ def _or_none(values: tuple[str, ...]) -> list[str] | None:
 
 
 @workflow.command("list")
-@target_options
 @click.option("--status", "statuses", multiple=True, metavar="STATUS",
               type=click.Choice(STATUSES, case_sensitive=False),
               help="Keep workflows in this status (repeatable).")
@@ -101,6 +100,7 @@ def _or_none(values: tuple[str, ...]) -> list[str] | None:
 @click.option("--sort", type=click.Choice(("asc", "desc")), default="desc",
               show_default=True, help="By creation time: oldest (asc) or newest first.")
 @_json_option
+@target_options
 def list_workflows(target: Target, statuses: tuple[str, ...], names: tuple[str, ...],
                    queues: tuple[str, ...], queued: bool, start_time: str | None,
                    end_time: str | None, prefixes: tuple[str, ...], versions: tuple[str, ...],
@@ -108,7 +108,10 @@ def list_workflows(target: Target, statuses: tuple[str, ...], names: tuple[str, 
                    users: tuple[str, ...], attributes: tuple[str, ...],
                    shard_keys: tuple[str, ...], limit: int, offset: int, sort: str,
                    as_json: bool) -> None:
-    """List workflows, newest first: every filter given must match."""
+    """List workflows, newest first.
+
+    Every filter given must match; a repeated one matches any of its values. Statuses:
+    PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR, CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED."""
     filters: dict[str, Any] = dict(
         status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
         queue_name=_or_none(queues), queues_only=queued,
@@ -159,10 +162,10 @@ async def _one_status(client: DBOSClient, workflow_id: str,
 
 
 @workflow.command("get")
-@target_options
 @click.argument("workflow_id")
 @_shard_key_option
 @_json_option
+@target_options
 def get_workflow(target: Target, workflow_id: str, shard_key: str | None,
                  as_json: bool) -> None:
     """Show a workflow: its status, input and result or error."""
@@ -199,13 +202,15 @@ def get_workflow(target: Target, workflow_id: str, shard_key: str | None,
 
 
 @workflow.command("steps")
-@target_options
 @click.argument("workflow_id")
 @_shard_key_option
 @_json_option
+@target_options
 def list_steps(target: Target, workflow_id: str, shard_key: str | None,
                as_json: bool) -> None:
-    """List a workflow's recorded steps (and other checkpoints), in order."""
+    """List a workflow's recorded steps.
+
+    Every checkpoint in order: steps, sleeps, messages received, child workflows."""
 
     async def steps() -> list[Any]:
         async with target.client() as client:
@@ -228,15 +233,17 @@ def list_steps(target: Target, workflow_id: str, shard_key: str | None,
 
 
 @workflow.command("cancel")
-@target_options
 @click.argument("workflow_ids", nargs=-1, required=True, metavar="WORKFLOW_ID...")
 @click.option("--children", is_flag=True,
               help="Also cancel every workflow they started, recursively.")
 @_shard_key_option
+@target_options
 def cancel_workflows(target: Target, workflow_ids: tuple[str, ...], children: bool,
                      shard_key: str | None) -> None:
-    """Cancel workflows (all, or none if one does not exist); finished ones keep their
-    outcome."""
+    """Cancel workflows.
+
+    All of them, or none if one does not exist; finished ones keep their outcome. Running
+    ones stop at once."""
 
     async def cancel() -> list[str]:
         async with target.client() as client:
@@ -252,14 +259,17 @@ def cancel_workflows(target: Target, workflow_ids: tuple[str, ...], children: bo
 
 
 @workflow.command("resume")
-@target_options
 @click.argument("workflow_ids", nargs=-1, required=True, metavar="WORKFLOW_ID...")
 @click.option("--queue", help="Queue to run them on (default: the internal queue every "
                               "executor serves).")
 @_shard_key_option
+@target_options
 def resume_workflows(target: Target, workflow_ids: tuple[str, ...], queue: str | None,
                      shard_key: str | None) -> None:
-    """Resume cancelled, dead-lettered or stuck workflows from their last checkpoint."""
+    """Resume workflows from their last checkpoint.
+
+    For cancelled, dead-lettered or stuck workflows: they are enqueued again and continue
+    where they stopped."""
 
     async def resume() -> None:
         async with target.client() as client:
@@ -271,7 +281,6 @@ def resume_workflows(target: Target, workflow_ids: tuple[str, ...], queue: str |
 
 
 @workflow.command("fork")
-@target_options
 @click.argument("workflow_id")
 @click.option("--step", "start_step", type=click.IntRange(min=0), required=True,
               help="First step to run again; the steps before it replay the original's.")
@@ -284,10 +293,14 @@ def resume_workflows(target: Target, workflow_ids: tuple[str, ...], queue: str |
               help="Use workflow NEW where the copied steps recorded child OLD "
                    "(repeatable).")
 @_shard_key_option
+@target_options
 def fork_workflow(target: Target, workflow_id: str, start_step: int, new_id: str | None,
                   application_version: str | None, queue: str | None, timeout: float | None,
                   replacements: tuple[str, ...], shard_key: str | None) -> None:
-    """Start a copy of a workflow from a step; prints the new workflow's ID."""
+    """Fork a workflow from a step; prints the new ID.
+
+    The new workflow has the original's inputs; its steps before --step replay the
+    original's recorded results, the others run again."""
     children = {}
     for pair in replacements:
         old, sep, new = pair.partition("=")
@@ -307,13 +320,13 @@ def fork_workflow(target: Target, workflow_id: str, start_step: int, new_id: str
 
 
 @workflow.command("rewind")
-@target_options
 @click.argument("workflow_id")
 @click.option("--step", "start_step", type=click.IntRange(min=0), required=True,
               help="First step to run again; later checkpoints are discarded.")
 @click.option("--application-version", help="Version of the executors that may run it.")
 @click.option("--queue", help="Queue to run it on (default: the internal queue).")
 @_shard_key_option
+@target_options
 def rewind_workflow(target: Target, workflow_id: str, start_step: int,
                     application_version: str | None, queue: str | None,
                     shard_key: str | None) -> None:
@@ -330,14 +343,16 @@ def rewind_workflow(target: Target, workflow_id: str, start_step: int,
 
 
 @workflow.command("delete")
-@target_options
 @click.argument("workflow_ids", nargs=-1, required=True, metavar="WORKFLOW_ID...")
 @click.option("--children", is_flag=True,
               help="Also delete every workflow they started, recursively.")
 @_shard_key_option
+@target_options
 def delete_workflows(target: Target, workflow_ids: tuple[str, ...], children: bool,
                      shard_key: str | None) -> None:
-    """Delete workflows and everything recorded for them (none if one does not exist)."""
+    """Delete workflows and all their records.
+
+    None is deleted if one does not exist."""
 
     async def delete() -> None:
         async with target.client() as client:
