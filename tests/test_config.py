@@ -182,7 +182,8 @@ def test_settings_from_a_file_below_the_environment_and_code(
     monkeypatch.setenv("DBOS_SCHEMA_NAME", "from_env")
     config = DBOSConfig.load(file, pool_size=7)
     assert (config.schema_name, config.pool_size) == ("from_env", 7)
-    # DBOS_CONFIG_FILE names it when code does not; DBOS(...) reads it like the client.
+    assert DBOS(config_file=file).config.pool_size == 3
+    # DBOS_CONFIG_FILE names it when code does not.
     monkeypatch.setenv("DBOS_CONFIG_FILE", str(file))
     assert DBOS().config.system_database_url == "postgresql://u@file-host/app"
 
