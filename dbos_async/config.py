@@ -1,13 +1,15 @@
 """Configuration, validated at the edge.
 
-Values come from, in increasing precedence: defaults, environment variables (``DBOS_`` and the
-field name in capitals, e.g. ``DBOS_SYSTEM_DATABASE_URL``; also the ``dbos`` package's
-``DBOS__VMID`` and ``DBOS__APPVERSION``), and arguments given in code.
+Values come from, in increasing precedence: defaults, a TOML configuration file (see
+:func:`file_settings`), environment variables (``DBOS_`` and the field name in capitals, e.g.
+``DBOS_SYSTEM_DATABASE_URL``; also the ``dbos`` package's ``DBOS__VMID`` and
+``DBOS__APPVERSION``), and arguments given in code (or on the command line).
 """
 
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -17,6 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dbos_async.errors import ConfigurationError
 
 _ENV_ALIASES = {"executor_id": "DBOS__VMID", "application_version": "DBOS__APPVERSION"}
+
+CONFIG_FILE_ENV = "DBOS_CONFIG_FILE"
+"""The environment variable naming the configuration file (when none is given in code)."""
+
+_PYPROJECT = "pyproject.toml"
+_TOOL_TABLE = "dbos_async"  # [tool.dbos_async] in a pyproject.toml
 
 
 class DBOSConfig(BaseModel):
@@ -127,9 +135,11 @@ class DBOSConfig(BaseModel):
         return normalize_database_url(url)
 
     @classmethod
-    def load(cls, **overrides: Any) -> DBOSConfig:
-        """Defaults, then environment variables, then ``overrides``; bad values raise clearly."""
-        values: dict[str, Any] = {}
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> DBOSConfig:
+        """Defaults, then the configuration file (``config_file``, see
+        :func:`file_settings`), then environment variables, then ``overrides``; bad values
+        raise clearly."""
+        values: dict[str, Any] = file_settings(config_file)
         for field_name in cls.model_fields:
             env = os.environ.get(f"DBOS_{field_name.upper()}")
             alias = _ENV_ALIASES.get(field_name)
@@ -154,6 +164,43 @@ class DBOSConfig(BaseModel):
                 for e in error.errors()
             )
             raise ConfigurationError(f"Invalid DBOS configuration: {problems}") from None
+
+
+def file_settings(path: str | Path | None = None) -> dict[str, Any]:
+    """The settings of a TOML configuration file, by :class:`DBOSConfig` field name.
+
+    The file is ``path``, else the one ``DBOS_CONFIG_FILE`` names (either must exist), else
+    ``pyproject.toml`` in the current directory when it has a ``[tool.dbos_async]`` table. A
+    file with a ``[tool.dbos_async]`` table is read from that table (a ``pyproject.toml``),
+    any other from its top level (a file of its own, e.g. ``dbos_async.toml``). Unknown
+    names are refused with the file's name, so a misspelt setting is not silently ignored.
+    """
+    explicit = path if path is not None else os.environ.get(CONFIG_FILE_ENV) or None
+    file = Path(explicit) if explicit is not None else Path(_PYPROJECT)
+    if explicit is None and not file.is_file():
+        return {}
+    try:
+        with file.open("rb") as stream:
+            document = tomllib.load(stream)
+    except OSError as error:
+        raise ConfigurationError(
+            f"Cannot read the configuration file {file}: {error.strerror or error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigurationError(f"The configuration file {file} is not valid TOML: "
+                                 f"{error}") from None
+    tool = document.get("tool")
+    table = tool.get(_TOOL_TABLE) if isinstance(tool, dict) else None
+    if table is None:
+        if explicit is None:
+            return {}  # a pyproject.toml without settings of ours
+        table = document
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"{file}: [tool.{_TOOL_TABLE}] must be a table")
+    unknown = sorted(set(table) - set(DBOSConfig.model_fields))
+    if unknown:
+        raise ConfigurationError(f"{file}: unknown setting(s) {', '.join(unknown)} (known: "
+                                 "the fields of DBOSConfig, e.g. system_database_url)")
+    return dict(table)
 
 
 def normalize_database_url(url: str) -> str:

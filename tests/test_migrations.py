@@ -487,3 +487,39 @@ async def test_notification_trigger(db: asyncpg.Connection, database_url: str) -
         assert got == [f"{wf}::topic-1", f"{wf}::__null__topic__"]
     finally:
         await listener.close()
+
+
+async def test_public_migrate_creates_the_database_and_keeps_the_schema_kind(
+    make_database_url: Any, admin_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dbos_async import DBOSClient
+    from dbos_async import migrate as migrate_database
+    from dbos_async.testing import drop_database
+
+    for name in ("DBOS_SYSTEM_DATABASE_URL", "DBOS_SHARDING", "DBOS_SCHEMA_NAME",
+                 "DBOS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    name = f"dbos_test_{uuid.uuid4().hex}"
+    url = make_database_url(name)
+    try:
+        # Not created yet: migrate creates it, sharded as asked.
+        assert await migrate_database(url, sharding=True) == LATEST_VERSION
+        # Without a sharding setting the schema keeps its kind (an unsharded run would be
+        # refused by the kind check); the URL may come from the environment.
+        monkeypatch.setenv("DBOS_SYSTEM_DATABASE_URL", url)
+        assert await migrate_database() == LATEST_VERSION
+        with pytest.raises(ConfigurationError, match="is sharded"):
+            await migrate_database(sharding=False)
+        async with DBOSClient(url, sharding=True) as client:
+            assert await client.list_workflows() == []
+    finally:
+        await drop_database(admin_url, name)
+
+
+async def test_public_migrate_needs_a_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dbos_async import migrate as migrate_database
+
+    monkeypatch.delenv("DBOS_SYSTEM_DATABASE_URL", raising=False)
+    monkeypatch.delenv("DBOS_CONFIG_FILE", raising=False)
+    with pytest.raises(ConfigurationError, match="DBOS_SYSTEM_DATABASE_URL"):
+        await migrate_database()

@@ -1,7 +1,8 @@
-"""Tests of the test-server finder (tests/pg_server.py and the fixtures in conftest.py).
+"""Tests of the test-server finder (dbos_async/testing/servers.py, and the fixtures of the
+pytest plugin and conftest.py built on it).
 
 The branches that start servers run in subprocesses: a small pytest run that loads our
-conftest as a plugin, with ``DBOS_TEST_SKIP_BRANCHES`` forcing the branch, so the session
+plugin and conftest, with ``DBOS_TEST_SKIP_BRANCHES`` forcing the branch, so the session
 under test (and this one) are not disturbed. Each run connects to a fresh database, runs
 ``SELECT 1`` and a LISTEN/NOTIFY round trip, and afterwards we check that the server's
 directory is gone and no process of it is left.
@@ -18,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-import pg_server
 import pytest
+from helpers import processes_mentioning
+
+from dbos_async import ConfigurationError
+from dbos_async.testing import servers as pg_server
+from dbos_async.testing import with_database
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -86,8 +91,8 @@ def run_inner(tmp_path: Path, skip: str, *, ci: bool = True) -> Result:
     else:
         env.pop("CI", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-rs", "-p", "conftest", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "test_inner.py"],
+        [sys.executable, "-m", "pytest", "-rs", "-p", "dbos_async.testing.plugin", "-p",
+         "conftest", "-p", "no:cacheprovider", "-p", "no:xdist", "test_inner.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     data = json.loads(result.read_text()) if result.exists() else None
@@ -98,7 +103,7 @@ def assert_gone(data: dict[str, Any]) -> None:
     assert data["base_dir"] and data["pid"]
     assert not Path(data["base_dir"]).exists(), "the server's directory was not removed"
     assert not pg_server.pid_alive(data["pid"]), "the postmaster is still running"
-    assert pg_server.processes_mentioning(data["base_dir"]) == [], "server processes left"
+    assert processes_mentioning(data["base_dir"]) == [], "server processes left"
 
 
 def test_local_binaries_branch(tmp_path: Path) -> None:
@@ -151,7 +156,7 @@ def test_env_branch_is_used_as_is(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_skip_branches_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DBOS_TEST_SKIP_BRANCHES", "localhost,dockr")
-    with pytest.raises(ValueError, match="dockr"):
+    with pytest.raises(ConfigurationError, match="dockr"):
         pg_server.skipped_branches()
 
 
@@ -166,7 +171,7 @@ def test_skip_branches_rejects_unknown_names(monkeypatch: pytest.MonkeyPatch) ->
     ],
 )  # fmt: skip
 def test_url_with_database(url: str, expected: str) -> None:
-    assert pg_server.url_with_database(url, "other") == expected
+    assert with_database(url, "other") == expected
 
 
 async def test_database_url_is_a_fresh_database(database_url: str, admin_url: str) -> None:

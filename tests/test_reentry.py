@@ -21,9 +21,9 @@ from helpers import (
     wait_until,
     workflow_row,
 )
-from pg_server import run_sync
 
 from dbos_async import DBOSError, SetWorkflowID
+from dbos_async.testing import run_sync
 
 
 async def test_one_instance_entered_three_times_on_two_databases(

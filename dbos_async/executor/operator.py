@@ -355,6 +355,13 @@ class Operator:
                 raise NonExistentWorkflowError(workflow_id)
         return steps
 
+    async def queue_depths(self) -> dict[str, dict[str, int]]:
+        """How many workflows wait or run on each queue: ``{queue name: {status: count}}``
+        for the statuses ``DELAYED``, ``ENQUEUED`` and ``PENDING`` (those with none are left
+        out), counting this application's own workflows and unclaimed ones, under every
+        shard key. One grouped count, for dashboards and ``dbos-async queue list``."""
+        return await self._peer().system_database.queue_depths()
+
     # ---- Application versions ----
 
     async def list_application_versions(self) -> list[ApplicationVersion]:

@@ -29,10 +29,23 @@ def with_database(url: str, database: str) -> str:
 async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connection:
     """One connection, failing with a message that names the server instead of a socket error."""
     try:
+        return await _connect_or_missing(url, connect_timeout, name)
+    except asyncpg.InvalidCatalogNameError as error:
+        raise DatabaseUnavailableError(
+            f"The system database {database_name(url)!r} does not exist at {redact(url)} "
+            "(`dbos-async migrate` creates it, as an executor does on entering)"
+        ) from error
+
+
+async def _connect_or_missing(url: str, connect_timeout: float,
+                              name: str) -> asyncpg.Connection:
+    """:func:`connect`, but a missing database raises asyncpg's InvalidCatalogNameError,
+    for :func:`ensure_database` to create it."""
+    try:
         return await asyncpg.connect(
             url, timeout=connect_timeout, server_settings={"application_name": name}
         )
-    except (asyncpg.InvalidCatalogNameError, asyncpg.InvalidAuthorizationSpecificationError):
+    except asyncpg.InvalidCatalogNameError:
         raise
     except (TimeoutError, OSError, asyncpg.PostgresError) as error:
         raise DatabaseUnavailableError(
@@ -44,7 +57,7 @@ async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connec
 async def ensure_database(url: str, connect_timeout: float) -> None:
     """Create the URL's database if it does not exist and we may create databases."""
     try:
-        conn = await connect(url, connect_timeout, "dbos_async")
+        conn = await _connect_or_missing(url, connect_timeout, "dbos_async")
     except asyncpg.InvalidCatalogNameError:
         pass
     else:

@@ -13,7 +13,7 @@ from typing import TypeVar
 import asyncpg
 
 from dbos_async.errors import ApplicationOwnershipError
-from dbos_async.sysdb import connection, migrations
+from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy
 from dbos_async.sysdb.statements import Query, Statements
@@ -82,16 +82,9 @@ class DatabaseCore:
         with a :class:`~dbos_async.errors.ConfigurationError` before any row is read or
         written and before any migration: migrate and verify check the kind first.
         """
-        if run_migrations:
-            await connection.ensure_database(self.url, self._connect_timeout)
-        conn = await connection.connect(self.url, self._connect_timeout, self._connection_name)
-        try:
-            if run_migrations:
-                await migrations.migrate(conn, self.schema, sharded=self.sharded)
-            else:
-                await migrations.verify(conn, self.schema, sharded=self.sharded)
-        finally:
-            await conn.close()
+        await setup.prepare(self.url, self.schema, sharded=self.sharded,
+                            run_migrations=run_migrations, connect_timeout=self._connect_timeout,
+                            connection_name=self._connection_name)
         self._pool = await connection.create_pool(
             self.url, self._pool_size, self._connect_timeout, self._connection_name
         )

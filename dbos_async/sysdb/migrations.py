@@ -87,6 +87,10 @@ _PROBE_CONNECT_TIMEOUT = 10.0
 # work on other databases.
 _DBOS_MIGRATION_LOCK_KEY = 1234567890
 
+# What an unmigrated schema's error tells the user to run.
+_HOW_TO_MIGRATE = ("run `dbos-async migrate` (or `await dbos_async.migrate()`), or start "
+                   "an executor with run_migrations=True, first")
+
 
 @dataclass(frozen=True)
 class _Step:
@@ -409,25 +413,24 @@ async def verify(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: boo
     if not await _schema_exists(conn, schema):
         raise MigrationError(
             f"the DBOS system schema {schema!r} does not exist in this database; "
-            "run dbos_async's migrate() (or `dbos migrate`) first"
+            f"{_HOW_TO_MIGRATE}"
         )
     version = await _recorded_version(conn, schema)
     if version is None:
         raise MigrationError(
             f"schema {schema!r} has no dbos_migrations table, so it is not a DBOS system "
-            "schema (or was never migrated); run dbos_async's migrate() first"
+            f"schema (or was never migrated); {_HOW_TO_MIGRATE}"
         )
     if version == 0:
         raise MigrationError(
-            f"the DBOS system schema {schema!r} records no migration; "
-            "run dbos_async's migrate() first"
+            f"the DBOS system schema {schema!r} records no migration; {_HOW_TO_MIGRATE}"
         )
     if version < _steps(sharded)[0].version:
         raise _too_old(schema, version, sharded)
     if version < LATEST_VERSION:
         raise MigrationError(
             f"the DBOS system schema {schema!r} is at version {version}, older than the "
-            f"version {LATEST_VERSION} dbos_async requires; run dbos_async's migrate()"
+            f"version {LATEST_VERSION} dbos_async requires; {_HOW_TO_MIGRATE}"
         )
     _note_if_newer(schema, version)
     return version

@@ -40,6 +40,14 @@ class QueueOperations(DatabaseCore):
         rows = await self._fetch(self.sql.list_queues(names), "reading queues")
         return [QueueRecord(**dict(row)) for row in rows]
 
+    async def queue_depths(self) -> dict[str, dict[str, int]]:
+        """``{queue name: {status: workflows}}`` of the workflows waiting or running on a
+        queue (statuses without any are left out)."""
+        depths: dict[str, dict[str, int]] = {}
+        for row in await self._fetch(self.sql.queue_depths(), "counting queued workflows"):
+            depths.setdefault(row["queue_name"], {})[row["status"]] = row["workflows"]
+        return depths
+
     async def claim_queued(
         self, queue: QueueRecord, partition_key: str | None, *, executor_id: str,
         application_version: str | None, names: Sequence[str], room: int | None,

@@ -7,10 +7,13 @@ written, not what the executor believes it wrote.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -172,3 +175,17 @@ async def wait_no_connections(url: str, name: str, *, patience: float = 15.0) ->
 def other_tasks() -> set[asyncio.Task[Any]]:
     """Every task of the running loop except the current one."""
     return asyncio.all_tasks() - {asyncio.current_task()}  # type: ignore[arg-type]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``text`` (Linux only): what a
+    stopped server must not leave behind."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if text in cmdline and int(entry.name) != os.getpid():
+                found.append(int(entry.name))
+    return found

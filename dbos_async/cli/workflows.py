@@ -1,0 +1,370 @@
+"""``dbos-async workflow ...``: list, inspect and operate workflows, through the client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from dbos_async.cli import render
+from dbos_async.cli.target import Target, run, target_options
+from dbos_async.client import DBOSClient
+from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.executor.handles import WorkflowStatus
+from dbos_async.sysdb.statements import (
+    CANCELLED,
+    DELAYED,
+    ENQUEUED,
+    ERROR,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    PENDING,
+    SUCCESS,
+)
+
+STATUSES = (PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR, CANCELLED,
+            MAX_RECOVERY_ATTEMPTS_EXCEEDED)
+
+
+@click.group("workflow")
+def workflow() -> None:
+    """List, inspect and operate workflows."""
+
+
+def _shard_key_option(command: Any) -> Any:
+    return click.option("--shard-key", metavar="KEY",
+                        help="The workflow's shard key (sharded schemas).")(command)
+
+
+def _json_option(command: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print JSON instead of a table.")(command)
+
+
+def _time_bound(value: str | None) -> str | int | None:
+    """An ISO 8601 time, or epoch milliseconds when it is all digits."""
+    return int(value) if value is not None and value.isdigit() else value
+
+
+def _attributes(pairs: tuple[str, ...]) -> dict[str, Any] | None:
+    """``KEY=VALUE`` pairs; a VALUE that parses as JSON is that value, else the text."""
+    if not pairs:
+        return None
+    attributes: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--attribute")
+        try:
+            attributes[key] = json.loads(text)
+        except ValueError:
+            attributes[key] = text
+    return attributes
+
+
+def _or_none(values: tuple[str, ...]) -> list[str] | None:
+    return list(values) if values else None
+
+
+@workflow.command("list")
+@click.option("--status", "statuses", multiple=True, metavar="STATUS",
+              type=click.Choice(STATUSES, case_sensitive=False),
+              help="Keep workflows in this status (repeatable).")
+@click.option("--name", "names", multiple=True, help="Workflow function name (repeatable).")
+@click.option("--queue", "queues", multiple=True, help="Queue name (repeatable).")
+@click.option("--queued", is_flag=True,
+              help="Only workflows on a queue that have not finished.")
+@click.option("--start-time", metavar="TIME",
+              help="Created at or after TIME (ISO 8601, or epoch milliseconds).")
+@click.option("--end-time", metavar="TIME",
+              help="Created at or before TIME (ISO 8601, or epoch milliseconds).")
+@click.option("--prefix", "prefixes", multiple=True, metavar="PREFIX",
+              help="Workflow ID prefix (repeatable).")
+@click.option("--application-version", "versions", multiple=True, metavar="VERSION",
+              help="Application version (repeatable).")
+@click.option("--executor-id", "executors", multiple=True, metavar="ID",
+              help="Executor ID (repeatable).")
+@click.option("--parent", "parents", multiple=True, metavar="ID",
+              help="Parent workflow ID (repeatable).")
+@click.option("--forked-from", "forks", multiple=True, metavar="ID",
+              help="The workflow it was forked from (repeatable).")
+@click.option("--user", "users", multiple=True, help="Authenticated user (repeatable).")
+@click.option("--attribute", "attributes", multiple=True, metavar="KEY=VALUE",
+              help="An attribute it carries; VALUE is JSON or text (repeatable).")
+@click.option("--shard-key", "shard_keys", multiple=True, metavar="KEY",
+              help="Shard key (repeatable; sharded schemas).")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="At most this many workflows.")
+@click.option("--offset", type=click.IntRange(min=0), default=0,
+              help="Skip this many first.")
+@click.option("--sort", type=click.Choice(("asc", "desc")), default="desc",
+              show_default=True, help="By creation time: oldest (asc) or newest first.")
+@_json_option
+@target_options
+def list_workflows(target: Target, statuses: tuple[str, ...], names: tuple[str, ...],
+                   queues: tuple[str, ...], queued: bool, start_time: str | None,
+                   end_time: str | None, prefixes: tuple[str, ...], versions: tuple[str, ...],
+                   executors: tuple[str, ...], parents: tuple[str, ...], forks: tuple[str, ...],
+                   users: tuple[str, ...], attributes: tuple[str, ...],
+                   shard_keys: tuple[str, ...], limit: int, offset: int, sort: str,
+                   as_json: bool) -> None:
+    """List workflows, newest first.
+
+    Every filter given must match; a repeated one matches any of its values. Statuses:
+    PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR, CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED."""
+    filters: dict[str, Any] = dict(
+        status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
+        queue_name=_or_none(queues), queues_only=queued,
+        start_time=_time_bound(start_time), end_time=_time_bound(end_time),
+        workflow_id_prefix=_or_none(prefixes), application_version=_or_none(versions),
+        executor_id=_or_none(executors), parent_workflow_id=_or_none(parents),
+        forked_from=_or_none(forks), authenticated_user=_or_none(users),
+        attributes=_attributes(attributes), shard_key=_or_none(shard_keys),
+        limit=limit, offset=offset, sort_desc=sort == "desc",
+        load_input=as_json, load_output=as_json)
+
+    async def listing() -> tuple[list[WorkflowStatus], bool]:
+        async with target.client() as client:
+            found = await client.list_workflows(**filters)
+            return found, client.config.sharding
+
+    found, sharded = run(listing())
+    if as_json:
+        render.print_json([render.status_json(s) for s in found])
+        return
+    headers = ["WORKFLOW ID", "STATUS", "NAME", "QUEUE", "CREATED (UTC)"]
+    if sharded:
+        headers.insert(1, "SHARD KEY")
+    rows = []
+    for s in found:
+        row = [s.workflow_id, s.status, s.name, s.queue_name or "",
+               render.timestamp(s.created_at)]
+        if sharded:
+            row.insert(1, s.shard_key or "")
+        rows.append(row)
+    render.table(headers, rows)
+
+
+async def _one_status(client: DBOSClient, workflow_id: str,
+                      shard_key: str | None) -> WorkflowStatus:
+    """The workflow's status with its input and outcome; on a sharded schema an ID found
+    under several keys needs ``--shard-key``."""
+    found = await client.list_workflows(
+        workflow_ids=[workflow_id], shard_key=[shard_key] if shard_key is not None else None,
+        load_input=True, load_output=True)
+    if not found:
+        raise NonExistentWorkflowError(workflow_id)
+    if len(found) > 1:
+        keys = ", ".join(sorted(repr(s.shard_key) for s in found))
+        raise DBOSError(f"Workflow {workflow_id!r} exists under several shard keys ({keys}): "
+                        "choose one with --shard-key")
+    return found[0]
+
+
+@workflow.command("get")
+@click.argument("workflow_id")
+@_shard_key_option
+@_json_option
+@target_options
+def get_workflow(target: Target, workflow_id: str, shard_key: str | None,
+                 as_json: bool) -> None:
+    """Show a workflow: its status, input and result or error."""
+
+    async def get() -> WorkflowStatus:
+        async with target.client() as client:
+            return await _one_status(client, workflow_id, shard_key)
+
+    status = run(get())
+    if as_json:
+        render.print_json(render.status_json(status))
+        return
+    data = render.status_json(status)
+    render.fields([
+        ("Workflow ID", status.workflow_id), ("Status", status.status),
+        ("Name", status.name), ("Shard key", status.shard_key),
+        ("Class", status.class_name), ("Instance", status.config_name),
+        ("Queue", status.queue_name), ("Executor", status.executor_id),
+        ("Application version", status.application_version),
+        ("Application", status.application_name),
+        ("Created (UTC)", render.timestamp(status.created_at)),
+        ("Updated (UTC)", render.timestamp(status.updated_at)),
+        ("Completed (UTC)", render.timestamp(status.completed_at)),
+        ("Recovery attempts", str(status.recovery_attempts)),
+        ("Parent", status.parent_workflow_id), ("Forked from", status.forked_from),
+        ("Deduplication ID", status.deduplication_id),
+        ("Authenticated user", status.authenticated_user),
+        ("Attributes", status.attributes or None),
+        ("Input", data["input"]),
+        ("Output", status.output if status.status == SUCCESS else None),
+        ("Error", render.cell(f"{data['error']['name']}: {data['error']['message']}")
+         if data["error"] else None),
+    ])
+
+
+@workflow.command("steps")
+@click.argument("workflow_id")
+@_shard_key_option
+@_json_option
+@target_options
+def list_steps(target: Target, workflow_id: str, shard_key: str | None,
+               as_json: bool) -> None:
+    """List a workflow's recorded steps.
+
+    Every checkpoint in order: steps, sleeps, messages received, child workflows."""
+
+    async def steps() -> list[Any]:
+        async with target.client() as client:
+            return await client.list_workflow_steps(workflow_id, shard_key=shard_key)
+
+    found = run(steps())
+    if as_json:
+        render.print_json([render.step_json(s) for s in found])
+        return
+    rows = []
+    for s in found:
+        error = render.error_json(s.error)
+        outcome = (f"error {error['name']}: {error['message']}" if error is not None
+                   else s.output)
+        took = ("" if s.started_at_epoch_ms is None or s.completed_at_epoch_ms is None
+                else str(s.completed_at_epoch_ms - s.started_at_epoch_ms))
+        rows.append([str(s.function_id), s.name, render.cell(outcome),
+                     s.child_workflow_id or "", took])
+    render.table(["STEP", "NAME", "OUTPUT", "CHILD WORKFLOW", "MS"], rows)
+
+
+@workflow.command("cancel")
+@click.argument("workflow_ids", nargs=-1, required=True, metavar="WORKFLOW_ID...")
+@click.option("--children", is_flag=True,
+              help="Also cancel every workflow they started, recursively.")
+@_shard_key_option
+@target_options
+def cancel_workflows(target: Target, workflow_ids: tuple[str, ...], children: bool,
+                     shard_key: str | None) -> None:
+    """Cancel workflows.
+
+    All of them, or none if one does not exist; finished ones keep their outcome. Running
+    ones stop at once."""
+
+    async def cancel() -> list[str]:
+        async with target.client() as client:
+            return await client.cancel_workflows(workflow_ids, cancel_children=children,
+                                                 shard_key=shard_key)
+
+    changed = set(run(cancel()))
+    for workflow_id in workflow_ids:
+        click.echo(f"Cancelled {workflow_id}" if workflow_id in changed
+                   else f"Unchanged {workflow_id} (already finished or cancelled)")
+    for workflow_id in sorted(changed - set(workflow_ids)):
+        click.echo(f"Cancelled {workflow_id} (a child)")
+
+
+@workflow.command("resume")
+@click.argument("workflow_ids", nargs=-1, required=True, metavar="WORKFLOW_ID...")
+@click.option("--queue", help="Queue to run them on (default: the internal queue every "
+                              "executor serves).")
+@_shard_key_option
+@target_options
+def resume_workflows(target: Target, workflow_ids: tuple[str, ...], queue: str | None,
+                     shard_key: str | None) -> None:
+    """Resume workflows from their last checkpoint.
+
+    For cancelled, dead-lettered or stuck workflows: they are enqueued again and continue
+    where they stopped."""
+
+    async def resume() -> None:
+        async with target.client() as client:
+            await client.resume_workflows(workflow_ids, queue, shard_key=shard_key)
+
+    run(resume())
+    for workflow_id in workflow_ids:
+        click.echo(f"Resumed {workflow_id}")
+
+
+@workflow.command("fork")
+@click.argument("workflow_id")
+@click.option("--step", "start_step", type=click.IntRange(min=0), required=True,
+              help="First step to run again; the steps before it replay the original's.")
+@click.option("--new-id", help="ID of the new workflow (default: random).")
+@click.option("--application-version", help="Version of the executors that may run it.")
+@click.option("--queue", help="Queue to run it on (default: the internal queue).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
+              help="Its start-to-close timeout, in seconds.")
+@click.option("--replace-child", "replacements", multiple=True, metavar="OLD=NEW",
+              help="Use workflow NEW where the copied steps recorded child OLD "
+                   "(repeatable).")
+@_shard_key_option
+@target_options
+def fork_workflow(target: Target, workflow_id: str, start_step: int, new_id: str | None,
+                  application_version: str | None, queue: str | None, timeout: float | None,
+                  replacements: tuple[str, ...], shard_key: str | None) -> None:
+    """Fork a workflow from a step; prints the new ID.
+
+    The new workflow has the original's inputs; its steps before --step replay the
+    original's recorded results, the others run again."""
+    children = {}
+    for pair in replacements:
+        old, sep, new = pair.partition("=")
+        if not sep or not old or not new:
+            raise click.BadParameter(f"{pair!r} is not OLD=NEW", param_hint="--replace-child")
+        children[old] = new
+
+    async def fork() -> str:
+        async with target.client() as client:
+            handle = await client.fork_workflow(
+                workflow_id, start_step, application_version=application_version, queue=queue,
+                replacement_children=children or None, new_workflow_id=new_id,
+                workflow_timeout=timeout, shard_key=shard_key)
+            return handle.workflow_id
+
+    click.echo(run(fork()))
+
+
+@workflow.command("rewind")
+@click.argument("workflow_id")
+@click.option("--step", "start_step", type=click.IntRange(min=0), required=True,
+              help="First step to run again; later checkpoints are discarded.")
+@click.option("--application-version", help="Version of the executors that may run it.")
+@click.option("--queue", help="Queue to run it on (default: the internal queue).")
+@_shard_key_option
+@target_options
+def rewind_workflow(target: Target, workflow_id: str, start_step: int,
+                    application_version: str | None, queue: str | None,
+                    shard_key: str | None) -> None:
+    """Run a finished workflow again from a step, under its own ID."""
+
+    async def rewind() -> None:
+        async with target.client() as client:
+            await client.rewind_workflow(workflow_id, start_step,
+                                         application_version=application_version,
+                                         queue=queue, shard_key=shard_key)
+
+    run(rewind())
+    click.echo(f"Rewound {workflow_id} to step {start_step}")
+
+
+@workflow.command("delete")
+@click.argument("workflow_ids", nargs=-1, required=True, metavar="WORKFLOW_ID...")
+@click.option("--children", is_flag=True,
+              help="Also delete every workflow they started, recursively.")
+@_shard_key_option
+@target_options
+def delete_workflows(target: Target, workflow_ids: tuple[str, ...], children: bool,
+                     shard_key: str | None) -> None:
+    """Delete workflows and all their records.
+
+    None is deleted if one does not exist."""
+
+    async def delete() -> None:
+        async with target.client() as client:
+            found = await client.list_workflows(
+                workflow_ids=workflow_ids, load_input=False, load_output=False,
+                shard_key=[shard_key] if shard_key is not None else None)
+            missing = sorted(set(workflow_ids) - {s.workflow_id for s in found})
+            if missing:
+                raise NonExistentWorkflowError(missing[0])
+            await client.delete_workflows(workflow_ids, delete_children=children,
+                                          shard_key=shard_key)
+
+    run(delete())
+    for workflow_id in workflow_ids:
+        click.echo(f"Deleted {workflow_id}")

@@ -1,0 +1,30 @@
+"""Testing workflows: a PostgreSQL server for a test suite, a throwaway database per test,
+and a crash in the middle of a workflow followed by its recovery.
+
+The pytest plugin (:mod:`dbos_async.testing.plugin`, loaded by pytest once the ``testing``
+extra is installed) offers these as fixtures; this module offers them to other runners.
+"""
+
+from dbos_async.sysdb.connection import with_database
+from dbos_async.testing.crash import CrashSimulator
+from dbos_async.testing.databases import (
+    create_database,
+    drop_database,
+    fresh_database,
+    new_database_name,
+)
+from dbos_async.testing.servers import NoServerError, PgServer, find_server, plan, run_sync
+
+__all__ = [
+    "CrashSimulator",
+    "NoServerError",
+    "PgServer",
+    "create_database",
+    "drop_database",
+    "find_server",
+    "fresh_database",
+    "new_database_name",
+    "plan",
+    "run_sync",
+    "with_database",
+]
