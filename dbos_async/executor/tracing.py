@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from dbos_async.errors import RecordedError
 from dbos_async.executor.context import added_attributes, workflow_of_step
 
 if TYPE_CHECKING:
@@ -137,6 +138,9 @@ def end_span(span: Span, error: BaseException | None,
     if attributes:
         span.set_attributes(attributes)
     if error is not None:
-        span.record_exception(error)
-        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        # A failure reaches here in its recorded form: name it by the type it was raised
+        # as, the same on the first run and on replay.
+        name = error.name if isinstance(error, RecordedError) else type(error).__name__
+        span.record_exception(error, attributes={"exception.type": name})
+        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{name}: {error}"))
     span.end()
