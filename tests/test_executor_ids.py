@@ -70,8 +70,11 @@ async def start_worker(url: str, workers: list[Worker], workflow_id: str,
 
 
 async def wait_marked(url: str, workflow_id: str) -> None:
+    """Wait until the workflow's step is checkpointed (so a kill after it does not run the
+    step again: before its checkpoint, a step is at least once)."""
     async def marked() -> bool:
-        return bool(await fetchval(url, "SELECT count(*) FROM runs WHERE workflow_id = $1",
+        return bool(await fetchval(url, """SELECT count(*) FROM dbos.operation_outputs
+                                           WHERE workflow_uuid = $1 AND function_name = 'mark'""",
                                    workflow_id))
 
     await wait_until(marked, patience=PATIENCE, what=f"{workflow_id}'s step")
