@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from dbos_async.config import DBOSConfig
+from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor import messaging
 from dbos_async.executor.context import attributes_json
@@ -207,7 +207,8 @@ class DBOSClient(Operator, Peer):
             CallContext(workflow_id=workflow_id, timeout=timeout,
                         attributes=attributes_json(traced_attributes(attributes)),
                         shard_key=shard_key),
-            name=workflow_name, inputs=inputs, executor_id=self.config.executor_id,
+            name=workflow_name, inputs=inputs,
+            executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
             application_version=application_version,
             placement=Placement(queue_name, priority=priority,
                                 deduplication_id=deduplication_id,

@@ -26,6 +26,10 @@ CONFIG_FILE_ENV = "DBOS_CONFIG_FILE"
 _PYPROJECT = "pyproject.toml"
 _TOOL_TABLE = "dbos_async"  # [tool.dbos_async] in a pyproject.toml
 
+DEFAULT_EXECUTOR_ID = "local"
+"""The executor ID of a process that was given none, or the first of its numbered
+variants that is free (``local-2``, ...); also what a client writes into what it enqueues."""
+
 
 class DBOSConfig(BaseModel):
     """Settings of one DBOS executor."""
@@ -39,7 +43,12 @@ class DBOSConfig(BaseModel):
     )
     schema_name: str = Field("dbos", min_length=1, max_length=63)
     pool_size: int = Field(10, ge=2, le=1000)
-    executor_id: str = Field("local", min_length=1)
+    executor_id: str | None = Field(
+        None, min_length=1,
+        description="Whose PENDING workflows this executor recovers. None (the default): "
+        "the first of 'local', 'local-2', ... that no live process holds, claimed at entry "
+        "(see dbos_async/sysdb/executor_ids.py).",
+    )
     application_version: str | None = Field(
         None, description="Defaults to a hash of the registered workflows' source code."
     )

@@ -81,6 +81,20 @@ class WorkflowCancelledError(DBOSError):
         self.workflow_id = workflow_id
 
 
+class ExecutorIdLostError(DBOSError):
+    """Another process holds this executor's ID: the connection holding it was lost, and
+    before it was back another process claimed the ID. This executor starts, claims and
+    recovers nothing more; restart it to claim a free ID."""
+
+    def __init__(self, executor_id: str) -> None:
+        super().__init__(
+            f"Executor ID {executor_id!r} was taken by another process while this "
+            "executor's connection holding it was down; this executor no longer starts, "
+            "claims or recovers workflows: restart it to claim a free executor ID"
+        )
+        self.executor_id = executor_id
+
+
 class DeadLetteredError(DBOSError):
     """The workflow exceeded its recovery attempts and was moved to the dead-letter state."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 
 class ClaimGate:
@@ -16,6 +16,10 @@ class ClaimGate:
     twice. So each start and each claim round, from its statement until its workflows are
     launched (and known as running here), holds the gate shared, and recovery exclusive. A
     waiting recovery holds back new ones, so a busy process cannot starve it.
+
+    The gate is also where work waits for the executor ID: the ``guard`` (set when the
+    executor claimed its ID) is awaited before each start, claim round and recovery, and
+    raises while this process may not work under that ID.
     """
 
     def __init__(self) -> None:
@@ -23,9 +27,12 @@ class ClaimGate:
         self._recoveries = 0  # the one running, or waiting for claim rounds to end
         self._changed = asyncio.Condition()
         self._one_recovery = asyncio.Lock()
+        self.guard: Callable[[], Awaitable[None]] | None = None
 
     @contextlib.asynccontextmanager
     async def claiming(self) -> AsyncIterator[None]:
+        if self.guard is not None:
+            await self.guard()
         async with self._changed:
             await self._changed.wait_for(lambda: self._recoveries == 0)
             self._claims += 1
@@ -38,6 +45,8 @@ class ClaimGate:
 
     @contextlib.asynccontextmanager
     async def recovering(self) -> AsyncIterator[None]:
+        if self.guard is not None:
+            await self.guard()
         async with self._one_recovery:
             async with self._changed:
                 self._recoveries += 1

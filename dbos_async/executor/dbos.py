@@ -315,6 +315,15 @@ class DBOS(Operator):
         return self.config.application_version
 
     @property
+    def executor_id(self) -> str | None:
+        """The executor ID this executor runs as: while entered (and after), the one
+        configured or the one it claimed (``local``, ``local-2``, ...); before the first
+        entry, the configured one (None: to be claimed)."""
+        if self._runtime is not None:
+            return self._runtime.executor_id
+        return self.config.executor_id
+
+    @property
     def recovery_errors(self) -> list[DBOSError]:
         """Workflows the last recovery could not resume here (left PENDING)."""
         return self._runtime.recovery_errors if self._runtime is not None else []

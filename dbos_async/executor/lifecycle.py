@@ -12,12 +12,13 @@ cancelled exit still leaves nothing behind.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping, Set
 
 import anyio
 
-from dbos_async.config import DBOSConfig
+from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.errors import QueueNotFoundError
 from dbos_async.executor import maintenance, recovery
 from dbos_async.executor.peer import start_notifications, system_database_for
@@ -25,7 +26,9 @@ from dbos_async.executor.queues.claim_loop import start_claim_loops
 from dbos_async.executor.queues.declaration import Queue, internal_queue
 from dbos_async.executor.registry import Registry
 from dbos_async.executor.runtime import Runtime
+from dbos_async.sysdb import connection
 from dbos_async.sysdb.connection import redact
+from dbos_async.sysdb.executor_ids import ExecutorIdLock
 
 logger = logging.getLogger("dbos_async")
 
@@ -50,6 +53,7 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         for owner in (runtime.background, runtime.workflows, runtime.queue_tasks):
             await owner.open()
         await sysdb.open(run_migrations=config.run_migrations)
+        await _hold_executor_id(runtime)
         await start_notifications(sysdb, sysdb.url, config, runtime.background.spawn)
         runtime.cancellation.start(sysdb, runtime.background.spawn)
         await sysdb.register_version(runtime.application_version)
@@ -62,8 +66,28 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         raise
     logger.info(
         "DBOS %s started: executor %s, version %s, system database %s",
-        config.name, config.executor_id, runtime.application_version, redact(sysdb.url),
+        config.name, runtime.executor_id, runtime.application_version, redact(sysdb.url),
     )
+
+
+async def _hold_executor_id(runtime: Runtime) -> None:
+    """Claim a free executor ID (``local``, ``local-2``, ...) unless one was configured, and
+    keep it: watched, re-acquired if its connection drops, required by every start, claim
+    round and recovery (see dbos_async/sysdb/executor_ids.py)."""
+    config, sysdb = runtime.config, runtime.system_database
+    if config.executor_id is not None:
+        return
+    lock = ExecutorIdLock(
+        sysdb.sql,
+        functools.partial(connection.connect, sysdb.url, config.connect_timeout,
+                          config.connection_name),
+        DEFAULT_EXECUTOR_ID,
+        patience=config.db_retry_timeout,
+    )
+    await lock.claim()
+    runtime.executor_lock = lock
+    lock.start_watching(runtime.background.spawn)
+    runtime.claim_gate.guard = lock.ensure_held
 
 
 async def _start_queues(runtime: Runtime, queues: Mapping[str, Queue],
@@ -105,3 +129,6 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
                 await sysdb.notifications.stop()
             await runtime.background.close(0)
             await sysdb.close()
+            # Last: nothing is written under the executor ID once it is released.
+            if runtime.executor_lock is not None:
+                await runtime.executor_lock.close()

@@ -30,7 +30,7 @@ def workflow_run(ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
     workflow_id = ctx.workflow_id
     started = time.monotonic()
     logs.workflow_started(workflow_id, name, len(ctx.checkpoints))
-    span = tracing.start_workflow_span(workflow_id, name, ctx.runtime.config.executor_id,
+    span = tracing.start_workflow_span(workflow_id, name, ctx.runtime.executor_id,
                                        attributes)
     interrupted = False
     try:

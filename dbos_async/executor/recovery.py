@@ -26,7 +26,7 @@ async def recover_pending(runtime: Runtime) -> list[WorkflowHandle[Any]]:
     async with runtime.claim_gate.recovering():
         await _dead_letter_and_requeue(runtime)
         rows = await sysdb.claim_pending(
-            runtime.config.executor_id, runtime.application_version,
+            runtime.executor_id, runtime.application_version,
             exclude=runtime.running()
         )
         for row in rows:
@@ -55,7 +55,7 @@ async def _dead_letter_and_requeue(runtime: Runtime) -> None:
     sysdb = runtime.system_database
     running = runtime.running()
     version = runtime.application_version
-    executor_id = runtime.config.executor_id
+    executor_id = runtime.executor_id
     max_attempts = runtime.config.max_recovery_attempts
     for workflow_id, shard_key in await sysdb.dead_letter_pending(
             executor_id, version, max_attempts, exclude=running):

@@ -19,6 +19,7 @@ from dbos_async.executor.registry import Registry
 from dbos_async.executor.serialization import Signature
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.executor_ids import ExecutorIdLock
 from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.statements import QueueRecord
 
@@ -72,10 +73,21 @@ class Runtime:
         self.claim_loops: dict[str, ClaimLoopState] = {}
         # Interrupts steps and waits of cancelled workflows (one task for all of them).
         self.cancellation = CancellationWatcher(config.cancellation_poll_interval)
+        # The lock on the executor ID claimed at entry (None: executor_id was given).
+        self.executor_lock: ExecutorIdLock | None = None
         self.recovery_errors: list[DBOSError] = []
         # Enqueued workflows a claim loop here leaves queued for want of their function
         # (one per queue and function name; also logged as a warning).
         self.queue_warnings: list[WorkflowNotRegisteredError] = []
+
+    @property
+    def executor_id(self) -> str:
+        """The ID this entry runs as: the one configured, or the one it claimed."""
+        if self.executor_lock is not None:
+            return self.executor_lock.executor_id
+        if self.config.executor_id is None:
+            raise DBOSError("The executor has not claimed its executor ID yet")
+        return self.config.executor_id
 
     def require_running(self) -> None:
         if self.state != "running":

@@ -208,7 +208,7 @@ def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,
                     application_version: str | None = None) -> StartPlan:
     """:func:`plan_start` for a workflow this executor registers."""
     return plan_start(call, name=info.name, inputs=arguments.inputs,
-                      executor_id=runtime.config.executor_id,
+                      executor_id=runtime.executor_id,
                       application_version=application_version or runtime.application_version,
                       placement=placement, class_name=info.class_name,
                       config_name=arguments.config_name)

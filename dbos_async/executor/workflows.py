@@ -17,6 +17,7 @@ import anyio
 
 from dbos_async.errors import (
     DBOSError,
+    ExecutorIdLostError,
     NonExistentWorkflowError,
     RecordedError,
     SerializationError,
@@ -179,9 +180,13 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
 
 
 def _stops_execution(ctx: WorkflowContext, error: Exception | None) -> bool:
-    """Whether ``error`` is this workflow being cancelled or taken over (nothing to record:
-    the status says it). Another workflow's cancellation, met by awaiting its handle, is a
-    failure like any other, recorded as this workflow's outcome."""
+    """Whether ``error`` is this workflow being cancelled or taken over, or this executor
+    losing its ID (nothing to record: the status says it, or the new holder recovers it).
+    Another workflow's cancellation, met by awaiting its handle, is a failure like any
+    other, recorded as this workflow's outcome."""
+    if isinstance(error, RecordedError):
+        return False
+    if isinstance(error, ExecutorIdLostError):
+        return True
     return (isinstance(error, WorkflowCancelledError | WorkflowConflictError)
-            and not isinstance(error, RecordedError)
             and (ctx.cancelled or error.workflow_id == ctx.workflow_id))

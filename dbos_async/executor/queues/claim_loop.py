@@ -22,7 +22,7 @@ import time
 
 import asyncpg
 
-from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
+from dbos_async.errors import DBOSError, ExecutorIdLostError, WorkflowNotRegisteredError
 from dbos_async.executor import workflows
 from dbos_async.executor.queues.enqueue import DELAYED_KEY
 from dbos_async.executor.recorded_errors import serialize_error
@@ -92,6 +92,10 @@ class ClaimLoop:
                     async with self.runtime.claim_gate.claiming():
                         started, retry_at = await self.claim_once()
                     backoff = 0.0
+                except ExecutorIdLostError:
+                    # Another process holds this executor's ID now (logged once, where it
+                    # was found out): claim nothing more under it.
+                    return
                 except CONFLICTS as conflict:
                     backoff = min(max(backoff * 2, 0.005), poll)
                     logger.debug("Queue %s: claim conflict (%s), retrying in %.3fs",
@@ -163,7 +167,7 @@ class ClaimLoop:
         room = self._room()
         if room == 0 or not names:
             return 0, None
-        executor_id, version = runtime.config.executor_id, runtime.application_version
+        executor_id, version = runtime.executor_id, runtime.application_version
         if not queue.partition_queue:
             claim = await sysdb.claim_queued(queue, None, room=room, executor_id=executor_id,
                                              application_version=version, names=names)
@@ -226,7 +230,7 @@ class ClaimLoop:
                 "Queue %r holds ENQUEUED workflows of function %r (e.g. %s) that executor %s "
                 "cannot run: the function is not registered here. They stay ENQUEUED until "
                 "an executor that registers it dequeues them.",
-                self.queue.name, name, workflow_id, runtime.config.executor_id)
+                self.queue.name, name, workflow_id, runtime.executor_id)
 
     async def _start(self, claim: Claim) -> None:
         for row, partition_key in claim.rows:

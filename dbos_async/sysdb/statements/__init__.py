@@ -33,6 +33,7 @@ from dbos_async.sysdb.statements.control import (
     advisory_lock_key,
     job_lock_key,
 )
+from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
 from dbos_async.sysdb.statements.messaging import MessagingStatements
 from dbos_async.sysdb.statements.queues import (
     CLAIMED_COLUMNS,
@@ -49,7 +50,7 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
-                 VersionStatements, ControlStatements):
+                 VersionStatements, ControlStatements, ExecutorIdStatements):
     """Every statement of the system database, for one schema."""
 
 
