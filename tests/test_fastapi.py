@@ -47,9 +47,6 @@ async def test_same_key_same_answer_other_body_conflicts(
     await scenarios.same_key_same_answer_other_body_conflicts(*service)
 
 
-@pytest.mark.xfail(not scenarios.ERRORS_READ_THE_SAME, strict=True,
-                   reason="a first run raises the same RecordedError as a replay only with "
-                          "the core change to errors")
 async def test_declined_payment_reads_the_same(service: tuple[Service, Warehouse]) -> None:
     await scenarios.declined_payment_reads_the_same(*service)
 
