@@ -49,11 +49,13 @@ CLIENT_KEY = web.AppKey("dbos_async.client", DBOSClient)
 
 def setup(app: web.Application, executor: DBOS | DBOSClient, *,
           idempotency_header: str | None = DEFAULT_HEADER,
-          error_statuses: Mapping[str, int] | None = None) -> None:
+          error_statuses: Mapping[str, int] | None = None,
+          shard_key_header: str | None = None) -> None:
     """Store ``executor`` in ``app`` (under :data:`DBOS_KEY` or :data:`CLIENT_KEY`), enter it
     while the application runs (a ``cleanup_ctx``, so cleanup contexts added after this one
     can use it), and add :func:`dbos_middleware`. Call it before the application starts."""
     middleware = dbos_middleware(idempotency_header=idempotency_header,
+                                 shard_key_header=shard_key_header,
                                  error_statuses=error_statuses)
     if isinstance(executor, DBOS):
         app[DBOS_KEY] = executor
@@ -94,6 +96,7 @@ def problem_response(error: BaseException,
 
 
 def dbos_middleware(*, idempotency_header: str | None = DEFAULT_HEADER,
+                    shard_key_header: str | None = None,
                     error_statuses: Mapping[str, int] | None = None) -> Middleware:
     """Middleware mapping every ``DBOSError`` a handler raises (a failed workflow's
     ``RecordedError`` among them) to a problem response, and, unless ``idempotency_header``
@@ -102,7 +105,8 @@ def dbos_middleware(*, idempotency_header: str | None = DEFAULT_HEADER,
     path, query, body) started is answered with a 422 problem, checked before the handler
     and again after it (a response the handler already streamed is sent as it is).
     ``error_statuses`` maps error type names (``{"PaymentDeclined": 402}``) to statuses
-    over the built-in table."""
+    over the built-in table. On a sharded system database, ``shard_key_header`` names the
+    header giving the shard key an idempotent request's workflows run under."""
     statuses = checked_statuses(error_statuses)
 
     async def run(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -117,8 +121,10 @@ def dbos_middleware(*, idempotency_header: str | None = DEFAULT_HEADER,
         if value is None or idempotency_header is None:
             return await run(request, handler)
         try:
-            keyed = idempotent_request(idempotency_header, value, request.method, request.path,
-                                       request.query_string, await request.read())
+            keyed = idempotent_request(
+                idempotency_header, value, request.method, request.path, request.query_string,
+                await request.read(), shard_key_header,
+                request.headers.get(shard_key_header) if shard_key_header else None)
             if keyed is None:
                 return await run(request, handler)
             operator = executor_of(request)

@@ -140,11 +140,14 @@ def problem_response(error: BaseException,
 
 
 def install(app: Starlette, *, idempotency_header: str | None = DEFAULT_HEADER,
-            error_statuses: Mapping[str, int] | None = None) -> None:
+            error_statuses: Mapping[str, int] | None = None,
+            shard_key_header: str | None = None) -> None:
     """Map every ``DBOSError`` an endpoint raises (a failed workflow's ``RecordedError``
     among them) to a problem response, and, unless ``idempotency_header`` is None, make
     requests carrying that header idempotent. ``error_statuses`` maps error type names
-    (``{"PaymentDeclined": 402}``) to statuses over the built-in table."""
+    (``{"PaymentDeclined": 402}``) to statuses over the built-in table. On a sharded system
+    database, ``shard_key_header`` names the header (``X-Tenant``, say) giving the shard key
+    an idempotent request's workflows run under."""
     statuses = checked_statuses(error_statuses)
 
     async def handle(request: Request, error: Exception) -> JSONResponse:
@@ -153,7 +156,7 @@ def install(app: Starlette, *, idempotency_header: str | None = DEFAULT_HEADER,
     app.add_exception_handler(DBOSError, handle)
     if idempotency_header is not None:
         app.add_middleware(IdempotencyMiddleware, header=idempotency_header,
-                           error_statuses=statuses)
+                           error_statuses=statuses, shard_key_header=shard_key_header)
 
 
 # ---- Idempotent requests ----
@@ -167,16 +170,19 @@ class IdempotencyMiddleware:
     The body is read in full before the endpoint runs."""
 
     def __init__(self, app: ASGIApp, header: str = DEFAULT_HEADER,
-                 error_statuses: Mapping[str, int] | None = None) -> None:
+                 error_statuses: Mapping[str, int] | None = None,
+                 shard_key_header: str | None = None) -> None:
         self.app = app
         self.header = header
+        self.shard_key_header = shard_key_header
         self.statuses = checked_statuses(error_statuses)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        value = Headers(scope=scope).get(self.header)
+        headers = Headers(scope=scope)
+        value = headers.get(self.header)
         if value is None:
             await self.app(scope, receive, send)
             return
@@ -184,7 +190,9 @@ class IdempotencyMiddleware:
         try:
             request = idempotent_request(
                 self.header, value, scope["method"], scope["path"],
-                scope.get("query_string", b"").decode("latin-1"), body)
+                scope.get("query_string", b"").decode("latin-1"), body,
+                self.shard_key_header,
+                headers.get(self.shard_key_header) if self.shard_key_header else None)
             if request is None:
                 await self.app(scope, receive, send)
                 return

@@ -14,7 +14,7 @@ import httpx2
 import pytest
 from aiohttp import web
 
-from dbos_async import DBOSClient, SetWorkflowID
+from dbos_async import DBOSClient, SetWorkflowID, current_shard_key
 from dbos_async.aiohttp import (
     CLIENT_KEY,
     DBOS_KEY,
@@ -204,3 +204,38 @@ def test_error_statuses_are_checked_at_setup(database_url: str) -> None:
     for statuses in ({"PaymentDeclined": 200}, {"PaymentDeclined": 799}, {"": 402}):
         with pytest.raises(ConfigurationError, match="error_statuses"):
             setup(web.Application(), new_dbos(database_url), error_statuses=statuses)
+
+
+async def test_idempotent_requests_on_a_sharded_database(database_url: str) -> None:
+    """With ``shard_key_header`` the request's workflows run under the header's key, and the
+    same idempotency key under two tenants is two workflows."""
+    dbos = new_dbos(database_url, sharding=True)
+    runs: list[str] = []
+
+    @dbos.workflow(name="tenant_order")
+    async def tenant_order(item: str) -> str:
+        runs.append(item)
+        return f"{current_shard_key()}:{item}"
+
+    async def order(request: web.Request) -> web.Response:
+        handle = await request.app[DBOS_KEY].start_workflow(
+            tenant_order, request.match_info["item"])
+        return web.json_response({"id": handle.workflow_id,
+                                  "result": await handle.get_result()})
+
+    app = web.Application()
+    setup(app, dbos, shard_key_header="X-Tenant")
+    app.router.add_post("/orders/{item}", order)
+    async with serving(app) as client:
+        async def post(tenant: str | None, item: str = "lamp") -> httpx2.Response:
+            headers = {"Idempotency-Key": "k-1"} | ({"X-Tenant": tenant} if tenant else {})
+            return await client.post(f"/orders/{item}", headers=headers)
+
+        first, again, other = await post("acme"), await post("acme"), await post("globex")
+        conflict, missing = await post("acme", "book"), await post(None)
+    assert first.json() == again.json() == {"id": "k-1", "result": "acme:lamp"}
+    assert other.json() == {"id": "k-1", "result": "globex:lamp"}
+    assert runs == ["lamp", "lamp"]
+    assert conflict.status_code == 422
+    assert missing.status_code == 400
+    assert "X-Tenant" in missing.json()["detail"]

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from dbos_async import DBOSClient, SetWorkflowID
+from dbos_async import DBOSClient, SetWorkflowID, current_shard_key
 from dbos_async.errors import ConfigurationError
 from dbos_async.fastapi import (
     DBOSClientDep,
@@ -219,3 +219,37 @@ def test_error_statuses_are_checked_at_install() -> None:
     for statuses in ({"PaymentDeclined": 200}, {"PaymentDeclined": 799}, {"": 402}):
         with pytest.raises(ConfigurationError, match="error_statuses"):
             install(FastAPI(), error_statuses=statuses)
+
+
+async def test_idempotent_requests_on_a_sharded_database(database_url: str) -> None:
+    """With ``shard_key_header`` the request's workflows run under the header's key, and the
+    same idempotency key under two tenants is two workflows."""
+    dbos = new_dbos(database_url, sharding=True)
+    runs: list[str] = []
+
+    @dbos.workflow(name="tenant_order")
+    async def tenant_order(item: str) -> str:
+        runs.append(item)
+        return f"{current_shard_key()}:{item}"
+
+    app = FastAPI(lifespan=lifespan(dbos))
+    install(app, shard_key_header="X-Tenant")
+
+    @app.post("/orders/{item}")
+    async def order(item: str, dbos: DBOSDep) -> dict[str, str]:
+        handle = await dbos.start_workflow(tenant_order, item)
+        return {"id": handle.workflow_id, "result": await handle.get_result()}
+
+    async with serving(app) as client:
+        def post(tenant: str | None, item: str = "lamp") -> Any:
+            headers = {"Idempotency-Key": "k-1"} | ({"X-Tenant": tenant} if tenant else {})
+            return client.post(f"/orders/{item}", headers=headers)
+
+        first, again, other = await post("acme"), await post("acme"), await post("globex")
+        conflict, missing = await post("acme", "book"), await post(None)
+    assert first.json() == again.json() == {"id": "k-1", "result": "acme:lamp"}
+    assert other.json() == {"id": "k-1", "result": "globex:lamp"}
+    assert runs == ["lamp", "lamp"]
+    assert conflict.status_code == 422
+    assert missing.status_code == 400
+    assert "X-Tenant" in missing.json()["detail"]

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 from dbos_async.errors import IdempotencyKeyConflictError, InvalidRequestError
-from dbos_async.executor.context import SetWorkflowID, added_attributes
+from dbos_async.executor.context import SetShardKey, SetWorkflowID, added_attributes
 from dbos_async.executor.operator import Operator
 
 DEFAULT_HEADER = "Idempotency-Key"
@@ -45,6 +45,8 @@ class IdempotentRequest:
     key: str
     digest: str
     header: str = DEFAULT_HEADER
+    # On a sharded system database: the key the request's workflows run under.
+    shard_key: str | None = None
 
     @property
     def attributes(self) -> dict[str, str]:
@@ -54,7 +56,7 @@ class IdempotentRequest:
     async def check(self, operator: Operator) -> None:
         """Raise :class:`IdempotencyKeyConflictError` if the key's workflow exists and was
         not started by a request with this digest."""
-        status = await operator.get_workflow_status(self.key)
+        status = await operator.get_workflow_status(self.key, shard_key=self.shard_key)
         if status is None:
             return
         if (status.attributes or {}).get(DIGEST_ATTRIBUTE) != self.digest:
@@ -63,13 +65,18 @@ class IdempotentRequest:
     @contextmanager
     def starting(self) -> Iterator[None]:
         """The block the endpoint runs in: its first workflow start takes the key as ID,
-        and every start records the digest."""
+        and every start records the digest (and runs under the request's shard key)."""
         token = _current.set(self)
         try:
-            with SetWorkflowID(self.key), added_attributes(self.attributes):
+            with SetWorkflowID(self.key), added_attributes(self.attributes), \
+                    self._under_shard_key():
                 yield
         finally:
             _current.reset(token)
+
+
+    def _under_shard_key(self) -> AbstractContextManager[object]:
+        return nullcontext() if self.shard_key is None else SetShardKey(self.shard_key)
 
 
 _current: ContextVar[IdempotentRequest | None] = ContextVar(
@@ -84,15 +91,22 @@ def current_idempotent_request() -> IdempotentRequest | None:
 
 
 def idempotent_request(header: str, value: str | None, method: str, path: str,
-                       query: str, body: bytes) -> IdempotentRequest | None:
+                       query: str, body: bytes, shard_key_header: str | None = None,
+                       shard_key: str | None = None) -> IdempotentRequest | None:
     """The idempotent request this is, or None when it carries no key or its method is
     safe. A key is 1 to 255 visible ASCII characters, bare or as a quoted string (the
     structured-field form of the IETF draft); a malformed one raises
-    :class:`InvalidRequestError`."""
+    :class:`InvalidRequestError`. With ``shard_key_header``, ``shard_key`` is that header's
+    value, which the request must carry."""
     if value is None or method.upper() in SAFE_METHODS:
         return None
+    if shard_key_header is not None and not (shard_key or "").strip():
+        raise InvalidRequestError(
+            f"A request with {header} must also carry {shard_key_header}, the shard key "
+            "of the workflow it starts")
     return IdempotentRequest(parse_key(header, value), request_digest(method, path, query, body),
-                             header)
+                             header, shard_key.strip() if shard_key_header and shard_key
+                             else None)
 
 
 def parse_key(header: str, value: str) -> str:
