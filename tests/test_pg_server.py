@@ -23,6 +23,7 @@ import pytest
 from helpers import processes_mentioning
 
 from dbos_async import ConfigurationError
+from dbos_async.sysdb.embedded import pid_alive
 from dbos_async.testing import servers as pg_server
 from dbos_async.testing import with_database
 
@@ -102,7 +103,7 @@ def run_inner(tmp_path: Path, skip: str, *, ci: bool = True) -> Result:
 def assert_gone(data: dict[str, Any]) -> None:
     assert data["base_dir"] and data["pid"]
     assert not Path(data["base_dir"]).exists(), "the server's directory was not removed"
-    assert not pg_server.pid_alive(data["pid"]), "the postmaster is still running"
+    assert not pid_alive(data["pid"]), "the postmaster is still running"
     assert processes_mentioning(data["base_dir"]) == [], "server processes left"
 
 

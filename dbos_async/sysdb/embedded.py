@@ -146,7 +146,8 @@ def _dirs_to_widen(paths: list[Path]) -> list[Path]:
     return found
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True if the process exists and is not a zombie."""
     if pid <= 0:
         return False
     try:
@@ -171,7 +172,7 @@ def _prune_dead_users(pgdata: Path) -> None:
         return
     if not isinstance(pids, list):
         return
-    alive = [p for p in pids if isinstance(p, int) and _pid_alive(p)]
+    alive = [p for p in pids if isinstance(p, int) and pid_alive(p)]
     if alive != pids:
         path.write_text(json.dumps(alive))
 
@@ -189,7 +190,7 @@ def _remove_foreign_pidfile(pgdata: Path) -> None:
         pid = int(path.read_text().split("\n", 1)[0])
     except (OSError, ValueError):
         return
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return
     try:
         psutil = importlib.import_module("psutil")  # a dependency of the wheel

@@ -60,6 +60,7 @@ import asyncpg
 
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError
 from dbos_async.sysdb.connection import redact
+from dbos_async.sysdb.embedded import pid_alive
 
 BRANCHES = ("env", "localhost", "docker", "local", "embedded")
 ENV_URL = "DBOS_TEST_DATABASE_URL"
@@ -145,22 +146,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def pid_alive(pid: int) -> bool:
-    """True if the process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError, IndexError):
-        # /proc/<pid>/stat: "pid (comm) STATE ..."; comm may contain spaces or parens.
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        if state == "Z":
-            return False
-    return True
 
 
 # --------------------------------------------------------------------------- branches
