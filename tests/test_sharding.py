@@ -833,3 +833,29 @@ async def test_a_key_given_to_an_unsharded_database_is_refused(
         with pytest.raises(DBOSError, match="not sharded"):
             await dbos.get_workflow_status("w", shard_key="acme")
     assert await fetch(plain_database_url, "SELECT 1 FROM dbos.workflow_status") == []
+
+
+async def test_the_rate_limiter_holds_per_key(database_url: str) -> None:
+    """A limiter of one start per hour lets one workflow of each key start; the others
+    stay queued while later rounds still start a third key's."""
+    app = Tenants(database_url)
+    limited = app.dbos.queue("hourly", limiter=(1, 3600.0), polling_interval=0.05)
+    async with app.dbos as dbos:
+        for key in ("acme", "globex"):
+            for _ in range(2):
+                with SetShardKey(key):
+                    await limited.enqueue(app.child, key)
+
+        async def one_of_each_done() -> bool:
+            done = await dbos.list_workflows(status="SUCCESS")
+            return sorted(w.shard_key or "" for w in done) == ["acme", "globex"]
+
+        await wait_until(one_of_each_done, what="one workflow of each key")
+        # A later claim round (the keys are read again) visits every key with queued work.
+        with SetShardKey("initech"):
+            later = await limited.enqueue(app.child, "initech")
+        assert await later.get_result() == "initech:child"
+        queued = await dbos.list_workflows(status="ENQUEUED")
+        assert sorted(w.shard_key or "" for w in queued) == ["acme", "globex"]
+    assert app.runs == Counter({("acme", "child"): 1, ("globex", "child"): 1,
+                                ("initech", "child"): 1})
