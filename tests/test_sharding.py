@@ -8,8 +8,11 @@ other. Everything a workflow does routes by its own key; callers outside name th
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
+import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -492,3 +495,367 @@ async def test_debounce_per_key(database_url: str) -> None:
         assert {key: await h.get_result() for key, h in handles.items()} == {
             "acme": "acme-2:child", "globex": "globex-2:child"}
     assert app.runs == Counter({("acme-2", "child"): 1, ("globex-2", "child"): 1})
+
+
+def register_race(dbos: DBOS, label: str, gate: asyncio.Event | None,
+                  reached: asyncio.Event | None, runs: Counter[tuple[str, int]]) -> Any:
+    """A 4-step workflow; step 1 signals ``reached`` and waits on ``gate`` (if given)."""
+
+    @dbos.step(name="race_step")
+    async def race_step(i: int) -> str:
+        runs[label, i] += 1
+        if i == 1:
+            if reached is not None:
+                reached.set()
+            if gate is not None:
+                await gate.wait()
+        return f"{label}-{i}"
+
+    @dbos.workflow(name="race_wf")
+    async def race_wf() -> list[str]:
+        return [await race_step(i) for i in range(4)]
+
+    return race_wf
+
+
+async def test_a_stale_execution_under_a_key_is_fenced(database_url: str) -> None:
+    """A recovered elsewhere, ("f", acme)'s first execution stops at its next checkpoint and
+    writes nothing; ("f", globex), alive on another executor, is untouched."""
+    url, runs = database_url, Counter[tuple[str, int]]()
+    gate_a, reached_a, gate_c, reached_c = (asyncio.Event() for _ in range(4))
+    a = sharded(url)
+    race_a = register_race(a, "A", gate_a, reached_a, runs)
+    c = sharded(url, executor_id="other")
+    race_c = register_race(c, "C", gate_c, reached_c, runs)
+    async with a, c:
+        with SetShardKey("acme"), SetWorkflowID("f"):
+            handle_a = await a.start_workflow(race_a)
+        with SetShardKey("globex"), SetWorkflowID("f"):
+            handle_c = await c.start_workflow(race_c)
+        await reached_a.wait()
+        await reached_c.wait()
+        # B has A's executor ID (a restarted process, to the database): it recovers only
+        # ("f", acme), the PENDING workflow of that executor.
+        b = sharded(url)
+        register_race(b, "B", None, None, runs)
+        async with b:
+            result_b = await (await b.retrieve_workflow("f", shard_key="acme")).get_result()
+        assert result_b == ["A-0", "B-1", "B-2", "B-3"]
+        gate_a.set()
+        assert await handle_a.get_result() == result_b  # refused, it reports B's outcome
+        assert runs["A", 1] == 1 and runs["A", 2] == runs["A", 3] == 0
+        acme = await a.list_workflow_steps("f", shard_key="acme")
+        assert [s.output for s in acme] == result_b
+        globex = await a.get_workflow_status("f", shard_key="globex")
+        assert globex is not None and globex.status == "PENDING"
+        assert globex.executor_id == "other" and globex.recovery_attempts == 1
+        assert [s.output for s in await a.list_workflow_steps("f", shard_key="globex")] \
+            == ["C-0"]
+        gate_c.set()
+        assert await handle_c.get_result() == ["C-0", "C-1", "C-2", "C-3"]
+    assert runs["B", 0] == runs["C", 0] - 1 == 0
+
+
+async def test_a_stale_execution_cannot_send_or_set_events(database_url: str) -> None:
+    """Recovered elsewhere after its step, a workflow's first execution is refused at its
+    next ``set_event`` or ``send``: neither the event nor the message is written."""
+    url = database_url
+    between = asyncio.Event()
+    waiting: Counter[str] = Counter()
+
+    def register(dbos: DBOS, label: str, hold: bool) -> Any:
+        @dbos.step(name="prepare")
+        async def prepare() -> str:
+            return label
+
+        @dbos.workflow(name="announcer")
+        async def announcer(what: str) -> str:
+            await prepare()
+            if hold:
+                waiting[what] += 1
+                await between.wait()
+            if what == "event":
+                await dbos.set_event("announced", label)
+            else:
+                await dbos.send("inbox", label, "news", shard_key="globex")
+            return label
+
+        @dbos.workflow(name="inbox")
+        async def inbox() -> Any:
+            return await dbos.recv("news", timeout=PATIENCE)
+
+        return announcer, inbox
+
+    a = sharded(url)
+    announcer, _ = register(a, "A", hold=True)
+    c = sharded(url, executor_id="other")
+    _, inbox = register(c, "C", hold=False)
+    async with a, c:
+        with SetShardKey("globex"), SetWorkflowID("inbox"):
+            receiver = await c.start_workflow(inbox)
+        stale = {}
+        for what in ("event", "send"):
+            with SetShardKey("acme"), SetWorkflowID(what):
+                stale[what] = await a.start_workflow(announcer, what)
+
+        async def both_held() -> bool:
+            return waiting["event"] == waiting["send"] == 1
+
+        await wait_until(both_held, what="both executions past their step")
+        b = sharded(url)
+        register(b, "B", hold=False)
+        async with b:
+            for what in ("event", "send"):
+                handle = await b.retrieve_workflow(what, shard_key="acme")
+                assert await handle.get_result() == "B"
+        between.set()
+        for what in ("event", "send"):
+            assert await stale[what].get_result() == "B"  # refused: it reports B's outcome
+        assert await receiver.get_result() == "B"
+        assert await a.get_all_events("event", shard_key="acme") == {"announced": "B"}
+    events = await fetch(url, "SELECT 1 FROM dbos.workflow_events_history")
+    assert len(events) == 1
+    for what, name in (("event", "DBOS.setEvent"), ("send", "DBOS.send")):
+        steps = await fetch(url, "SELECT function_name FROM dbos.operation_outputs WHERE "
+                                 "workflow_uuid = $1 AND shard_key = 'acme' "
+                                 "ORDER BY function_id", what)
+        assert [r["function_name"] for r in steps] == ["prepare", name]
+    consumed = await fetch(url, "SELECT 1 FROM dbos.operation_outputs WHERE workflow_uuid ="
+                                " 'inbox' AND function_name = 'DBOS.recv'")
+    assert len(consumed) == 1
+    assert len(await fetch(url, "SELECT 1 FROM dbos.notifications")) == 1  # B's alone
+
+
+async def test_queue_priority_delay_and_worker_concurrency_across_keys(
+        database_url: str) -> None:
+    """Priorities order each key's queue; ``worker_concurrency`` 1 runs one workflow at a
+    time over every key; a delayed workflow starts no sooner than its delay."""
+    producer = sharded(database_url)
+    producer.listen()  # dispatches none of the queues: everything waits for the consumer
+    consumer = sharded(database_url)
+    log: list[tuple[str, str]] = []
+    running: list[str] = []
+    peak = 0
+
+    def register(dbos: DBOS) -> Any:
+        @dbos.workflow(name="echo")
+        async def echo(key: str, text: str) -> str:
+            nonlocal peak
+            running.append(text)
+            peak = max(peak, len(running))
+            log.append((key, text))
+            await asyncio.sleep(0)
+            running.remove(text)
+            return text
+
+        return echo
+
+    echo = register(producer)
+    register(consumer)
+    queue = producer.queue("prio", worker_concurrency=1, polling_interval=0.1)
+    consumer.queue("prio", worker_concurrency=1, polling_interval=0.1)
+    delayed = producer.queue("later", polling_interval=0.1)
+    consumer.queue("later", polling_interval=0.1)
+    async with producer:
+        for key in ("acme", "globex"):
+            for text, priority in [("c", 5), ("a", 1), ("b", 2), ("z", 0)]:
+                with SetShardKey(key), SetEnqueueOptions(priority=priority):
+                    await queue.enqueue(echo, key, text)
+        with SetShardKey("globex"), SetEnqueueOptions(delay=0.3):
+            late = await delayed.enqueue(echo, "globex", "late")
+    async with consumer:
+        assert await (await consumer.retrieve_workflow(late.workflow_id,
+                                                       shard_key="globex")).get_result() \
+            == "late"
+
+        async def all_ran() -> bool:
+            return len(log) == 9
+
+        await wait_until(all_ran, what="every queued workflow")
+    for key in ("acme", "globex"):
+        assert [t for k, t in log if k == key and t != "late"] == ["z", "a", "b", "c"]
+    assert peak == 1
+    row = (await fetch(database_url, "SELECT delay_until_epoch_ms, started_at_epoch_ms FROM "
+                                     "dbos.workflow_status WHERE shard_key = 'globex' AND "
+                                     "workflow_uuid = $1", late.workflow_id))[0]
+    assert row["started_at_epoch_ms"] >= row["delay_until_epoch_ms"]
+
+
+async def test_listing_filters_under_keys(database_url: str) -> None:
+    app = Tenants(database_url)
+
+    @app.dbos.workflow(name="fails")
+    async def fails() -> None:
+        raise ValueError("no")
+
+    @app.dbos.workflow(name="keyed-parent")
+    async def parent() -> None:
+        for key in ("acme", "globex"):
+            with SetShardKey(key):
+                await app.child(key)
+
+    async with app.dbos as dbos:
+        with SetShardKey("acme"), SetWorkflowID("c-acme"):
+            await app.child("acme")
+        first = await dbos.get_workflow_status("c-acme", shard_key="acme")
+        assert first is not None
+
+        async def clock_moved_on() -> bool:
+            return time.time() * 1000 > first.created_at + 1
+
+        await wait_until(clock_moved_on, what="a later millisecond")  # so the bounds split
+        with SetShardKey("globex"), SetWorkflowID("f-globex"), pytest.raises(ValueError):
+            await fails()
+        with SetShardKey("initech"):
+            queued = await app.queue.enqueue(app.child, "initech")
+        await queued.get_result()
+        with SetShardKey("acme"), SetWorkflowID("p"):
+            await parent()
+
+        async def ids(**filters: Any) -> set[tuple[str, str | None]]:
+            return {(w.workflow_id, w.shard_key) for w in await dbos.list_workflows(**filters)}
+
+        assert await ids(status="ERROR") == {("f-globex", "globex")}
+        assert await ids(name="fails", shard_key="acme") == set()
+        assert await ids(name="child", shard_key=["acme", "initech"]) == {
+            ("c-acme", "acme"), ("p-0", "acme"), (queued.workflow_id, "initech")}
+        assert await ids(name="child", shard_key="globex") == {("4:acme:p-1", "globex")}
+        assert await ids(queue_name="tenant-jobs") == {(queued.workflow_id, "initech")}
+        assert await ids(end_time=first.created_at) == {("c-acme", "acme")}
+        assert ("c-acme", "acme") not in await ids(start_time=first.created_at + 1)
+        assert len(await ids(start_time=first.created_at + 1)) == 5
+        assert await ids(parent_shard_key="acme", shard_key="globex") == {
+            ("4:acme:p-1", "globex")}
+        assert await ids(parent_workflow_id="p", shard_key="acme") == {("p-0", "acme")}
+        steps = await dbos.list_workflow_steps("p", shard_key="acme")
+        assert [s.child_shard_key for s in steps if s.child_workflow_id] == ["acme", "globex"]
+
+
+async def test_client_cancels_resumes_and_reads_under_keys(database_url: str) -> None:
+    app = Tenants(database_url)
+    async with app.dbos as dbos, DBOSClient(system_database_url=database_url, sharding=True,
+                                            application_name=unique_name("client")) as client:
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("same"):
+                await dbos.start_workflow(app.work, key)
+            assert await client.get_event("same", "progress", timeout=PATIENCE,
+                                          shard_key=key) == f"{key}:first"
+        await client.cancel_workflow("same", shard_key="acme")
+        cancelled = await client.get_workflow_status("same", shard_key="acme")
+        untouched = await client.get_workflow_status("same", shard_key="globex")
+        assert cancelled is not None and cancelled.status == "CANCELLED"
+        assert untouched is not None and untouched.status == "PENDING"
+        resumed = await client.resume_workflow("same", shard_key="acme")
+        assert resumed.shard_key == "acme"
+        await client.send("same", "resumed", "go", shard_key="acme")
+        assert await resumed.get_result() == "acme:first|resumed"
+        assert await client.get_all_events("same", shard_key="acme") == {
+            "progress": "acme:first"}
+        assert [v async for v in client.read_stream("same", "out", shard_key="globex")] \
+            == ["globex:first"]
+        await client.send("same", "last", "go", shard_key="globex")
+        handle = await client.retrieve_workflow("same", shard_key="globex")
+        assert await handle.get_result() == "globex:first|last"
+        with pytest.raises(DBOSError, match=r"'same'.*shard key"):
+            await client.cancel_workflow("same")
+    assert app.runs == Counter({("acme", "first"): 1, ("globex", "first"): 1})
+
+
+async def test_a_fork_copies_events_and_streams_below_its_cut(database_url: str) -> None:
+    dbos = sharded(database_url)
+    runs: Counter[tuple[str, int]] = Counter()
+
+    @dbos.step(name="mark")
+    async def mark(key: str, n: int) -> str:
+        runs[(key, n)] += 1
+        return f"{key}-{n}"
+
+    @dbos.workflow(name="history")
+    async def history(key: str) -> str:
+        for n in range(3):
+            value = await mark(key, n)
+            await dbos.set_event("latest", value)
+            await dbos.write_stream("marks", value)
+        await dbos.close_stream("marks")
+        return value
+
+    async with dbos:
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("h"):
+                assert await history(key) == f"{key}-2"
+        steps = [s.name for s in await dbos.list_workflow_steps("h", shard_key="acme")]
+        cut = steps.index("mark", steps.index("mark", 1) + 1)  # the third mark re-runs
+        fork = await dbos.fork_workflow("h", cut, shard_key="acme", new_workflow_id="h-fork")
+        assert fork.shard_key == "acme"
+        assert await fork.get_result() == "acme-2"
+        assert [v async for v in dbos.read_stream("h-fork", "marks", shard_key="acme")] \
+            == ["acme-0", "acme-1", "acme-2"]
+        assert await dbos.get_all_events("h-fork", shard_key="acme") == {"latest": "acme-2"}
+        assert await dbos.list_workflows(workflow_ids=["h-fork"], shard_key="globex") == []
+        assert [v async for v in dbos.read_stream("h", "marks", shard_key="globex")] \
+            == ["globex-0", "globex-1", "globex-2"]
+    assert runs == Counter({("acme", 0): 1, ("acme", 1): 1, ("acme", 2): 2,
+                            ("globex", 0): 1, ("globex", 1): 1, ("globex", 2): 1})
+    history_rows = await fetch(database_url, "SELECT value FROM dbos.workflow_events_history "
+                                             "WHERE workflow_uuid = 'h-fork' AND shard_key = "
+                                             "'acme' ORDER BY function_id")
+    assert len(history_rows) == 3
+
+
+async def test_bad_keys_are_refused(database_url: str) -> None:
+    for bad in (None, 7, ""):
+        with pytest.raises(DBOSError, match="Invalid shard key"):
+            SetShardKey(bad)  # type: ignore[arg-type]
+    app = Tenants(database_url)
+    async with app.dbos as dbos:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(DBOSError, match="non-empty string"):
+                await dbos.send("w", 1, shard_key=3)  # type: ignore[arg-type]
+            gc.collect()
+        assert [str(w.message) for w in caught] == []  # the refused send left nothing unrun
+        with pytest.raises(DBOSError, match=r"'nobody'.*shard key"):
+            await dbos.send("nobody", 1)
+    assert await fetch(database_url, "SELECT 1 FROM dbos.notifications") == []
+
+
+async def test_a_key_given_to_an_unsharded_database_is_refused(
+        plain_database_url: str) -> None:
+    dbos = new_dbos(plain_database_url)
+
+    @dbos.workflow(name="plain")
+    async def plain() -> int:
+        return 1
+
+    async with dbos:
+        with SetShardKey("acme"), pytest.raises(DBOSError, match="not sharded"):
+            await dbos.start_workflow(plain)
+        with pytest.raises(DBOSError, match="not sharded"):
+            await dbos.get_workflow_status("w", shard_key="acme")
+    assert await fetch(plain_database_url, "SELECT 1 FROM dbos.workflow_status") == []
+
+
+async def test_the_rate_limiter_holds_per_key(database_url: str) -> None:
+    """A limiter of one start per hour lets one workflow of each key start; the others
+    stay queued while later rounds still start a third key's."""
+    app = Tenants(database_url)
+    limited = app.dbos.queue("hourly", limiter=(1, 3600.0), polling_interval=0.05)
+    async with app.dbos as dbos:
+        for key in ("acme", "globex"):
+            for _ in range(2):
+                with SetShardKey(key):
+                    await limited.enqueue(app.child, key)
+
+        async def one_of_each_done() -> bool:
+            done = await dbos.list_workflows(status="SUCCESS")
+            return sorted(w.shard_key or "" for w in done) == ["acme", "globex"]
+
+        await wait_until(one_of_each_done, what="one workflow of each key")
+        # A later claim round (the keys are read again) visits every key with queued work.
+        with SetShardKey("initech"):
+            later = await limited.enqueue(app.child, "initech")
+        assert await later.get_result() == "initech:child"
+        queued = await dbos.list_workflows(status="ENQUEUED")
+        assert sorted(w.shard_key or "" for w in queued) == ["acme", "globex"]
+    assert app.runs == Counter({("acme", "child"): 1, ("globex", "child"): 1,
+                                ("initech", "child"): 1})

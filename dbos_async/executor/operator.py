@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dbos_async.errors import NonExistentWorkflowError
+from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.executor import control, messaging
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.control import (
@@ -37,7 +37,7 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import WorkflowFilter
 
 if TYPE_CHECKING:
@@ -47,7 +47,14 @@ T = TypeVar("T")
 
 
 async def _routed(keys: dict[str, str | None], call: Coroutine[Any, Any, T]) -> T:
-    """Run ``call`` with these workflows bound to their keys (None binds nothing)."""
+    """Run ``call`` with these workflows bound to their keys (None binds nothing); a key
+    refused as invalid closes ``call`` unrun, so it is not left never awaited."""
+    try:
+        for key in keys.values():
+            validate_shard_key(key)
+    except DBOSError:
+        call.close()
+        raise
     with bind_shard_keys(keys):
         return await call
 
