@@ -1,0 +1,121 @@
+"""The scheduler: one task per executor firing every active schedule of its application.
+
+It keeps the next time of each schedule in a heap and sleeps until the earliest (or until
+the next re-read of the definitions, or until this executor changes a schedule), so
+between re-reads it sends no statement. Firing is :func:`~dbos_async.executor.schedules.fire`:
+several executors firing one time insert one workflow under one ID, so each time runs once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dbos_async.executor import schedules
+from dbos_async.executor.runtime import Runtime
+from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
+
+logger = logging.getLogger("dbos_async")
+
+BACKFILL_LIMIT = 1000
+"""The most missed times an automatic backfill fires per schedule (the latest ones)."""
+
+BACKFILL_WINDOW = timedelta(days=7)
+"""How far back an automatic backfill looks."""
+
+
+@dataclass(order=True)
+class _Due:
+    time: datetime
+    name: str
+    generation: int
+
+
+def _definition(record: ScheduleRecord) -> tuple[Any, ...]:
+    """What, changed, makes the scheduler recompute a schedule's times."""
+    return (record.workflow_name, record.workflow_class_name, record.schedule,
+            record.context, record.cron_timezone, record.queue_name, record.shard_key)
+
+
+class Scheduler:
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._changed = runtime.schedules_changed
+        self._records: dict[str, ScheduleRecord] = {}
+        self._generation: dict[str, int] = {}
+        self._heap: list[_Due] = []
+        self._backfilled: set[str] = set()
+
+    def start(self) -> None:
+        self._runtime.background.spawn(self._run(), "scheduler")
+
+    async def _run(self) -> None:
+        interval = self._runtime.config.schedule_reread_interval
+        while True:
+            self._changed.clear()
+            try:
+                await self._reread()
+            except Exception:
+                logger.exception("Reading the schedules failed; retrying")
+            loop = asyncio.get_running_loop()
+            reread_at = loop.time() + interval
+            while not self._changed.is_set() and loop.time() < reread_at:
+                wait = reread_at - loop.time()
+                if self._heap:
+                    due = (self._heap[0].time - datetime.now(UTC)).total_seconds()
+                    if due <= 0:
+                        await self._fire_due()
+                        continue
+                    wait = min(wait, due)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), wait)
+
+    async def _reread(self) -> None:
+        records = {r.schedule_name: r for r in
+                   await self._runtime.system_database.list_schedules(status=ACTIVE)}
+        now = datetime.now(UTC)
+        for name, record in records.items():
+            old = self._records.get(name)
+            if old is not None and _definition(old) == _definition(record):
+                self._records[name] = record
+                continue
+            if name not in self._backfilled:
+                self._backfilled.add(name)
+                await self._backfill(record, now)
+            self._records[name] = record
+            self._schedule_next(record, now)
+        for name in set(self._records) - set(records):
+            del self._records[name]
+            self._generation[name] = self._generation.get(name, 0) + 1
+
+    async def _backfill(self, record: ScheduleRecord, now: datetime) -> None:
+        """Fire the times missed since the schedule last fired, bounded (see
+        :data:`BACKFILL_LIMIT` and :data:`BACKFILL_WINDOW`)."""
+        if not record.automatic_backfill or record.last_fired_at is None:
+            return
+        since = max(datetime.fromisoformat(record.last_fired_at), now - BACKFILL_WINDOW)
+        missed = schedules.times_between(record, since, now)[-BACKFILL_LIMIT:]
+        for time in missed:
+            await schedules.fire(self._runtime, self._runtime.executor_id, record, time)
+
+    def _schedule_next(self, record: ScheduleRecord, after: datetime) -> None:
+        generation = self._generation.get(record.schedule_name, 0) + 1
+        self._generation[record.schedule_name] = generation
+        time = next(schedules.times_after(record, after))
+        heapq.heappush(self._heap, _Due(time, record.schedule_name, generation))
+
+    async def _fire_due(self) -> None:
+        due = heapq.heappop(self._heap)
+        if self._generation.get(due.name) != due.generation:
+            return  # Superseded: the schedule changed, was paused or deleted.
+        record = self._records[due.name]
+        try:
+            await schedules.fire(self._runtime, self._runtime.executor_id, record, due.time)
+        except Exception:
+            logger.exception("Firing schedule %s at %s failed", due.name, due.time)
+        self._schedule_next(record, due.time)
