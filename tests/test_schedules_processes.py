@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import itertools
 import json
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
