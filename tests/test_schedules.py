@@ -261,3 +261,50 @@ async def _fired_after(url: str, name: str, moment: datetime) -> bool:
     times = [datetime.fromisoformat(r["workflow_uuid"].removeprefix(f"sched-{name}-"))
              for r in await schedule_rows(url, name)]
     return any(t > moment for t in times)
+
+
+async def test_daylight_saving_transitions(database_url: str) -> None:
+    """A 02:30 schedule in New York fires once on each transition day: at 03:00 EDT when
+    02:30 does not exist (spring forward), at the one 02:30 EST when 01:00-02:00 repeats
+    (fall back); an hourly :30 schedule fires the repeated 01:30 twice, once per offset."""
+    dbos = new_dbos(database_url)
+    scheduled_workflows(dbos, [])
+    async with dbos:
+        await dbos.create_schedule("daily-0230", "tick", "30 2 * * *",
+                                   timezone="America/New_York")
+        await dbos.create_schedule("hourly-30", "tick", "30 * * * *",
+                                   timezone="America/New_York")
+        await dbos.pause_schedule("daily-0230")
+        await dbos.pause_schedule("hourly-30")
+
+        async def ids(name: str, start: datetime, end: datetime) -> list[str]:
+            return [h.workflow_id.removeprefix(f"sched-{name}-")
+                    for h in await dbos.backfill_schedule(name, start, end)]
+
+        spring = await ids("daily-0230", datetime(2026, 3, 7, 12), datetime(2026, 3, 9, 12))
+        assert spring == ["2026-03-08T03:00:00-04:00", "2026-03-09T02:30:00-04:00"]
+        fall = await ids("daily-0230", datetime(2026, 10, 31, 12), datetime(2026, 11, 2, 12))
+        assert fall == ["2026-11-01T02:30:00-05:00", "2026-11-02T02:30:00-05:00"]
+        repeated = await ids("hourly-30", datetime(2026, 11, 1, 5), datetime(2026, 11, 1, 7))
+        assert repeated == ["2026-11-01T01:30:00-04:00", "2026-11-01T01:30:00-05:00"]
+
+
+async def test_sharded_schedule_runs_under_its_key(plain_database_url: str) -> None:
+    runs: list[tuple[datetime, Any]] = []
+    dbos = new_dbos(plain_database_url, sharding=True)
+    scheduled_workflows(dbos, runs)
+    async with dbos:
+        with pytest.raises(ScheduleError, match="needs a shard key"):
+            await dbos.create_schedule("keyless", "tick", EVERY_SECOND)
+        created = await dbos.create_schedule("keyed", "tick", EVERY_SECOND,
+                                             shard_key="acme")
+        assert created.shard_key == "acme"
+        await wait_until(lambda: _true(len(runs) >= 1), what="a run")
+        handle = await dbos.trigger_schedule("keyed")
+        assert handle.shard_key == "acme"
+        await handle.get_result()
+    keys = {r["shard_key"] for r in await fetch(
+        plain_database_url, "SELECT shard_key FROM dbos.workflow_status"
+        " WHERE workflow_uuid LIKE 'sched-keyed-%'")}
+    assert keys == {"acme"}
+    assert await stored_count(plain_database_url) == 1

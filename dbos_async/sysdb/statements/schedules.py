@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dbos_async.errors import DBOSError
+from dbos_async.errors import ScheduleError
 from dbos_async.sysdb.statements.base import Params, Query, StatementBase
 
 ACTIVE = "ACTIVE"
@@ -68,11 +68,11 @@ class ScheduleStatements(StatementBase):
         }
         if self.sharded:
             if record.shard_key is None:
-                raise DBOSError(f"Schedule {record.schedule_name!r} needs a shard key: this "
+                raise ScheduleError(f"Schedule {record.schedule_name!r} needs a shard key: this "
                                 "system database is sharded (pass shard_key=...)")
             values["workflow_shard_key"] = record.shard_key
         elif record.shard_key is not None:
-            raise DBOSError("A shard key was given, but this system database is not sharded")
+            raise ScheduleError("A shard key was given, but this system database is not sharded")
         return values
 
     def _insert_schedule_sql(self, record: ScheduleRecord, p: Params) -> str:
