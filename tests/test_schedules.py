@@ -4,6 +4,7 @@ deterministic workflow ID, across executors."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -308,3 +309,47 @@ async def test_sharded_schedule_runs_under_its_key(plain_database_url: str) -> N
         " WHERE workflow_uuid LIKE 'sched-keyed-%'")}
     assert keys == {"acme"}
     assert await stored_count(plain_database_url) == 1
+
+
+async def test_idle_scheduler_sends_no_statement_between_rereads(database_url: str) -> None:
+    """100 schedules due in about half an hour: once the scheduler has read them, it
+    sleeps on its heap and sends nothing about schedules until the next re-read."""
+    dbos = new_dbos(database_url, schedule_reread_interval=3600.0)
+    scheduled_workflows(dbos, [])
+    minute = (datetime.now(UTC).minute + 30) % 60
+    texts: list[str] = []
+
+    def logged(record: Any) -> None:
+        texts.append(record.query)
+
+    async with dbos:
+        pool = dbos.system_database.pool
+        held = [await pool.acquire() for _ in range(pool.get_max_size())]
+        for conn in held:
+            conn.add_query_logger(logged)
+        for conn in held:
+            await pool.release(conn)
+
+        def schedule_reads() -> int:
+            return sum("workflow_schedules" in t and "ORDER BY schedule_name" in t
+                       for t in texts)
+
+        before = schedule_reads()
+        await dbos.apply_schedules([ScheduleDefinition(f"s{n:03}", "tick", f"{minute} * * * *")
+                                    for n in range(100)])
+        # The apply woke the scheduler: it re-reads once (besides the apply's own read).
+        await wait_until(lambda: _true(schedule_reads() >= before + 2), what="the re-read")
+        texts.clear()
+        await asyncio.sleep(2.0)  # the idle period measured (not a synchronisation)
+        about_schedules = [t for t in texts if "workflow_schedules" in t or "sched-" in t]
+        held = [await pool.acquire() for _ in range(pool.get_max_size())]
+        for conn in held:
+            conn.remove_query_logger(logged)
+        for conn in held:
+            await pool.release(conn)
+    assert about_schedules == []
+    assert len(await dbos_schedules(database_url)) == 100
+
+
+async def dbos_schedules(url: str) -> list[Any]:
+    return await fetch(url, "SELECT schedule_name FROM dbos.workflow_schedules")
