@@ -202,7 +202,8 @@ async def test_apply_creates_and_updates_atomically(database_url: str) -> None:
 
 async def test_client_operates_schedules_an_executor_fires(database_url: str) -> None:
     runs: list[tuple[datetime, Any]] = []
-    dbos = new_dbos(database_url, schedule_reread_interval=0.2)
+    # No periodic re-read during the test: the client's NOTIFY wakes the scheduler.
+    dbos = new_dbos(database_url, schedule_reread_interval=3600.0)
     scheduled_workflows(dbos, runs)
     async with dbos, DBOSClient(database_url) as client:
         created = await client.create_schedule("from-client", "tick", EVERY_SECOND,
@@ -335,10 +336,13 @@ async def test_idle_scheduler_sends_no_statement_between_rereads(database_url: s
                        for t in texts)
 
         before = schedule_reads()
-        await dbos.apply_schedules([ScheduleDefinition(f"s{n:03}", "tick", f"{minute} * * * *")
-                                    for n in range(100)])
-        # The apply woke the scheduler: it re-reads once (besides the apply's own read).
-        await wait_until(lambda: _true(schedule_reads() >= before + 2), what="the re-read")
+        async with DBOSClient(database_url) as client:
+            await client.apply_schedules([
+                ScheduleDefinition(f"s{n:03}", "tick", f"{minute} * * * *")
+                for n in range(100)])
+            # The client's one NOTIFY woke the scheduler: it re-reads once.
+            await wait_until(lambda: _true(schedule_reads() >= before + 1),
+                             what="the re-read")
         texts.clear()
         await asyncio.sleep(2.0)  # the idle period measured (not a synchronisation)
         about_schedules = [t for t in texts if "workflow_schedules" in t or "sched-" in t]

@@ -393,11 +393,6 @@ class DBOS(Operator):
         check_scheduled_signature(info)
         return info.name, info.class_name
 
-    def _schedules_changed(self) -> None:
-        runtime = self._runtime
-        if runtime is not None:
-            runtime.schedules_changed.set()
-
     # ---- Lifecycle ----
 
     def _require_outside(self, what: str) -> None:

@@ -79,8 +79,6 @@ class Runtime:
         # Enqueued workflows a claim loop here leaves queued for want of their function
         # (one per queue and function name; also logged as a warning).
         self.queue_warnings: list[WorkflowNotRegisteredError] = []
-        # Set when this executor changes a schedule: the scheduler re-reads them at once.
-        self.schedules_changed = asyncio.Event()
 
     @property
     def executor_id(self) -> str:

@@ -16,6 +16,7 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.schedules import WorkflowSchedule, public_schedule
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
 
 WorkflowRef = str | Callable[..., Any]
@@ -65,7 +66,10 @@ class ScheduleOperator:
         raise ScheduleError("Name the scheduled workflow by its registered name")
 
     def _schedules_changed(self) -> None:
-        """Called after a write to schedules (an executor re-reads them at once)."""
+        """Announce a committed write to schedules: the schedulers of this process and of
+        every other one listening re-read them at once."""
+        self._peer().system_database.notify(ENQUEUE_CHANNEL,
+                                            schedules.SCHEDULES_CHANGED_KEY)
 
     def _record(self, d: ScheduleDefinition) -> ScheduleRecord:
         name, class_name = self._scheduled_workflow(d.workflow)

@@ -1,7 +1,7 @@
 """The scheduler: one task per executor firing every active schedule of its application.
 
 It keeps the next time of each schedule in a heap and sleeps until the earliest (or until
-the next re-read of the definitions, or until this executor changes a schedule), so
+the next re-read of the definitions, or until a dbos_async writer announces a change), so
 between re-reads it sends no statement. Firing is :func:`~dbos_async.executor.schedules.fire`:
 several executors firing one time insert one workflow under one ID, so each time runs once.
 """
@@ -18,6 +18,7 @@ from typing import Any
 
 from dbos_async.executor import schedules
 from dbos_async.executor.runtime import Runtime
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
 
 logger = logging.getLogger("dbos_async")
@@ -45,14 +46,21 @@ def _definition(record: ScheduleRecord) -> tuple[Any, ...]:
 class Scheduler:
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._changed = runtime.schedules_changed
+        self._changed = asyncio.Event()
         self._records: dict[str, ScheduleRecord] = {}
         self._generation: dict[str, int] = {}
         self._heap: list[_Due] = []
         self._backfilled: set[str] = set()
 
     def start(self) -> None:
+        notifications = self._runtime.system_database.notifications
+        if notifications is not None:
+            notifications.subscribe(ENQUEUE_CHANNEL, self._on_notification)
         self._runtime.background.spawn(self._run(), "scheduler")
+
+    def _on_notification(self, key: str) -> None:
+        if key == schedules.SCHEDULES_CHANGED_KEY:
+            self._changed.set()
 
     async def _run(self) -> None:
         interval = self._runtime.config.schedule_reread_interval

@@ -29,6 +29,9 @@ from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
 
 TRIGGER_TAG = "trigger"
 
+SCHEDULES_CHANGED_KEY = "dbos_async:schedules"
+"""ENQUEUE_CHANNEL payload announcing a changed schedule (wakes every scheduler)."""
+
 
 @dataclass(frozen=True)
 class WorkflowSchedule:
