@@ -41,6 +41,7 @@ async def stored_count(url: str) -> int:
 async def test_create_list_get_pause_resume_delete(database_url: str) -> None:
     dbos = new_dbos(database_url)
     wfs = scheduled_workflows(dbos, [])
+    reports = dbos.queue("reports")
     async with dbos:
         created = await dbos.create_schedule("nightly", wfs["tick"], "0 3 * * *",
                                              context={"region": "eu"},
@@ -48,7 +49,7 @@ async def test_create_list_get_pause_resume_delete(database_url: str) -> None:
         assert created.schedule_name == "nightly" and created.workflow_name == "tick"
         assert created.context == {"region": "eu"} and created.cron_timezone == "Europe/Paris"
         assert created.status == "ACTIVE" and created.last_fired_at is None
-        await dbos.create_schedule("hourly", "tick", "0 * * * *")
+        await dbos.create_schedule("hourly", "tick", "0 * * * *", queue=reports)
         names = [s.schedule_name for s in await dbos.list_schedules()]
         assert names == ["hourly", "nightly"]
         with pytest.raises(ScheduleError, match="already exists"):
@@ -69,8 +70,8 @@ async def test_create_list_get_pause_resume_delete(database_url: str) -> None:
                           dbos.trigger_schedule):
             with pytest.raises(ScheduleError, match="does not exist"):
                 await operation("nightly")
-        assert [s.schedule_name for s in await dbos.list_schedules(name_prefix="ho")] == [
-            "hourly"]
+        [hourly] = await dbos.list_schedules(name_prefix="ho")
+        assert hourly.schedule_name == "hourly" and hourly.queue_name == "reports"
 
 
 async def test_bad_definitions_store_nothing(database_url: str) -> None:
@@ -91,6 +92,8 @@ async def test_bad_definitions_store_nothing(database_url: str) -> None:
             ({"workflow": not_a_workflow, "cron": "* * * * *"}, "is not a workflow"),
             ({"workflow": "tick", "cron": "* * * * *", "context": object()},
              "context"),
+            ({"workflow": "tick", "cron": "* * * * *", "queue": "undeclared"},
+             "Queue 'undeclared' is not declared"),
         ]
         for kwargs, message in cases:
             with pytest.raises(ScheduleError if "context" not in kwargs else Exception,

@@ -71,6 +71,18 @@ class ScheduleOperator:
         self._peer().system_database.notify(ENQUEUE_CHANNEL,
                                             schedules.SCHEDULES_CHANGED_KEY)
 
+    async def _check_queues(self, records: Sequence[ScheduleRecord]) -> None:
+        """Raise unless every queue the schedules name is stored (declared)."""
+        named = sorted({r.queue_name for r in records if r.queue_name is not None})
+        if not named:
+            return
+        stored = {q.name for q in await self._peer().system_database.list_queues(named)}
+        missing = [name for name in named if name not in stored]
+        if missing:
+            raise ScheduleError(f"Queue {missing[0]!r} is not declared: declare it "
+                                "(dbos.queue(...) or DBOSClient.register_queue(...)) "
+                                "before scheduling workflows on it")
+
     def _record(self, d: ScheduleDefinition) -> ScheduleRecord:
         name, class_name = self._scheduled_workflow(d.workflow)
         queue = d.queue.name if isinstance(d.queue, Queue) else d.queue
@@ -89,6 +101,7 @@ class ScheduleOperator:
         Raises :class:`ScheduleError` (nothing stored) for a bad definition or a taken name."""
         record = self._record(ScheduleDefinition(name, workflow, cron, context, timezone,
                                                  queue, automatic_backfill, shard_key))
+        await self._check_queues([record])
         sysdb = self._peer().system_database
         await sysdb.create_schedule(record)
         self._schedules_changed()
@@ -103,6 +116,7 @@ class ScheduleOperator:
         names = [r.schedule_name for r in records]
         if len(set(names)) != len(names):
             raise ScheduleError("apply_schedules was given one schedule name twice")
+        await self._check_queues(records)
         sysdb = self._peer().system_database
         await sysdb.apply_schedules(records)
         self._schedules_changed()
