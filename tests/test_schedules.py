@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from helpers import fetch, fetchval, new_dbos, wait_until
+from helpers import execute, fetch, fetchval, new_dbos, wait_until
 
 from dbos_async import DBOS, DBOSClient, ScheduleDefinition, ScheduleError
 
@@ -360,3 +360,27 @@ async def test_idle_scheduler_sends_no_statement_between_rereads(database_url: s
 
 async def dbos_schedules(url: str) -> list[Any]:
     return await fetch(url, "SELECT schedule_name FROM dbos.workflow_schedules")
+
+
+async def test_an_unreadable_stored_schedule_does_not_stop_the_others(
+        database_url: str) -> None:
+    runs: list[tuple[datetime, Any]] = []
+    setup = new_dbos(database_url)
+    async with setup:  # migrates
+        pass
+    # Rows another writer stored, with a cron expression and a time zone this one rejects.
+    for name, cron, zone in (("bad-cron", "not a cron", None),
+                             ("bad-zone", "* * * * * *", "Mars/Base")):
+        await execute(database_url, """INSERT INTO dbos.workflow_schedules
+                (schedule_id, schedule_name, workflow_name, schedule, context, cron_timezone)
+                VALUES ($1, $1, 'tick', $2, 'null', $3)""", name, cron, zone)
+    dbos = new_dbos(database_url)
+    scheduled_workflows(dbos, runs)
+    async with dbos:
+        await dbos.create_schedule("good", "tick", EVERY_SECOND)
+        await wait_until(lambda: _has_rows(database_url, "good", 2), what="two firings")
+        listed = {s.schedule_name for s in await dbos.list_schedules()}
+        with pytest.raises(ScheduleError, match="Invalid cron expression 'not a cron'"):
+            await dbos.backfill_schedule("bad-cron", datetime(2026, 1, 1), datetime(2026, 1, 2))
+    assert listed == {"bad-cron", "bad-zone", "good"}
+    assert await schedule_rows(database_url, "bad-zone") == []

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dbos_async.errors import ScheduleError
 from dbos_async.executor import schedules
 from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
@@ -51,6 +52,7 @@ class Scheduler:
         self._generation: dict[str, int] = {}
         self._heap: list[_Due] = []
         self._backfilled: set[str] = set()
+        self._unreadable: dict[str, ScheduleRecord] = {}
 
     def start(self) -> None:
         notifications = self._runtime.system_database.notifications
@@ -92,14 +94,29 @@ class Scheduler:
             if old is not None and _definition(old) == _definition(record):
                 self._records[name] = record
                 continue
+            try:
+                next_time = next(schedules.times_after(record, now))
+            except ScheduleError:
+                # Stored by another writer with a cron expression or time zone this
+                # library cannot read: skipped (logged once per definition), others fire.
+                if self._unreadable.get(name) != record:
+                    logger.error("Schedule %s cannot be fired: cron %r, time zone %r",
+                                 name, record.schedule, record.cron_timezone)
+                self._unreadable[name] = record
+                self._forget(name)
+                continue
             if name not in self._backfilled:
                 self._backfilled.add(name)
                 await self._backfill(record, now)
             self._records[name] = record
-            self._schedule_next(record, now)
+            self._push(name, next_time)
         for name in set(self._records) - set(records):
-            del self._records[name]
-            self._generation[name] = self._generation.get(name, 0) + 1
+            self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """Stop firing ``name`` (its entries left in the heap are superseded)."""
+        self._records.pop(name, None)
+        self._generation[name] = self._generation.get(name, 0) + 1
 
     async def _backfill(self, record: ScheduleRecord, now: datetime) -> None:
         """Fire the times missed since the schedule last fired, bounded (see
@@ -111,11 +128,10 @@ class Scheduler:
         for time in missed:
             await schedules.fire(self._runtime, self._runtime.executor_id, record, time)
 
-    def _schedule_next(self, record: ScheduleRecord, after: datetime) -> None:
-        generation = self._generation.get(record.schedule_name, 0) + 1
-        self._generation[record.schedule_name] = generation
-        time = next(schedules.times_after(record, after))
-        heapq.heappush(self._heap, _Due(time, record.schedule_name, generation))
+    def _push(self, name: str, time: datetime) -> None:
+        generation = self._generation.get(name, 0) + 1
+        self._generation[name] = generation
+        heapq.heappush(self._heap, _Due(time, name, generation))
 
     async def _fire_due(self) -> None:
         due = heapq.heappop(self._heap)
@@ -126,4 +142,4 @@ class Scheduler:
             await schedules.fire(self._runtime, self._runtime.executor_id, record, due.time)
         except Exception:
             logger.exception("Firing schedule %s at %s failed", due.name, due.time)
-        self._schedule_next(record, due.time)
+        self._push(due.name, next(schedules.times_after(record, due.time)))

@@ -96,7 +96,9 @@ def check_cron(cron: str) -> None:
 
 
 def times_after(record: ScheduleRecord, after: datetime) -> Iterator[datetime]:
-    """The schedule's times strictly after ``after``, in its time zone, in order."""
+    """The schedule's times strictly after ``after``, in its time zone, in order (a stored
+    definition this library cannot read raises :class:`ScheduleError`)."""
+    check_cron(record.schedule)
     it = croniter(record.schedule, after.astimezone(zone_of(record.cron_timezone)),
                   second_at_beginning=True)
     while True:
