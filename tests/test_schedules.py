@@ -384,3 +384,15 @@ async def test_an_unreadable_stored_schedule_does_not_stop_the_others(
             await dbos.backfill_schedule("bad-cron", datetime(2026, 1, 1), datetime(2026, 1, 2))
     assert listed == {"bad-cron", "bad-zone", "good"}
     assert await schedule_rows(database_url, "bad-zone") == []
+
+
+async def test_a_client_that_leaves_at_once_still_wakes_the_scheduler(
+        database_url: str) -> None:
+    runs: list[tuple[datetime, Any]] = []
+    dbos = new_dbos(database_url, schedule_reread_interval=3600.0)
+    scheduled_workflows(dbos, runs)
+    async with dbos:
+        async with DBOSClient(database_url) as client:
+            await client.create_schedule("brief", "tick", EVERY_SECOND)
+        # The client's NOTIFY went out as it closed: no periodic re-read is due for an hour.
+        await wait_until(lambda: _true(len(runs) >= 1), what="a run")
