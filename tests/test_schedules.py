@@ -396,3 +396,26 @@ async def test_a_client_that_leaves_at_once_still_wakes_the_scheduler(
             await client.create_schedule("brief", "tick", EVERY_SECOND)
         # The client's NOTIFY went out as it closed: no periodic re-read is due for an hour.
         await wait_until(lambda: _true(len(runs) >= 1), what="a run")
+
+
+async def test_schedule_writes_from_a_workflow_body_are_refused(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    scheduled_workflows(dbos, [])
+
+    @dbos.step()
+    async def create_in_step() -> str:
+        created = await dbos.create_schedule("from-step", "tick", "0 * * * *")
+        return created.schedule_name
+
+    @dbos.workflow()
+    async def creates() -> str:
+        with pytest.raises(ScheduleError, match="call it from a step"):
+            await dbos.create_schedule("from-body", "tick", "0 * * * *")
+        with pytest.raises(ScheduleError, match="call it from a step"):
+            await dbos.pause_schedule("from-step")
+        listed = [s.schedule_name for s in await dbos.list_schedules()]  # reads are fine
+        return ",".join([*listed, await create_in_step()])
+
+    async with dbos:
+        assert await creates() == "from-step"
+        assert [s.schedule_name for s in await dbos.list_schedules()] == ["from-step"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import ScheduleError
 from dbos_async.executor import schedules
@@ -18,6 +18,9 @@ from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.schedules import WorkflowSchedule, public_schedule
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
+
+if TYPE_CHECKING:
+    from dbos_async.executor.context import WorkflowContext
 
 WorkflowRef = str | Callable[..., Any]
 """A workflow a schedule runs: its registered name, or (on an executor) the workflow."""
@@ -65,6 +68,18 @@ class ScheduleOperator:
             return workflow, None
         raise ScheduleError("Name the scheduled workflow by its registered name")
 
+    def _contexts(self) -> tuple[WorkflowContext | None, WorkflowContext | None]:
+        return None, None
+
+    def _writing(self, what: str) -> Peer:
+        """The peer a schedule write runs on. A workflow body may not write: the write is
+        not a checkpoint, so a replay would repeat it; a step may."""
+        body, _ = self._contexts()
+        if body is not None:
+            raise ScheduleError(f"{what} is not checkpointed: call it from a step, not from "
+                                "a workflow body")
+        return self._peer()
+
     def _schedules_changed(self) -> None:
         """Announce a committed write to schedules: the schedulers of this process and of
         every other one listening re-read them at once."""
@@ -102,7 +117,7 @@ class ScheduleOperator:
         record = self._record(ScheduleDefinition(name, workflow, cron, context, timezone,
                                                  queue, automatic_backfill, shard_key))
         await self._check_queues([record])
-        sysdb = self._peer().system_database
+        sysdb = self._writing("create_schedule").system_database
         await sysdb.create_schedule(record)
         self._schedules_changed()
         return public_schedule(await schedules.stored(self._peer(), name))
@@ -117,7 +132,7 @@ class ScheduleOperator:
         if len(set(names)) != len(names):
             raise ScheduleError("apply_schedules was given one schedule name twice")
         await self._check_queues(records)
-        sysdb = self._peer().system_database
+        sysdb = self._writing("apply_schedules").system_database
         await sysdb.apply_schedules(records)
         self._schedules_changed()
         return [public_schedule(r) for r in await sysdb.list_schedules(names=names)]
@@ -136,7 +151,7 @@ class ScheduleOperator:
 
     async def delete_schedule(self, name: str) -> None:
         """Delete a schedule (its fired workflows stay); unknown names raise."""
-        if not await self._peer().system_database.delete_schedule(name):
+        if not await self._writing("delete_schedule").system_database.delete_schedule(name):
             raise ScheduleError(f"Schedule {name!r} does not exist")
         self._schedules_changed()
 
@@ -149,13 +164,14 @@ class ScheduleOperator:
         await self._set_paused(name, False)
 
     async def _set_paused(self, name: str, paused: bool) -> None:
-        if not await self._peer().system_database.set_schedule_paused(name, paused):
+        sysdb = self._writing("pause_schedule" if paused else "resume_schedule").system_database
+        if not await sysdb.set_schedule_paused(name, paused):
             raise ScheduleError(f"Schedule {name!r} does not exist")
         self._schedules_changed()
 
     async def trigger_schedule(self, name: str) -> WorkflowHandle[Any]:
         """Fire a schedule now, off its cron times (a paused one too)."""
-        peer = self._peer()
+        peer = self._writing("trigger_schedule")
         record = await schedules.stored(peer, name)
         workflow_id = await schedules.fire(peer, self._firing_executor_id(), record,
                                            datetime.now(UTC), triggered=True)
@@ -166,7 +182,7 @@ class ScheduleOperator:
         """Fire every time of the schedule strictly between ``start`` and ``end`` (naive
         datetimes are UTC). Each time has its deterministic workflow ID, so times fired
         already, by the scheduler or an earlier backfill, are not run again."""
-        peer = self._peer()
+        peer = self._writing("backfill_schedule")
         record = await schedules.stored(peer, name)
         handles: list[WorkflowHandle[Any]] = []
         for time in schedules.times_between(record, start, end):
