@@ -106,8 +106,8 @@ class Scheduler:
                 self._forget(name)
                 continue
             if name not in self._backfilled:
-                self._backfilled.add(name)
                 await self._backfill(record, now)
+                self._backfilled.add(name)  # once done: a failed backfill is retried
             self._records[name] = record
             self._push(name, next_time)
         for name in set(self._records) - set(records):
