@@ -308,10 +308,17 @@ async def test_sharded_schedule_runs_under_its_key(plain_database_url: str) -> N
         handle = await dbos.trigger_schedule("keyed")
         assert handle.shard_key == "acme"
         await handle.get_result()
+        [moved] = await dbos.apply_schedules([
+            ScheduleDefinition("keyed", "tick", "0 0 1 1 *", shard_key="globex")])
+        assert moved.shard_key == "globex"
+        [handle] = await dbos.backfill_schedule("keyed", datetime(2020, 12, 31),
+                                                datetime(2021, 1, 2))
+        assert handle.shard_key == "globex"
+        await handle.get_result()
     keys = {r["shard_key"] for r in await fetch(
         plain_database_url, "SELECT shard_key FROM dbos.workflow_status"
         " WHERE workflow_uuid LIKE 'sched-keyed-%'")}
-    assert keys == {"acme"}
+    assert keys == {"acme", "globex"}
     assert await stored_count(plain_database_url) == 1
 
 
