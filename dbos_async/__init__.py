@@ -17,6 +17,7 @@ from dbos_async.errors import (
     QueueDeduplicatedError,
     QueueNotFoundError,
     RecordedError,
+    ScheduleError,
     SerializationError,
     StepRetriesExceededError,
     WorkflowCancelledError,
@@ -45,6 +46,8 @@ from dbos_async.executor.queues import (
     RateLimit,
     SetEnqueueOptions,
 )
+from dbos_async.executor.schedule_api import ScheduleDefinition
+from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.steps import RetryOn
 from dbos_async.sysdb.migrations import holds_sharded_schema
 from dbos_async.sysdb.setup import migrate
@@ -76,6 +79,8 @@ __all__ = [
     "RateLimit",
     "RecordedError",
     "RetryOn",
+    "ScheduleDefinition",
+    "ScheduleError",
     "SerializationError",
     "SetEnqueueOptions",
     "SetShardKey",
@@ -89,6 +94,7 @@ __all__ = [
     "WorkflowHandle",
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
+    "WorkflowSchedule",
     "WorkflowStatus",
     "WorkflowStepInfo",
     "current_shard_key",

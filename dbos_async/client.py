@@ -137,6 +137,9 @@ class DBOSClient(Operator, Peer):
 
     # ---- Operator hooks (see executor/operator.py) ----
 
+    def _firing_executor_id(self) -> str:
+        return self.config.executor_id or DEFAULT_EXECUTOR_ID
+
     def _peer(self, during_shutdown: bool = False) -> Peer:
         return self
 

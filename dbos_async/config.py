@@ -102,6 +102,11 @@ class DBOSConfig(BaseModel):
         description="Longest wait between the cancellation watcher's status reads while "
         "steps or waits run (notifications wake it sooner).",
     )
+    schedule_reread_interval: float = Field(
+        30.0, gt=0,
+        description="Longest wait between the scheduler's reads of the stored schedules "
+        "(this executor's own changes wake it at once).",
+    )
     retention_hours: float | None = Field(
         None, gt=0,
         description="Delete terminal workflows that finished this many hours ago; None: off.",

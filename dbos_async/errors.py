@@ -193,3 +193,8 @@ class IdempotencyKeyConflictError(DBOSError):
 class ApplicationOwnershipError(DBOSError):
     """A queue or application version name is already owned by another application sharing
     the system database (names are unique across applications)."""
+
+
+class ScheduleError(DBOSError):
+    """A schedule definition was rejected (cron expression, time zone, workflow), or the
+    named schedule does not exist or exists already; nothing was stored."""

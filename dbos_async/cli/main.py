@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from dbos_async.cli.queues import queue
+from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.versions import version
 from dbos_async.cli.workflows import workflow
@@ -42,6 +43,7 @@ def migrate(target: Target) -> None:
 cli.add_command(workflow)
 cli.add_command(queue)
 cli.add_command(version)
+cli.add_command(schedule)
 
 
 def main() -> None:

@@ -16,8 +16,21 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from dbos_async.config import DBOSConfig
-from dbos_async.errors import DBOSError, QueueNotFoundError, WorkflowNotRegisteredError
-from dbos_async.executor import lifecycle, maintenance, messaging, patches, recovery, start
+from dbos_async.errors import (
+    DBOSError,
+    QueueNotFoundError,
+    ScheduleError,
+    WorkflowNotRegisteredError,
+)
+from dbos_async.executor import (
+    lifecycle,
+    maintenance,
+    messaging,
+    patches,
+    recovery,
+    schedules,
+    start,
+)
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.operator import Operator
@@ -25,6 +38,7 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, workflow_info_of
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
+from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
 from dbos_async.executor.serialization import Signature, to_json
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
 from dbos_async.sysdb.database import SystemDatabase
@@ -137,6 +151,25 @@ class DBOS(Operator):
                 return run_checkpointed(ctx, step_id, info, args, kwargs)
 
             return call
+
+        return decorate
+
+    def scheduled(self, cron: str, *, timezone: str | None = None,
+                  queue: str | Queue | None = None, automatic_backfill: bool = False,
+                  shard_key: str | None = None
+                  ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
+        """Run a workflow ``(scheduled_time, context)`` at each time of ``cron``: stored at
+        every entry as the schedule named after the workflow (its context None), and
+        fired like any schedule. Apply it above ``@dbos.workflow()``."""
+        self._require_outside("Declare schedules")
+
+        def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
+            name, class_name = self._scheduled_workflow(fn)
+            queue_name = queue.name if isinstance(queue, Queue) else queue
+            self._registry.schedules.append(schedules.new_record(
+                name, name, class_name, cron, None, timezone, queue_name,
+                automatic_backfill, shard_key))
+            return fn
 
         return decorate
 
@@ -343,6 +376,22 @@ class DBOS(Operator):
 
     def _fork_call(self, workflow_id: str | None, timeout: float | None) -> start.CallContext:
         return start.read_call(workflow_id=workflow_id, timeout=timeout, as_child=False)
+
+    def _firing_executor_id(self) -> str:
+        return self._operating().executor_id
+
+    def _scheduled_workflow(self, workflow: WorkflowRef) -> tuple[str, str | None]:
+        if isinstance(workflow, str):
+            info = self._registry.workflows.get(workflow)
+            if info is None:
+                raise ScheduleError(f"No workflow named {workflow!r} is registered")
+        else:
+            try:
+                info, _ = workflow_info_of(workflow, (), self)
+            except DBOSError as error:
+                raise ScheduleError(str(error)) from None
+        check_scheduled_signature(info)
+        return info.name, info.class_name
 
     # ---- Lifecycle ----
 

@@ -26,6 +26,7 @@ from dbos_async.executor.queues.claim_loop import start_claim_loops
 from dbos_async.executor.queues.declaration import Queue, internal_queue
 from dbos_async.executor.registry import Registry
 from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.scheduler import Scheduler
 from dbos_async.sysdb import connection
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
@@ -61,6 +62,7 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         await _start_queues(runtime, queues, listen)
         await recovery.recover_pending(runtime)
         maintenance.start(runtime)
+        await _start_scheduler(runtime)
     except BaseException:
         await close_runtime(runtime, grace_period=0)
         raise
@@ -68,6 +70,13 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         "DBOS %s started: executor %s, version %s, system database %s",
         config.name, runtime.executor_id, runtime.application_version, redact(sysdb.url),
     )
+
+
+async def _start_scheduler(runtime: Runtime) -> None:
+    """Store the schedules declared with ``@dbos.scheduled`` and start firing."""
+    if runtime.registry.schedules:
+        await runtime.system_database.apply_schedules(runtime.registry.schedules)
+    Scheduler(runtime).start()
 
 
 async def _hold_executor_id(runtime: Runtime) -> None:

@@ -35,6 +35,7 @@ from dbos_async.executor.control import (
 from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus, workflow_handle
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
+from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
@@ -64,7 +65,7 @@ def _queue_name(queue: str | Queue | None) -> str | None:
     return queue.name if isinstance(queue, Queue) else queue
 
 
-class Operator:
+class Operator(ScheduleOperator):
     """The operator API of an executor or a client of a system database."""
 
     # ---- Hooks ----

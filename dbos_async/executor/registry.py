@@ -11,6 +11,7 @@ from typing import Any
 
 from dbos_async.errors import DBOSError
 from dbos_async.executor.serialization import Signature
+from dbos_async.sysdb.statements.schedules import ScheduleRecord
 
 AsyncFunction = Callable[..., Coroutine[Any, Any, Any]]
 
@@ -70,6 +71,8 @@ def instance_name(instance: object) -> str:
 class Registry:
     def __init__(self) -> None:
         self.workflows: dict[str, WorkflowInfo] = {}
+        # Schedules declared with @dbos.scheduled, stored at every entry.
+        self.schedules: list[ScheduleRecord] = []
         self.instances: dict[tuple[str, str], object] = {}
 
     def add_workflow(self, info: WorkflowInfo) -> None:

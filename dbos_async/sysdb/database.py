@@ -21,7 +21,7 @@ from dbos_async.errors import (
 )
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
-from dbos_async.sysdb.operations import WorkflowOperations
+from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
     Outcome,
@@ -32,6 +32,7 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
+from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import WorkflowAddress
 from dbos_async.sysdb.statements import (
     CANCELLED,
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 
-class SystemDatabase(WorkflowOperations, QueueOperations):
+class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     # ---- Workflows ----
@@ -78,7 +79,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
             raise WorkflowConflictError(parent.workflow_id)
         return StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
 
-    async def start_workflow_on(self, conn: asyncpg.Connection, wf: NewWorkflow,
+    async def start_workflow_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
         """Insert a workflow on the caller's connection, in a savepoint of the caller's
         transaction (so a duplicate does not abort it), with its ``announce`` notification
@@ -94,6 +95,25 @@ class SystemDatabase(WorkflowOperations, QueueOperations):
                 q = self.sql.notify_with_transaction(*announce)
                 await conn.execute(q.sql, *q.params)
         return started
+
+    async def fire_schedule(self, schedule_name: str | None, fired_at: str, fired_epoch_ms: int,
+                            wf: NewWorkflow, creator_xid: str, *,
+                            announce: tuple[str, str]) -> StartResult:
+        """Start a schedule's workflow for one fired time and record the time as fired, in
+        one transaction: a time is fired exactly when its workflow exists (a second firer
+        finds the row under the same ID and starts nothing). No ``schedule_name``: record
+        nothing (a run triggered by hand)."""
+
+        async def run() -> StartResult:
+            async with self.pool.acquire() as conn, conn.transaction():
+                started = await self.start_workflow_on(conn, wf, creator_xid,
+                                                       announce=announce)
+                if schedule_name is not None:
+                    q = self.sql.advance_last_fired(schedule_name, fired_at, fired_epoch_ms)
+                    await conn.execute(q.sql, *q.params)
+                return started
+
+        return await self._retried("firing a schedule", run)
 
     async def send_on(self, conn: asyncpg.Connection, destination_id: str, message_uuid: str,
                       topic: str, message: str) -> None:

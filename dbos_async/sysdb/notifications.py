@@ -276,6 +276,11 @@ class NotificationDispatcher:
         payloads = [p for _, p in unique]
         try:
             await self._pool().execute(_NOTIFY_SQL, channels, payloads)
+        except asyncio.CancelledError:
+            # Stopped mid-send (a client leaving right after a write): the batch goes back,
+            # for stop()'s final flush. A notification sent twice only wakes twice.
+            self._pending = batch + self._pending
+            raise
         except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as error:
             # Waiters elsewhere fall back to their poll intervals; nothing is lost for good.
             logger.warning("Could not send %d notifications: %r", len(unique), error)

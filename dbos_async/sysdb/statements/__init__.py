@@ -45,12 +45,14 @@ from dbos_async.sysdb.statements.queues import (
     is_dedup_conflict,
 )
 from dbos_async.sysdb.statements.recovery import RecoveryStatements
+from dbos_async.sysdb.statements.schedules import ScheduleStatements
 from dbos_async.sysdb.statements.versions import VersionRecord, VersionStatements
 from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
-                 VersionStatements, ControlStatements, ExecutorIdStatements):
+                 VersionStatements, ControlStatements, ExecutorIdStatements,
+                 ScheduleStatements):
     """Every statement of the system database, for one schema."""
 
 
