@@ -167,9 +167,9 @@ def with_literals(sql: str, args: Sequence[Any]) -> str:
     return re.sub(r"\$(\d+)", lambda m: sql_literal(args[int(m.group(1)) - 1]), sql)
 
 
-# The writes that touch several tables of one key in one statement (modifying CTEs): Citus
-# runs each part as a task on the key's shard, through the coordinator, not as one task.
-MULTI_TABLE_WRITES = ("WITH status AS", "WITH parent AS", "WITH owner AS", "WITH updated AS")
+# A write of several tables of one key, sent whole to the key's node (see shard_tasks.py).
+SHARD_TASK = re.compile(r'^\s*SELECT \* FROM "dbos"\.shard_task\(')
+SHARD_ID = re.compile(r"_(\d{6,})\b")
 INSERT = re.compile(r"^\s*INSERT\b", re.I)
 TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|LISTEN|UNLISTEN)\b", re.I)
 
@@ -179,7 +179,13 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
     statement the executor's pool sends, with its first arguments."""
     dbos = new_dbos(url, sharding=True)
     queue = dbos.queue("jobs", concurrency=2, worker_concurrency=2)
-    statements: dict[str, tuple[Any, ...]] = {}
+    # By text; a shard_task call by the statement it carries too.
+    statements: dict[str, tuple[str, tuple[Any, ...]]] = {}
+
+    def record(query: str, args: tuple[Any, ...]) -> None:
+        carried = str(args[1]) if SHARD_TASK.match(query) else ""
+        statements.setdefault(query + carried, (query, args))
+
 
     @dbos.step(name="note")
     async def note(text: str) -> str:
@@ -213,7 +219,7 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         connections = [await pool.acquire() for _ in range(pool.get_max_size())]
         for connection in connections:
             connection.add_query_logger(
-                lambda q: statements.setdefault(q.query, tuple(q.args or ())))
+                lambda q: record(q.query, tuple(q.args or ())))
         for connection in connections:
             await pool.release(connection)
         with SetShardKey("acme"), SetWorkflowID("peer"):
@@ -240,7 +246,7 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         await dbos.list_workflow_steps("w", shard_key="acme")
         await dbos.get_all_events("w", shard_key="acme")
         await dbos.delete_workflow("blocked", shard_key="acme")
-    return list(statements.items())
+    return list(statements.values())
 
 
 async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
@@ -250,29 +256,40 @@ async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
         workers = {f"port={r['nodeport']}" for r in await conn.fetch(
             "SELECT nodeport FROM pg_dist_node WHERE groupid <> 0")}
         assert workers, "the cluster needs a worker node"
-        routed, multi_table, per_key = [], [], 0
+        # Each shard's hash range: co-located shards of one key share it.
+        ranges = {r["shardid"]: r["shardminvalue"] for r in await conn.fetch(
+            "SELECT shardid, shardminvalue FROM pg_dist_shard WHERE shardminvalue IS NOT NULL")}
+        routed, shard_tasks, per_key = [], [], 0
         for sql, args in statements:
             if TRANSACTION_CONTROL.match(sql):
                 continue
             plan = "\n".join(r[0] for r in await conn.fetch(
                 "EXPLAIN " + with_literals(sql, args)))
-            keyed = re.search(r"\bshard_key = \$\d+", sql) or INSERT.match(sql)
+            keyed = (re.search(r"\bshard_key = \$\d+", sql) or INSERT.match(sql)
+                     or SHARD_TASK.match(sql))
             if "Citus" not in plan or not keyed:
                 continue  # no distributed table, or a statement over every key by design
             per_key += 1
             text = " ".join(sql.split())
             tasks = [int(n) for n in re.findall(r"Task Count: (\d+)", plan)]
             nodes = set(re.findall(r"Node: host=\S+ (port=\d+)", plan))
-            # One shard: every task of the plan is a single one, and the shards it reaches
-            # are on one worker (the coordinator only reads back intermediate results).
-            assert tasks and all(n == 1 for n in tasks), (text, plan)
+            shards = {ranges[int(i)] for i in SHARD_ID.findall(plan) if int(i) in ranges}
+            # One router task on one worker, and (where the plan names shards) one key's.
+            assert tasks == [1], ("not one router task", text, plan)
             assert len(nodes & workers) == 1, (text, plan)
-            if "Distributed Subplan" in plan or "pull to coordinator" in plan:
-                assert text.startswith(MULTI_TABLE_WRITES), ("not one router task", text, plan)
-                multi_table.append(text)
+            assert len(shards) <= 1, ("shards of several keys", text, plan)
+            assert "Distributed Subplan" not in plan and "coordinator" not in plan, (text, plan)
+            if SHARD_TASK.match(sql):
+                assert "Function Scan on shard_task" in plan, (text, plan)
+                shard_tasks.append(str(args[1]))
             else:
                 routed.append(text)
         assert per_key >= 25, per_key
+        # The writes of several tables went whole to their key's node: a step with its event,
+        # its stream value and its message, a consumed message, a start, an outcome.
+        for written in ("workflow_events_history", "streams", "notifications",
+                        "workflow_input", "workflow_output"):
+            assert any(f'"dbos".{written}' in task for task in shard_tasks), written
         # The hot single-table statements are router tasks: the step checkpoint, the claim,
         # an outside send, the fork's copies.
         for table in ("operation_outputs", "notifications", "streams"):

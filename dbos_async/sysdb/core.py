@@ -16,6 +16,7 @@ from dbos_async.errors import ApplicationOwnershipError
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy
+from dbos_async.sysdb.shard_tasks import ShardTasks
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
 
@@ -57,6 +58,8 @@ class DatabaseCore:
         self._pool: asyncpg.Pool | None = None
         self._closing = False
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
+        # On Citus: runs each multi-table write of one key as one task on its node.
+        self._shard_tasks: ShardTasks | None = None
         # Set by the executor once started; None means every wait polls.
         self.notifications: NotificationDispatcher | None = None
 
@@ -88,6 +91,8 @@ class DatabaseCore:
         self._pool = await connection.create_pool(
             self.url, self._pool_size, self._connect_timeout, self._connection_name
         )
+        if self.sharded and await ShardTasks.available(self._pool, self.sql.schema):
+            self._shard_tasks = ShardTasks(self.sql.schema)
 
     async def close(self) -> None:
         self._closing = True
@@ -106,14 +111,32 @@ class DatabaseCore:
     async def _retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
         return await self._retry.run(operation, what)
 
+    async def _routed(self, query: Query) -> Query:
+        """``query`` as it is sent: on Citus, a marked write becomes one task on its node."""
+        if query.shard_task_key is None or self._shard_tasks is None:
+            return query
+        return await self._shard_tasks.call_of(self.pool, query)
+
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
-        return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))
+        async def run() -> list[asyncpg.Record]:
+            q = await self._routed(query)
+            return await self.pool.fetch(q.sql, *q.params)
+
+        return await self._retried(what, run)
 
     async def _fetchrow(self, query: Query, what: str) -> asyncpg.Record | None:
-        return await self._retried(what, lambda: self.pool.fetchrow(query.sql, *query.params))
+        async def run() -> asyncpg.Record | None:
+            q = await self._routed(query)
+            return await self.pool.fetchrow(q.sql, *q.params)
+
+        return await self._retried(what, run)
 
     async def _execute(self, query: Query, what: str) -> None:
-        await self._retried(what, lambda: self.pool.execute(query.sql, *query.params))
+        async def run() -> None:
+            q = await self._routed(query)
+            await self.pool.execute(q.sql, *q.params)
+
+        await self._retried(what, run)
 
     def _check_owner(self, kind: str, name: str, current: str | None) -> None:
         """Raise if ``current``, the owner of a queue or version name, is another

@@ -68,6 +68,8 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         Safe to retry: a row carrying our creator token is ours even if the first attempt's
         reply was lost.
         """
+        if parent is not None and self.sharded and parent.shard_key != wf.shard_key:
+            return await self._start_child_across(wf, creator_xid, parent)
         query = self.sql.insert_workflow(wf, creator_xid, parent)
         row = await self._fetchrow(query, f"starting workflow {wf.workflow_id}")
         if row is None:
@@ -86,15 +88,51 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         (channel, payload) queued in that transaction; not retried, since the transaction
         is the caller's."""
         async with conn.transaction():
-            q = self.sql.insert_workflow(wf, creator_xid)
-            row = await conn.fetchrow(q.sql, *q.params)
-            if row is None:
-                raise RuntimeError(f"Inserting workflow {wf.workflow_id} returned no row")
-            started = StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
+            started = await self._insert_on(conn, wf, creator_xid)
             if started.created:
                 q = self.sql.notify_with_transaction(*announce)
                 await conn.execute(q.sql, *q.params)
         return started
+
+    async def _insert_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
+                         creator_xid: str, parent_shard_key: str | None = None) -> StartResult:
+        """Insert a workflow in the caller's transaction, one table per statement (each one
+        task on the key's shard): its row, then its inputs if this call created it."""
+        q = self.sql.insert_status(wf, creator_xid, parent_shard_key)
+        row = await conn.fetchrow(q.sql, *q.params)
+        if row is None:
+            raise RuntimeError(f"Inserting workflow {wf.workflow_id} returned no row")
+        started = StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
+        if started.created:
+            q = self.sql.insert_inputs(wf)
+            await conn.execute(q.sql, *q.params)
+        return started
+
+    async def _start_child_across(self, wf: NewWorkflow, creator_xid: str,
+                                  parent: ParentStep) -> StartResult:
+        """A child under another shard key than its parent's: the parent's checkpoint of the
+        start, fenced by the parent's owner, and the child's row, one statement per key in
+        one transaction, so neither lands without the other. Each statement is built under
+        its own key alone: the child may have the parent's ID."""
+        with WorkflowAddress(parent.workflow_id, parent.shard_key).routed():
+            checkpoint = self.sql.record_step(
+                parent.workflow_id, parent.function_id, wf.name, parent.owner_xid, None, None,
+                parent.started_at_ms, parent.started_at_ms, wf.workflow_id, wf.shard_key)
+            verdict = self.sql.fence_verdict(parent.workflow_id, parent.owner_xid)
+
+        async def attempt() -> StartResult:
+            async with self.pool.acquire() as conn, conn.transaction():
+                if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
+                    row = await conn.fetchrow(verdict.sql, *verdict.params)
+                    if row is None or not row["owned"] or row["status"] != PENDING:
+                        # The fence refused: the parent was cancelled or handed to another owner.
+                        if row is not None and row["status"] == CANCELLED:
+                            raise WorkflowCancelledError(parent.workflow_id)
+                        raise WorkflowConflictError(parent.workflow_id)
+                    # Recorded by an attempt whose reply was lost: the child's row follows.
+                return await self._insert_on(conn, wf, creator_xid, parent.shard_key)
+
+        return await self._retried(f"starting workflow {wf.workflow_id}", attempt)
 
     async def fire_schedule(self, schedule_name: str | None, fired_at: str, fired_epoch_ms: int,
                             wf: NewWorkflow, creator_xid: str, *,

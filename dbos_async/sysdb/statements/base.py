@@ -47,6 +47,9 @@ class Params:
 class Query:
     sql: str
     params: Sequence[Any] = field(default_factory=tuple)
+    shard_task_key: str | None = None
+    """Set on a write of several tables of one shard key: on Citus it runs as one task on
+    that key's node (see :mod:`dbos_async.sysdb.shard_tasks`)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,11 @@ class StatementBase:
     @property
     def sharded(self) -> bool:
         return False
+
+    def one_task(self, query: Query, workflow_id: str, shard_key: str | None = None) -> Query:
+        """``query``, a write of several tables of ``workflow_id``'s rows, marked to run as
+        one task where its key lives; unsharded, nothing to mark."""
+        return query
 
     def _reject_shard_key(self, workflow_id: str, shard_key: str | None = None) -> None:
         if shard_key is not None or shard_keys.bound_shard_key(workflow_id) is not None:
@@ -353,8 +361,9 @@ class StatementBase:
         against a hand-off of the workflow."""
         owner = self._owner_cte(workflow_id, p)
         ctes = writes(f"owner WHERE {self._owned(owner_xid, p)}")
-        return Query(f"WITH {owner}, {self._write_ctes(ctes)} "
-                     f"{self._verdict(owner_xid, ctes[0][0], p)}", p.values)
+        return self.one_task(Query(f"WITH {owner}, {self._write_ctes(ctes)} "
+                                   f"{self._verdict(owner_xid, ctes[0][0], p)}", p.values),
+                             workflow_id)
 
     def _recorded_write(self, workflow_id: str, function_id: int, function_name: str,
                         owner_xid: str, now_ms: int, p: Params, writes: Writes) -> Query:
@@ -364,8 +373,9 @@ class StatementBase:
         owner = self._owner_cte(workflow_id, p)
         step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
                               output=None, started_at_ms=now_ms, completed_at_ms=now_ms)
-        return Query(f"WITH {owner}, {step}, {self._write_ctes(writes('step'))} "
-                     f"{self._verdict(owner_xid, 'step', p)}", p.values)
+        return self.one_task(Query(f"WITH {owner}, {step}, {self._write_ctes(writes('step'))} "
+                                   f"{self._verdict(owner_xid, 'step', p)}", p.values),
+                             workflow_id)
 
     def _step_cte(
         self,
@@ -412,6 +422,7 @@ class StatementBase:
         error: str | None = None,
         child_workflow_id: str | None = None,
         output_sql: str | None = None,
+        child_shard_key: str | None = None,
     ) -> dict[str, str]:
         """The columns of a checkpoint row (``operation_outputs``), after its ``keys``."""
         values = dict(keys)
@@ -422,7 +433,8 @@ class StatementBase:
             "output": output_sql if output_sql is not None else p(output, "text"),
             "error": p(error, "text"),
             "child_workflow_id": p(child_workflow_id, "text"),
-            **{col: p(val, "text") for col, val in self.child_values(child_workflow_id).items()},
+            **{col: p(val, "text")
+               for col, val in self.child_values(child_workflow_id, child_shard_key).items()},
             "started_at_epoch_ms": p(started_at_ms, "bigint"),
             "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
             "serialization": p(PORTABLE_JSON, "text"),

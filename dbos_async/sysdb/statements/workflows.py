@@ -14,23 +14,24 @@ from dbos_async.sysdb.statements.base import (
     StatementBase,
 )
 
+# The status columns that are not text.
+_STATUS_CASTS = {"created_at": "bigint", "updated_at": "bigint", "recovery_attempts": "bigint",
+                 "workflow_timeout_ms": "bigint", "workflow_deadline_epoch_ms": "bigint",
+                 "priority": "integer", "delay_until_epoch_ms": "bigint",
+                 "debounce_deadline_epoch_ms": "bigint", "is_debounced": "boolean",
+                 "attributes": "jsonb"}
+# What a start returns of the row it inserted or found.
+_STARTED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, queue_name,
+                      executor_id, creator_xid, owner_xid, serialization,
+                      workflow_deadline_epoch_ms, recovery_attempts"""
+
 
 class WorkflowStatements(StatementBase):
     # ---- Workflow start ----
 
-    def insert_workflow(
-        self, wf: NewWorkflow, creator_xid: str, parent: ParentStep | None = None
-    ) -> Query:
-        """Insert a workflow and its inputs in one autocommit statement.
-
-        An existing row comes back unchanged (the no-op update makes ON CONFLICT return it), so
-        the caller compares ``creator_xid`` to learn whether this call created it: a retry of a
-        statement that committed but lost its reply recognises its own row. The inputs are
-        written only by the creator. With ``parent``, the statement also fences the parent's
-        ownership under a row lock and records the parent's step naming the child, so a stale
-        parent execution cannot start a child.
-        """
-        p = Params()
+    def _status_values(self, wf: NewWorkflow, creator_xid: str,
+                       parent_shard_key: str | None) -> dict[str, Any]:
+        """The columns of a new workflow's status row."""
         owner_xid = creator_xid if wf.status == PENDING else None
         values: dict[str, Any] = {
             **self.wf_values(wf.workflow_id, wf.shard_key),
@@ -52,8 +53,7 @@ class WorkflowStatements(StatementBase):
             "workflow_deadline_epoch_ms": wf.deadline_epoch_ms,
             "priority": wf.priority,
             "parent_workflow_id": wf.parent_workflow_id,
-            **self.parent_values(wf.parent_workflow_id,
-                                 parent.shard_key if parent is not None else None),
+            **self.parent_values(wf.parent_workflow_id, parent_shard_key),
             "serialization": wf.serialization,
             "creator_xid": creator_xid,
             "owner_xid": owner_xid,
@@ -69,11 +69,23 @@ class WorkflowStatements(StatementBase):
                 "debounce_deadline_epoch_ms": wf.debounce_deadline_epoch_ms,
                 "is_debounced": wf.is_debounced,
             })
-        casts = {"created_at": "bigint", "updated_at": "bigint", "recovery_attempts": "bigint",
-                 "workflow_timeout_ms": "bigint", "workflow_deadline_epoch_ms": "bigint",
-                 "priority": "integer", "delay_until_epoch_ms": "bigint",
-                 "debounce_deadline_epoch_ms": "bigint", "is_debounced": "boolean",
-                 "attributes": "jsonb"}
+        return values
+
+    def insert_workflow(
+        self, wf: NewWorkflow, creator_xid: str, parent: ParentStep | None = None
+    ) -> Query:
+        """Insert a workflow and its inputs in one autocommit statement.
+
+        An existing row comes back unchanged (the no-op update makes ON CONFLICT return it), so
+        the caller compares ``creator_xid`` to learn whether this call created it: a retry of a
+        statement that committed but lost its reply recognises its own row. The inputs are
+        written only by the creator. With ``parent``, the statement also fences the parent's
+        ownership under a row lock and records the parent's step naming the child, so a stale
+        parent execution cannot start a child.
+        """
+        p = Params()
+        values = self._status_values(wf, creator_xid,
+                                     parent.shard_key if parent is not None else None)
         ctes: list[str] = []
         gate = ""
         if parent is not None:
@@ -91,16 +103,14 @@ class WorkflowStatements(StatementBase):
                 f"AND parent.owner_xid = {p(parent.owner_xid)})"
             )
         columns = ", ".join(values)
-        selected = ", ".join(p(v, casts.get(k, "text")) for k, v in values.items())
+        selected = ", ".join(p(v, _STATUS_CASTS.get(k, "text")) for k, v in values.items())
         ctes.append(
             f"""status AS (
               INSERT INTO {self.table('workflow_status')} ({columns})
               SELECT {selected} {gate}
               ON CONFLICT ({self.key_conflict('workflow_uuid')})
                 DO UPDATE SET creator_xid = workflow_status.creator_xid
-              RETURNING workflow_uuid, status, name, class_name, config_name, queue_name,
-                        executor_id, creator_xid, owner_xid, serialization,
-                        workflow_deadline_epoch_ms, recovery_attempts{self.key_columns()}
+              RETURNING {_STARTED_COLUMNS}{self.key_columns()}
             )"""
         )
         input_values = {**self.wf_values(wf.workflow_id, wf.shard_key),
@@ -143,7 +153,38 @@ class WorkflowStatements(StatementBase):
             select = """SELECT parent.status AS parent_status, parent.owner_xid AS parent_owner,
                                status.*
                         FROM parent LEFT JOIN status ON TRUE"""
-        return Query(f"WITH {', '.join(ctes)} {select}", p.values)
+        return self.one_task(Query(f"WITH {', '.join(ctes)} {select}", p.values),
+                             wf.workflow_id, wf.shard_key)
+
+    def insert_status(self, wf: NewWorkflow, creator_xid: str,
+                      parent_shard_key: str | None = None) -> Query:
+        """The status row of :meth:`insert_workflow` alone, for a transaction that writes the
+        inputs with :meth:`insert_inputs` once it knows it created the row: one table per
+        statement, which a router sends to the key's shard whole."""
+        p = Params()
+        values = self._status_values(wf, creator_xid, parent_shard_key)
+        return Query(
+            f"""INSERT INTO {self.table('workflow_status')} ({', '.join(values)})
+                VALUES ({', '.join(p(v, _STATUS_CASTS.get(k, "text"))
+                                   for k, v in values.items())})
+                ON CONFLICT ({self.key_conflict('workflow_uuid')})
+                  DO UPDATE SET creator_xid = workflow_status.creator_xid
+                RETURNING {_STARTED_COLUMNS}{self.key_columns()}""",
+            p.values,
+        )
+
+    def insert_inputs(self, wf: NewWorkflow) -> Query:
+        """The inputs of a workflow whose row this transaction created (see
+        :meth:`insert_status`)."""
+        p = Params()
+        values = {**self.wf_values(wf.workflow_id, wf.shard_key),
+                  "workflow_uuid": wf.workflow_id, "inputs": wf.inputs}
+        return Query(
+            f"""INSERT INTO {self.table('workflow_input')} ({', '.join(values)})
+                VALUES ({', '.join(p(v, 'text') for v in values.values())})
+                ON CONFLICT ({self.key_conflict('workflow_uuid')}) DO NOTHING""",
+            p.values,
+        )
 
     # ---- Steps ----
 
@@ -169,6 +210,7 @@ class WorkflowStatements(StatementBase):
         started_at_ms: int,
         completed_at_ms: int,
         child_workflow_id: str | None = None,
+        child_shard_key: str | None = None,
     ) -> Query:
         """Fence, notice cancellation and record a step's outcome, in one statement: the
         checkpoint is selected from the workflow's status row, locked FOR NO KEY UPDATE so no
@@ -180,7 +222,8 @@ class WorkflowStatements(StatementBase):
         values = self._checkpoint_values(
             self._key_values_of("ws"), workflow_id, function_id, function_name, p,
             output=output, error=error, started_at_ms=started_at_ms,
-            completed_at_ms=completed_at_ms, child_workflow_id=child_workflow_id)
+            completed_at_ms=completed_at_ms, child_workflow_id=child_workflow_id,
+            child_shard_key=child_shard_key)
         source = f"""{self.table('workflow_status')} ws
                      WHERE {self.wf('ws', workflow_id, p)} AND ws.status = {p(PENDING)}
                        AND ws.owner_xid = {p(owner_xid)}
@@ -232,7 +275,7 @@ class WorkflowStatements(StatementBase):
         output_values = self._key_values(workflow_id, p)
         output_values.update({"workflow_uuid": p(workflow_id, "text"),
                               "output": p(output, "text"), "error": p(error, "text")})
-        return Query(
+        return self.one_task(Query(
             f"""WITH updated AS (
                   UPDATE {self.table('workflow_status')}
                   SET status = {p(status)},
@@ -253,7 +296,7 @@ class WorkflowStatements(StatementBase):
                 )
                 SELECT count(*) AS count FROM updated""",
             p.values,
-        )
+        ), workflow_id)
 
     # ---- Reads ----
 
