@@ -175,7 +175,7 @@ class WorkflowOperations(DatabaseCore):
         if no other executor holds it: (whether it ran, its result). The job's statements
         run in that transaction; the lock goes when it ends (rolled back or committed by
         the job's outcome)."""
-        q = self.sql.try_job_lock(job_lock_key(self.schema, job_name))
+        q = self.sql.try_job_lock(job_lock_key(self.schema, self.application_name, job_name))
         async with self.pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval(q.sql, *q.params):
                 return False, None
