@@ -370,6 +370,16 @@ class Operator(ScheduleOperator):
         shard key. One grouped count, for dashboards and ``dbos-async queue list``."""
         return await self._peer().system_database.queue_depths()
 
+    # ---- Permissions ----
+
+    async def grant_permissions(self, role: str) -> None:
+        """Grant database role ``role`` what an executor or client needs on the system
+        schema (DBOS Transact's grant list): usage of the schema, reading and writing its
+        tables and sequences, executing its functions, and the same on objects later
+        migrations create. It may not alter or drop the tables: migrate as their owner,
+        then run the application as ``role``. Run this as the schema's owner."""
+        await self._peer().system_database.grant_permissions(role)
+
     # ---- Application versions ----
 
     async def list_application_versions(self) -> list[ApplicationVersion]:
