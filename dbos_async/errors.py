@@ -212,3 +212,16 @@ class QueryTimeoutError(DBOSError):
         )
         self.what = what
         self.timeout_seconds = timeout_seconds
+
+
+class StreamTimeoutError(DBOSError):
+    """``read_stream(..., timeout=...)`` waited that long for the stream's next value."""
+
+    def __init__(self, workflow_id: str, key: str, timeout_seconds: float) -> None:
+        super().__init__(
+            f"No value of stream {key!r} of workflow {workflow_id!r} arrived within "
+            f"{timeout_seconds:g} s"
+        )
+        self.workflow_id = workflow_id
+        self.key = key
+        self.timeout_seconds = timeout_seconds
