@@ -183,16 +183,16 @@ async def test_observability_reads_stop_at_their_timeout(database_url: str,
             assert await noop() == 1
         key = key_of(sharding)
         async with tables_locked(database_url, "workflow_status", "operation_outputs"):
+            # Bounded here too, so a read left uncapped fails the test instead of hanging it.
             with pytest.raises(QueryTimeoutError, match="observability_query_timeout") as caught:
-                await dbos.list_workflows()
+                await asyncio.wait_for(dbos.list_workflows(), 30)
             assert caught.value.timeout_seconds == 0.05
             assert "listing workflows" in str(caught.value).lower()
-            with pytest.raises(QueryTimeoutError, match="observability_query_timeout"):
-                await dbos.list_queued_workflows()
-            with pytest.raises(QueryTimeoutError, match="observability_query_timeout"):
-                await dbos.list_workflow_steps("listed", shard_key=key)
-            with pytest.raises(QueryTimeoutError, match="observability_query_timeout"):
-                await dbos.queue_depths()
+            for read in (dbos.list_queued_workflows(),
+                         dbos.list_workflow_steps("listed", shard_key=key),
+                         dbos.queue_depths()):
+                with pytest.raises(QueryTimeoutError, match="observability_query_timeout"):
+                    await asyncio.wait_for(read, 30)
         # Once the tables are free, the same reads work again.
         assert [s.workflow_id for s in await dbos.list_workflows()] == ["listed"]
         assert len(await dbos.list_workflow_steps("listed", shard_key=key)) == 0
@@ -205,7 +205,7 @@ async def test_the_client_reads_with_its_own_timeout(database_url: str) -> None:
                           observability_query_timeout=0.05) as client:
         async with tables_locked(database_url, "workflow_status"):
             with pytest.raises(QueryTimeoutError, match="observability_query_timeout"):
-                await client.list_workflows()
+                await asyncio.wait_for(client.list_workflows(), 30)
         assert await client.list_workflows() == []
 
 
