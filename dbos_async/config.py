@@ -24,10 +24,10 @@ CONFIG_FILE_ENV = "DBOS_CONFIG_FILE"
 """The environment variable naming the configuration file (when none is given in code)."""
 
 _PYPROJECT = "pyproject.toml"
+_TOOL_TABLE = "dbos_async"  # [tool.dbos_async] in a pyproject.toml
 
 _MAX_TIMEOUT_SECONDS = 2_147_483.0
 """The largest PostgreSQL timeout setting, in seconds (INT_MAX milliseconds)."""
-_TOOL_TABLE = "dbos_async"  # [tool.dbos_async] in a pyproject.toml
 
 DEFAULT_EXECUTOR_ID = "local"
 """The executor ID of a process that was given none, or the first of its numbered

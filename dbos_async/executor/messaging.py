@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, StreamTimeoutError
 from dbos_async.executor.context import WorkflowContext
 from dbos_async.executor.serialization import from_json, to_json
-from dbos_async.executor.steps import record_read, record_read_failure, recorded_read, replay
+from dbos_async.executor.steps import record_failure, record_read, recorded_read, replay
 from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
@@ -116,7 +116,7 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
         except NonExistentWorkflowError as missing:
             # Recorded as the step's outcome, so a replay raises the same error.
             with ctx.routed():
-                raise await record_read_failure(ctx, step_id, SEND, missing) from missing
+                raise await record_failure(ctx, step_id, SEND, missing) from missing
         if existing is not None:
             replay(ctx, step_id, SEND, existing)
             return
@@ -324,7 +324,7 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                     if ctx is None or step_id is None:
                         raise error
                     with ctx.routed():
-                        raise await record_read_failure(ctx, step_id, READ_STREAM,
+                        raise await record_failure(ctx, step_id, READ_STREAM,
                                                         error) from error
                 wait = cap if left is None else min(cap, left)
                 if ctx is None:

@@ -140,10 +140,11 @@ async def record_read(ctx: WorkflowContext, step_id: int, name: str, output: str
     return from_json(output, None, f"the output of {name}")
 
 
-async def record_read_failure(ctx: WorkflowContext, step_id: int, name: str,
+async def record_failure(ctx: WorkflowContext, step_id: int, name: str,
                               error: Exception) -> BaseException:
-    """Record ``error`` as the outcome of a read, so a replay raises it too; returns the
-    error to raise (in its recorded form, caused by ``error``)."""
+    """Record ``error`` as the outcome of a checkpoint (a send to no one, a read that timed
+    out), so a replay raises it too; returns the error to raise (in its recorded form,
+    caused by ``error``)."""
     started = now_ms()
     text, failure = recorded_error(error)
     existing = await ctx.runtime.system_database.record_step(
