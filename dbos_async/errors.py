@@ -198,3 +198,30 @@ class ApplicationOwnershipError(DBOSError):
 class ScheduleError(DBOSError):
     """A schedule definition was rejected (cron expression, time zone, workflow), or the
     named schedule does not exist or exists already; nothing was stored."""
+
+
+class QueryTimeoutError(DBOSError):
+    """An observability read (a workflow or step listing, a queue count, an export) ran
+    longer than the ``observability_query_timeout`` setting and was stopped."""
+
+    def __init__(self, what: str, timeout_seconds: float) -> None:
+        super().__init__(
+            f"{what[:1].upper()}{what[1:]} ran longer than observability_query_timeout "
+            f"({timeout_seconds:g} s) and was stopped; narrow the filters, read a smaller page "
+            "(limit/offset), or raise observability_query_timeout (0 turns the cap off)"
+        )
+        self.what = what
+        self.timeout_seconds = timeout_seconds
+
+
+class StreamTimeoutError(DBOSError):
+    """``read_stream(..., timeout=...)`` waited that long for the stream's next value."""
+
+    def __init__(self, workflow_id: str, key: str, timeout_seconds: float) -> None:
+        super().__init__(
+            f"No value of stream {key!r} of workflow {workflow_id!r} arrived within "
+            f"{timeout_seconds:g} s"
+        )
+        self.workflow_id = workflow_id
+        self.key = key
+        self.timeout_seconds = timeout_seconds

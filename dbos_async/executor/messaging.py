@@ -13,16 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.errors import DBOSError, NonExistentWorkflowError, StreamTimeoutError
 from dbos_async.executor.context import WorkflowContext
-from dbos_async.executor.recorded_errors import recorded_error
 from dbos_async.executor.serialization import from_json, to_json
-from dbos_async.executor.steps import replay
+from dbos_async.executor.steps import record_failure, record_read, recorded_read, replay
 from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
@@ -49,6 +49,7 @@ GET_EVENT = "DBOS.getEvent"
 SLEEP = "DBOS.sleep"
 WRITE_STREAM = "DBOS.writeStream"
 CLOSE_STREAM = "DBOS.closeStream"
+READ_STREAM = "DBOS.readStream"
 
 
 def _dispatcher(sysdb: SystemDatabase) -> NotificationDispatcher:
@@ -58,13 +59,6 @@ def _dispatcher(sysdb: SystemDatabase) -> NotificationDispatcher:
     return dispatcher
 
 
-def _recorded(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, Any]:
-    record = ctx.checkpoints.get(step_id)
-    if record is None:
-        return False, None
-    return True, replay(ctx, step_id, name, record)
-
-
 async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
                            *, complete_at_deadline: bool) -> int:
     """Record (or read back) the epoch-ms deadline ``seconds`` from now as a checkpoint.
@@ -72,7 +66,7 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
     For a real sleep the checkpoint's completion time is the deadline; for a timeout marker it
     is the start, since the deadline may never be reached.
     """
-    done, value = _recorded(ctx, step_id, SLEEP)
+    done, value = recorded_read(ctx, step_id, SLEEP)
     if done:
         return int(value)
     started = now_ms()
@@ -85,18 +79,6 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
     if existing is not None:
         return int(replay(ctx, step_id, SLEEP, existing))
     return deadline
-
-
-async def _record_value(ctx: WorkflowContext, step_id: int, name: str, output: str) -> Any:
-    """Record a read's result as its checkpoint; a record already there wins."""
-    started = now_ms()
-    existing = await ctx.runtime.system_database.record_step(
-        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
-        started_at_ms=started, completed_at_ms=started,
-    )
-    if existing is not None:
-        return replay(ctx, step_id, name, existing)
-    return from_json(output, None, f"the output of {name}")
 
 
 # ---- send / recv ----
@@ -117,7 +99,7 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
     sysdb = peer.system_database
     topic, message_uuid = message_address(destination_id, topic, idempotency_key)
     if ctx is not None and step_id is not None:
-        done, _ = _recorded(ctx, step_id, SEND)
+        done, _ = recorded_read(ctx, step_id, SEND)
         if done:
             return
         destination_key = sysdb.sql.key_hint(destination_id)
@@ -133,13 +115,8 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
                     message)
         except NonExistentWorkflowError as missing:
             # Recorded as the step's outcome, so a replay raises the same error.
-            started = now_ms()
-            text, recorded = recorded_error(missing)
             with ctx.routed():
-                await sysdb.record_step(ctx.workflow_id, step_id, SEND, ctx.owner_xid,
-                                        output=None, error=text, started_at_ms=started,
-                                        completed_at_ms=started)
-            raise recorded from missing
+                raise await record_failure(ctx, step_id, SEND, missing) from missing
         if existing is not None:
             replay(ctx, step_id, SEND, existing)
             return
@@ -160,7 +137,7 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
 
 async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str | None,
                timeout: float | None) -> Any:  # noqa: ASYNC109
-    done, value = _recorded(ctx, step_id, RECV)
+    done, value = recorded_read(ctx, step_id, RECV)
     if done:
         return value
     sysdb = ctx.runtime.system_database
@@ -179,7 +156,7 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
                 return from_json(message, serialization, "a received message")
             left = remaining(deadline)
             if left is not None and left <= 0:
-                return await _record_value(ctx, step_id, RECV, "null")
+                return await record_read(ctx, step_id, RECV, "null")
             # Interrupted if the workflow is cancelled meanwhile.
             with ctx.runtime.cancellation.region(ctx):
                 await w.wait(left)
@@ -191,7 +168,7 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
 async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
                     step_id: int | None, key: str, value: str) -> None:
     if ctx is not None and step_id is not None:
-        done, _ = _recorded(ctx, step_id, SET_EVENT)
+        done, _ = recorded_read(ctx, step_id, SET_EVENT)
         if done:
             return
         sysdb = ctx.runtime.system_database
@@ -234,7 +211,7 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
         deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
         found = await _poll_event(sysdb, workflow_id, key, deadline)
         return from_json(found[0], found[1], "an event") if found is not None else None
-    done, value = _recorded(ctx, step_id, GET_EVENT)
+    done, value = recorded_read(ctx, step_id, GET_EVENT)
     if done:
         return value
     # The target may share the caller's ID under another key: each side is routed by its
@@ -247,9 +224,9 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
         found = await _poll_event(sysdb, workflow_id, key, deadline)
     with ctx.routed():
         if found is None:
-            return await _record_value(ctx, step_id, GET_EVENT, "null")
+            return await record_read(ctx, step_id, GET_EVENT, "null")
         from_json(found[0], found[1], "an event")  # check it before recording it
-        return await _record_value(ctx, step_id, GET_EVENT, found[0])
+        return await record_read(ctx, step_id, GET_EVENT, found[0])
 
 
 async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:
@@ -264,7 +241,7 @@ async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:
 async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
                        step_id: int | None, key: str, value: str, name: str) -> None:
     if ctx is not None and step_id is not None:
-        done, _ = _recorded(ctx, step_id, name)
+        done, _ = recorded_read(ctx, step_id, name)
         if done:
             return
         sysdb = ctx.runtime.system_database
@@ -283,8 +260,22 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
     _dispatcher(sysdb).notify(STREAMS_CHANNEL, sysdb.waiter_key(workflow_id, key))
 
 
+STREAM_CLOSED = json.loads(STREAM_CLOSED_SERIALIZED)
+"""The close marker as a read records it (the end of the values a replay yields)."""
+
+
 async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
-                      shard_key: str | None = None) -> AsyncIterator[Any]:
+                      shard_key: str | None = None, *,
+                      timeout: float | None = None,  # noqa: ASYNC109 (a bound per value)
+                      ctx: WorkflowContext | None = None) -> AsyncIterator[Any]:
+    """The stream's values from ``offset`` as they come; each waits at most ``timeout``
+    seconds (None: no bound). Read by a workflow's body (``ctx``), each value delivered, the
+    end and a timeout are checkpoints (``DBOS.readStream``, one step each, allocated as the
+    read asks for the value), so a replay sees what the first run saw even if the stream
+    changed since (a rewind, a delete)."""
+    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+        raise DBOSError(f"read_stream timeout must be a non-negative number of seconds, "
+                        f"got {timeout!r}")
     sysdb = peer.system_database
     dispatcher = _dispatcher(sysdb)
     # Other clients may not announce completion: re-read at least this often.
@@ -293,25 +284,62 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
     route = functools.partial(bind_shard_keys, {workflow_id: shard_key})
     with route():
         targets = (sysdb.waiter_key(workflow_id, key), sysdb.waiter_key(workflow_id))
+    # Step IDs are allocated in order: past the first one not recorded, none is.
+    replaying = ctx is not None
     with dispatcher.register(STREAMS_CHANNEL, targets[0],
                              also=[(WORKFLOW_COMPLETION_CHANNEL, targets[1])]) as waiter:
         while True:
-            async with dispatcher.polling():
-                with route():
-                    status, value, serialization, found = await sysdb.read_stream_value(
-                        workflow_id, key, offset
-                    )
-            if status is None:
-                raise NonExistentWorkflowError(workflow_id)
-            if found:
-                if value == STREAM_CLOSED_SERIALIZED:
+            step_id = ctx.allocate_step_id() if ctx is not None else None
+            if ctx is not None and step_id is not None and replaying:
+                done, value = recorded_read(ctx, step_id, READ_STREAM)
+                if done:
+                    if value == STREAM_CLOSED:
+                        return
+                    yield value
+                    offset += 1
+                    continue
+                replaying = False
+            deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
+            while True:
+                async with dispatcher.polling():
+                    with route():
+                        status, text, serialization, found = await sysdb.read_stream_value(
+                            workflow_id, key, offset
+                        )
+                if status is None:
+                    raise NonExistentWorkflowError(workflow_id)
+                if found and text != STREAM_CLOSED_SERIALIZED:
+                    value = from_json(text, serialization, f"stream {key!r} at offset {offset}")
+                    break
+                if found or status not in ACTIVE_STATUSES:
+                    # The end is recorded too, so a replay stops where this read did.
+                    if ctx is not None and step_id is not None:
+                        with ctx.routed():
+                            await record_read(ctx, step_id, READ_STREAM,
+                                              STREAM_CLOSED_SERIALIZED)
                     return
-                yield from_json(value, serialization, f"stream {key!r} at offset {offset}")
-                offset += 1
-                continue
-            if status not in ACTIVE_STATUSES:
-                return
-            await waiter.wait(cap)
+                left = remaining(deadline)
+                if left is not None and left <= 0:
+                    error = StreamTimeoutError(workflow_id, key, timeout or 0.0)
+                    if ctx is None or step_id is None:
+                        raise error
+                    with ctx.routed():
+                        raise await record_failure(ctx, step_id, READ_STREAM,
+                                                        error) from error
+                wait = cap if left is None else min(cap, left)
+                if ctx is None:
+                    await waiter.wait(wait)
+                else:
+                    with ctx.runtime.cancellation.region(ctx):
+                        await waiter.wait(wait)
+            if ctx is not None and step_id is not None:
+                # Recorded before it is handed over: a crash after the workflow acted on
+                # the value replays the same value.
+                with ctx.routed():
+                    value = await record_read(ctx, step_id, READ_STREAM,
+                                              to_json(value, "a stream value"))
+            yield value
+            offset += 1
 
 
 # ---- Sleep ----

@@ -32,7 +32,12 @@ from dbos_async.executor.control import (
     as_list,
     epoch_ms,
 )
-from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus, workflow_handle
+from dbos_async.executor.handles import (
+    WorkflowHandle,
+    WorkflowStatus,
+    read_status,
+    workflow_handle,
+)
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.schedule_api import ScheduleOperator
@@ -110,12 +115,14 @@ class Operator(ScheduleOperator):
             raise NonExistentWorkflowError(workflow_id)
         return workflow_handle(peer, workflow_id, workflow_name=row.name, shard_key=shard_key)
 
-    async def get_workflow_status(self, workflow_id: str, *,
-                                  shard_key: str | None = None) -> WorkflowStatus | None:
-        """The status row of ``workflow_id``, or None if there is no such workflow."""
-        with bind_shard_keys({workflow_id: shard_key}):
-            row = await self._peer().system_database.get_workflow(workflow_id)
-        return WorkflowStatus.from_record(row) if row is not None else None
+    def get_workflow_status(self, workflow_id: str, *, shard_key: str | None = None
+                            ) -> Coroutine[Any, Any, WorkflowStatus | None]:
+        """The status row of ``workflow_id``, or None if there is no such workflow. In a
+        workflow the status read is a checkpoint: a replay sees the same status."""
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return _routed({workflow_id: shard_key}, read_status(
+            self._caller_peer(ctx or step_ctx), workflow_id, ctx, step_id))
 
     async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
         """The first of ``handles`` whose workflow finishes (successfully or not)."""
@@ -161,13 +168,17 @@ class Operator(ScheduleOperator):
             return await messaging.get_all_events(self._peer(), workflow_id)
 
     def read_stream(self, workflow_id: str, key: str, offset: int = 0, *,
+                    timeout: float | None = None,
                     shard_key: str | None = None) -> AsyncIterator[Any]:
         """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come.
 
-        Ends at the close marker, or when the workflow is finished and nothing more is there.
+        Ends at the close marker, or when the workflow is finished and nothing more is there;
+        a value not there within ``timeout`` seconds raises :class:`StreamTimeoutError`. In a
+        workflow each value read (and the end, and a timeout) is a checkpoint.
         """
-        return messaging.read_stream(self._peer(during_shutdown=True), workflow_id, key, offset,
-                                     shard_key)
+        ctx, step_ctx = self._contexts()
+        return messaging.read_stream(self._caller_peer(ctx or step_ctx), workflow_id, key,
+                                     offset, shard_key, timeout=timeout, ctx=ctx)
 
     # ---- Cancel and delete (see executor/control.py) ----
 
@@ -369,6 +380,16 @@ class Operator(ScheduleOperator):
         out), counting this application's own workflows and unclaimed ones, under every
         shard key. One grouped count, for dashboards and ``dbos-async queue list``."""
         return await self._peer().system_database.queue_depths()
+
+    # ---- Permissions ----
+
+    async def grant_permissions(self, role: str) -> None:
+        """Grant database role ``role`` what an executor or client needs on the system
+        schema (DBOS Transact's grant list): usage of the schema, reading and writing its
+        tables and sequences, executing its functions, and the same on objects later
+        migrations create. It may not alter or drop the tables: migrate as their owner,
+        then run the application as ``role``. Run this as the schema's owner."""
+        await self._peer().system_database.grant_permissions(role)
 
     # ---- Application versions ----
 

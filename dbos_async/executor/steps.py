@@ -118,6 +118,43 @@ def replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord,
     return signature.deserialize_result(record.output, record.serialization)
 
 
+def recorded_read(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, Any]:
+    """Whether a read of the workflow (a receive, an event, a status, a stream value) is
+    recorded at ``step_id``, and its value (plain JSON); a recorded failure is raised."""
+    record = ctx.checkpoints.get(step_id)
+    if record is None:
+        return False, None
+    return True, replay(ctx, step_id, name, record)
+
+
+async def record_read(ctx: WorkflowContext, step_id: int, name: str, output: str) -> Any:
+    """Record a read's result (``output``, portable JSON) as its checkpoint; a record
+    already there wins."""
+    started = now_ms()
+    existing = await ctx.runtime.system_database.record_step(
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
+        started_at_ms=started, completed_at_ms=started,
+    )
+    if existing is not None:
+        return replay(ctx, step_id, name, existing)
+    return from_json(output, None, f"the output of {name}")
+
+
+async def record_failure(ctx: WorkflowContext, step_id: int, name: str,
+                              error: Exception) -> BaseException:
+    """Record ``error`` as the outcome of a checkpoint (a send to no one, a read that timed
+    out), so a replay raises it too; returns the error to raise (in its recorded form,
+    caused by ``error``)."""
+    started = now_ms()
+    text, failure = recorded_error(error)
+    existing = await ctx.runtime.system_database.record_step(
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=None, error=text,
+        started_at_ms=started, completed_at_ms=started)
+    if existing is not None:
+        replay(ctx, step_id, name, existing)  # an earlier outcome: raised if a failure
+    return failure
+
+
 async def run_checkpointed(
     ctx: WorkflowContext, step_id: int, info: StepInfo, args: tuple[Any, ...],
     kwargs: dict[str, Any],

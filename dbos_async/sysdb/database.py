@@ -121,7 +121,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
             verdict = self.sql.fence_verdict(parent.workflow_id, parent.owner_xid)
 
         async def attempt() -> StartResult:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
                     row = await conn.fetchrow(verdict.sql, *verdict.params)
                     if row is None or not row["owned"] or row["status"] != PENDING:
@@ -143,7 +143,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         nothing (a run triggered by hand)."""
 
         async def run() -> StartResult:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 started = await self.start_workflow_on(conn, wf, creator_xid,
                                                        announce=announce)
                 if schedule_name is not None:
@@ -338,7 +338,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
             sent = self.sql.send_message(destination.workflow_id, message_uuid, topic, message)
 
         async def attempt() -> bool:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
                     return False  # nothing to send: not ours, or sent already
                 await conn.execute(sent.sql, *sent.params)

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.sysdb.core import DatabaseCore, now_ms
+from dbos_async.sysdb.core import DatabaseCore, PooledConnection, now_ms
 from dbos_async.sysdb.records import StatusRecord, status_record
 from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import (
@@ -30,7 +29,7 @@ from dbos_async.sysdb.statements import (
 
 T = TypeVar("T")
 
-JobConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+JobConnection: TypeAlias = PooledConnection
 """The connection a locked job runs its statements on (inside the lock's transaction)."""
 
 RETENTION_JOB = "retention"
@@ -60,7 +59,7 @@ class WorkflowOperations(DatabaseCore):
         now = now_ms()
 
         async def run() -> list[CancelledWorkflow]:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 for key, ids in _by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
                         await self._require_existing(conn, ids)
@@ -108,7 +107,7 @@ class WorkflowOperations(DatabaseCore):
             return
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 for key, ids in _by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
                         for q in self.sql.delete(ids):
@@ -133,11 +132,12 @@ class WorkflowOperations(DatabaseCore):
     # ---- Listing ----
 
     async def list_workflows(self, f: WorkflowFilter) -> list[StatusRecord]:
-        rows = await self._fetch(self.sql.list_workflows(f), "listing workflows")
+        rows = await self._observed_fetch(self.sql.list_workflows(f), "listing workflows")
         return [status_record(row) for row in rows]
 
     async def list_steps(self, workflow_id: str) -> list[asyncpg.Record]:
-        return await self._fetch(self.sql.list_steps(workflow_id), "listing steps")
+        return await self._observed_fetch(self.sql.list_steps(workflow_id),
+                                          f"listing the steps of {workflow_id}")
 
     # ---- Application versions ----
 
@@ -167,6 +167,33 @@ class WorkflowOperations(DatabaseCore):
                             "setting the latest application version")
         await self.check_version_owner(version_name)
 
+    # ---- Permissions ----
+
+    async def grant_permissions(self, role: str) -> None:
+        """Grant ``role`` what an application needs on the system schema, in one
+        transaction; an unknown role, or a connected user who may not grant, changes
+        nothing and raises :class:`DBOSError` saying so."""
+        if not isinstance(role, str) or not role or "\x00" in role \
+                or len(role.encode()) > 63:
+            raise DBOSError(f"Invalid role name {role!r}: a PostgreSQL role name of 1 to 63 "
+                            "bytes is needed")
+        exists = self.sql.role_exists(role)
+        grants = self.sql.grant_schema_permissions(role)
+
+        async def run() -> None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                if not await conn.fetchval(exists.sql, *exists.params):
+                    raise DBOSError(f"Role {role!r} does not exist (CREATE ROLE it first)")
+                for q in grants:
+                    await conn.execute(q.sql, *q.params)
+
+        try:
+            await self._retried(f"granting permissions to {role}", run)
+        except asyncpg.InsufficientPrivilegeError as error:
+            raise DBOSError(
+                f"Cannot grant permissions on schema {self.schema!r} to {role!r}: {error} "
+                "(connect as the schema's owner, the user that migrated it)") from None
+
     # ---- Maintenance jobs ----
 
     async def run_locked(self, job_name: str, job: Callable[[JobConnection], Awaitable[T]]
@@ -175,7 +202,7 @@ class WorkflowOperations(DatabaseCore):
         if no other executor holds it: (whether it ran, its result). The job's statements
         run in that transaction; the lock goes when it ends (rolled back or committed by
         the job's outcome)."""
-        q = self.sql.try_job_lock(job_lock_key(self.schema, job_name))
+        q = self.sql.try_job_lock(job_lock_key(self.schema, self.application_name, job_name))
         async with self.pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval(q.sql, *q.params):
                 return False, None
@@ -242,7 +269,7 @@ class WorkflowOperations(DatabaseCore):
         now = now_ms()
 
         async def run() -> list[str]:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 await self._require_existing(conn, ids)
                 rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now))
                 return [r["workflow_uuid"] for r in rows]
@@ -276,7 +303,7 @@ class WorkflowOperations(DatabaseCore):
         now = now_ms()
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 await self._locked_for_fork(conn, original_id, start_step)
                 queries = self.sql.insert_fork(original_id, fork_id, queue_name,
                                                application_version, timeout_ms, now)
@@ -299,7 +326,7 @@ class WorkflowOperations(DatabaseCore):
         now = now_ms()
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 status = await self._locked_for_fork(conn, workflow_id, start_step)
                 if status in ACTIVE_STATUSES:
                     raise DBOSError(f"Cannot rewind {workflow_id!r} ({status}): only a "

@@ -44,7 +44,8 @@ class QueueOperations(DatabaseCore):
         """``{queue name: {status: workflows}}`` of the workflows waiting or running on a
         queue (statuses without any are left out)."""
         depths: dict[str, dict[str, int]] = {}
-        for row in await self._fetch(self.sql.queue_depths(), "counting queued workflows"):
+        for row in await self._observed_fetch(self.sql.queue_depths(),
+                                              "counting queued workflows"):
             depths.setdefault(row["queue_name"], {})[row["status"]] = row["workflows"]
         return depths
 
@@ -70,7 +71,7 @@ class QueueOperations(DatabaseCore):
             q = self.sql.claim_startable(queue.name, partition_key, names, application_version,
                                          room, executor_id, now)
             return Claim([_claimed(row) for row in await self.pool.fetch(q.sql, *q.params)])
-        async with self.pool.acquire() as conn, conn.transaction(isolation="serializable"):
+        async with self.locking_transaction(isolation="serializable") as conn:
             limit = room
             retry_at: int | None = None
             limiters: list[tuple[int | None, float | None, str | None]] = [
@@ -132,7 +133,7 @@ class QueueOperations(DatabaseCore):
     ) -> Claim:
         """Partition concurrency 1 without queue-wide limits: start each idle partition's
         head-of-line workflow, in one READ COMMITTED transaction (see the statements)."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.locking_transaction() as conn:
             q = self.sql.partition_heads(queue.name, application_version, cap)
             heads = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
             if not heads:

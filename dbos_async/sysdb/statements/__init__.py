@@ -35,6 +35,7 @@ from dbos_async.sysdb.statements.control import (
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
 from dbos_async.sysdb.statements.messaging import MessagingStatements
+from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
     CLAIMED_COLUMNS,
     DEDUP_INDEX,
@@ -52,7 +53,7 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
                  VersionStatements, ControlStatements, ExecutorIdStatements,
-                 ScheduleStatements):
+                 ScheduleStatements, PermissionStatements):
     """Every statement of the system database, for one schema."""
 
 

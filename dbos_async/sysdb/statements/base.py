@@ -244,6 +244,23 @@ class StatementBase:
         """Predicate keeping rows whose ``column`` holds one of these shard keys."""
         raise DBOSError("Filtering by shard key requires a sharded system database")
 
+    # ---- Limits of a transaction (SET LOCAL: they end with it) ----
+
+    def idle_transaction_timeout(self, timeout_ms: int) -> Query:
+        """Bound how long this transaction may sit idle: PostgreSQL ends the session of a
+        caller that stalls while holding row locks, and with it the locks."""
+        return self._local_setting("idle_in_transaction_session_timeout", timeout_ms)
+
+    def statement_timeout(self, timeout_ms: int) -> Query:
+        """Bound how long each statement of this transaction may run: an observability read
+        scanning a huge table cannot hold back vacuum or the pool for minutes."""
+        return self._local_setting("statement_timeout", timeout_ms)
+
+    @staticmethod
+    def _local_setting(name: str, value_ms: int) -> Query:
+        p = Params()
+        return Query(f"SELECT set_config({p(name)}, {p(str(value_ms))}, true)", p.values)
+
     # ---- Status reads ----
 
     STATUS_COLUMNS = (

@@ -47,9 +47,11 @@ def advisory_lock_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
-def job_lock_key(schema: str, job_name: str) -> int:
-    """The advisory lock key of a background job, named as DBOS Transact names it."""
-    return advisory_lock_key(f"dbos.background_job.{schema}..{job_name}")
+def job_lock_key(schema: str, application_name: str | None, job_name: str) -> int:
+    """The advisory lock key of a background job, named as DBOS Transact names it: one per
+    application, as each application's job touches only its own rows."""
+    return advisory_lock_key(
+        f"dbos.background_job.{schema}.{application_name or ''}.{job_name}")
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class ControlStatements(StatementBase):
         p = Params()
         return Query(
             f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                   AND status = ANY({p(list(ACTIVE_STATUSES), 'text[]')})
                   AND created_at < {p(cutoff_ms, 'bigint')}""",
             p.values,
@@ -135,7 +137,7 @@ class ControlStatements(StatementBase):
         p = Params()
         return Query(
             f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                   AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
                   AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
                 ORDER BY created_at
@@ -144,10 +146,11 @@ class ControlStatements(StatementBase):
         )
 
     def cancel_created_before(self, cutoff_ms: int, now_ms: int) -> Query:
-        """The global timeout: cancel every in-flight workflow created before ``cutoff_ms``."""
+        """The global timeout: cancel every in-flight workflow of this application (and
+        unclaimed ones) created before ``cutoff_ms``."""
         p = Params()
         return self._cancel_where(
-            f"""{self.scoped(None, p)}
+            f"""{self.scoped(None, p)} AND {self.own_scope(None, p)}
                 AND status = ANY({p(list(ACTIVE_STATUSES), 'text[]')})
                 AND created_at < {p(cutoff_ms, 'bigint')}""", now_ms, p)
 
@@ -294,14 +297,15 @@ class ControlStatements(StatementBase):
         )
 
     def delete_terminal_batch(self, cutoff_ms: int, batch_size: int) -> Query:
-        """Delete up to ``batch_size`` terminal workflows that finished (or, never started,
-        were created) before ``cutoff_ms``, with every row they own; returns their IDs."""
+        """Delete up to ``batch_size`` terminal workflows of this application (and unclaimed
+        ones) that finished (or, never started, were created) before ``cutoff_ms``, with
+        every row they own; returns their IDs."""
         p = Params()
         # FOR UPDATE SKIP LOCKED: a row some other statement holds (a resume, a fork) is
         # left for the next round instead of waited on.
         victims = f"""victims AS (
                   SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                  WHERE {self.scoped(None, p)}
+                  WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                     AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
                     AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
                   ORDER BY created_at
