@@ -23,6 +23,7 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
     WorkflowNotRegisteredError,
+    WorkflowStateError,
 )
 from dbos_async.executor.context import (
     SetShardKey,
@@ -95,6 +96,7 @@ __all__ = [
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",
+    "WorkflowStateError",
     "WorkflowStatus",
     "WorkflowStepInfo",
     "current_shard_key",
