@@ -4,9 +4,7 @@ delay, a workflow's attributes, and renaming an application (see
 
 from __future__ import annotations
 
-import asyncpg
-
-from dbos_async.errors import DBOSError, NonExistentWorkflowError, WorkflowStateError
+from dbos_async.errors import NonExistentWorkflowError, WorkflowStateError
 from dbos_async.sysdb.core import DatabaseCore, now_ms
 from dbos_async.sysdb.statements import APPLICATION_TABLES, DELAYED, ENQUEUED, Query
 
@@ -68,16 +66,12 @@ class AdminOperations(DatabaseCore):
         async def run() -> dict[str, int]:
             moved: dict[str, int] = {}
             async with self.pool.acquire() as conn, conn.transaction():
+                # Never a merge: queue, schedule and version names are unique whatever
+                # their owner, so no moved row can collide with one the new name owns.
                 for table, q in queries:
-                    try:
-                        status = await conn.execute(q.sql, *q.params)
-                    except asyncpg.UniqueViolationError:
-                        raise DBOSError(
-                            f"Cannot rename application {old_name!r} to {new_name!r}: both "
-                            f"own a row of {table} with the same name; nothing was "
-                            "renamed") from None
+                    status = await conn.execute(q.sql, *q.params)
                     moved[table] = int(status.split()[-1])
             return moved
 
-        # Safe to retry: a second run finds nothing left under the old name.
+        # Idempotent: a second run finds nothing left under the old name.
         return await self._retried(f"renaming application {old_name!r}", run)
