@@ -215,6 +215,8 @@ async def test_delay_refuses_bad_input_and_writes_nothing(setup: Setup) -> None:
         ({"delay_seconds": "1"}, "delay must be a non-negative number"),
         ({"delay_until_epoch_ms": -5}, "delay_until_epoch_ms must be an integer"),
         ({"delay_until_epoch_ms": 1.5}, "delay_until_epoch_ms must be an integer"),
+        ({"delay_until_epoch_ms": 2**63}, "delay_until_epoch_ms must be an integer"),
+        ({"delay_seconds": 1e300}, "past the last storable time"),
     ]
     for arguments, message in bad:
         with pytest.raises(DBOSError, match=message):

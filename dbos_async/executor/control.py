@@ -287,19 +287,26 @@ async def set_priority(peer: Peer, workflow_id: str, priority: int) -> None:
     logger.info("Workflow %s now has priority %s", workflow_id, priority)
 
 
+LAST_EPOCH_MS = 2**63 - 1
+"""The latest time a bigint column stores."""
+
+
 def delay_until_ms(delay_seconds: float | None, delay_until_epoch_ms: int | None) -> int:
     """The time (epoch ms) a delay given either way ends."""
     if (delay_seconds is None) == (delay_until_epoch_ms is None):
         raise DBOSError("Give either delay_seconds or delay_until_epoch_ms (exactly one)")
     if delay_until_epoch_ms is not None:
         if isinstance(delay_until_epoch_ms, bool) or not isinstance(delay_until_epoch_ms, int) \
-                or delay_until_epoch_ms < 0:
+                or not 0 <= delay_until_epoch_ms <= LAST_EPOCH_MS:
             raise DBOSError("delay_until_epoch_ms must be an integer >= 0 (epoch "
                             f"milliseconds), got {delay_until_epoch_ms!r}")
         return delay_until_epoch_ms
     check_options({"delay": delay_seconds})
     assert delay_seconds is not None
-    return int((time.time() + delay_seconds) * 1000)
+    until = int((time.time() + delay_seconds) * 1000)
+    if until > LAST_EPOCH_MS:
+        raise DBOSError(f"delay_seconds {delay_seconds!r} ends past the last storable time")
+    return until
 
 
 async def set_delay(peer: Peer, workflow_id: str, until_ms: int) -> None:

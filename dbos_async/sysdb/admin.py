@@ -14,14 +14,14 @@ may change (a started workflow has been claimed by these settings already)."""
 
 
 class AdminOperations(DatabaseCore):
-    async def _change_queued(self, workflow_id: str, operation: str, change: Query) -> str:
+    async def _change_queued(self, workflow_id: str, operation: str, change: Query) -> None:
         """Run ``change`` on a workflow still waiting on its queue, in one transaction with
-        the check of its status; returns its queue. An unknown ID raises
+        the check of its status. An unknown ID raises
         :class:`NonExistentWorkflowError`, a started or finished workflow
         :class:`WorkflowStateError`, and nothing is written."""
         lock = self.sql.lock_queued(workflow_id)
 
-        async def run() -> str:
+        async def run() -> None:
             async with self.pool.acquire() as conn, conn.transaction():
                 row = await conn.fetchrow(lock.sql, *lock.params)
                 if row is None:
@@ -30,21 +30,19 @@ class AdminOperations(DatabaseCore):
                     raise WorkflowStateError(workflow_id, row["status"], operation,
                                              " or ".join(QUEUED_STATUSES))
                 await conn.execute(change.sql, *change.params)
-                queue: str = row["queue_name"]
-                return queue
 
         # Safe to retry: the same change again.
-        return await self._retried(f"changing workflow {workflow_id}", run)
+        await self._retried(f"changing workflow {workflow_id}", run)
 
-    async def set_priority(self, workflow_id: str, priority: int) -> str:
-        """Give a waiting workflow a new priority; returns its queue."""
-        return await self._change_queued(
+    async def set_priority(self, workflow_id: str, priority: int) -> None:
+        """Give a waiting workflow a new priority."""
+        await self._change_queued(
             workflow_id, "change the priority of",
             self.sql.set_priority(workflow_id, priority, now_ms()))
 
-    async def set_delay(self, workflow_id: str, until_ms: int) -> str:
-        """Make a waiting workflow wait until ``until_ms``; returns its queue."""
-        return await self._change_queued(
+    async def set_delay(self, workflow_id: str, until_ms: int) -> None:
+        """Make a waiting workflow wait until ``until_ms``."""
+        await self._change_queued(
             workflow_id, "delay", self.sql.set_delay(workflow_id, until_ms, now_ms()))
 
     async def update_attributes(self, workflow_id: str, attributes: str | None,

@@ -19,12 +19,12 @@ GLOBAL_APPLICATION_TABLES = APPLICATION_TABLES[:3]
 
 class AdminStatements(StatementBase):
     def lock_queued(self, workflow_id: str) -> Query:
-        """A workflow's status and queue, its row locked. FOR NO KEY UPDATE: no claim,
+        """A workflow's status, its row locked. FOR NO KEY UPDATE: no claim,
         promotion or cancel changes the status between this check and the change that
         follows in the same transaction (claims skip the locked row and take it later)."""
         p = Params()
         return Query(
-            f"""SELECT status, queue_name FROM {self.table('workflow_status')}
+            f"""SELECT status FROM {self.table('workflow_status')}
                 WHERE {self.wf(None, workflow_id, p)}
                 FOR NO KEY UPDATE""",
             p.values,
