@@ -1,4 +1,5 @@
-"""Queues stored in the database, operated from an executor and from a client alike:
+"""Queues stored in the database, operated from an executor and from a client alike (one
+implementation: see test_operator.py):
 ``list_queues``, ``get_queue_definition``, ``update_queue`` and ``delete_queue``, on the
 unsharded and the sharded schema (the queues table is global there). A change that is
 refused writes nothing."""
@@ -18,7 +19,6 @@ from dbos_async import (
     QueueNotFoundError,
     RateLimit,
 )
-from dbos_async.executor.operator import Operator
 
 
 @pytest.fixture(params=[False, True], ids=["unsharded", "sharded"])
@@ -32,12 +32,6 @@ async def dbos(request: pytest.FixtureRequest, database_url: str) -> AsyncIterat
 async def stored(url: str, name: str) -> dict[str, object] | None:
     rows = await fetch(url, "SELECT * FROM dbos.queues WHERE name = $1", name)
     return dict(rows[0]) if rows else None
-
-
-def test_one_implementation() -> None:
-    for name in ("list_queues", "get_queue_definition", "update_queue", "delete_queue"):
-        assert getattr(DBOS, name) is getattr(Operator, name), name
-        assert getattr(DBOSClient, name) is getattr(Operator, name), name
 
 
 async def test_get_update_and_delete_a_stored_queue(dbos: DBOS, database_url: str) -> None:

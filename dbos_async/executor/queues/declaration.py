@@ -170,11 +170,7 @@ class Queue:
     def changed(cls, record: QueueRecord, changes: dict[str, Any]) -> Queue:
         """The stored queue ``record`` with the settings in ``changes`` (named as the
         arguments of :class:`Queue`) replaced, checked as a new declaration is."""
-        settings = _settings_of(record)
-        unknown = sorted(set(changes) - set(settings))
-        if unknown:
-            raise ConfigurationError(f"Queue {record.name!r}: unknown settings {unknown}")
-        return cls(record.name, **{**settings, **changes})
+        return cls(record.name, **{**_settings_of(record), **changes})
 
     def bind(self, owner: RuntimeSource) -> None:
         if self._owner is not None and self._owner is not owner:
