@@ -25,6 +25,7 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
     WorkflowNotRegisteredError,
+    WorkflowStateError,
 )
 from dbos_async.executor.context import (
     SetShardKey,
@@ -99,6 +100,7 @@ __all__ = [
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",
+    "WorkflowStateError",
     "WorkflowStatus",
     "WorkflowStepInfo",
     "current_shard_key",

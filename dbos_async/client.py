@@ -269,7 +269,3 @@ class DBOSClient(Operator, Peer):
         listen to it by name find them: ``register_queue(name, ...)`` takes the arguments
         of :class:`~dbos_async.Queue`, checked as ``Queue`` checks them."""
         await self.system_database.upsert_queue(Queue(*settings, **named).record)
-
-    async def list_queues(self) -> list[Queue]:
-        """The queues stored in the ``queues`` table."""
-        return [Queue.from_record(r) for r in await self.system_database.list_queues()]

@@ -37,6 +37,17 @@ class NonExistentWorkflowError(DBOSError):
         self.workflow_id = workflow_id
 
 
+class WorkflowStateError(DBOSError):
+    """The workflow's status does not allow the operation (a priority or delay change of a
+    workflow that has already started, for instance); nothing was changed."""
+
+    def __init__(self, workflow_id: str, status: str, operation: str, allowed: str) -> None:
+        super().__init__(f"Cannot {operation} workflow {workflow_id!r}: it is {status}, and "
+                         f"only {allowed} workflows allow it")
+        self.workflow_id = workflow_id
+        self.status = status
+
+
 class WorkflowNotRegisteredError(DBOSError):
     """A workflow's function is not registered with this executor."""
 

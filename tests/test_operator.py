@@ -20,7 +20,9 @@ SHARED = [
     "delete_workflows", "resume_workflow", "resume_workflows", "fork_workflow",
     "rewind_workflow", "list_workflows", "list_queued_workflows", "list_workflow_steps",
     "list_application_versions", "get_latest_application_version",
-    "set_latest_application_version",
+    "set_latest_application_version", "set_workflow_priority", "set_workflow_delay",
+    "update_workflow_attributes", "list_queues", "get_queue_definition", "update_queue",
+    "delete_queue", "rename_application",
 ]
 
 

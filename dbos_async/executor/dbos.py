@@ -205,16 +205,15 @@ class DBOS(Operator):
 
     async def get_queue(self, name: str) -> Queue:
         """A queue declared here, or one stored in the queues table (by any process)."""
-        runtime = self._operating()
+        self._operating()
         queue = self._queues.get(name)
         if queue is not None:
             return queue
-        records = await runtime.system_database.list_queues([name])
-        if not records:
+        stored = await self.get_queue_definition(name)
+        if stored is None:
             raise QueueNotFoundError(name)
-        queue = Queue.from_record(records[0])
-        queue.bind(self)
-        return queue
+        stored.bind(self)
+        return stored
 
     # ---- Starting and recovering workflows (retrieve_workflow: see Operator) ----
 

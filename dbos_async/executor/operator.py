@@ -39,7 +39,7 @@ from dbos_async.executor.handles import (
     workflow_handle,
 )
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.declaration import Queue
+from dbos_async.executor.queues.declaration import LimiterSpec, Queue
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
@@ -63,6 +63,10 @@ async def _routed(keys: dict[str, str | None], call: Coroutine[Any, Any, T]) -> 
         raise
     with bind_shard_keys(keys):
         return await call
+
+
+_UNCHANGED: Any = object()
+"""An ``update_queue`` setting not given: the stored value stays."""
 
 
 def _queue_name(queue: str | Queue | None) -> str | None:
@@ -363,16 +367,15 @@ class Operator(ScheduleOperator):
             queues_only=True,
         )
 
-    async def list_workflow_steps(self, workflow_id: str, *,
+    async def list_workflow_steps(self, workflow_id: str, *, load_output: bool = True,
+                                  limit: int | None = None, offset: int | None = None,
                                   shard_key: str | None = None) -> list[WorkflowStepInfo]:
-        """The recorded steps (and other checkpoints) of a workflow, by position; an
-        unknown ID raises :class:`NonExistentWorkflowError`."""
-        peer = self._peer()
+        """The recorded steps (and other checkpoints) of a workflow, by position, a page
+        of ``limit`` after ``offset``; ``load_output=False`` leaves outputs and errors
+        unread (None). An unknown ID raises :class:`NonExistentWorkflowError`."""
         with bind_shard_keys({workflow_id: shard_key}):
-            steps = await control.list_steps(peer, workflow_id)
-            if not steps and await peer.system_database.get_workflow(workflow_id) is None:
-                raise NonExistentWorkflowError(workflow_id)
-        return steps
+            return await control.list_steps(self._peer(), workflow_id, limit=limit,
+                                            offset=offset, load_output=load_output)
 
     async def queue_depths(self) -> dict[str, dict[str, int]]:
         """How many workflows wait or run on each queue: ``{queue name: {status: count}}``
@@ -390,6 +393,102 @@ class Operator(ScheduleOperator):
         migrations create. It may not alter or drop the tables: migrate as their owner,
         then run the application as ``role``. Run this as the schema's owner."""
         await self._peer().system_database.grant_permissions(role)
+
+    # ---- Changing workflows in place ----
+
+    async def set_workflow_priority(self, workflow_id: str, priority: int, *,
+                                    shard_key: str | None = None) -> None:
+        """Give a workflow still waiting on its queue (ENQUEUED or DELAYED) a new priority
+        (lower runs first; 0 to 2**31-1). An unknown ID raises
+        :class:`NonExistentWorkflowError`, a workflow that has started or finished
+        :class:`WorkflowStateError`; nothing changes then."""
+        with bind_shard_keys({workflow_id: shard_key}):
+            await control.set_priority(self._peer(), workflow_id, priority)
+
+    async def set_workflow_delay(self, workflow_id: str, *, delay_seconds: float | None = None,
+                                 delay_until_epoch_ms: int | None = None,
+                                 shard_key: str | None = None) -> None:
+        """Make a workflow still waiting on its queue (ENQUEUED or DELAYED) wait until
+        ``delay_seconds`` from now, or until ``delay_until_epoch_ms`` (exactly one): it is
+        DELAYED until then, and ENQUEUED when due (at once for a time already past). An
+        unknown ID raises :class:`NonExistentWorkflowError`, a started or finished
+        workflow :class:`WorkflowStateError`; nothing changes then."""
+        until = control.delay_until_ms(delay_seconds, delay_until_epoch_ms)
+        with bind_shard_keys({workflow_id: shard_key}):
+            await control.set_delay(self._peer(), workflow_id, until)
+
+    async def update_workflow_attributes(self, workflow_id: str,
+                                         attributes: dict[str, Any] | None, *,
+                                         merge: bool = False,
+                                         shard_key: str | None = None) -> None:
+        """Replace a workflow's custom attributes (None clears them), or with ``merge``
+        add these top-level keys to them (replacing those it has), in one statement. Any
+        status; an unknown ID raises :class:`NonExistentWorkflowError`."""
+        with bind_shard_keys({workflow_id: shard_key}):
+            await control.update_attributes(self._peer(), workflow_id, attributes, merge)
+
+    # ---- Queues stored in the database ----
+
+    async def list_queues(self) -> list[Queue]:
+        """The queues stored in the ``queues`` table: this application's and unclaimed
+        ones (every one when it has no name)."""
+        return [Queue.from_record(r) for r in await self._peer().system_database.list_queues()]
+
+    async def get_queue_definition(self, name: str) -> Queue | None:
+        """The settings of queue ``name`` as stored in the ``queues`` table (whichever
+        application owns it), or None if none are."""
+        records = await self._peer().system_database.list_queues([name])
+        return Queue.from_record(records[0]) if records else None
+
+    async def update_queue(
+        self, name: str, *, concurrency: int | None = _UNCHANGED,
+        worker_concurrency: int | None = _UNCHANGED, limiter: LimiterSpec | None = _UNCHANGED,
+        partition_queue: bool = _UNCHANGED, partition_concurrency: int | None = _UNCHANGED,
+        partition_worker_concurrency: int | None = _UNCHANGED,
+        partition_limiter: LimiterSpec | None = _UNCHANGED,
+        polling_interval: float = _UNCHANGED,
+    ) -> Queue:
+        """Change the settings given (the arguments of :class:`Queue`; None removes a
+        limit) of a stored queue, keeping the others, in one transaction; the result is
+        checked as a declaration is (:class:`ConfigurationError`, nothing written). An
+        unknown name raises :class:`QueueNotFoundError`, another application's queue
+        :class:`ApplicationOwnershipError`. Returns the queue as stored. Executors apply
+        the new settings when they next start listening to the queue; one that declares
+        it in code stores its own definition again when it starts."""
+        changes = {key: value for key, value in {
+            "concurrency": concurrency, "worker_concurrency": worker_concurrency,
+            "limiter": limiter, "partition_queue": partition_queue,
+            "partition_concurrency": partition_concurrency,
+            "partition_worker_concurrency": partition_worker_concurrency,
+            "partition_limiter": partition_limiter, "polling_interval": polling_interval,
+        }.items() if value is not _UNCHANGED}
+        record = await self._peer().system_database.update_queue(
+            name, lambda current: Queue.changed(current, changes).record)
+        return Queue.from_record(record)
+
+    async def delete_queue(self, name: str) -> None:
+        """Delete a stored queue's settings. Its workflows stay where they are, run only by
+        executors that declare it in code (which store it again when they start). An
+        unknown name raises :class:`QueueNotFoundError`, another application's queue
+        :class:`ApplicationOwnershipError`."""
+        await self._peer().system_database.delete_queue(name)
+
+    # ---- Applications ----
+
+    async def rename_application(self, old_name: str | None, new_name: str, *,
+                                 adopt_unclaimed_rows: bool = False) -> dict[str, int]:
+        """Give application ``new_name`` every row ``old_name`` owns and, with
+        ``adopt_unclaimed_rows``, every unclaimed one (``old_name=None``: only those): its
+        queues, schedules, versions, workflows and steps, in one transaction. Returns the
+        rows moved per table. Run it while the renamed application is stopped, from a
+        client or executor acting for another application (or none)."""
+        peer = self._peer()
+        acting_for = peer.system_database.application_name
+        if old_name is not None and old_name == acting_for:
+            raise DBOSError(f"This executor or client acts for application {old_name!r}: "
+                            "rename it from one acting for another application (or none), "
+                            "while it is stopped")
+        return await control.rename_application(peer, old_name, new_name, adopt_unclaimed_rows)
 
     # ---- Application versions ----
 

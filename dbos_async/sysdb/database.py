@@ -19,6 +19,7 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
+from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
@@ -55,7 +56,8 @@ __all__ = [
 ]
 
 
-class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
+class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
+                     AdminOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     # ---- Workflows ----

@@ -135,9 +135,12 @@ class WorkflowOperations(DatabaseCore):
         rows = await self._observed_fetch(self.sql.list_workflows(f), "listing workflows")
         return [status_record(row) for row in rows]
 
-    async def list_steps(self, workflow_id: str) -> list[asyncpg.Record]:
-        return await self._observed_fetch(self.sql.list_steps(workflow_id),
-                                          f"listing the steps of {workflow_id}")
+    async def list_steps(self, workflow_id: str, *, limit: int | None = None,
+                         offset: int | None = None,
+                         load_output: bool = True) -> list[asyncpg.Record]:
+        return await self._observed_fetch(
+            self.sql.list_steps(workflow_id, limit=limit, offset=offset, load_output=load_output),
+            f"listing the steps of {workflow_id}")
 
     # ---- Application versions ----
 

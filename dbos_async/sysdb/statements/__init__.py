@@ -5,6 +5,7 @@ Each family of statements lives in its own module, all built on the shard-key se
 one schema.
 """
 
+from dbos_async.sysdb.statements.admin import APPLICATION_TABLES, AdminStatements
 from dbos_async.sysdb.statements.base import (
     ACTIVE_STATUSES,
     CANCELLED,
@@ -53,12 +54,13 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
                  VersionStatements, ControlStatements, ExecutorIdStatements,
-                 ScheduleStatements, PermissionStatements):
+                 ScheduleStatements, PermissionStatements, AdminStatements):
     """Every statement of the system database, for one schema."""
 
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "APPLICATION_TABLES",
     "BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS",
     "CANCELLED",
     "CLAIMED_COLUMNS",

@@ -271,15 +271,24 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
-    def list_steps(self, workflow_id: str) -> Query:
+    def list_steps(self, workflow_id: str, *, limit: int | None = None,
+                   offset: int | None = None, load_output: bool = True) -> Query:
+        """A workflow's checkpoints by position, a page of ``limit`` after ``offset``;
+        without ``load_output`` their outputs and errors are not read."""
         p = Params()
+        payload = "output, error" if load_output else "NULL AS output, NULL AS error"
+        page = ""
+        if limit is not None:
+            page += f" LIMIT {p(limit, 'bigint')}"
+        if offset is not None:
+            page += f" OFFSET {p(offset, 'bigint')}"
         return Query(
-            f"""SELECT function_id, function_name, output, error, child_workflow_id,
+            f"""SELECT function_id, function_name, {payload}, child_workflow_id,
                        started_at_epoch_ms, completed_at_epoch_ms,
                        serialization{self.key_columns(None, ("child_shard_key",))}
                 FROM {self.table('operation_outputs')}
                 WHERE {self.wf(None, workflow_id, p)}
-                ORDER BY function_id""",
+                ORDER BY function_id{page}""",
             p.values,
         )
 
