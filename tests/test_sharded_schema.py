@@ -127,9 +127,7 @@ async def test_sharded_migrate_builds_the_schema(db: asyncpg.Connection) -> None
         "SELECT p.proname, pg_get_function_identity_arguments(p.oid) AS args FROM pg_proc p "
         "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'dbos' ORDER BY 1"
     )
-    assert [f["proname"] for f in functions] == ["enqueue_workflow", "send_message",
-                                                 "shard_task"]
-    assert functions[2]["args"] == "shard_key text, statement text, args text[]"
+    assert [f["proname"] for f in functions] == ["enqueue_workflow", "send_message"]
     assert functions[1]["args"] == (
         "destination_id text, message json, topic text, message_id text, shard_key text"
     )

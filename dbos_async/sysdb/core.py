@@ -18,7 +18,6 @@ from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy
-from dbos_async.sysdb.shard_tasks import ShardTasks
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
 
@@ -73,8 +72,6 @@ class DatabaseCore:
         self._pool: asyncpg.Pool | None = None
         self._closing = False
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
-        # On Citus: runs each multi-table write of one key as one task on its node.
-        self._shard_tasks: ShardTasks | None = None
         # Safety limits (0 leaves the server's setting): see locking_transaction and
         # _observed_fetch.
         self.idle_transaction_timeout_ms = idle_transaction_timeout_ms
@@ -110,8 +107,6 @@ class DatabaseCore:
         self._pool = await connection.create_pool(
             self.url, self._pool_size, self._connect_timeout, self._connection_name
         )
-        if self.sharded and await ShardTasks.available(self._pool, self.sql.schema):
-            self._shard_tasks = ShardTasks(self.sql.schema)
 
     async def close(self) -> None:
         self._closing = True
@@ -130,25 +125,11 @@ class DatabaseCore:
     async def _retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
         return await self._retry.run(operation, what)
 
-    async def _routed(self, query: Query) -> Query:
-        """``query`` as it is sent: on Citus, a marked write becomes one task on its node."""
-        if query.shard_task_key is None or self._shard_tasks is None:
-            return query
-        return await self._shard_tasks.call_of(self.pool, query)
-
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
-        async def run() -> list[asyncpg.Record]:
-            q = await self._routed(query)
-            return await self.pool.fetch(q.sql, *q.params)
-
-        return await self._retried(what, run)
+        return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))
 
     async def _fetchrow(self, query: Query, what: str) -> asyncpg.Record | None:
-        async def run() -> asyncpg.Record | None:
-            q = await self._routed(query)
-            return await self.pool.fetchrow(q.sql, *q.params)
-
-        return await self._retried(what, run)
+        return await self._retried(what, lambda: self.pool.fetchrow(query.sql, *query.params))
 
     @contextlib.asynccontextmanager
     async def locking_transaction(self, isolation: Literal["serializable"] | None = None
@@ -186,11 +167,7 @@ class DatabaseCore:
             raise QueryTimeoutError(what, timeout_ms / 1000) from None
 
     async def _execute(self, query: Query, what: str) -> None:
-        async def run() -> None:
-            q = await self._routed(query)
-            await self.pool.execute(q.sql, *q.params)
-
-        await self._retried(what, run)
+        await self._retried(what, lambda: self.pool.execute(query.sql, *query.params))
 
     def _check_owner(self, kind: str, name: str, current: str | None) -> None:
         """Raise if ``current``, the owner of a queue or version name, is another

@@ -167,34 +167,3 @@ EXCEPTION WHEN foreign_key_violation THEN
                               destination_id, shard_key);
 END;
 $dbos_fn$;
-
--- shard_task runs one of the system database's own statements where its shard key lives.
--- Citus's router runs a statement as one task on one shard only if it writes one table at
--- the top level; a statement that writes several tables of one key (a step's checkpoint with
--- its event, a workflow's status with its output) is planned as a task per part, each a round
--- trip from the coordinator to the shard's node. Distributed by its shard_key argument (see
--- part 4), a call is sent whole to that node, which runs the statement there. The statement's
--- parameters $1..$100 are the elements of args, as text (each cast back to its type in the
--- statement); each is passed as a parameter of its own, as Citus 13 crashes on an UPDATE
--- whose SET list reads an element of an array parameter. It runs with the caller's rights, so
--- it can do nothing the caller could not send directly. On plain PostgreSQL the function
--- exists but is not used.
-CREATE FUNCTION {{schema}}.shard_task(shard_key text, statement text, args text[])
-RETURNS SETOF record
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $dbos_fn$
-BEGIN
-    RETURN QUERY EXECUTE statement USING
-        args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8], args[9], args[10],
-        args[11], args[12], args[13], args[14], args[15], args[16], args[17], args[18], args[19], args[20],
-        args[21], args[22], args[23], args[24], args[25], args[26], args[27], args[28], args[29], args[30],
-        args[31], args[32], args[33], args[34], args[35], args[36], args[37], args[38], args[39], args[40],
-        args[41], args[42], args[43], args[44], args[45], args[46], args[47], args[48], args[49], args[50],
-        args[51], args[52], args[53], args[54], args[55], args[56], args[57], args[58], args[59], args[60],
-        args[61], args[62], args[63], args[64], args[65], args[66], args[67], args[68], args[69], args[70],
-        args[71], args[72], args[73], args[74], args[75], args[76], args[77], args[78], args[79], args[80],
-        args[81], args[82], args[83], args[84], args[85], args[86], args[87], args[88], args[89], args[90],
-        args[91], args[92], args[93], args[94], args[95], args[96], args[97], args[98], args[99], args[100];
-END;
-$dbos_fn$;

@@ -9,9 +9,7 @@
 --     distributed;
 --   * the global tables become reference tables, copied whole to every node, so statements
 --     joining them with one key's rows still run on that key's node;
---   * dbos_migrations stays a local table of the coordinator: only the runner reads it;
---   * shard_task is distributed by its shard_key argument, co-located with workflow_status,
---     so the coordinator sends each call to the node of the key's shard.
+--   * dbos_migrations stays a local table of the coordinator: only the runner reads it.
 -- The schema is found through a table's row type rather than written into a string literal,
 -- so no schema name, whatever it contains, can end a literal early.
 DO $dbos_fn$
@@ -40,8 +38,5 @@ BEGIN
                                'event_dispatch_kv'] LOOP
         PERFORM create_reference_table(format('%I.%I', target_schema, tbl)::regclass);
     END LOOP;
-    PERFORM create_distributed_function(
-        format('%I.shard_task(text, text, text[])', target_schema)::regprocedure,
-        'shard_key', colocate_with => anchor);
 END;
 $dbos_fn$;

@@ -47,9 +47,6 @@ class Params:
 class Query:
     sql: str
     params: Sequence[Any] = field(default_factory=tuple)
-    shard_task_key: str | None = None
-    """Set on a write of several tables of one shard key: on Citus it runs as one task on
-    that key's node (see :mod:`dbos_async.sysdb.shard_tasks`)."""
 
 
 @dataclass(frozen=True)
@@ -127,11 +124,6 @@ class StatementBase:
     @property
     def sharded(self) -> bool:
         return False
-
-    def one_task(self, query: Query, workflow_id: str, shard_key: str | None = None) -> Query:
-        """``query``, a write of several tables of ``workflow_id``'s rows, marked to run as
-        one task where its key lives; unsharded, nothing to mark."""
-        return query
 
     def _reject_shard_key(self, workflow_id: str, shard_key: str | None = None) -> None:
         if shard_key is not None or shard_keys.bound_shard_key(workflow_id) is not None:
@@ -378,9 +370,8 @@ class StatementBase:
         against a hand-off of the workflow."""
         owner = self._owner_cte(workflow_id, p)
         ctes = writes(f"owner WHERE {self._owned(owner_xid, p)}")
-        return self.one_task(Query(f"WITH {owner}, {self._write_ctes(ctes)} "
-                                   f"{self._verdict(owner_xid, ctes[0][0], p)}", p.values),
-                             workflow_id)
+        return Query(f"WITH {owner}, {self._write_ctes(ctes)} "
+                     f"{self._verdict(owner_xid, ctes[0][0], p)}", p.values)
 
     def _recorded_write(self, workflow_id: str, function_id: int, function_name: str,
                         owner_xid: str, now_ms: int, p: Params, writes: Writes) -> Query:
@@ -390,9 +381,8 @@ class StatementBase:
         owner = self._owner_cte(workflow_id, p)
         step = self._step_cte(workflow_id, function_id, function_name, owner_xid, p,
                               output=None, started_at_ms=now_ms, completed_at_ms=now_ms)
-        return self.one_task(Query(f"WITH {owner}, {step}, {self._write_ctes(writes('step'))} "
-                                   f"{self._verdict(owner_xid, 'step', p)}", p.values),
-                             workflow_id)
+        return Query(f"WITH {owner}, {step}, {self._write_ctes(writes('step'))} "
+                     f"{self._verdict(owner_xid, 'step', p)}", p.values)
 
     def _step_cte(
         self,

@@ -82,7 +82,7 @@ class MessagingStatements(StatementBase):
         step = self._step_cte(workflow_id, function_id, "DBOS.recv", owner_xid, p,
                               output=None, started_at_ms=now_ms, completed_at_ms=now_ms,
                               output_sql="consumed.message", source="consumed")
-        return self.one_task(Query(
+        return Query(
             f"""WITH {owner}, msg AS (
                   -- Lock the oldest waiting message; SKIP LOCKED passes one being consumed.
                   SELECT n.message_uuid FROM {self.table('notifications')} n
@@ -113,7 +113,7 @@ class MessagingStatements(StatementBase):
                                  AND oo.function_id = {fid}) AS recorded
                 FROM owner""",
             p.values,
-        ), workflow_id)
+        )
 
     def _event_writes(
         self, workflow_id: str, key: str, value: str, function_id: int | None, source: str,

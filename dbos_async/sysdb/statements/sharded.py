@@ -13,13 +13,12 @@ or, with none, spans every key (listings, recovery, maintenance).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from dbos_async.errors import DBOSError
 from dbos_async.sysdb import shard_keys
 from dbos_async.sysdb.statements import Statements
-from dbos_async.sysdb.statements.base import Params, Query, WorkflowRef, qualify
+from dbos_async.sysdb.statements.base import Params, WorkflowRef, qualify
 
 
 class ShardedStatements(Statements):
@@ -43,9 +42,6 @@ class ShardedStatements(Statements):
                 f"Workflow {workflow_id!r} needs a shard key: this system database is sharded "
                 "(start it under SetShardKey(...), or pass shard_key=... to address it)")
         return key
-
-    def one_task(self, query: Query, workflow_id: str, shard_key: str | None = None) -> Query:
-        return replace(query, shard_task_key=self.key_of(workflow_id, shard_key))
 
     def wf(self, alias: str | None, workflow_id: str, p: Params, column: str = "workflow_uuid",
            shard_key: str | None = None) -> str:

@@ -153,8 +153,7 @@ class WorkflowStatements(StatementBase):
             select = """SELECT parent.status AS parent_status, parent.owner_xid AS parent_owner,
                                status.*
                         FROM parent LEFT JOIN status ON TRUE"""
-        return self.one_task(Query(f"WITH {', '.join(ctes)} {select}", p.values),
-                             wf.workflow_id, wf.shard_key)
+        return Query(f"WITH {', '.join(ctes)} {select}", p.values)
 
     def insert_status(self, wf: NewWorkflow, creator_xid: str,
                       parent_shard_key: str | None = None) -> Query:
@@ -275,7 +274,7 @@ class WorkflowStatements(StatementBase):
         output_values = self._key_values(workflow_id, p)
         output_values.update({"workflow_uuid": p(workflow_id, "text"),
                               "output": p(output, "text"), "error": p(error, "text")})
-        return self.one_task(Query(
+        return Query(
             f"""WITH updated AS (
                   UPDATE {self.table('workflow_status')}
                   SET status = {p(status)},
@@ -296,7 +295,7 @@ class WorkflowStatements(StatementBase):
                 )
                 SELECT count(*) AS count FROM updated""",
             p.values,
-        ), workflow_id)
+        )
 
     # ---- Reads ----
 
