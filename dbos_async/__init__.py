@@ -41,6 +41,13 @@ from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowS
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
+from dbos_async.executor.observability import (
+    EventChange,
+    PendingMessage,
+    QueueMinute,
+    StreamValue,
+    WaitingWorkflow,
+)
 from dbos_async.executor.queues import (
     Debouncer,
     DeduplicationPolicy,
@@ -69,6 +76,7 @@ __all__ = [
     "DeadLetteredError",
     "Debouncer",
     "DeduplicationPolicy",
+    "EventChange",
     "ExecutorIdLostError",
     "IdempotencyKeyConflictError",
     "InvalidRequestError",
@@ -76,9 +84,11 @@ __all__ = [
     "MigrationError",
     "NonExistentWorkflowError",
     "NondeterminismError",
+    "PendingMessage",
     "QueryTimeoutError",
     "Queue",
     "QueueDeduplicatedError",
+    "QueueMinute",
     "QueueNotFoundError",
     "RateLimit",
     "RecordedError",
@@ -93,7 +103,9 @@ __all__ = [
     "SetWorkflowTimeout",
     "StepRetriesExceededError",
     "StreamTimeoutError",
+    "StreamValue",
     "TimeBound",
+    "WaitingWorkflow",
     "WorkflowCancelledError",
     "WorkflowConflictError",
     "WorkflowHandle",

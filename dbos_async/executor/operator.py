@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.executor import control, messaging
+from dbos_async.executor import control, messaging, observability
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.control import (
     ApplicationVersion,
@@ -37,6 +37,13 @@ from dbos_async.executor.handles import (
     WorkflowStatus,
     read_status,
     workflow_handle,
+)
+from dbos_async.executor.observability import (
+    EventChange,
+    PendingMessage,
+    QueueMinute,
+    StreamValue,
+    WaitingWorkflow,
 )
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import LimiterSpec, Queue
@@ -67,6 +74,13 @@ async def _routed(keys: dict[str, str | None], call: Coroutine[Any, Any, T]) -> 
 
 _UNCHANGED: Any = object()
 """An ``update_queue`` setting not given: the stored value stays."""
+
+
+def _limit(limit: int) -> int:
+    """A read's row limit, checked: a positive integer."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise DBOSError(f"limit must be a positive integer, not {limit!r}")
+    return limit
 
 
 def _queue_name(queue: str | Queue | None) -> str | None:
@@ -103,6 +117,12 @@ class Operator(ScheduleOperator):
                       shard_key: str | None = None) -> WorkflowHandle[Any]:
         """The handle resume, fork and rewind return on ``workflow_id``."""
         return await self.retrieve_workflow(workflow_id, shard_key=shard_key)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the system database is sharded (workflows are addressed with a shard
+        key there)."""
+        return self._peer().system_database.sharded
 
     # ---- Handles and waits ----
 
@@ -383,6 +403,45 @@ class Operator(ScheduleOperator):
         out), counting this application's own workflows and unclaimed ones, under every
         shard key. One grouped count, for dashboards and ``dbos-async queue list``."""
         return await self._peer().system_database.queue_depths()
+
+    async def queue_activity(self, minutes: int = 60) -> list[QueueMinute]:
+        """Per queue, how many workflows started and how many finished in each minute of
+        the last ``minutes`` (minutes with neither are left out), oldest first; this
+        application's own workflows and unclaimed ones, under every shard key."""
+        if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= 1440:
+            raise DBOSError(f"minutes must be an integer from 1 to 1440, not {minutes!r}")
+        return await observability.queue_activity(self._peer(), minutes)
+
+    async def oldest_waiting_workflows(self) -> dict[str, WaitingWorkflow]:
+        """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED), by
+        queue name; queues with none waiting are left out."""
+        return await observability.oldest_waiting(self._peer())
+
+    # ---- Events, messages and streams as stored (reads, never checkpoints) ----
+
+    async def get_event_history(self, workflow_id: str, *, limit: int = 1000,
+                                shard_key: str | None = None) -> list[EventChange]:
+        """Every value each event of ``workflow_id`` was set to, in the order of the steps
+        that set them (at most ``limit``)."""
+        with bind_shard_keys({workflow_id: shard_key}):
+            return await observability.event_history(self._peer(), workflow_id,
+                                                     _limit(limit))
+
+    async def list_unconsumed_messages(self, workflow_id: str, *, limit: int = 100,
+                                       shard_key: str | None = None) -> list[PendingMessage]:
+        """Messages sent to ``workflow_id`` that it has not received yet, oldest first (at
+        most ``limit``)."""
+        with bind_shard_keys({workflow_id: shard_key}):
+            return await observability.unconsumed_messages(self._peer(), workflow_id,
+                                                           _limit(limit))
+
+    async def list_stream_values(self, workflow_id: str, *, limit: int = 1000,
+                                 shard_key: str | None = None) -> list[StreamValue]:
+        """The values written to the streams of ``workflow_id``, by key and offset (at most
+        ``limit``), without waiting for more (as :meth:`read_stream` does)."""
+        with bind_shard_keys({workflow_id: shard_key}):
+            return await observability.stream_values(self._peer(), workflow_id,
+                                                     _limit(limit))
 
     # ---- Permissions ----
 

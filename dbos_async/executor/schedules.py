@@ -55,6 +55,12 @@ class WorkflowSchedule:
     def paused(self) -> bool:
         return self.status != ACTIVE
 
+    def next_fire_times(self, count: int = 1) -> list[datetime]:
+        """The next ``count`` times this schedule fires from now (whether paused or not),
+        in its time zone."""
+        times = cron_times_after(self.schedule, self.cron_timezone, datetime.now(UTC))
+        return [next(times) for _ in range(count)]
+
 
 def public_schedule(record: ScheduleRecord) -> WorkflowSchedule:
     return WorkflowSchedule(
@@ -98,9 +104,14 @@ def check_cron(cron: str) -> None:
 def times_after(record: ScheduleRecord, after: datetime) -> Iterator[datetime]:
     """The schedule's times strictly after ``after``, in its time zone, in order (a stored
     definition this library cannot read raises :class:`ScheduleError`)."""
-    check_cron(record.schedule)
-    it = croniter(record.schedule, after.astimezone(zone_of(record.cron_timezone)),
-                  second_at_beginning=True)
+    return cron_times_after(record.schedule, record.cron_timezone, after)
+
+
+def cron_times_after(cron: str, timezone_name: str | None,
+                     after: datetime) -> Iterator[datetime]:
+    """The times of ``cron`` in ``timezone_name`` (None: UTC) strictly after ``after``."""
+    check_cron(cron)
+    it = croniter(cron, after.astimezone(zone_of(timezone_name)), second_at_beginning=True)
     while True:
         yield it.get_next(datetime)
 

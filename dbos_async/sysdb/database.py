@@ -22,6 +22,7 @@ from dbos_async.errors import (
 from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
+from dbos_async.sysdb.observability import ObservabilityOperations
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
@@ -57,7 +58,7 @@ __all__ = [
 
 
 class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
-                     AdminOperations):
+                     AdminOperations, ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     # ---- Workflows ----

@@ -36,6 +36,7 @@ from dbos_async.sysdb.statements.control import (
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
 from dbos_async.sysdb.statements.messaging import MessagingStatements
+from dbos_async.sysdb.statements.observability import ObservabilityStatements
 from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
     CLAIMED_COLUMNS,
@@ -54,7 +55,8 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
                  VersionStatements, ControlStatements, ExecutorIdStatements,
-                 ScheduleStatements, PermissionStatements, AdminStatements):
+                 ScheduleStatements, PermissionStatements, AdminStatements,
+                 ObservabilityStatements):
     """Every statement of the system database, for one schema."""
 
 

@@ -1,0 +1,60 @@
+"""``dbos-async console``: serve the workflow console (the ``console`` extra) over a
+client of the target system database."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import click
+
+from dbos_async.cli.target import Target, one_line, target_options
+from dbos_async.client import DBOSClient
+from dbos_async.errors import ConfigurationError
+
+
+@click.command("console")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; one that is not loopback needs DBOS_CONSOLE_TOKEN "
+                   "or DBOS_CONSOLE_BASIC_AUTH.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on.")
+@click.option("--allow-actions", is_flag=True,
+              help="Offer cancel, resume, fork and schedule actions (read-only without).")
+@target_options
+def console(target: Target, host: str, port: int, allow_actions: bool) -> None:
+    """Serve the workflow console: web pages to see (and, with --allow-actions, operate)
+    the workflows, queues and schedules of the system database.
+
+    Set DBOS_CONSOLE_TOKEN (16 characters or more; open the console once as
+    /?token=TOKEN) or DBOS_CONSOLE_BASIC_AUTH=user:password to require authentication;
+    without either it listens on loopback addresses only."""
+    try:
+        import uvicorn
+
+        from dbos_async.console.app import build_console
+        from dbos_async.console.safety import ConsoleAuth, check_bind
+    except ImportError as error:
+        raise click.ClickException(
+            f"The console needs the console extra ({error.name} is missing): "
+            "pip install 'dbos_async[console]'") from None
+    try:
+        auth = ConsoleAuth.from_environment()
+        check_bind(host, auth)
+        target.config()
+    except ConfigurationError as error:
+        raise click.ClickException(one_line(error)) from None
+    connected: dict[str, DBOSClient] = {}
+
+    @asynccontextmanager
+    async def connect(_: Any) -> AsyncIterator[None]:
+        async with target.client() as client:
+            connected["client"] = client
+            yield
+
+    app = build_console(lambda: connected["client"], allow_actions=allow_actions,
+                        auth=auth, lifespan=connect)
+    click.echo(f"Console on http://{host}:{port}/ "
+               f"({'actions allowed' if allow_actions else 'read-only'})")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

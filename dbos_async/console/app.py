@@ -1,0 +1,525 @@
+"""The console's ASGI app: pages over an executor's or client's operator API.
+
+Every read goes through the public operations (listings, statuses, steps, events,
+streams, messages, queues, schedules), so the console works on any schema the operator
+does, sharded too; the actions are the operator's cancel, resume, fork and schedule
+methods. Safety: :mod:`dbos_async.console.safety`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from jinja2 import Environment, PackageLoader
+from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from dbos_async.console import views
+from dbos_async.console.safety import (
+    CSRF_FIELD,
+    CSRF_HEADER,
+    TOKEN_COOKIE,
+    ConsoleAuth,
+    csrf_matches,
+    is_loopback,
+    new_csrf_token,
+)
+from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.executor.handles import WorkflowStatus
+from dbos_async.executor.operator import Operator
+from dbos_async.sysdb.core import now_ms
+from dbos_async.sysdb.statements import (
+    CANCELLED,
+    DELAYED,
+    ENQUEUED,
+    ERROR,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    PENDING,
+    SUCCESS,
+)
+
+PAGE_SIZE = 50
+STATUSES = (PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR, CANCELLED,
+            MAX_RECOVERY_ATTEMPTS_EXCEEDED)
+CHILD_DEPTH = 3
+"""How many generations of children the tree shows."""
+CHILDREN_SHOWN = 50
+ACTIVITY_MINUTES = 60
+LIVE_REFRESH_IDS = 200
+"""At most this many workflows per status refresh (a page's worth, and then some)."""
+
+SECURITY_HEADERS = {
+    # Scripts only from the console's own files: a value that slipped through escaping
+    # still cannot run. Inline styles position the timeline's bars.
+    "content-security-policy": ("default-src 'self'; script-src 'self'; "
+                                "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                                "frame-ancestors 'none'; form-action 'self'"),
+    "x-content-type-options": "nosniff",
+    "x-frame-options": "DENY",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
+
+_templates = Environment(loader=PackageLoader("dbos_async.console", "templates"),
+                         autoescape=True, trim_blocks=True, lstrip_blocks=True)
+_templates.globals.update(when=views.when, duration=views.duration)
+
+
+class ConsoleError(Exception):
+    """A request the console answers with an error page (bad input, unknown workflow)."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+class Console:
+    """One console: its operator, settings and CSRF token, and its pages."""
+
+    def __init__(self, operator: Callable[[], Operator], allow_actions: bool,
+                 auth: ConsoleAuth | None) -> None:
+        self._operator = operator
+        self.allow_actions = allow_actions
+        self.auth = auth
+        self.csrf_token = new_csrf_token()
+
+    @property
+    def operator(self) -> Operator:
+        return self._operator()
+
+    # ---- Rendering ----
+
+    def page(self, request: Request, template: str, status_code: int = 200,
+             **context: Any) -> HTMLResponse:
+        base = request.scope.get("root_path", "").rstrip("/")
+
+        def url(path: str, **params: Any) -> str:
+            query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
+            return f"{base}{path}" + (f"?{query}" if query else "")
+
+        html = _templates.get_template(template).render(
+            url=url, allow_actions=self.allow_actions, csrf_field=CSRF_FIELD,
+            csrf_token=self.csrf_token, request_path=request.url.path, **context)
+        return HTMLResponse(html, status_code=status_code)
+
+    # ---- Workflows ----
+
+    async def workflows(self, request: Request) -> Response:
+        q = request.query_params
+        page = _int(q.get("page") or "0", "page", minimum=0)
+        filters = workflow_filters(q)
+        rows = await self.operator.list_workflows(
+            **filters, limit=PAGE_SIZE + 1, offset=page * PAGE_SIZE, sort_desc=True,
+            load_input=False, load_output=False)
+        more = len(rows) > PAGE_SIZE
+        return self.page(request, "workflows.html", workflows=rows[:PAGE_SIZE], page=page,
+                         more=more, query=q, statuses=STATUSES,
+                         chosen=set(q.getlist("status")),
+                         sharded=self.operator.sharded,
+                         page_params={k: q.getlist(k) for k in q if k != "page"})
+
+    async def statuses(self, request: Request) -> Response:
+        """The current status of the workflows a page shows, for its live refresh: one
+        lookup by primary key."""
+        ids = request.query_params.getlist("id")[:LIVE_REFRESH_IDS]
+        rows = (await self.operator.list_workflows(workflow_ids=ids, load_input=False,
+                                                   load_output=False) if ids else [])
+        return JSONResponse({r.workflow_id: {"status": r.status, "updated_at": r.updated_at}
+                             for r in rows})
+
+    async def _status(self, request: Request) -> tuple[str, str | None, WorkflowStatus]:
+        workflow_id = request.query_params.get("id") or ""
+        shard_key = request.query_params.get("shard_key") or None
+        if not workflow_id:
+            raise ConsoleError(400, "Give the workflow's ID (?id=...)")
+        status = await self.operator.get_workflow_status(workflow_id, shard_key=shard_key)
+        if status is None:
+            raise ConsoleError(404, f"No workflow has ID {workflow_id!r}")
+        return workflow_id, shard_key, status
+
+    async def _loaded(self, workflow_id: str, shard_key: str | None) -> tuple[
+            WorkflowStatus | None, str | None]:
+        """The workflow with its inputs and outcome, or the reason they cannot be read
+        (a serialization this library does not read)."""
+        try:
+            [row] = await self.operator.list_workflows(
+                workflow_ids=[workflow_id], shard_key=shard_key, load_input=True,
+                load_output=True)
+        except DBOSError as error:
+            return None, str(error)
+        except ValueError:
+            return None, "The workflow was deleted while being read"
+        return row, None
+
+    async def workflow(self, request: Request) -> Response:
+        workflow_id, shard_key, status = await self._status(request)
+        op = self.operator
+        loaded, unreadable = await self._loaded(workflow_id, shard_key)
+        steps, events, history, streams, messages = await asyncio.gather(
+            op.list_workflow_steps(workflow_id, shard_key=shard_key),
+            op.get_all_events(workflow_id, shard_key=shard_key),
+            op.get_event_history(workflow_id, shard_key=shard_key),
+            op.list_stream_values(workflow_id, shard_key=shard_key),
+            op.list_unconsumed_messages(workflow_id, shard_key=shard_key))
+        children = await self._children(status, CHILD_DEPTH)
+        values: dict[str, views.Shown] = {}
+        if loaded is not None:
+            if loaded.input is not None:
+                values["input"] = views.shown(views.pretty(
+                    {"args": list(loaded.input.args), "kwargs": loaded.input.kwargs}))
+            if loaded.status == SUCCESS:
+                values["output"] = views.shown(views.pretty(loaded.output))
+            if loaded.error is not None:
+                values["error"] = views.shown(views.error_text(loaded.error) or "")
+        return self.page(
+            request, "workflow.html", wf=status, shard_key=shard_key, values=values,
+            unreadable=unreadable, bars=views.timeline(status, steps, now_ms()),
+            step_outputs={s.function_id: views.shown(views.pretty(s.output))
+                          for s in steps if s.error is None and s.output is not None},
+            children=children, events={k: views.pretty(v) for k, v in events.items()},
+            history=[(h.function_id, h.key, views.pretty(h.value)) for h in history],
+            streams=[(s.key, s.offset, views.pretty(s.value)) for s in streams],
+            messages=[(m, views.pretty(m.value)) for m in messages],
+            can_cancel=status.status in (PENDING, ENQUEUED, DELAYED),
+            can_resume=status.status in (CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+                                         PENDING, ENQUEUED, DELAYED),
+            last_step=max((s.function_id for s in steps), default=-1))
+
+    async def _children(self, parent: WorkflowStatus, depth: int) -> list[views.ChildNode]:
+        """The workflows ``parent`` started, and theirs, ``depth`` generations down."""
+        if depth == 0:
+            return []
+        sharded = self.operator.sharded
+        rows = await self.operator.list_workflows(
+            parent_workflow_id=parent.workflow_id,
+            parent_shard_key=parent.shard_key if sharded else None,
+            limit=CHILDREN_SHOWN, load_input=False, load_output=False)
+        return [views.ChildNode(r, await self._children(r, depth - 1)) for r in rows]
+
+    async def value(self, request: Request) -> Response:
+        """One value of a workflow in full, as text (a page shows only its start)."""
+        workflow_id, shard_key, _ = await self._status(request)
+        part = request.query_params.get("part", "")
+        if part == "step":
+            step = _int(request.query_params.get("step", ""), "step", minimum=0)
+            for s in await self.operator.list_workflow_steps(workflow_id, shard_key=shard_key):
+                if s.function_id == step:
+                    return PlainTextResponse(views.pretty(s.output))
+            raise ConsoleError(404, f"Workflow {workflow_id!r} has no step {step}")
+        loaded, unreadable = await self._loaded(workflow_id, shard_key)
+        if loaded is None:
+            raise ConsoleError(422, unreadable or "Unreadable")
+        if part == "input" and loaded.input is not None:
+            return PlainTextResponse(views.pretty(
+                {"args": list(loaded.input.args), "kwargs": loaded.input.kwargs}))
+        if part == "output":
+            return PlainTextResponse(views.pretty(loaded.output))
+        if part == "error":
+            return PlainTextResponse(views.error_text(loaded.error) or "")
+        raise ConsoleError(400, "part must be input, output, error or step")
+
+    async def fork_confirmation(self, request: Request) -> Response:
+        workflow_id, shard_key, status = await self._status(request)
+        start_step = _int(request.query_params.get("start_step", ""), "start_step", minimum=0)
+        steps = await self.operator.list_workflow_steps(workflow_id, load_output=False,
+                                                        shard_key=shard_key)
+        return self.page(request, "fork.html", wf=status, shard_key=shard_key,
+                         start_step=start_step,
+                         replayed=[s for s in steps if s.function_id < start_step],
+                         rerun=[s for s in steps if s.function_id >= start_step])
+
+    # ---- Actions ----
+
+    async def act(self, request: Request) -> Response:
+        form = await _form(request)
+        action = request.path_params["action"]
+        workflow_id = form.get("id") or ""
+        shard_key = form.get("shard_key") or None
+        if not workflow_id:
+            raise ConsoleError(400, "Give the workflow's ID")
+        op = self.operator
+        target = workflow_id
+        if action == "cancel":
+            await op.cancel_workflow(workflow_id, shard_key=shard_key)
+        elif action == "resume":
+            await op.resume_workflow(workflow_id, shard_key=shard_key)
+        elif action == "fork":
+            start_step = _int(form.get("start_step", ""), "start_step", minimum=0)
+            handle = await op.fork_workflow(workflow_id, start_step, shard_key=shard_key)
+            target = handle.workflow_id
+        else:
+            raise ConsoleError(404, f"Unknown action {action!r}")
+        status = await op.get_workflow_status(target, shard_key=shard_key)
+        if request.headers.get("accept", "").startswith("application/json"):
+            return JSONResponse({"workflow_id": target,
+                                 "status": status.status if status else None})
+        base = request.scope.get("root_path", "").rstrip("/")
+        query = urlencode({k: v for k, v in {"id": target, "shard_key": shard_key}.items()
+                           if v is not None})
+        return RedirectResponse(f"{base}/workflow?{query}", status_code=303)
+
+    async def schedule_action(self, request: Request) -> Response:
+        form = await _form(request)
+        action = request.path_params["action"]
+        name = form.get("name") or ""
+        if not name:
+            raise ConsoleError(400, "Give the schedule's name")
+        if action == "pause":
+            await self.operator.pause_schedule(name)
+        elif action == "resume":
+            await self.operator.resume_schedule(name)
+        elif action == "trigger":
+            await self.operator.trigger_schedule(name)
+        else:
+            raise ConsoleError(404, f"Unknown action {action!r}")
+        if request.headers.get("accept", "").startswith("application/json"):
+            return JSONResponse({"schedule": name, "done": action})
+        base = request.scope.get("root_path", "").rstrip("/")
+        return RedirectResponse(f"{base}/schedules", status_code=303)
+
+    # ---- Queues and schedules ----
+
+    async def queues(self, request: Request) -> Response:
+        op = self.operator
+        stored, depths, activity, oldest = await asyncio.gather(
+            op.list_queues(), op.queue_depths(), op.queue_activity(ACTIVITY_MINUTES),
+            op.oldest_waiting_workflows())
+        by_name = {q.name: q for q in stored}
+        names = sorted(set(by_name) | set(depths) | {a.queue_name for a in activity})
+        now = now_ms()
+        rows = [{"name": name, "queue": by_name.get(name), "depth": depths.get(name, {}),
+                 "oldest": oldest.get(name),
+                 "chart": views.queue_chart([a for a in activity if a.queue_name == name],
+                                            now, ACTIVITY_MINUTES)}
+                for name in names]
+        return self.page(request, "queues.html", queues=rows,
+                         depth_statuses=(DELAYED, ENQUEUED, PENDING),
+                         chart_width=views.CHART_WIDTH, chart_height=views.CHART_HEIGHT)
+
+    async def schedules(self, request: Request) -> Response:
+        rows = []
+        for schedule in await self.operator.list_schedules():
+            try:
+                upcoming = [t.isoformat() for t in schedule.next_fire_times(3)]
+            except DBOSError as error:
+                upcoming = [f"unreadable: {error}"]
+            rows.append((schedule, upcoming))
+        return self.page(request, "schedules.html", schedules=rows)
+
+
+def workflow_filters(q: QueryParams) -> dict[str, Any]:
+    """The arguments of ``list_workflows`` a list page's query asks for."""
+    get = q.get
+    chosen = [s for s in q.getlist("status") if s]
+    attributes = None
+    text = get("attributes")
+    if text:
+        try:
+            attributes = json.loads(text)
+        except ValueError:
+            raise ConsoleError(400, "attributes must be a JSON object") from None
+        if not isinstance(attributes, dict):
+            raise ConsoleError(400, "attributes must be a JSON object")
+    return {
+        "status": chosen or None,
+        "name": get("name") or None,
+        "queue_name": get("queue") or None,
+        "start_time": get("start") or None,
+        "end_time": get("end") or None,
+        "workflow_id_prefix": get("id_prefix") or None,
+        "application_name": get("application") or None,
+        "attributes": attributes,
+        "shard_key": get("shard_key") or None,
+    }
+
+
+def _int(text: str, what: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConsoleError(400, f"{what} must be an integer, not {text!r}") from None
+    if value < minimum:
+        raise ConsoleError(400, f"{what} must be at least {minimum}")
+    return value
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A POST's URL-encoded form, one value per field."""
+    body = (await request.body()).decode("utf-8", errors="replace")
+    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
+
+
+class Guard:
+    """Applied to every request before the console's routes: the auth setting (or, without
+    one, loopback peers only), the CSRF and origin rules of actions, the read-only default
+    and the security headers. Errors of operations become error pages."""
+
+    def __init__(self, app: ASGIApp, console: Console) -> None:
+        self.app = app
+        self.console = console
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {k.lower() for k, _ in headers}
+                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()
+                            if k.encode() not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        refusal = await self.refusal(request)
+        if refusal is not None:
+            await refusal(scope, receive, secured)
+            return
+        if request.method == "POST":
+            receive = _replay(await request.body())
+        try:
+            await self.app(scope, receive, secured)
+        except ConsoleError as error:
+            await self.error(request, error.status_code, error.message)(scope, receive, secured)
+        except NonExistentWorkflowError as error:
+            await self.error(request, 404, str(error))(scope, receive, secured)
+        except DBOSError as error:
+            await self.error(request, 400, str(error))(scope, receive, secured)
+
+    def error(self, request: Request, status_code: int, message: str) -> Response:
+        if request.headers.get("accept", "").startswith("application/json"):
+            return JSONResponse({"error": message}, status_code=status_code)
+        return self.console.page(request, "error.html", status_code=status_code,
+                                 message=message)
+
+    async def refusal(self, request: Request) -> Response | None:
+        console = self.console
+        auth = console.auth
+        if auth is None:
+            peer = request.client.host if request.client else None
+            if not is_loopback(peer):
+                return PlainTextResponse(
+                    "This console has no authentication setting, so it answers only "
+                    "requests from this machine", status_code=403)
+        else:
+            token = request.query_params.get("token")
+            if (token is not None and auth.token is not None
+                    and auth.accepts(f"Bearer {token}", None)):
+                return self.cookie_login(request, token)
+            if not auth.accepts(request.headers.get("authorization"),
+                                request.cookies.get(TOKEN_COOKIE)):
+                return PlainTextResponse("Authentication required", status_code=401,
+                                         headers={"www-authenticate": auth.challenge})
+        if request.method in ("GET", "HEAD"):
+            return None
+        if request.method != "POST":
+            return PlainTextResponse("Method not allowed", status_code=405)
+        if not console.allow_actions:
+            return self.error(request, 403, "This console is read-only: start it with "
+                                            "--allow-actions (allow_actions=True) to act")
+        if not _same_origin(request):
+            return self.error(request, 403, "Refused: the action comes from another site")
+        given = request.headers.get(CSRF_HEADER)
+        if given is None:
+            given = (await _form(request)).get(CSRF_FIELD)
+        if not csrf_matches(given, console.csrf_token):
+            return self.error(request, 403, "Refused: missing or wrong CSRF token (reload "
+                                            "the page and try again)")
+        return None
+
+    def cookie_login(self, request: Request, token: str) -> Response:
+        """A ``?token=`` visit: keep the token in a cookie, and go to the same page
+        without it in the address."""
+        params = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        path = request.url.path + (f"?{urlencode(params)}" if params else "")
+        response = RedirectResponse(path, status_code=303)
+        response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict",
+                            path=request.scope.get("root_path", "") or "/")
+        return response
+
+
+def _replay(body: bytes) -> Receive:
+    """A ``receive`` giving the app a body the guard already read."""
+    sent = False
+
+    async def receive() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a POST comes from a page of this host (browsers send ``Origin`` with
+    every POST; a request without it, such as a script's, is judged by its CSRF token)."""
+    if request.headers.get("sec-fetch-site") == "cross-site":
+        return False
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1] == host
+
+
+def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
+                  auth: ConsoleAuth | None,
+                  lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]]
+                  | None = None) -> Starlette:
+    """The console app over the operator ``operator()`` returns at each request."""
+    console = Console(operator, allow_actions, auth)
+
+    routes = [
+        Route("/", lambda request: RedirectResponse(
+            request.scope.get("root_path", "").rstrip("/") + "/workflows", status_code=303)),
+        Route("/workflows", console.workflows),
+        Route("/workflow", console.workflow),
+        Route("/workflow/value", console.value),
+        Route("/workflow/fork", console.fork_confirmation),
+        Route("/workflow/{action}", console.act, methods=["POST"]),
+        Route("/api/statuses", console.statuses),
+        Route("/queues", console.queues),
+        Route("/schedules", console.schedules),
+        Route("/schedules/{action}", console.schedule_action, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"),
+              name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(Guard, console=console)
+    return app
+
+
+def console_app(dbos_or_client: Operator, allow_actions: bool = False,
+                auth: ConsoleAuth | None = None) -> Starlette:
+    """The workflow console as an ASGI app, to mount into a FastAPI or Starlette service
+    (``app.mount("/dbos", console_app(dbos))``) over a running :class:`~dbos_async.DBOS`
+    or a connected :class:`~dbos_async.DBOSClient`.
+
+    Read-only unless ``allow_actions``. Without ``auth`` (a :class:`ConsoleAuth`; see
+    :meth:`ConsoleAuth.from_environment`) it answers only requests from loopback
+    addresses."""
+    if not isinstance(dbos_or_client, Operator):
+        raise DBOSError("console_app needs a DBOS executor or a DBOSClient")
+    return build_console(lambda: dbos_or_client, allow_actions=allow_actions, auth=auth)

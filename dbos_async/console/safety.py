@@ -1,0 +1,125 @@
+"""The console's safety rules: who may see it, and which requests may change anything.
+
+- Without an auth setting it answers only loopback peers, and ``dbos-async console``
+  refuses to bind another address (:func:`check_bind`).
+- With one, every request must carry it: the token as ``Authorization: Bearer``, as the
+  cookie a ``?token=`` visit sets, or a user and password by HTTP basic auth.
+- Actions are POSTs carrying the console's CSRF token (in every page it renders), from the
+  console's own origin; read-only unless ``allow_actions``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+
+from dbos_async.errors import ConfigurationError
+
+TOKEN_ENV = "DBOS_CONSOLE_TOKEN"
+BASIC_AUTH_ENV = "DBOS_CONSOLE_BASIC_AUTH"
+TOKEN_COOKIE = "dbos_console_token"
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "x-csrf-token"
+
+
+@dataclass(frozen=True)
+class ConsoleAuth:
+    """What a request must present: a bearer ``token``, or ``username`` and ``password``
+    by HTTP basic auth (either one satisfies it when both are set)."""
+
+    token: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.token is None and (self.username is None or self.password is None):
+            raise ConfigurationError("ConsoleAuth needs a token, or a username and a password")
+        if self.token is not None and len(self.token) < 16:
+            raise ConfigurationError("The console token must be at least 16 characters long")
+
+    @classmethod
+    def from_environment(cls) -> ConsoleAuth | None:
+        """The auth setting of ``DBOS_CONSOLE_TOKEN`` or ``DBOS_CONSOLE_BASIC_AUTH``
+        (``user:password``); None when neither is set."""
+        token = os.environ.get(TOKEN_ENV) or None
+        basic = os.environ.get(BASIC_AUTH_ENV) or None
+        username = password = None
+        if basic is not None:
+            username, colon, password = basic.partition(":")
+            if not colon or not username or not password:
+                raise ConfigurationError(f"{BASIC_AUTH_ENV} must be 'user:password'")
+        if token is None and basic is None:
+            return None
+        return cls(token=token, username=username, password=password)
+
+    def accepts(self, authorization: str | None, cookie_token: str | None) -> bool:
+        """Whether a request with this ``Authorization`` header and token cookie may pass."""
+        if self.token is not None:
+            if cookie_token is not None and _same(cookie_token, self.token):
+                return True
+            scheme, _, value = (authorization or "").partition(" ")
+            if scheme.lower() == "bearer" and _same(value.strip(), self.token):
+                return True
+        if self.username is not None and self.password is not None:
+            return _basic_matches(authorization, self.username, self.password)
+        return False
+
+    @property
+    def challenge(self) -> str:
+        """The ``WWW-Authenticate`` header of a refusal."""
+        return ('Basic realm="dbos_async console"' if self.username is not None
+                else 'Bearer realm="dbos_async console"')
+
+
+def _same(given: str, expected: str) -> bool:
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _basic_matches(authorization: str | None, username: str, password: str) -> bool:
+    scheme, _, encoded = (authorization or "").partition(" ")
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, colon, given = base64.b64decode(encoded.strip()).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return False
+    # Both compared, whatever the first says: the time taken tells nothing.
+    user_ok = _same(user, username)
+    password_ok = _same(given, password)
+    return bool(colon) and user_ok and password_ok
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is on this machine only."""
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, auth: ConsoleAuth | None) -> None:
+    """Refuse to serve on a non-loopback address without an auth setting."""
+    if auth is None and not is_loopback(host):
+        raise ConfigurationError(
+            f"Refusing to serve the console on {host!r} without authentication: set "
+            f"{TOKEN_ENV} (a token of 16 characters or more) or {BASIC_AUTH_ENV} "
+            "(user:password), or bind to a loopback address such as 127.0.0.1")
+
+
+def new_csrf_token() -> str:
+    """A random token, one per console app: pages embed it, and an action must send it
+    back (a page of another origin cannot read it)."""
+    return secrets.token_urlsafe(32)
+
+
+def csrf_matches(given: str | None, expected: str) -> bool:
+    return given is not None and _same(given, expected)

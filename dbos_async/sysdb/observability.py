@@ -1,0 +1,30 @@
+"""The reads of dashboards (the console), each an observability read: bounded by the
+statement timeout, in a read-only transaction, taking no lock."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from dbos_async.sysdb.core import DatabaseCore
+
+
+class ObservabilityOperations(DatabaseCore):
+    async def event_history(self, workflow_id: str, limit: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.event_history(workflow_id, limit),
+                                          f"reading the event history of {workflow_id}")
+
+    async def unconsumed_messages(self, workflow_id: str, limit: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.unconsumed_messages(workflow_id, limit),
+                                          f"reading the messages waiting for {workflow_id}")
+
+    async def stream_values(self, workflow_id: str, limit: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.stream_values(workflow_id, limit),
+                                          f"reading the streams of {workflow_id}")
+
+    async def queue_activity(self, since_ms: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.queue_activity(since_ms),
+                                          "counting queue starts and completions")
+
+    async def oldest_waiting(self) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.oldest_waiting(),
+                                          "finding each queue's oldest waiting workflow")

@@ -1,0 +1,81 @@
+"""Read-only statements for dashboards (the console): event history, unconsumed messages,
+stream values, per-minute queue activity and each queue's oldest waiting workflow.
+
+None takes a lock: they are plain SELECTs, run as observability reads (a read-only
+transaction under ``statement_timeout``, see ``DatabaseCore._observed_fetch``).
+"""
+
+from __future__ import annotations
+
+from dbos_async.sysdb.statements.base import DELAYED, ENQUEUED, Params, Query, StatementBase
+
+MINUTE_MS = 60_000
+
+
+class ObservabilityStatements(StatementBase):
+    def event_history(self, workflow_id: str, limit: int) -> Query:
+        """Every value each event of the workflow was set to, by the step that set it."""
+        p = Params()
+        return Query(
+            f"""SELECT function_id, key, value, serialization
+                FROM {self.table('workflow_events_history')}
+                WHERE {self.wf(None, workflow_id, p)}
+                ORDER BY function_id, key LIMIT {p(limit, 'integer')}""",
+            p.values,
+        )
+
+    def unconsumed_messages(self, workflow_id: str, limit: int) -> Query:
+        """Messages sent to the workflow that it has not received yet, oldest first (the
+        order ``recv`` takes them in)."""
+        p = Params()
+        return Query(
+            f"""SELECT message_uuid, topic, message, serialization, created_at_epoch_ms
+                FROM {self.table('notifications')}
+                WHERE {self.wf(None, workflow_id, p, column='destination_uuid')}
+                  AND NOT consumed
+                ORDER BY created_at_epoch_ms, message_uuid LIMIT {p(limit, 'integer')}""",
+            p.values,
+        )
+
+    def stream_values(self, workflow_id: str, limit: int) -> Query:
+        """The values written to the workflow's streams, by key and offset."""
+        p = Params()
+        return Query(
+            f"""SELECT key, "offset" AS stream_offset, value, serialization
+                FROM {self.table('streams')}
+                WHERE {self.wf(None, workflow_id, p)}
+                ORDER BY key, "offset" LIMIT {p(limit, 'integer')}""",
+            p.values,
+        )
+
+    def queue_activity(self, since_ms: int) -> Query:
+        """Per queue and minute since ``since_ms``: how many workflows started and how many
+        finished. Each half is a range scan of the partial index on its timestamp."""
+        p = Params()
+        since = p(since_ms, "bigint")
+        minute = p(MINUTE_MS, "bigint")
+        halves = [
+            f"""SELECT queue_name, {p(kind, 'text')} AS kind, {column} / {minute} AS minute,
+                       count(*) AS workflows
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND queue_name IS NOT NULL AND {column} >= {since}
+                GROUP BY queue_name, {column} / {minute}"""
+            for kind, column in (("started", "started_at_epoch_ms"),
+                                 ("completed", "completed_at"))
+        ]
+        return Query(" UNION ALL ".join(halves) + " ORDER BY queue_name, minute", p.values)
+
+    def oldest_waiting(self) -> Query:
+        """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED)."""
+        p = Params()
+        return Query(
+            f"""SELECT DISTINCT ON (queue_name) queue_name, workflow_uuid, name, status,
+                       created_at{self.key_columns()}
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND queue_name IS NOT NULL
+                  AND status = ANY({p([ENQUEUED, DELAYED], 'text[]')})
+                ORDER BY queue_name, created_at, workflow_uuid""",
+            p.values,
+        )

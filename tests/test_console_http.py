@@ -1,0 +1,195 @@
+"""The console over HTTP: what each page shows, and its safety rules (auth, loopback,
+read-only default, CSRF and origin of actions, escaping, security headers)."""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import AsyncIterator
+
+import httpx2
+import pytest
+from click.testing import CliRunner
+from fastapi import FastAPI
+
+from dbos_async import ConfigurationError
+from dbos_async.cli.main import cli
+from dbos_async.console import ConsoleAuth, console_app
+from dbos_async.console.safety import check_bind
+from tests.helpers import wait_until
+from tests.helpers.console_scenario import XSS_INPUT, XSS_NAME, Scenario, scenario, status_of
+
+TOKEN = "t0ken-for-the-console-tests"
+
+
+@pytest.fixture
+async def world(database_url: str) -> AsyncIterator[Scenario]:
+    async with scenario(database_url) as running:
+        yield running
+
+
+def client(app: object, peer: str = "127.0.0.1") -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(transport=httpx2.ASGITransport(app, client=(peer, 5000)),
+                              base_url="http://console.test")
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf-token" content="([^"]+)"', html)
+    assert match is not None
+    return match.group(1)
+
+
+async def test_pages_show_the_workflows_and_escape_every_value(world: Scenario) -> None:
+    async with client(console_app(world.dbos)) as http:
+        listing = await http.get("/workflows")
+        assert listing.status_code == 200
+        for workflow_id in (world.succeeded, world.failed, world.waiting, world.cancelled,
+                            world.exhausted, world.delayed, *world.backlog):
+            assert workflow_id in listing.text
+        for status in ("SUCCESS", "ERROR", "PENDING", "ENQUEUED", "DELAYED", "CANCELLED",
+                       "MAX_RECOVERY_ATTEMPTS_EXCEEDED"):
+            assert f">{status}<" in listing.text
+        assert XSS_NAME not in listing.text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in listing.text
+        assert "script-src 'self'" in listing.headers["content-security-policy"]
+
+        errors = await http.get("/workflows", params={"status": "ERROR"})
+        assert world.failed in errors.text and world.succeeded not in errors.text
+        by_prefix = await http.get("/workflows", params={"id_prefix": "backlog-"})
+        assert all(w in by_prefix.text for w in world.backlog)
+        assert world.waiting not in by_prefix.text
+        bad = await http.get("/workflows", params={"attributes": "[1]"})
+        assert bad.status_code == 400 and "attributes must be a JSON object" in bad.text
+
+        detail = await http.get("/workflow", params={"id": world.succeeded})
+        assert "load_order" in detail.text and world.child in detail.text
+        assert "Show all" in detail.text  # the step's 200 lines are cut
+        assert "progress" in detail.text and "&#34;shipped&#34;" in detail.text
+        full = await http.get("/workflow/value", params={"id": world.succeeded,
+                                                         "part": "step", "step": "0"})
+        assert full.headers["content-type"].startswith("text/plain")
+        assert "sku-199" in full.text
+
+        failed = await http.get("/workflow", params={"id": world.failed})
+        assert "retries exhausted" in failed.text and "card declined" in failed.text
+        xss = await http.get("/workflow", params={"id": world.xss})
+        assert XSS_INPUT not in xss.text and "&lt;img src=x onerror=alert(2)&gt;" in xss.text
+        waiting = await http.get("/workflow", params={"id": world.waiting})
+        assert "note for later" in waiting.text and "unrelated" in waiting.text
+        missing = await http.get("/workflow", params={"id": "no-such-workflow"})
+        assert missing.status_code == 404
+
+        queues = await http.get("/queues")
+        assert "backlog" in queues.text and world.backlog[0] in queues.text
+        live = await http.get("/api/statuses", params={"id": [world.waiting, world.failed]})
+        assert live.json()[world.failed]["status"] == "ERROR"
+
+
+async def test_read_only_by_default(world: Scenario) -> None:
+    async with client(console_app(world.dbos)) as http:
+        page = await http.get("/workflow", params={"id": world.waiting})
+        assert 'id="cancel"' not in page.text
+        refused = await http.post("/workflow/cancel", data={
+            "id": world.waiting, "csrf_token": csrf_of(page.text)})
+        assert refused.status_code == 403 and "read-only" in refused.text
+    assert await status_of(world.dbos, world.waiting) == "PENDING"
+
+
+async def test_actions_need_the_csrf_token_and_the_same_origin(world: Scenario) -> None:
+    async with client(console_app(world.dbos, allow_actions=True)) as http:
+        page = await http.get("/workflow", params={"id": world.waiting})
+        token = csrf_of(page.text)
+        assert 'id="cancel"' in page.text
+        for data, headers in (({"id": world.waiting}, {}),
+                              ({"id": world.waiting, "csrf_token": "forged"}, {}),
+                              ({"id": world.waiting, "csrf_token": token},
+                               {"origin": "http://evil.example"}),
+                              ({"id": world.waiting, "csrf_token": token},
+                               {"sec-fetch-site": "cross-site"})):
+            refused = await http.post("/workflow/cancel", data=data, headers=headers)
+            assert refused.status_code == 403, (data, headers)
+        assert await status_of(world.dbos, world.waiting) == "PENDING"
+        done = await http.post("/workflow/cancel", data={"id": world.waiting,
+                                                         "csrf_token": token},
+                               headers={"origin": "http://console.test"})
+        assert done.status_code == 303
+        assert await status_of(world.dbos, world.waiting) == "CANCELLED"
+        resumed = await http.post("/workflow/resume", data={"id": world.waiting},
+                                  headers={"x-csrf-token": token,
+                                           "accept": "application/json"})
+        assert resumed.json()["workflow_id"] == world.waiting
+
+        async def running() -> bool:
+            return await status_of(world.dbos, world.waiting) == "PENDING"
+
+        await wait_until(running, what="the resumed workflow to run")
+        confirm = await http.get("/workflow/fork", params={"id": world.succeeded,
+                                                           "start_step": "1"})
+        assert "load_order" in confirm.text  # replayed
+        forked = await http.post("/workflow/fork", data={
+            "id": world.succeeded, "start_step": "1", "csrf_token": token})
+        assert forked.status_code == 303 and world.succeeded not in forked.headers["location"]
+
+
+async def test_auth_is_required_off_loopback(world: Scenario) -> None:
+    open_app = console_app(world.dbos)
+    async with client(open_app, peer="203.0.113.9") as http:
+        assert (await http.get("/workflows")).status_code == 403
+
+    token_app = console_app(world.dbos, allow_actions=True, auth=ConsoleAuth(token=TOKEN))
+    async with client(token_app, peer="203.0.113.9") as http:
+        assert (await http.get("/workflows")).status_code == 401
+        assert (await http.get("/workflows",
+                               headers={"authorization": "Bearer wrong-token-123456"})
+                ).status_code == 401
+        # An action without the token is refused before anything else is looked at.
+        refused = await http.post("/workflow/cancel", data={"id": world.waiting})
+        assert refused.status_code == 401
+        ok = await http.get("/workflows", headers={"authorization": f"Bearer {TOKEN}"})
+        assert ok.status_code == 200
+        login = await http.get("/workflows", params={"token": TOKEN, "status": "ERROR"})
+        assert login.status_code == 303 and "token" not in login.headers["location"]
+        assert "httponly" in login.headers["set-cookie"].lower()
+        assert (await http.get(login.headers["location"])).status_code == 200
+    assert await status_of(world.dbos, world.waiting) == "PENDING"
+
+    basic_app = console_app(world.dbos, auth=ConsoleAuth(username="ops", password="s3cret"))
+    async with client(basic_app, peer="203.0.113.9") as http:
+        refused_basic = await http.get("/queues")
+        assert refused_basic.status_code == 401
+        assert refused_basic.headers["www-authenticate"].startswith("Basic")
+        good = base64.b64encode(b"ops:s3cret").decode()
+        bad = base64.b64encode(b"ops:guess").decode()
+        assert (await http.get("/queues", headers={"authorization": f"Basic {bad}"})
+                ).status_code == 401
+        assert (await http.get("/queues", headers={"authorization": f"Basic {good}"})
+                ).status_code == 200
+
+
+async def test_mounted_into_fastapi(world: Scenario) -> None:
+    app = FastAPI()
+    app.mount("/dbos", console_app(world.dbos))
+    async with client(app) as http:
+        page = await http.get("/dbos/workflows")
+        assert page.status_code == 200
+        assert f'href="/dbos/workflow?id={world.failed}"' in page.text
+        assert 'href="/dbos/static/console.css"' in page.text
+        assert (await http.get("/dbos/static/console.js")).status_code == 200
+
+
+def test_a_non_loopback_bind_needs_an_auth_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigurationError, match="without authentication"):
+        check_bind("0.0.0.0", None)
+    check_bind("127.0.0.1", None)
+    check_bind("::1", None)
+    check_bind("0.0.0.0", ConsoleAuth(token=TOKEN))
+    monkeypatch.delenv("DBOS_CONSOLE_TOKEN", raising=False)
+    monkeypatch.delenv("DBOS_CONSOLE_BASIC_AUTH", raising=False)
+    refused = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x",
+                                       "--host", "0.0.0.0"])
+    assert refused.exit_code == 1 and "without authentication" in refused.output
+    monkeypatch.setenv("DBOS_CONSOLE_BASIC_AUTH", "no-colon")
+    malformed = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x"])
+    assert malformed.exit_code == 1 and "user:password" in malformed.output
+    with pytest.raises(ConfigurationError, match="at least 16"):
+        ConsoleAuth(token="short")
