@@ -6,17 +6,18 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx2
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
 
-from dbos_async import ConfigurationError
+from dbos_async import ConfigurationError, DBOSError, SetShardKey, SetWorkflowID
 from dbos_async.cli.main import cli
 from dbos_async.console import ConsoleAuth, console_app
 from dbos_async.console.safety import check_bind
-from tests.helpers import wait_until
+from tests.helpers import new_dbos, wait_until
 from tests.helpers.console_scenario import XSS_INPUT, XSS_NAME, Scenario, scenario, status_of
 
 TOKEN = "t0ken-for-the-console-tests"
@@ -130,6 +131,13 @@ async def test_actions_need_the_csrf_token_and_the_same_origin(world: Scenario) 
             "id": world.succeeded, "start_step": "1", "csrf_token": token})
         assert forked.status_code == 303 and world.succeeded not in forked.headers["location"]
 
+        paused = await http.post("/schedules/pause", data={"name": "nightly",
+                                                           "csrf_token": token})
+        assert paused.status_code == 303
+        schedule = await world.dbos.get_schedule("nightly")
+        assert schedule is not None and schedule.paused
+        assert "Resume" in (await http.get("/schedules")).text
+
 
 async def test_auth_is_required_off_loopback(world: Scenario) -> None:
     open_app = console_app(world.dbos)
@@ -193,3 +201,62 @@ def test_a_non_loopback_bind_needs_an_auth_setting(monkeypatch: pytest.MonkeyPat
     assert malformed.exit_code == 1 and "user:password" in malformed.output
     with pytest.raises(ConfigurationError, match="at least 16"):
         ConsoleAuth(token="short")
+
+
+async def test_sharded_reads_and_pages_address_one_key(database_url: str) -> None:
+    """The same workflow ID under two keys: every read and page names its key, and sees
+    only that workflow's rows."""
+    dbos = new_dbos(database_url, sharding=True, shutdown_grace_period=0.2)
+    jobs = dbos.queue("jobs", concurrency=1)
+
+    @dbos.workflow(name="tenant_job")
+    async def tenant_job(tenant: str) -> Any:
+        await dbos.set_event("tenant", tenant)
+        await dbos.write_stream("log", f"hello {tenant}")
+        return await dbos.recv("go", timeout=600)
+
+    async with dbos:
+        for tenant in ("acme", "globex"):
+            with SetShardKey(tenant), SetWorkflowID("job-1"):
+                await jobs.enqueue(tenant_job, tenant)
+            with SetShardKey(tenant), SetWorkflowID("job-2"):
+                await jobs.enqueue(tenant_job, tenant)
+        await dbos.send("job-1", "memo", topic="memo", shard_key="globex")
+
+        async def running_and_counted() -> bool:
+            # However the limit of one splits across keys, those running have written
+            # their stream and are the queue's starts.
+            rows = await dbos.list_workflows(queue_name="jobs", status="PENDING")
+            activity = await dbos.queue_activity(minutes=5)
+            return (bool(rows) and all([await dbos.list_stream_values(
+                        r.workflow_id, shard_key=r.shard_key) for r in rows])
+                    and [(a.queue_name, a.started, a.completed) for a in activity]
+                    == [("jobs", len(rows), 0)])
+
+        await wait_until(running_and_counted, what="the running jobs to be counted")
+        running = (await dbos.list_workflows(queue_name="jobs", status="PENDING"))[0]
+        key = running.shard_key
+        assert key is not None
+        history = await dbos.get_event_history(running.workflow_id, shard_key=key)
+        assert [(h.key, h.value) for h in history] == [("tenant", key)]
+        [value] = await dbos.list_stream_values(running.workflow_id, shard_key=key)
+        assert (value.key, value.offset, value.value) == ("log", 0, f"hello {key}")
+        [memo] = await dbos.list_unconsumed_messages("job-1", shard_key="globex")
+        assert (memo.topic, memo.value) == ("memo", "memo")
+        assert await dbos.list_unconsumed_messages("job-1", shard_key="acme") == []
+        oldest = (await dbos.oldest_waiting_workflows())["jobs"]
+        assert oldest.status == "ENQUEUED" and oldest.shard_key is not None
+        with pytest.raises(DBOSError, match="minutes"):
+            await dbos.queue_activity(minutes=0)
+        with pytest.raises(DBOSError, match="shard key"):
+            await dbos.get_event_history("job-1")
+
+        async with client(console_app(dbos)) as http:
+            listing = await http.get("/workflows", params={"shard_key": "globex"})
+            assert 'name="shard_key"' in listing.text
+            assert "shard_key=globex" in listing.text and "shard_key=acme" not in listing.text
+            page = await http.get("/workflow", params={"id": "job-1", "shard_key": "globex"})
+            assert page.status_code == 200 and ">memo<" in page.text
+            other = await http.get("/workflow", params={"id": "job-1", "shard_key": "acme"})
+            assert ">memo<" not in other.text
+            assert "jobs" in (await http.get("/queues")).text

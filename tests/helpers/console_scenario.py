@@ -78,6 +78,10 @@ async def scenario(url: str) -> AsyncIterator[Scenario]:
     async def await_approval() -> Any:
         return await dbos.recv("approval", timeout=600)
 
+    @dbos.workflow(name="nightly_report")
+    async def nightly_report(scheduled_time: Any, context: Any) -> None:
+        return None
+
     @dbos.workflow(name=XSS_NAME)
     async def xss(text: str) -> str:
         return text
@@ -103,6 +107,7 @@ async def scenario(url: str) -> AsyncIterator[Scenario]:
                 backlog.append((await backlog_queue.enqueue(await_approval)).workflow_id)
         with SetWorkflowID("later-1"), SetEnqueueOptions(delay=3600):
             delayed = (await backlog_queue.enqueue(ship_item, "sku-9")).workflow_id
+        await dbos.create_schedule("nightly", nightly_report, "0 3 * * *")
         await dbos.cancel_workflow("approval-cancelled")
         await dbos.cancel_workflow("approval-exhausted")
         # A workflow recovery gave up on: no executor reaches this status on purpose in a
