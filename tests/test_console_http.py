@@ -3,8 +3,11 @@ read-only default, CSRF and origin of actions, escaping, security headers)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
+import socket
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -260,3 +263,34 @@ async def test_sharded_reads_and_pages_address_one_key(database_url: str) -> Non
             other = await http.get("/workflow", params={"id": "job-1", "shard_key": "acme"})
             assert ">memo<" not in other.text
             assert "jobs" in (await http.get("/queues")).text
+
+
+async def test_the_command_serves_the_console(world: Scenario, database_url: str) -> None:
+    """``dbos-async console`` connects a client in its lifespan and serves read-only."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "from dbos_async.cli import main; main()", "console",
+        "--url", database_url, "--port", str(port),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            pages: list[httpx2.Response] = []
+
+            async def answered() -> bool:
+                try:
+                    pages.append(await http.get("/workflows"))
+                except httpx2.TransportError:
+                    assert process.returncode is None, "the console exited"
+                    return False
+                return True
+
+            await wait_until(answered, what="the console to answer")
+            assert pages[-1].status_code == 200 and world.failed in pages[-1].text
+            refused = await http.post("/workflow/cancel", data={"id": world.waiting})
+            assert refused.status_code == 403
+    finally:
+        process.terminate()
+        await process.wait()
+    assert await status_of(world.dbos, world.waiting) == "PENDING"
