@@ -294,3 +294,29 @@ async def test_the_command_serves_the_console(world: Scenario, database_url: str
         process.terminate()
         await process.wait()
     assert await status_of(world.dbos, world.waiting) == "PENDING"
+
+
+_PICKLED_SEND = """
+import sys
+from dbos import DBOSClient
+client = DBOSClient(system_database_url=sys.argv[1])
+try:
+    client.send("approval-waiting", {"sent": "by dbos"}, topic="pickled")
+finally:
+    client.destroy()
+"""
+
+
+async def test_a_value_in_another_sdks_format_spoils_only_its_section(
+        world: Scenario, database_url: str) -> None:
+    """A message the `dbos` package sent in its default (pickle) format: the page still
+    shows, and says why the messages cannot be."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _PICKLED_SEND, database_url, stderr=asyncio.subprocess.PIPE)
+    _, stderr = await process.communicate()
+    assert process.returncode == 0, stderr.decode()
+    async with client(console_app(world.dbos)) as http:
+        page = await http.get("/workflow", params={"id": world.waiting})
+        assert page.status_code == 200
+        assert "Some values cannot be shown" in page.text and "py_pickle" in page.text
+        assert "await_approval" in page.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from dbos_async.console.safety import (
     is_loopback,
     new_csrf_token,
 )
-from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.executor.operator import Operator
 from dbos_async.sysdb.core import now_ms
@@ -173,12 +173,24 @@ class Console:
         workflow_id, shard_key, status = await self._status(request)
         op = self.operator
         loaded, unreadable = await self._loaded(workflow_id, shard_key)
-        steps, events, history, streams, messages = await asyncio.gather(
-            op.list_workflow_steps(workflow_id, shard_key=shard_key),
-            op.get_all_events(workflow_id, shard_key=shard_key),
-            op.get_event_history(workflow_id, shard_key=shard_key),
-            op.list_stream_values(workflow_id, shard_key=shard_key),
-            op.list_unconsumed_messages(workflow_id, shard_key=shard_key))
+        steps = await op.list_workflow_steps(workflow_id, shard_key=shard_key)
+        unreadable_parts: dict[str, str] = {}
+
+        async def part(name: str, read: Awaitable[Any], empty: Any) -> Any:
+            # A value stored in a format this library does not read (another SDK's
+            # pickle) spoils only its own section.
+            try:
+                return await read
+            except SerializationError as error:
+                unreadable_parts[name] = str(error)
+                return empty
+
+        events, history, streams, messages = await asyncio.gather(
+            part("events", op.get_all_events(workflow_id, shard_key=shard_key), {}),
+            part("events", op.get_event_history(workflow_id, shard_key=shard_key), []),
+            part("streams", op.list_stream_values(workflow_id, shard_key=shard_key), []),
+            part("messages", op.list_unconsumed_messages(workflow_id, shard_key=shard_key),
+                 []))
         children = await self._children(status, CHILD_DEPTH)
         values: dict[str, views.Shown] = {}
         if loaded is not None:
@@ -194,7 +206,7 @@ class Console:
             unreadable=unreadable, bars=views.timeline(status, steps, now_ms()),
             step_outputs={s.function_id: views.shown(views.pretty(s.output))
                           for s in steps if s.error is None and s.output is not None},
-            children=children, events={k: views.pretty(v) for k, v in events.items()},
+            children=children, unreadable_parts=unreadable_parts, events={k: views.pretty(v) for k, v in events.items()},
             history=[(h.function_id, h.key, views.pretty(h.value)) for h in history],
             streams=[(s.key, s.offset, views.pretty(s.value)) for s in streams],
             messages=[(m, views.pretty(m.value)) for m in messages],
