@@ -100,7 +100,8 @@ async def test_read_only_by_default(world: Scenario) -> None:
 
 
 async def test_actions_need_the_csrf_token_and_the_same_origin(world: Scenario) -> None:
-    async with client(console_app(world.dbos, allow_actions=True)) as http:
+    app = console_app(world.dbos, allow_actions=True)
+    async with client(app) as http:
         page = await http.get("/workflow", params={"id": world.waiting})
         token = csrf_of(page.text)
         assert 'id="cancel"' in page.text
@@ -112,6 +113,11 @@ async def test_actions_need_the_csrf_token_and_the_same_origin(world: Scenario) 
                                {"sec-fetch-site": "cross-site"})):
             refused = await http.post("/workflow/cancel", data=data, headers=headers)
             assert refused.status_code == 403, (data, headers)
+        # Another browser's token (without its cookie) is refused too.
+        async with client(app) as stranger:
+            refused = await stranger.post("/workflow/cancel",
+                                          data={"id": world.waiting, "csrf_token": token})
+            assert refused.status_code == 403
         assert await status_of(world.dbos, world.waiting) == "PENDING"
         done = await http.post("/workflow/cancel", data={"id": world.waiting,
                                                          "csrf_token": token},

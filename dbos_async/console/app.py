@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dbos_async.console import views
 from dbos_async.console.safety import (
+    CSRF_COOKIE,
     CSRF_FIELD,
     CSRF_HEADER,
     TOKEN_COOKIE,
@@ -99,7 +100,6 @@ class Console:
         self._operator = operator
         self.allow_actions = allow_actions
         self.auth = auth
-        self.csrf_token = new_csrf_token()
 
     @property
     def operator(self) -> Operator:
@@ -117,7 +117,8 @@ class Console:
 
         html = _templates.get_template(template).render(
             url=url, allow_actions=self.allow_actions, csrf_field=CSRF_FIELD,
-            csrf_token=self.csrf_token, request_path=request.url.path, **context)
+            csrf_token=request.scope["state"][CSRF_COOKIE], request_path=request.url.path,
+            **context)
         return HTMLResponse(html, status_code=status_code)
 
     # ---- Workflows ----
@@ -206,7 +207,8 @@ class Console:
             unreadable=unreadable, bars=views.timeline(status, steps, now_ms()),
             step_outputs={s.function_id: views.shown(views.pretty(s.output))
                           for s in steps if s.error is None and s.output is not None},
-            children=children, unreadable_parts=unreadable_parts, events={k: views.pretty(v) for k, v in events.items()},
+            children=children, unreadable_parts=unreadable_parts,
+            events={k: views.pretty(v) for k, v in events.items()},
             history=[(h.function_id, h.key, views.pretty(h.value)) for h in history],
             streams=[(s.key, s.offset, views.pretty(s.value)) for s in streams],
             messages=[(m, views.pretty(m.value)) for m in messages],
@@ -393,6 +395,12 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive)
+        # The CSRF token: the browser's own, from its cookie, else a new one set with this
+        # response (double submit: a page of another site can neither read nor send it).
+        known = request.cookies.get(CSRF_COOKIE)
+        token = known or new_csrf_token()
+        scope.setdefault("state", {})[CSRF_COOKIE] = token
+        cookie = None if known else _csrf_cookie(token, scope.get("root_path", "") or "/")
 
         async def secured(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -400,6 +408,8 @@ class Guard:
                 present = {k.lower() for k, _ in headers}
                 headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS.items()
                             if k.encode() not in present]
+                if cookie is not None:
+                    headers.append((b"set-cookie", cookie.encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -454,7 +464,7 @@ class Guard:
         given = request.headers.get(CSRF_HEADER)
         if given is None:
             given = (await _form(request)).get(CSRF_FIELD)
-        if not csrf_matches(given, console.csrf_token):
+        if not csrf_matches(given, request.cookies.get(CSRF_COOKIE)):
             return self.error(request, 403, "Refused: missing or wrong CSRF token (reload "
                                             "the page and try again)")
         return None
@@ -468,6 +478,14 @@ class Guard:
         response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict",
                             path=request.scope.get("root_path", "") or "/")
         return response
+
+
+def _csrf_cookie(token: str, path: str) -> str:
+    """The ``Set-Cookie`` value keeping a browser's CSRF token (read by no script: pages
+    carry the token themselves)."""
+    response = Response()
+    response.set_cookie(CSRF_COOKIE, token, httponly=True, samesite="strict", path=path)
+    return response.headers["set-cookie"]
 
 
 def _replay(body: bytes) -> Receive:

@@ -4,8 +4,10 @@
   refuses to bind another address (:func:`check_bind`).
 - With one, every request must carry it: the token as ``Authorization: Bearer``, as the
   cookie a ``?token=`` visit sets, or a user and password by HTTP basic auth.
-- Actions are POSTs carrying the console's CSRF token (in every page it renders), from the
-  console's own origin; read-only unless ``allow_actions``.
+- Actions are POSTs carrying the browser's CSRF token twice: in its SameSite=Strict cookie
+  and in the form (or ``X-CSRF-Token`` header) of the page it was given, from the
+  console's own origin (any process serving the console accepts it); read-only unless
+  ``allow_actions``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dbos_async.errors import ConfigurationError
 TOKEN_ENV = "DBOS_CONSOLE_TOKEN"
 BASIC_AUTH_ENV = "DBOS_CONSOLE_BASIC_AUTH"
 TOKEN_COOKIE = "dbos_console_token"
+CSRF_COOKIE = "dbos_console_csrf"
 CSRF_FIELD = "csrf_token"
 CSRF_HEADER = "x-csrf-token"
 
@@ -116,10 +119,10 @@ def check_bind(host: str, auth: ConsoleAuth | None) -> None:
 
 
 def new_csrf_token() -> str:
-    """A random token, one per console app: pages embed it, and an action must send it
-    back (a page of another origin cannot read it)."""
+    """A random token for one browser: its cookie holds it and pages embed it; an action
+    must send both (a page of another origin can read neither)."""
     return secrets.token_urlsafe(32)
 
 
-def csrf_matches(given: str | None, expected: str) -> bool:
-    return given is not None and _same(given, expected)
+def csrf_matches(given: str | None, expected: str | None) -> bool:
+    return given is not None and expected is not None and _same(given, expected)
