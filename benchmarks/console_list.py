@@ -3,9 +3,10 @@
     python benchmarks/console_list.py [--url URL] [--workflows N] [--repeat R]
 
 Fills a scratch database with N workflow rows (100,000 by default; statuses, names and
-queues mixed, one per millisecond of creation time), then for the pages the console
+queues mixed, one created per second up to now: 3,600 within the queue page's hour), then for the pages the console
 serves most (the newest page; a page filtered by status; the live status refresh of one
-page's IDs) prints the plan PostgreSQL chooses (EXPLAIN ANALYZE) and the median execution
+page's IDs; the queue page's per-minute activity and oldest waiting workflows) prints
+the plan PostgreSQL chooses (EXPLAIN ANALYZE) and the median execution
 time PostgreSQL reports over R runs, and the median time of the whole call through a
 client (pool, parameters, decoding). The statements are the ones the console runs: built
 by the system database's statement builders from the console's own filters.
@@ -31,14 +32,17 @@ DATABASE = "dbos_async_bench_console"
 
 FILL = """
 INSERT INTO dbos.workflow_status (workflow_uuid, status, name, queue_name, executor_id,
-    created_at, updated_at, recovery_attempts, application_version, serialization)
-SELECT 'wf-' || lpad(i::text, 7, '0'),
-       (ARRAY['SUCCESS','SUCCESS','SUCCESS','SUCCESS','ERROR','PENDING','ENQUEUED',
-              'CANCELLED'])[1 + i % 8],
+    created_at, updated_at, started_at_epoch_ms, completed_at, recovery_attempts,
+    application_version, serialization)
+SELECT 'wf-' || lpad(i::text, 7, '0'), status,
        (ARRAY['checkout','refund','nightly_report','ship_item'])[1 + i % 4],
-       CASE WHEN i % 3 = 0 THEN 'jobs' END, 'bench', $1::bigint + i, $1::bigint + i, 0,
+       CASE WHEN i % 3 = 0 THEN 'jobs' END, 'bench', $1::bigint + i * 1000, $1::bigint + i * 1000,
+       CASE WHEN status <> 'ENQUEUED' THEN $1::bigint + i * 1000 END,
+       CASE WHEN status NOT IN ('ENQUEUED', 'PENDING') THEN $1::bigint + i * 1000 + 5 END, 0,
        'v1', 'portable_json'
-FROM generate_series(1, $2::int) AS i
+FROM generate_series(1, $2::int) AS i,
+     LATERAL (SELECT (ARRAY['SUCCESS','SUCCESS','SUCCESS','SUCCESS','ERROR','PENDING',
+                            'ENQUEUED','CANCELLED'])[1 + i % 8] AS status) s
 """
 
 
@@ -78,7 +82,7 @@ async def main() -> None:
         conn = await asyncpg.connect(url)
         try:
             started = time.perf_counter()
-            base_ms = int(time.time() * 1000) - args.workflows
+            base_ms = int(time.time() * 1000) - args.workflows * 1000
             await conn.execute(FILL, base_ms, args.workflows)
             await conn.execute("ANALYZE dbos.workflow_status")
             print(f"{args.workflows:,} workflows written in "
@@ -89,7 +93,7 @@ async def main() -> None:
                         "load_input": False, "load_output": False}
                 newest = await client.list_workflows(**page)
                 ids = [w.workflow_id for w in newest[:PAGE_SIZE]]
-                cases = [
+                cases: list[tuple[str, WorkflowFilter | Query, Any]] = [
                     ("newest page", WorkflowFilter(**page),
                      lambda: client.list_workflows(**page)),
                     ("page of ERROR workflows", WorkflowFilter(statuses=["ERROR"], **page),
@@ -99,9 +103,17 @@ async def main() -> None:
                      lambda: client.list_workflows(workflow_ids=ids, load_input=False,
                                                    load_output=False)),
                 ]
-                for title, workflow_filter, call in cases:
-                    plan, db_ms = await explain(conn, sql.list_workflows(workflow_filter),
-                                                args.repeat)
+                since = int(time.time() * 1000) - 3_600_000
+                cases += [
+                    ("queue page: starts and completions per minute",
+                     sql.queue_activity(since), lambda: client.queue_activity(60)),
+                    ("queue page: oldest waiting workflows", sql.oldest_waiting(),
+                     client.oldest_waiting_workflows),
+                ]
+                for title, statement, call in cases:
+                    query = (sql.list_workflows(statement)
+                             if isinstance(statement, WorkflowFilter) else statement)
+                    plan, db_ms = await explain(conn, query, args.repeat)
                     call_ms = await timed_call(call, args.repeat)
                     uses_index = "Index" in plan
                     print(f"\n== {title}: database {db_ms:.2f} ms (median of "

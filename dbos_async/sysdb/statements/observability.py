@@ -67,15 +67,19 @@ class ObservabilityStatements(StatementBase):
         return Query(" UNION ALL ".join(halves) + " ORDER BY queue_name, minute", p.values)
 
     def oldest_waiting(self) -> Query:
-        """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED)."""
+        """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED): one
+        branch per status, each read through that status's partial index, so the cost
+        follows the backlog, not the table."""
         p = Params()
-        return Query(
-            f"""SELECT DISTINCT ON (queue_name) queue_name, workflow_uuid, name, status,
-                       created_at{self.key_columns()}
+        branches = [
+            f"""SELECT queue_name, workflow_uuid, name, status, created_at{self.key_columns()}
                 FROM {self.table('workflow_status')}
                 WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
-                  AND queue_name IS NOT NULL
-                  AND status = ANY({p([ENQUEUED, DELAYED], 'text[]')})
+                  AND queue_name IS NOT NULL AND status = {p(status)}"""
+            for status in (ENQUEUED, DELAYED)
+        ]
+        return Query(
+            f"""SELECT DISTINCT ON (queue_name) * FROM ({" UNION ALL ".join(branches)}) waiting
                 ORDER BY queue_name, created_at, workflow_uuid""",
             p.values,
         )
