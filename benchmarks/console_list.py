@@ -3,13 +3,13 @@
     python benchmarks/console_list.py [--url URL] [--workflows N] [--repeat R]
 
 Fills a scratch database with N workflow rows (100,000 by default; statuses, names and
-queues mixed, one created per second up to now: 3,600 within the queue page's hour), then for the pages the console
-serves most (the newest page; a page filtered by status; the live status refresh of one
-page's IDs; the queue page's per-minute activity and oldest waiting workflows) prints
-the plan PostgreSQL chooses (EXPLAIN ANALYZE) and the median execution
+queues mixed, one created per second up to now: 3,600 within the queue page's hour), then,
+for what the console reads most (the newest page; a page filtered by status; the live
+status refresh of one page's IDs; the queue page's per-minute activity and oldest waiting
+workflows), prints the plan PostgreSQL chooses (EXPLAIN ANALYZE), the median execution
 time PostgreSQL reports over R runs, and the median time of the whole call through a
-client (pool, parameters, decoding). The statements are the ones the console runs: built
-by the system database's statement builders from the console's own filters.
+client (pool, transaction, parameters, decoding). The statements are the ones the console
+runs, built by the system database's statement builders.
 """
 
 from __future__ import annotations
