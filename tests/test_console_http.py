@@ -67,6 +67,8 @@ async def test_pages_show_the_workflows_and_escape_every_value(world: Scenario) 
 
         detail = await http.get("/workflow", params={"id": world.succeeded})
         assert "load_order" in detail.text and world.child in detail.text
+        tree = detail.text[detail.text.index('id="children"'):]
+        assert tree.index(world.child) < tree.index(world.grandchild)
         assert "Show all" in detail.text  # the step's 200 lines are cut
         assert "progress" in detail.text and "&#34;shipped&#34;" in detail.text
         full = await http.get("/workflow/value", params={"id": world.succeeded,

@@ -217,16 +217,29 @@ class Console:
                                          PENDING, ENQUEUED, DELAYED),
             last_step=max((s.function_id for s in steps), default=-1))
 
-    async def _children(self, parent: WorkflowStatus, depth: int) -> list[views.ChildNode]:
-        """The workflows ``parent`` started, and theirs, ``depth`` generations down."""
-        if depth == 0:
-            return []
+    async def _children(self, root: WorkflowStatus, depth: int) -> list[views.ChildNode]:
+        """The workflows ``root`` started, and theirs, ``depth`` generations down: one
+        listing per generation (at most ``CHILDREN_SHOWN`` workflows each)."""
         sharded = self.operator.sharded
-        rows = await self.operator.list_workflows(
-            parent_workflow_id=parent.workflow_id,
-            parent_shard_key=parent.shard_key if sharded else None,
-            limit=CHILDREN_SHOWN, load_input=False, load_output=False)
-        return [views.ChildNode(r, await self._children(r, depth - 1)) for r in rows]
+        top: list[views.ChildNode] = []
+        parents = {(root.workflow_id, root.shard_key): top}
+        for _ in range(depth):
+            if not parents:
+                break
+            rows = await self.operator.list_workflows(
+                parent_workflow_id=[i for i, _ in parents],
+                parent_shard_key=[k for _, k in parents if k is not None] if sharded else None,
+                limit=CHILDREN_SHOWN, load_input=False, load_output=False)
+            generation: dict[tuple[str, str | None], list[views.ChildNode]] = {}
+            for row in rows:
+                siblings = parents.get((row.parent_workflow_id or "", row.parent_shard_key))
+                if siblings is None:  # the same parent ID under another key
+                    continue
+                node = views.ChildNode(row)
+                siblings.append(node)
+                generation[(row.workflow_id, row.shard_key)] = node.children
+            parents = generation
+        return top
 
     async def value(self, request: Request) -> Response:
         """One value of a workflow in full, as text (a page shows only its start)."""

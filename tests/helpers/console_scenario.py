@@ -26,6 +26,7 @@ class Scenario:
     succeeded: str
     failed: str
     child: str
+    grandchild: str
     waiting: str
     cancelled: str
     exhausted: str
@@ -55,9 +56,15 @@ async def scenario(url: str) -> AsyncIterator[Scenario]:
     async def charge_card() -> None:
         raise ValueError("card declined")
 
+    @dbos.workflow(name="pack_box")
+    async def pack_box(sku: str) -> str:
+        return f"packed {sku}"
+
     @dbos.workflow(name="ship_item")
     async def ship_item(sku: str) -> str:
-        return f"shipped {sku}"
+        with SetWorkflowID(f"pack-{sku}"):
+            packed = await dbos.start_workflow(pack_box, sku)
+        return f"shipped {await packed.get_result()}"
 
     @dbos.workflow(name="checkout")
     async def checkout(order: str) -> str:
@@ -121,7 +128,8 @@ async def scenario(url: str) -> AsyncIterator[Scenario]:
                     and await status_of(dbos, "approval-waiting") == "PENDING")
 
         await wait_until(settled, what="the waiting workflows to run")
-        yield Scenario(dbos, "order-1", "pay-1", "order-1-ship", "approval-waiting",
+        yield Scenario(dbos, "order-1", "pay-1", "order-1-ship", "pack-sku-1",
+                       "approval-waiting",
                        "approval-cancelled", "approval-exhausted", backlog[0], backlog[1:],
                        delayed, "xss-1")
 
