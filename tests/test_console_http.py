@@ -88,7 +88,8 @@ async def test_pages_show_the_workflows_and_escape_every_value(world: Scenario) 
         queues = await http.get("/queues")
         assert "backlog" in queues.text and world.backlog[0] in queues.text
         live = await http.get("/api/statuses", params={"id": [world.waiting, world.failed]})
-        assert live.json()[world.failed]["status"] == "ERROR"
+        assert {(s["id"], s["status"]) for s in live.json()} == {
+            (world.waiting, "PENDING"), (world.failed, "ERROR")}
 
 
 async def test_read_only_by_default(world: Scenario) -> None:
@@ -270,6 +271,8 @@ async def test_sharded_reads_and_pages_address_one_key(database_url: str) -> Non
             assert page.status_code == 200 and ">memo<" in page.text
             other = await http.get("/workflow", params={"id": "job-1", "shard_key": "acme"})
             assert ">memo<" not in other.text
+            live = await http.get("/api/statuses", params={"id": "job-1", "key": "acme"})
+            assert [s["key"] for s in live.json()] == ["acme"]
             assert "jobs" in (await http.get("/queues")).text
 
 

@@ -139,12 +139,14 @@ class Console:
 
     async def statuses(self, request: Request) -> Response:
         """The current status of the workflows a page shows, for its live refresh: one
-        lookup by primary key."""
+        lookup by primary key (on a sharded database, of the IDs under the keys shown)."""
         ids = request.query_params.getlist("id")[:LIVE_REFRESH_IDS]
-        rows = (await self.operator.list_workflows(workflow_ids=ids, load_input=False,
-                                                   load_output=False) if ids else [])
-        return JSONResponse({r.workflow_id: {"status": r.status, "updated_at": r.updated_at}
-                             for r in rows})
+        keys = [k for k in request.query_params.getlist("key") if k] or None
+        rows = (await self.operator.list_workflows(
+            workflow_ids=ids, shard_key=keys if self.operator.sharded else None,
+            load_input=False, load_output=False) if ids else [])
+        return JSONResponse([{"id": r.workflow_id, "key": r.shard_key or "",
+                              "status": r.status, "updated_at": r.updated_at} for r in rows])
 
     async def _status(self, request: Request) -> tuple[str, str | None, WorkflowStatus]:
         workflow_id = request.query_params.get("id") or ""

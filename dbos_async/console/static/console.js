@@ -20,14 +20,22 @@
     if (container.hasAttribute("data-workflow-id")) { rows = [container]; }
     if (!rows.length) { return; }
     var params = new URLSearchParams();
-    rows.forEach(function (row) { params.append("id", row.getAttribute("data-workflow-id")); });
+    function keyOf(row) {
+      return row.getAttribute("data-workflow-id") + "\u0000" + (row.getAttribute("data-shard-key") || "");
+    }
+    rows.forEach(function (row) {
+      params.append("id", row.getAttribute("data-workflow-id"));
+      if (row.getAttribute("data-shard-key")) { params.append("key", row.getAttribute("data-shard-key")); }
+    });
     fetch(container.getAttribute("data-live") + "?" + params.toString(),
           { headers: { "Accept": "application/json" }, credentials: "same-origin" })
       .then(function (response) { return response.ok ? response.json() : null; })
       .then(function (statuses) {
         if (!statuses) { return; }
+        var byKey = {};
+        statuses.forEach(function (s) { byKey[s.id + "\u0000" + s.key] = s; });
         rows.forEach(function (row) {
-          var now = statuses[row.getAttribute("data-workflow-id")];
+          var now = byKey[keyOf(row)];
           if (!now) { return; }
           var cell = row.querySelector("[data-status]");
           if (cell && cell.textContent !== now.status) {
