@@ -93,7 +93,7 @@ class ConsoleError(Exception):
 
 
 class Console:
-    """One console: its operator, settings and CSRF token, and its pages."""
+    """One console: its operator and settings, and its pages."""
 
     def __init__(self, operator: Callable[[], Operator], allow_actions: bool,
                  auth: ConsoleAuth | None) -> None:
