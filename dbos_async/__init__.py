@@ -14,6 +14,7 @@ from dbos_async.errors import (
     MigrationError,
     NondeterminismError,
     NonExistentWorkflowError,
+    NotAuthorizedError,
     QueueDeduplicatedError,
     QueueNotFoundError,
     RecordedError,
@@ -23,6 +24,11 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
     WorkflowNotRegisteredError,
+)
+from dbos_async.executor.authentication import (
+    Authentication,
+    SetAuthentication,
+    current_authentication,
 )
 from dbos_async.executor.context import (
     SetShardKey,
@@ -58,6 +64,7 @@ __all__ = [
     "DBOS",
     "ApplicationOwnershipError",
     "ApplicationVersion",
+    "Authentication",
     "ConfigurationError",
     "DBOSClient",
     "DBOSConfig",
@@ -73,6 +80,7 @@ __all__ = [
     "MigrationError",
     "NonExistentWorkflowError",
     "NondeterminismError",
+    "NotAuthorizedError",
     "Queue",
     "QueueDeduplicatedError",
     "QueueNotFoundError",
@@ -82,6 +90,7 @@ __all__ = [
     "ScheduleDefinition",
     "ScheduleError",
     "SerializationError",
+    "SetAuthentication",
     "SetEnqueueOptions",
     "SetShardKey",
     "SetWorkflowAttributes",
@@ -97,6 +106,7 @@ __all__ = [
     "WorkflowSchedule",
     "WorkflowStatus",
     "WorkflowStepInfo",
+    "current_authentication",
     "current_shard_key",
     "current_step_attempt",
     "current_step_id",

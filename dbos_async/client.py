@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import warnings
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +26,7 @@ import asyncpg
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor import messaging
+from dbos_async.executor.authentication import Authentication
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.operator import Operator
@@ -166,6 +167,7 @@ class DBOSClient(Operator, Peer):
         class_name: str | None = None,
         config_name: str | None = None,
         authenticated_user: str | None = None,
+        authenticated_roles: Sequence[str] | None = None,
         attributes: dict[str, Any] | None = None,
         connection: asyncpg.Connection | None = None,
         shard_key: str | None = None,
@@ -181,6 +183,9 @@ class DBOSClient(Operator, Peer):
         ``application_version=None`` leaves it unversioned (run by an executor of the latest
         version). ``attributes`` (a JSON-serializable dict) are stored with the workflow.
         ``shard_key`` is the workflow's key on a sharded database (required there).
+        ``authenticated_user`` and ``authenticated_roles`` are recorded as the identity it
+        runs under; the executor that dequeues it checks them against the workflow's
+        ``required_roles``.
         ``app_version`` is the deprecated name of ``application_version``.
 
         With ``connection``, the insert runs on that connection, inside the transaction the
@@ -209,7 +214,9 @@ class DBOSClient(Operator, Peer):
         plan = plan_start(
             CallContext(workflow_id=workflow_id, timeout=timeout,
                         attributes=attributes_json(traced_attributes(attributes)),
-                        shard_key=shard_key),
+                        shard_key=shard_key,
+                        authentication=Authentication.of(authenticated_user,
+                                                         authenticated_roles)),
             name=workflow_name, inputs=inputs,
             executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
             application_version=application_version,
@@ -217,7 +224,6 @@ class DBOSClient(Operator, Peer):
                                 deduplication_id=deduplication_id,
                                 partition_key=partition_key, delay=delay),
             class_name=class_name, config_name=config_name,
-            authenticated_user=authenticated_user,
         )
         sysdb = self.system_database
 

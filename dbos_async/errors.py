@@ -6,6 +6,7 @@ library's failures apart from their own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -198,3 +199,19 @@ class ApplicationOwnershipError(DBOSError):
 class ScheduleError(DBOSError):
     """A schedule definition was rejected (cron expression, time zone, workflow), or the
     named schedule does not exist or exists already; nothing was stored."""
+
+
+class NotAuthorizedError(DBOSError):
+    """A workflow or step declared with ``required_roles`` was called by an identity
+    (``SetAuthentication``) holding none of them; nothing was started or run."""
+
+    def __init__(self, kind: str, function_name: str, required_roles: Sequence[str],
+                 user: str | None, roles: Sequence[str]) -> None:
+        who = (f"user {user!r} with roles {list(roles)!r}" if user is not None or roles
+               else "a caller without authentication (set it with SetAuthentication)")
+        super().__init__(
+            f"{kind.capitalize()} {function_name!r} requires one of the roles "
+            f"{list(required_roles)!r}, but was called by {who}"
+        )
+        self.function_name = function_name
+        self.user = user

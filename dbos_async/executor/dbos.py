@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -30,7 +30,9 @@ from dbos_async.executor import (
     recovery,
     schedules,
     start,
+    steps,
 )
+from dbos_async.executor.authentication import required_roles_of
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.operator import Operator
@@ -40,7 +42,7 @@ from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, work
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
 from dbos_async.executor.serialization import Signature, to_json
-from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
+from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.statements import STREAM_CLOSED_SERIALIZED
 
@@ -89,19 +91,23 @@ class DBOS(Operator):
     # ---- Registration ----
 
     def workflow(
-        self, *, name: str | None = None
+        self, *, name: str | None = None, required_roles: Sequence[str] | None = None
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
-        """Make an ``async def`` function (or method) a durable workflow."""
+        """Make an ``async def`` function (or method) a durable workflow; with
+        ``required_roles``, only an identity (``SetAuthentication``) holding one of them
+        may start it."""
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             _require_async(fn, "@dbos.workflow()")
             method = is_method(fn)
+            workflow_name = name or fn.__qualname__
             info = WorkflowInfo(
-                name=name or fn.__qualname__,
+                name=workflow_name,
                 fn=fn,
                 signature=Signature(fn, skip_first=method),
                 is_method=method,
                 owner=self,
+                required_roles=required_roles_of(required_roles, f"Workflow {workflow_name!r}"),
             )
             self._registry.add_workflow(info)
 
@@ -125,10 +131,12 @@ class DBOS(Operator):
         retry_on: RetryOn | None = None,
         timeout: float | None = None,
         cancellable: bool = True,
+        required_roles: Sequence[str] | None = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Make an ``async def`` function a step: run once per workflow, its result recorded.
 
-        See :class:`~dbos_async.executor.steps.StepOptions` for the retry options.
+        See :class:`~dbos_async.executor.steps.StepOptions` for the retry options; with
+        ``required_roles``, only an identity holding one of them may call it.
         """
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
@@ -138,17 +146,12 @@ class DBOS(Operator):
                 backoff_rate=backoff_rate, max_retry_interval=max_retry_interval,
                 retry_on=retry_on, timeout=timeout, cancellable=cancellable,
             )
-            info = StepInfo(fn, options, Signature(fn))
+            info = StepInfo(fn, options, Signature(fn),
+                            required_roles_of(required_roles, f"Step {options.name!r}"))
 
             @functools.wraps(fn)
             def call(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-                ctx = current_workflow()
-                if ctx is None:
-                    # Outside a workflow, or inside another step: just run it.
-                    return attempt(info, args, kwargs)
-                # Allocated now, in call order, so concurrent fan-out replays identically.
-                step_id = ctx.allocate_step_id()
-                return run_checkpointed(ctx, step_id, info, args, kwargs)
+                return steps.call(info, args, kwargs)
 
             return call
 

@@ -14,6 +14,7 @@ from dbos_async.errors import (
     NonExistentWorkflowError,
     WorkflowCancelledError,
 )
+from dbos_async.executor.authentication import roles_from_column
 from dbos_async.executor.recorded_errors import deserialize_error
 from dbos_async.executor.serialization import Signature, from_json
 from dbos_async.sysdb.database import Outcome
@@ -48,7 +49,7 @@ class WorkflowStatus:
     completed_at: int | None
     authenticated_user: str | None = None
     assumed_role: str | None = None
-    authenticated_roles: str | None = None
+    authenticated_roles: list[str] | None = None
     forked_from: str | None = None
     started_at_epoch_ms: int | None = None
     deduplication_id: str | None = None
@@ -72,6 +73,8 @@ class WorkflowStatus:
         fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)
                   if f.name not in _LOADED_ON_REQUEST}
         fields["attributes"] = _attributes(record.attributes)
+        roles = roles_from_column(record.authenticated_roles)
+        fields["authenticated_roles"] = list(roles) if roles is not None else None
         return cls(**fields)
 
 

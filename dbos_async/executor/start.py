@@ -12,11 +12,17 @@ between the ways is only where the row waits (:class:`Placement`) and what runs 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dbos_async.errors import DBOSError, NondeterminismError, QueueDeduplicatedError
 from dbos_async.executor import tracing, workflows
+from dbos_async.executor.authentication import (
+    NO_AUTHENTICATION,
+    Authentication,
+    authorize,
+    current_authentication,
+)
 from dbos_async.executor.context import (
     WorkflowContext,
     current_workflow,
@@ -45,6 +51,8 @@ class CallContext:
     parent_step_id: int | None = None
     attributes: str | None = None
     shard_key: str | None = None
+    # The identity the new workflow records and runs under (SetAuthentication).
+    authentication: Authentication = NO_AUTHENTICATION
 
     @property
     def timeout_ms(self) -> int | None:
@@ -68,6 +76,7 @@ def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
         parent_step_id=parent.allocate_step_id() if parent is not None else None,
         attributes=attributes,
         shard_key=shard_key if shard_key is not None else next_shard_key(),
+        authentication=current_authentication(),
     )
 
 
@@ -126,6 +135,8 @@ class StartPlan:
     parent_step: ParentStep | None
     # Makes the insert idempotent under retries: a row carrying it is ours.
     creator_xid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    # The identity it runs under (the recorded one, its assumed role checked).
+    authentication: Authentication = NO_AUTHENTICATION
 
     @property
     def workflow_id(self) -> str:
@@ -138,11 +149,11 @@ class StartPlan:
 
 def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
                application_version: str | None, placement: Placement | None = None,
-               class_name: str | None = None, config_name: str | None = None,
-               authenticated_user: str | None = None) -> StartPlan:
+               class_name: str | None = None, config_name: str | None = None) -> StartPlan:
     """The row of a new workflow. Started now (no ``placement``), its own timeout counts
     from now; enqueued, from when a claim starts it. A parent's deadline bounds both."""
     created_at = now_ms()
+    authentication = call.authentication
     parent = call.parent
     deadline = parent.deadline_epoch_ms if parent is not None else None
     timeout_ms = call.timeout_ms
@@ -163,7 +174,9 @@ def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
         timeout_ms=timeout_ms,
         deadline_epoch_ms=deadline,
         parent_workflow_id=parent.workflow_id if parent is not None else None,
-        authenticated_user=authenticated_user,
+        authenticated_user=authentication.user,
+        authenticated_roles=authentication.roles_json,
+        assumed_role=authentication.assumed_role,
         attributes=call.attributes,
         shard_key=call.shard_key,
         **queue_columns,
@@ -171,7 +184,7 @@ def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
     parent_step = (ParentStep(parent.workflow_id, call.parent_step_id, parent.owner_xid,
                               created_at, parent.shard_key)
                    if parent is not None and call.parent_step_id is not None else None)
-    return StartPlan(row, parent_step)
+    return StartPlan(row, parent_step, authentication=authentication)
 
 
 @dataclass(frozen=True)
@@ -203,11 +216,19 @@ class Arguments:
         return (self.instance, *self.args) if self.instance is not None else self.args
 
 
+def authorized(call: CallContext, info: WorkflowInfo) -> CallContext:
+    """``call`` under the identity ``info`` runs with (its assumed role, the first required
+    role the caller holds); raises :class:`NotAuthorizedError` if it holds none."""
+    return replace(call, authentication=authorize("workflow", info.name, info.required_roles,
+                                                  call.authentication))
+
+
 def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,
                     arguments: Arguments, *, placement: Placement | None = None,
                     application_version: str | None = None) -> StartPlan:
-    """:func:`plan_start` for a workflow this executor registers."""
-    return plan_start(call, name=info.name, inputs=arguments.inputs,
+    """:func:`plan_start` for a workflow this executor registers, refused (before anything
+    is written) if the caller lacks the roles it requires."""
+    return plan_start(authorized(call, info), name=info.name, inputs=arguments.inputs,
                       executor_id=runtime.executor_id,
                       application_version=application_version or runtime.application_version,
                       placement=placement, class_name=info.class_name,
@@ -293,7 +314,7 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
         if started.created:
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
                              arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms,
-                             plan.shard_key, plan.row.attributes)
+                             plan.shard_key, plan.row.attributes, plan.authentication)
         else:
             check_name(started, plan.workflow_id, info.name)
         return workflow_handle(runtime, plan.workflow_id, signature=info.signature,

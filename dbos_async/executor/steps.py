@@ -16,7 +16,13 @@ from dbos_async.errors import (
     WorkflowCancelledError,
 )
 from dbos_async.executor import logs, observe
-from dbos_async.executor.context import WorkflowContext, running_step
+from dbos_async.executor.authentication import (
+    Authentication,
+    authorize,
+    current_authentication,
+    running_as,
+)
+from dbos_async.executor.context import WorkflowContext, current_workflow, running_step
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
 from dbos_async.executor.serialization import Signature, from_json
 from dbos_async.sysdb.database import StepRecord, now_ms
@@ -70,6 +76,32 @@ class StepInfo:
     fn: Callable[..., Coroutine[Any, Any, Any]]
     options: StepOptions
     signature: Signature
+    # Roles one of which the identity calling it must hold (None: anyone may call it).
+    required_roles: tuple[str, ...] | None = None
+
+
+def call(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+         ) -> Coroutine[Any, Any, Any]:
+    """A call of a step: checkpointed in a workflow body, else a plain call with its
+    retries. A caller without a required role is refused at the call, before its position
+    is taken; an authorized one runs it under the role it holds."""
+    authentication = current_authentication()
+    if info.required_roles is not None:
+        authentication = authorize("step", info.options.name, info.required_roles,
+                                   authentication)
+    ctx = current_workflow()
+    if ctx is None:
+        # Outside a workflow, or inside another step: just run it.
+        run = attempt(info, args, kwargs)
+    else:
+        # Allocated now, in call order, so concurrent fan-out replays identically.
+        run = run_checkpointed(ctx, ctx.allocate_step_id(), info, args, kwargs)
+    return run if info.required_roles is None else _running_as(authentication, run)
+
+
+async def _running_as(authentication: Authentication, run: Coroutine[Any, Any, Any]) -> Any:
+    with running_as(authentication):
+        return await run
 
 
 async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -19,12 +19,14 @@ from dbos_async.errors import (
     DBOSError,
     ExecutorIdLostError,
     NonExistentWorkflowError,
+    NotAuthorizedError,
     RecordedError,
     SerializationError,
     WorkflowCancelledError,
     WorkflowConflictError,
 )
 from dbos_async.executor import observe
+from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, authorize
 from dbos_async.executor.context import WorkflowContext, running_workflow
 from dbos_async.executor.handles import outcome_value
 from dbos_async.executor.recorded_errors import recorded_error
@@ -59,12 +61,14 @@ def launch(
     deadline_epoch_ms: int | None,
     shard_key: str | None,
     attributes: str | None = None,
+    authentication: Authentication = NO_AUTHENTICATION,
 ) -> Execution:
     """Run a workflow body this execution owns, as a task of the runtime (``attributes``:
-    its stored attributes, which may carry the trace its span continues)."""
+    its stored attributes, which may carry the trace its span continues; ``authentication``:
+    the identity it runs under)."""
     execution = Execution(info)
     ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
-                          shard_key)
+                          shard_key, authentication)
     runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
     runtime.workflows.spawn(_run(ctx, execution, args, kwargs, attributes),
@@ -74,7 +78,19 @@ def launch(
 
 async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow) -> Execution:
     """Run a workflow this executor has just claimed (by recovery or from a queue) from its
-    checkpoints; raises :class:`DBOSError` if its inputs or instance cannot be resolved."""
+    checkpoints; raises :class:`DBOSError` if its inputs or instance cannot be resolved.
+
+    Its recorded identity is checked against the roles it requires (a client or another
+    SDK may have enqueued it without them): refused, it ends ``ERROR`` with
+    :class:`NotAuthorizedError`, as it would on every later attempt."""
+    assert row.owner_xid is not None
+    try:
+        authentication = authorize("workflow", info.name, info.required_roles,
+                                   Authentication.from_columns(row.authenticated_user,
+                                                               row.authenticated_roles,
+                                                               row.assumed_role))
+    except NotAuthorizedError as refused:
+        return await _refuse(runtime, info, row, row.owner_xid, refused)
     args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
     if info.is_method:
         args = (runtime.registry.instance(row.class_name, row.config_name), *args)
@@ -83,9 +99,23 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
     with bind_shard_keys({row.workflow_id: row.shard_key}):
         checkpoints = (await runtime.system_database.load_checkpoints(row.workflow_id)
                        if row.has_checkpoints else {})
-    assert row.owner_xid is not None
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
-                  row.deadline_epoch_ms, row.shard_key, row.attributes)
+                  row.deadline_epoch_ms, row.shard_key, row.attributes, authentication)
+
+
+async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_xid: str,
+                  refused: NotAuthorizedError) -> Execution:
+    """End a claimed workflow with ``refused`` (fenced by this claim's owner) without
+    running it; the execution returned has already failed with it."""
+    logger.error("Workflow %s cannot run: %s", row.workflow_id, refused)
+    text, recorded = recorded_error(refused)
+    with bind_shard_keys({row.workflow_id: row.shard_key}):
+        if await runtime.system_database.record_outcome(row.workflow_id, owner_xid,
+                                                        error=text):
+            runtime.notify_completion(row.workflow_id, row.shard_key)
+    execution = Execution(info)
+    execution.result.set_exception(recorded)
+    return execution
 
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],

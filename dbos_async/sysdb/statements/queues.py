@@ -77,7 +77,8 @@ QUEUE_COLUMNS = (
 
 CLAIMED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, owner_xid,
                      serialization, workflow_deadline_epoch_ms, recovery_attempts,
-                     queue_partition_key, attributes"""
+                     queue_partition_key, attributes, authenticated_user, assumed_role,
+                     authenticated_roles"""
 
 
 class QueueStatements(StatementBase):
