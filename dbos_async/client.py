@@ -38,7 +38,7 @@ from dbos_async.executor.queues.enqueue import (
     start_deduplicated,
 )
 from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
-from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
+from dbos_async.executor.serialization import Formats, Signature
 from dbos_async.executor.start import CallContext, Placement, check_name, plan_start
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.executor.tracing import traced_attributes
@@ -46,6 +46,7 @@ from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async.sysdb.statements import Payload
 
 logger = logging.getLogger("dbos_async")
 
@@ -64,7 +65,9 @@ class DBOSClient(Operator, Peer):
 
     Besides ``enqueue``, ``send(connection=...)`` and ``register_queue``, it has the
     operator API of :class:`~dbos_async.DBOS` (defined once, in
-    :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON.
+    :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON
+    (or what its ``serializer`` decodes). ``serializer`` and ``allow_pickle`` are those of
+    an executor: the format it writes in, and whether it reads ``py_pickle``.
     """
 
     def __init__(self, system_database_url: str | None = None, *, schema_name: str = "dbos",
@@ -76,6 +79,7 @@ class DBOSClient(Operator, Peer):
             connection_name=application_name or "dbos_async_client", run_migrations=False,
             application_name=application_name, **settings)
         self.application_name = self.config.application_name
+        self.formats = Formats.of(self.config)
         self._sysdb: SystemDatabase | None = None
         self._background = TaskOwner("client")
         self._state = "new"
@@ -208,9 +212,7 @@ class DBOSClient(Operator, Peer):
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
                         "partition_key": partition_key})
-        inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
-                        "namedArgs": to_json_value(kwargs, "the keyword arguments")},
-                       f"the inputs of {workflow_name}")
+        inputs = self.formats.encode_inputs(args, kwargs, workflow_name)
         plan = plan_start(
             CallContext(workflow_id=workflow_id, timeout=timeout,
                         attributes=attributes_json(traced_attributes(attributes)),
@@ -254,18 +256,19 @@ class DBOSClient(Operator, Peer):
             return super().send(destination_id, message, topic, idempotency_key,
                                 shard_key=shard_key)
         return self._send_in_transaction(connection, destination_id,
-                                         to_json(message, "a message"), topic,
+                                         self.formats.encode(message, "a message"), topic,
                                          idempotency_key, shard_key)
 
     async def _send_in_transaction(self, conn: asyncpg.Connection, destination_id: str,
-                                   text: str, topic: str | None, idempotency_key: str | None,
+                                   message: Payload, topic: str | None,
+                                   idempotency_key: str | None,
                                    shard_key: str | None) -> None:
         stored_topic, message_uuid = messaging.message_address(destination_id, topic,
                                                                idempotency_key)
         with bind_shard_keys({destination_id: shard_key}):
             async with conn.transaction():
                 await self.system_database.send_on(conn, destination_id, message_uuid,
-                                                   stored_topic, text)
+                                                   stored_topic, message)
 
     # ---- Queues ----
 

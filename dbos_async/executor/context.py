@@ -35,6 +35,8 @@ class WorkflowContext:
     shard_key: str | None = None
     # Who it runs for (recorded on its row): its body's and steps' identity, its children's.
     authentication: Authentication = NO_AUTHENTICATION
+    # The format its row's inputs are in: its result and error are written in it too.
+    serialization: str | None = None
     next_step_id: int = field(default=0)
     # Set by the cancellation watcher: no new step or wait of this execution starts.
     cancelled: bool = field(default=False)

@@ -21,7 +21,6 @@ from dbos_async.errors import DBOSError, SerializationError
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.serialization import from_json
 from dbos_async.executor.start import CallContext, new_workflow_id
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
@@ -138,30 +137,30 @@ def _status(peer: Peer, row: StatusRecord, load_input: bool,
     if not (load_input or load_output):
         return status
     signature = peer.signature_of(status.name)
-    serialization = row.serialization
+    serialization, formats = row.serialization, peer.formats
     changes: dict[str, Any] = {}
     try:
         if load_input and row.inputs is not None:
             if signature is not None:
-                args, kwargs = signature.deserialize_inputs(row.inputs, serialization)
+                args, kwargs = signature.deserialize_inputs(row.inputs, serialization, formats)
                 changes["input"] = WorkflowInputs(args, kwargs)
             else:
-                data = from_json(row.inputs, serialization, f"the inputs of {status.name}")
-                if isinstance(data, dict):
-                    changes["input"] = WorkflowInputs(tuple(data.get("positionalArgs") or ()),
-                                                      dict(data.get("namedArgs") or {}))
+                positional, named = formats.decode_inputs(row.inputs, serialization,
+                                                          status.name)
+                changes["input"] = WorkflowInputs(tuple(positional), named)
         if load_output:
             if row.error is not None:
-                changes["error"] = deserialize_error(row.error, serialization)
+                changes["error"] = deserialize_error(row.error, serialization, formats)
             elif row.output is not None:
                 changes["output"] = (
-                    signature.deserialize_result(row.output, serialization)
+                    signature.deserialize_result(row.output, serialization, formats)
                     if signature is not None
-                    else from_json(row.output, serialization, f"the result of {status.name}")
+                    else formats.decode(row.output, serialization,
+                                        f"the result of {status.name}")
                 )
     except SerializationError as error:
-        # A payload another library stored in a format we do not read (e.g. py_pickle): the
-        # status is still listed, with what could be read.
+        # A payload in a format this peer does not read (py_pickle without allow_pickle,
+        # another serializer): the status is still listed, with what could be read.
         logger.debug("Workflow %s: payload not loaded: %s", status.workflow_id, error)
     return dataclasses.replace(status, **changes)
 
@@ -184,10 +183,10 @@ async def list_steps(peer: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
         error: BaseException | None = None
         try:
             if row["error"] is not None:
-                error = deserialize_error(row["error"], serialization)
+                error = deserialize_error(row["error"], serialization, peer.formats)
             elif row["output"] is not None:
-                output = from_json(row["output"], serialization,
-                                   f"the output of step {row['function_id']}")
+                output = peer.formats.decode(row["output"], serialization,
+                                             f"the output of step {row['function_id']}")
         except SerializationError as bad:
             logger.debug("Step %s of %s: output not loaded: %s", row["function_id"],
                          workflow_id, bad)

@@ -41,10 +41,9 @@ from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, workflow_info_of
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
-from dbos_async.executor.serialization import Signature, to_json
+from dbos_async.executor.serialization import Signature
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.statements import STREAM_CLOSED_SERIALIZED
 
 logger = logging.getLogger("dbos_async")
 
@@ -258,14 +257,14 @@ class DBOS(Operator):
 
     def set_event(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
         """Publish ``value`` under ``key`` for the current workflow (from it or a step)."""
-        text = to_json(value, f"event {key!r}")
+        text = self.runtime.formats.encode(value, f"event {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.set_event(ctx, workflow_of_step(), step_id, key, text)
 
     def write_stream(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
         """Append ``value`` to the current workflow's stream ``key``."""
-        text = to_json(value, f"a value of stream {key!r}")
+        text = self.runtime.formats.encode(value, f"a value of stream {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key, text,
@@ -276,7 +275,7 @@ class DBOS(Operator):
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key,
-                                      STREAM_CLOSED_SERIALIZED, messaging.CLOSE_STREAM)
+                                      messaging.CLOSED_MARKER, messaging.CLOSE_STREAM)
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         """Sleep durably: in a workflow the wake-up time is a checkpoint, so a recovered

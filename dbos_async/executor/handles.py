@@ -16,7 +16,7 @@ from dbos_async.errors import (
 )
 from dbos_async.executor.authentication import roles_from_column
 from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.serialization import Signature, from_json
+from dbos_async.executor.serialization import Formats, Signature
 from dbos_async.sysdb.database import Outcome
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import bind_shard_keys
@@ -96,14 +96,16 @@ class WorkflowInputs:
     kwargs: dict[str, Any]
 
 
-def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | None) -> Any:
+def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | None,
+                  formats: Formats) -> Any:
     """The value a terminal outcome returns, or the exception it raises."""
     if outcome.status == SUCCESS:
         if signature is None:
-            return from_json(outcome.output, outcome.serialization, f"the result of {workflow_id}")
-        return signature.deserialize_result(outcome.output, outcome.serialization)
+            return formats.decode(outcome.output, outcome.serialization,
+                                  f"the result of {workflow_id}")
+        return signature.deserialize_result(outcome.output, outcome.serialization, formats)
     if outcome.status == ERROR:
-        raise deserialize_error(outcome.error, outcome.serialization)
+        raise deserialize_error(outcome.error, outcome.serialization, formats)
     if outcome.status == CANCELLED:
         raise WorkflowCancelledError(workflow_id)
     if outcome.status == MAX_RECOVERY_ATTEMPTS_EXCEEDED:
@@ -164,7 +166,7 @@ class WorkflowHandle(Generic[R]):
                 self.workflow_id, self._peer.config.result_poll_interval
             )
         signature = self._signature or self._peer.signature_of(outcome.name)
-        result: R = outcome_value(self.workflow_id, outcome, signature)
+        result: R = outcome_value(self.workflow_id, outcome, signature, self._peer.formats)
         return result
 
     async def get_status(self) -> WorkflowStatus:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.executor.context import WorkflowContext
 from dbos_async.executor.recorded_errors import recorded_error
-from dbos_async.executor.serialization import from_json, to_json
+from dbos_async.executor.serialization import to_json
 from dbos_async.executor.steps import replay
 from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
@@ -33,7 +33,12 @@ from dbos_async.sysdb.notifications import (
     remaining,
 )
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
-from dbos_async.sysdb.statements import ACTIVE_STATUSES, STREAM_CLOSED_SERIALIZED
+from dbos_async.sysdb.statements import (
+    ACTIVE_STATUSES,
+    PORTABLE_JSON,
+    STREAM_CLOSED_SERIALIZED,
+    Payload,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.handles import WorkflowHandle
@@ -49,6 +54,13 @@ GET_EVENT = "DBOS.getEvent"
 SLEEP = "DBOS.sleep"
 WRITE_STREAM = "DBOS.writeStream"
 CLOSE_STREAM = "DBOS.closeStream"
+
+# The value every DBOS SDK closes a stream with, and its portable form (what close_stream
+# writes); read back in any format, it ends a read.
+STREAM_CLOSED = "__DBOS_STREAM_CLOSED__"
+CLOSED_MARKER = Payload(STREAM_CLOSED_SERIALIZED)
+# What a read that found nothing (a recv or get_event timing out) records.
+NOTHING = Payload("null")
 
 
 def _dispatcher(sysdb: SystemDatabase) -> NotificationDispatcher:
@@ -87,16 +99,19 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
     return deadline
 
 
-async def _record_value(ctx: WorkflowContext, step_id: int, name: str, output: str) -> Any:
-    """Record a read's result as its checkpoint; a record already there wins."""
+async def _record_value(ctx: WorkflowContext, step_id: int, name: str,
+                        output: Payload) -> Any:
+    """Record a read's result (as stored, in its own format) as its checkpoint; a record
+    already there wins."""
     started = now_ms()
     existing = await ctx.runtime.system_database.record_step(
-        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
-        started_at_ms=started, completed_at_ms=started,
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
+        started_at_ms=started, completed_at_ms=started, serialization=output.serialization,
     )
     if existing is not None:
         return replay(ctx, step_id, name, existing)
-    return from_json(output, None, f"the output of {name}")
+    return ctx.runtime.formats.decode(output.text, output.serialization,
+                                      f"the output of {name}")
 
 
 # ---- send / recv ----
@@ -112,7 +127,7 @@ def message_address(destination_id: str, topic: str | None,
 
 
 async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-               step_id: int | None, destination_id: str, message: str, topic: str | None,
+               step_id: int | None, destination_id: str, message: Payload, topic: str | None,
                idempotency_key: str | None) -> None:
     sysdb = peer.system_database
     topic, message_uuid = message_address(destination_id, topic, idempotency_key)
@@ -134,11 +149,12 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
         except NonExistentWorkflowError as missing:
             # Recorded as the step's outcome, so a replay raises the same error.
             started = now_ms()
-            text, recorded = recorded_error(missing)
+            text, recorded = recorded_error(missing, ctx.runtime.formats)
             with ctx.routed():
                 await sysdb.record_step(ctx.workflow_id, step_id, SEND, ctx.owner_xid,
                                         output=None, error=text, started_at_ms=started,
-                                        completed_at_ms=started)
+                                        completed_at_ms=started,
+                                        serialization=ctx.runtime.formats.name)
             raise recorded from missing
         if existing is not None:
             replay(ctx, step_id, SEND, existing)
@@ -176,10 +192,10 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
                     ctx.workflow_id, step_id, ctx.owner_xid, topic
                 )
             if found:
-                return from_json(message, serialization, "a received message")
+                return ctx.runtime.formats.decode(message, serialization, "a received message")
             left = remaining(deadline)
             if left is not None and left <= 0:
-                return await _record_value(ctx, step_id, RECV, "null")
+                return await _record_value(ctx, step_id, RECV, NOTHING)
             # Interrupted if the workflow is cancelled meanwhile.
             with ctx.runtime.cancellation.region(ctx):
                 await w.wait(left)
@@ -189,7 +205,7 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
 
 
 async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-                    step_id: int | None, key: str, value: str) -> None:
+                    step_id: int | None, key: str, value: Payload) -> None:
     if ctx is not None and step_id is not None:
         done, _ = _recorded(ctx, step_id, SET_EVENT)
         if done:
@@ -233,7 +249,8 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
     if ctx is None or step_id is None or timeout_id is None:
         deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
         found = await _poll_event(sysdb, workflow_id, key, deadline)
-        return from_json(found[0], found[1], "an event") if found is not None else None
+        return (peer.formats.decode(found[0], found[1], "an event") if found is not None
+                else None)
     done, value = _recorded(ctx, step_id, GET_EVENT)
     if done:
         return value
@@ -247,14 +264,15 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
         found = await _poll_event(sysdb, workflow_id, key, deadline)
     with ctx.routed():
         if found is None:
-            return await _record_value(ctx, step_id, GET_EVENT, "null")
-        from_json(found[0], found[1], "an event")  # check it before recording it
-        return await _record_value(ctx, step_id, GET_EVENT, found[0])
+            return await _record_value(ctx, step_id, GET_EVENT, NOTHING)
+        peer.formats.decode(found[0], found[1], "an event")  # check it before recording it
+        return await _record_value(ctx, step_id, GET_EVENT,
+                                   Payload(found[0], found[1] or PORTABLE_JSON))
 
 
 async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:
     rows = await peer.system_database.get_all_events(workflow_id)
-    return {key: from_json(value, serialization, f"event {key!r}")
+    return {key: peer.formats.decode(value, serialization, f"event {key!r}")
             for key, value, serialization in rows}
 
 
@@ -262,7 +280,7 @@ async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:
 
 
 async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-                       step_id: int | None, key: str, value: str, name: str) -> None:
+                       step_id: int | None, key: str, value: Payload, name: str) -> None:
     if ctx is not None and step_id is not None:
         done, _ = _recorded(ctx, step_id, name)
         if done:
@@ -304,9 +322,12 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
             if status is None:
                 raise NonExistentWorkflowError(workflow_id)
             if found:
-                if value == STREAM_CLOSED_SERIALIZED:
+                decoded = peer.formats.decode(value, serialization,
+                                              f"stream {key!r} at offset {offset}")
+                # The close marker, in whatever format its writer used.
+                if decoded == STREAM_CLOSED:
                     return
-                yield from_json(value, serialization, f"stream {key!r} at offset {offset}")
+                yield decoded
                 offset += 1
                 continue
             if status not in ACTIVE_STATUSES:

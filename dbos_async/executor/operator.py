@@ -36,7 +36,6 @@ from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus, workflow
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.schedule_api import ScheduleOperator
-from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import WorkflowFilter
@@ -137,12 +136,12 @@ class Operator(ScheduleOperator):
         but lands only while the workflow is still owned by this execution; elsewhere it is a
         plain insert. With ``idempotency_key`` a repeated send delivers once.
         """
-        text = to_json(message, "a message")
         ctx, step_ctx = self._contexts()
+        peer = self._caller_peer(ctx or step_ctx)
+        text = peer.formats.encode(message, "a message")
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return _routed({destination_id: shard_key}, messaging.send(
-            self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id, destination_id, text,
-            topic, idempotency_key))
+            peer, ctx, step_ctx, step_id, destination_id, text, topic, idempotency_key))
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:

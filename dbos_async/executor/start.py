@@ -35,9 +35,17 @@ from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
 from dbos_async.executor.registry import WorkflowInfo, instance_name
 from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.serialization import Formats
 from dbos_async.sysdb.database import StartResult, StepRecord, now_ms
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.sysdb.statements import DELAYED, ENQUEUED, PENDING, NewWorkflow, ParentStep
+from dbos_async.sysdb.statements import (
+    DELAYED,
+    ENQUEUED,
+    PENDING,
+    NewWorkflow,
+    ParentStep,
+    Payload,
+)
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,7 @@ class StartPlan:
         return self.row.shard_key
 
 
-def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
+def plan_start(call: CallContext, *, name: str, inputs: Payload, executor_id: str,
                application_version: str | None, placement: Placement | None = None,
                class_name: str | None = None, config_name: str | None = None) -> StartPlan:
     """The row of a new workflow. Started now (no ``placement``), its own timeout counts
@@ -165,7 +173,8 @@ def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
     row = NewWorkflow(
         workflow_id=new_workflow_id(call),
         name=name,
-        inputs=inputs,
+        inputs=inputs.text,
+        serialization=inputs.serialization,
         executor_id=executor_id,
         application_version=application_version,
         created_at_ms=created_at,
@@ -197,11 +206,11 @@ class Arguments:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     config_name: str | None
-    inputs: str
+    inputs: Payload
 
     @classmethod
-    def of(cls, info: WorkflowInfo, args: tuple[Any, ...],
-           kwargs: dict[str, Any]) -> Arguments:
+    def of(cls, info: WorkflowInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+           formats: Formats) -> Arguments:
         instance: object | None = None
         if info.is_method:
             if not args:
@@ -209,7 +218,7 @@ class Arguments:
             instance, args = args[0], args[1:]
         return cls(instance, args, kwargs,
                    instance_name(instance) if instance is not None else None,
-                   info.signature.serialize_inputs(args, kwargs))
+                   info.signature.serialize_inputs(args, kwargs, formats))
 
     @property
     def call_args(self) -> tuple[Any, ...]:
@@ -263,7 +272,7 @@ def replayed_child(runtime: Runtime, parent: WorkflowContext, step_id: int,
     if recorded.function_name != info.name:
         raise NondeterminismError(parent.workflow_id, step_id, recorded.function_name, info.name)
     if recorded.error is not None:  # An enqueue its deduplication ID rejected.
-        raise deserialize_error(recorded.error, recorded.serialization)
+        raise deserialize_error(recorded.error, recorded.serialization, runtime.formats)
     if recorded.child_workflow_id is None:
         raise DBOSError(f"Step {step_id} of {parent.workflow_id} recorded no child workflow")
     return workflow_handle(runtime, recorded.child_workflow_id, signature=info.signature,
@@ -281,12 +290,13 @@ async def record_child_step(
     ``child``'s handle, or raises ``error`` (recorded)."""
     child_id = child[0] if child is not None else None
     # A rejection reaches the body in its recorded form, as a replay raises it.
-    text, recorded = recorded_error(error) if error is not None else (None, None)
+    formats = runtime.formats
+    text, recorded = recorded_error(error, formats) if error is not None else (None, None)
     with bind_shard_keys({child_id: child_shard_key} if child_id is not None else {}):
         existing = await runtime.system_database.record_step(
             parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
             error=text, started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
-            child_workflow_id=child_id,
+            child_workflow_id=child_id, serialization=formats.name,
         )
     if existing is not None:  # Another execution of the parent recorded this step first.
         return replayed_child(runtime, parent, step.function_id, info, existing)
@@ -305,7 +315,7 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
     replayed = replayed_start(runtime, call, info)
     if replayed is not None:
         return replayed
-    arguments = Arguments.of(info, args, kwargs)
+    arguments = Arguments.of(info, args, kwargs, runtime.formats)
     plan = plan_registered(runtime, call, info, arguments)
     # From the insert until the launch, the new PENDING row must not look crashed to recovery.
     async with runtime.claim_gate.claiming():
@@ -314,7 +324,8 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
         if started.created:
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
                              arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms,
-                             plan.shard_key, plan.row.attributes, plan.authentication)
+                             plan.shard_key, plan.row.attributes, plan.authentication,
+                             plan.row.serialization)
         else:
             check_name(started, plan.workflow_id, info.name)
         return workflow_handle(runtime, plan.workflow_id, signature=info.signature,

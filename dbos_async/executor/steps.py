@@ -24,7 +24,7 @@ from dbos_async.executor.authentication import (
 )
 from dbos_async.executor.context import WorkflowContext, current_workflow, running_step
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
-from dbos_async.executor.serialization import Signature, from_json
+from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.database import StepRecord, now_ms
 
 RetryOn = (
@@ -141,13 +141,14 @@ def replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord,
 
     With a signature the output is coerced to its return annotation; without, it is plain JSON.
     """
+    formats = ctx.runtime.formats
     if record.function_name != name:
         raise NondeterminismError(ctx.workflow_id, step_id, record.function_name, name)
     if record.error is not None:
-        raise deserialize_error(record.error, record.serialization)
+        raise deserialize_error(record.error, record.serialization, formats)
     if signature is None:
-        return from_json(record.output, record.serialization, f"the output of {name}")
-    return signature.deserialize_result(record.output, record.serialization)
+        return formats.decode(record.output, record.serialization, f"the output of {name}")
+    return signature.deserialize_result(record.output, record.serialization, formats)
 
 
 async def run_checkpointed(
@@ -171,19 +172,21 @@ async def run_checkpointed(
                 raise
             raise WorkflowCancelledError(ctx.workflow_id) from error
         # The workflow body gets the error as a replay will: in its recorded form.
-        text, failure = recorded_error(error)
+        formats = ctx.runtime.formats
+        text, failure = recorded_error(error, formats)
         existing = await sysdb.record_step(
             ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
             error=text, started_at_ms=started, completed_at_ms=now_ms(),
+            serialization=formats.name,
         )
         if existing is not None:
             return replay(ctx, step_id, name, existing, info.signature)
         raise failure from failure.__cause__  # the original, or a replayed error's own
     # A value that cannot be serialized fails here, before anything is written.
-    output = info.signature.serialize_result(value)
+    output = info.signature.serialize_result(value, ctx.runtime.formats)
     existing = await sysdb.record_step(
-        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
-        started_at_ms=started, completed_at_ms=now_ms(),
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
+        started_at_ms=started, completed_at_ms=now_ms(), serialization=output.serialization,
     )
     if existing is not None:
         return replay(ctx, step_id, name, existing, info.signature)

@@ -34,6 +34,7 @@ from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.database import StepRecord, WorkflowRow, now_ms
 from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.statements import PORTABLE_JSON
 
 logger = logging.getLogger("dbos_async")
 
@@ -62,13 +63,14 @@ def launch(
     shard_key: str | None,
     attributes: str | None = None,
     authentication: Authentication = NO_AUTHENTICATION,
+    serialization: str | None = None,
 ) -> Execution:
     """Run a workflow body this execution owns, as a task of the runtime (``attributes``:
     its stored attributes, which may carry the trace its span continues; ``authentication``:
-    the identity it runs under)."""
+    the identity it runs under; ``serialization``: the format of its row)."""
     execution = Execution(info)
     ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
-                          shard_key, authentication)
+                          shard_key, authentication, serialization)
     runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
     runtime.workflows.spawn(_run(ctx, execution, args, kwargs, attributes),
@@ -91,7 +93,8 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
                                                                row.assumed_role))
     except NotAuthorizedError as refused:
         return await _refuse(runtime, info, row, row.owner_xid, refused)
-    args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
+    args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization,
+                                                     runtime.formats)
     if info.is_method:
         args = (runtime.registry.instance(row.class_name, row.config_name), *args)
     # A resumed or forked workflow continues from its own or copied checkpoints; a queue
@@ -100,7 +103,8 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
         checkpoints = (await runtime.system_database.load_checkpoints(row.workflow_id)
                        if row.has_checkpoints else {})
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
-                  row.deadline_epoch_ms, row.shard_key, row.attributes, authentication)
+                  row.deadline_epoch_ms, row.shard_key, row.attributes, authentication,
+                  row.serialization or PORTABLE_JSON)
 
 
 async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_xid: str,
@@ -108,7 +112,8 @@ async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_
     """End a claimed workflow with ``refused`` (fenced by this claim's owner) without
     running it; the execution returned has already failed with it."""
     logger.error("Workflow %s cannot run: %s", row.workflow_id, refused)
-    text, recorded = recorded_error(refused)
+    text, recorded = recorded_error(refused, runtime.formats,
+                                    row.serialization or PORTABLE_JSON)
     with bind_shard_keys({row.workflow_id: row.shard_key}):
         if await runtime.system_database.record_outcome(row.workflow_id, owner_xid,
                                                         error=text):
@@ -177,16 +182,18 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
             recorded = False
         elif error is not None:
             # The caller gets the failure as a replay will: in its recorded form.
-            text, error = recorded_error(error)
+            text, error = recorded_error(error, runtime.formats, ctx.serialization)
             recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
         else:
             try:
-                output = execution.info.signature.serialize_result(value)
+                output = execution.info.signature.serialize_result(value, runtime.formats,
+                                                                   ctx.serialization)
             except SerializationError as bad:
-                text, error = recorded_error(bad)
+                text, error = recorded_error(bad, runtime.formats, ctx.serialization)
                 recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
             else:
-                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, output=output)
+                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid,
+                                                      output=output.text)
         if recorded:
             # Handles waiting elsewhere wake on this (sent after the outcome committed).
             runtime.notify_completion(workflow_id)
@@ -199,7 +206,8 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
         logger.info("Workflow %s is recorded by another execution; adopting its outcome",
                     workflow_id)
         outcome = await sysdb.wait_outcome(workflow_id, runtime.config.result_poll_interval)
-        adopted = outcome_value(workflow_id, outcome, execution.info.signature)
+        adopted = outcome_value(workflow_id, outcome, execution.info.signature,
+                                runtime.formats)
         future.set_result(adopted)
     except asyncio.CancelledError:
         future.cancel()

@@ -38,9 +38,11 @@ from dbos_async.sysdb.statements import (
     CANCELLED,
     ERROR,
     PENDING,
+    PORTABLE_JSON,
     SUCCESS,
     NewWorkflow,
     ParentStep,
+    Payload,
     Query,
     WorkflowRef,
 )
@@ -116,7 +118,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         return await self._retried("firing a schedule", run)
 
     async def send_on(self, conn: asyncpg.Connection, destination_id: str, message_uuid: str,
-                      topic: str, message: str) -> None:
+                      topic: str, message: Payload) -> None:
         """Insert a message on the caller's connection (see :meth:`send`). On a sharded
         schema, which has no trigger to notify the receiver, the notification is queued in
         the caller's transaction too."""
@@ -146,15 +148,17 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         started_at_ms: int,
         completed_at_ms: int,
         child_workflow_id: str | None = None,
+        serialization: str = PORTABLE_JSON,
     ) -> StepRecord | None:
-        """Checkpoint a step; returns the existing record if one was already there.
+        """Checkpoint a step (``serialization``: the format of its output or error);
+        returns the existing record if one was already there.
 
         Raises :class:`WorkflowCancelledError` if the workflow was cancelled and
         :class:`WorkflowConflictError` if this execution no longer owns it.
         """
         query = self.sql.record_step(
             workflow_id, function_id, function_name, owner_xid, output, error,
-            started_at_ms, completed_at_ms, child_workflow_id,
+            started_at_ms, completed_at_ms, child_workflow_id, serialization,
         )
         what = f"checkpointing step {function_id} of {workflow_id}"
         if await self._fetchrow(query, what) is not None:
@@ -259,7 +263,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         except asyncpg.ForeignKeyViolationError:
             raise NonExistentWorkflowError(destination_id) from None
 
-    async def send(self, destination_id: str, message_uuid: str, topic: str, message: str
+    async def send(self, destination_id: str, message_uuid: str, topic: str, message: Payload
                    ) -> None:
         """Send from outside a workflow; idempotent by ``message_uuid``."""
         query = self.sql.send_message(destination_id, message_uuid, topic, message)
@@ -269,14 +273,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
             raise NonExistentWorkflowError(destination_id) from None
 
     async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
-                          message_uuid: str, topic: str, message: str) -> None:
+                          message_uuid: str, topic: str, message: Payload) -> None:
         query = self.sql.send_message_fenced(workflow_id, owner_xid, destination_id,
                                              message_uuid, topic, message)
         row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
         self._check_fence(row, workflow_id)
 
     async def send_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                            destination_id: str, message_uuid: str, topic: str, message: str
+                            destination_id: str, message_uuid: str, topic: str, message: Payload
                             ) -> StepRecord | None:
         query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
                                                destination_id, message_uuid, topic, message,
@@ -286,7 +290,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
 
     async def send_recorded_across(self, sender: WorkflowAddress, function_id: int,
                                    owner_xid: str, destination: WorkflowAddress,
-                                   message_uuid: str, topic: str, message: str
+                                   message_uuid: str, topic: str, message: Payload
                                    ) -> StepRecord | None:
         """A workflow's send to a workflow under another shard key: the sender's checkpoint
         and the message, one statement per key, in one transaction, so the message lands
@@ -334,13 +338,13 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         return False, None, None
 
     async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                                 key: str, value: str) -> StepRecord | None:
+                                 key: str, value: Payload) -> StepRecord | None:
         query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key, value,
                                             now_ms())
         row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
         return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
 
-    async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str
+    async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload
                                ) -> None:
         query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
         self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
@@ -365,14 +369,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         raise RuntimeError(f"Could not append to stream {key!r} of {workflow_id}")
 
     async def write_stream_recorded(self, workflow_id: str, function_id: int,
-                                    function_name: str, owner_xid: str, key: str, value: str
+                                    function_name: str, owner_xid: str, key: str, value: Payload
                                     ) -> StepRecord | None:
         query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
                                                owner_xid, key, value, now_ms())
         row = await self._write_stream(query, workflow_id, key)
         return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
 
-    async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str,
+    async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
                                   function_id: int = 0) -> None:
         query = self.sql.write_stream_fenced(workflow_id, owner_xid, key, value, function_id)
         self._check_fence(await self._write_stream(query, workflow_id, key), workflow_id)

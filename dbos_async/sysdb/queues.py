@@ -10,7 +10,7 @@ import asyncpg
 
 from dbos_async.sysdb.core import DatabaseCore, now_ms
 from dbos_async.sysdb.records import WorkflowRow, workflow_row
-from dbos_async.sysdb.statements import QueueRecord
+from dbos_async.sysdb.statements import Payload, QueueRecord
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class QueueOperations(DatabaseCore):
                                    "reading a deduplicated workflow")
         return (row["workflow_uuid"], row["name"]) if row is not None else None
 
-    async def debounce_existing(self, queue_name: str, key: str, name: str, inputs: str,
+    async def debounce_existing(self, queue_name: str, key: str, name: str, inputs: Payload,
                                 delay_until_ms: int) -> str | None:
         query = self.sql.debounce_existing(queue_name, key, name, inputs, delay_until_ms,
                                            now_ms())

@@ -100,7 +100,7 @@ class Debouncer(Generic[P, R]):
         assert key is not None
         placement = replace(placement_of(queue, options), debounced=True,
                             max_delay=self.max_delay)
-        arguments = Arguments.of(info, args, kwargs)
+        arguments = Arguments.of(info, args, kwargs, runtime.formats)
         sysdb = runtime.system_database
         for _ in range(50):
             until = now_ms() + int(self.period * 1000)

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from dbos_async.sysdb.statements.base import (
     ACTIVE_STATUSES,
-    PORTABLE_JSON,
     Params,
+    Payload,
     Query,
     StatementBase,
     Writes,
@@ -16,7 +16,7 @@ from dbos_async.sysdb.statements.base import (
 
 class MessagingStatements(StatementBase):
     def _insert_message(
-        self, destination_id: str, message_uuid: str, topic: str, message: str,
+        self, destination_id: str, message_uuid: str, topic: str, message: Payload,
         source: str | None, p: Params,
     ) -> str:
         """A message insert; a repeated message_uuid is ignored. The trigger on
@@ -27,14 +27,14 @@ class MessagingStatements(StatementBase):
             "message_uuid": p(message_uuid, "text"),
             "destination_uuid": p(destination_id, "text"),
             "topic": p(topic, "text"),
-            "message": p(message, "text"),
-            "serialization": p(PORTABLE_JSON, "text"),
+            "message": p(message.text, "text"),
+            "serialization": p(message.serialization, "text"),
         })
         return self._insert_select("notifications", values, source,
                                    f"ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING")
 
     def send_message(
-        self, destination_id: str, message_uuid: str, topic: str, message: str
+        self, destination_id: str, message_uuid: str, topic: str, message: Payload
     ) -> Query:
         """A message from outside a workflow."""
         p = Params()
@@ -43,7 +43,7 @@ class MessagingStatements(StatementBase):
 
     def send_message_fenced(
         self, workflow_id: str, owner_xid: str, destination_id: str, message_uuid: str,
-        topic: str, message: str,
+        topic: str, message: Payload,
     ) -> Query:
         """A message from a step of ``workflow_id``: only while the caller owns it."""
         p = Params()
@@ -52,7 +52,7 @@ class MessagingStatements(StatementBase):
 
     def send_message_recorded(
         self, workflow_id: str, function_id: int, owner_xid: str, destination_id: str,
-        message_uuid: str, topic: str, message: str, now_ms: int,
+        message_uuid: str, topic: str, message: Payload, now_ms: int,
     ) -> Query:
         """A workflow's send: its checkpoint and the message, in one fenced statement."""
         p = Params()
@@ -61,7 +61,7 @@ class MessagingStatements(StatementBase):
             self._message_writes(destination_id, message_uuid, topic, message, p))
 
     def _message_writes(self, destination_id: str, message_uuid: str, topic: str,
-                        message: str, p: Params) -> Writes:
+                        message: Payload, p: Params) -> Writes:
         return lambda source: [("sent", self._insert_message(
             destination_id, message_uuid, topic, message, source, p))]
 
@@ -81,7 +81,8 @@ class MessagingStatements(StatementBase):
         fid = p(function_id, "integer")
         step = self._step_cte(workflow_id, function_id, "DBOS.recv", owner_xid, p,
                               output=None, started_at_ms=now_ms, completed_at_ms=now_ms,
-                              output_sql="consumed.message", source="consumed")
+                              output_sql="consumed.message",
+                              serialization_sql="consumed.serialization", source="consumed")
         return Query(
             f"""WITH {owner}, msg AS (
                   -- Lock the oldest waiting message; SKIP LOCKED passes one being consumed.
@@ -116,7 +117,8 @@ class MessagingStatements(StatementBase):
         )
 
     def _event_writes(
-        self, workflow_id: str, key: str, value: str, function_id: int | None, source: str,
+        self, workflow_id: str, key: str, value: Payload, function_id: int | None,
+        source: str,
         p: Params,
     ) -> list[tuple[str, str]]:
         """The event's latest value and, for a workflow's own set_event (``function_id``),
@@ -124,7 +126,8 @@ class MessagingStatements(StatementBase):
         replace = "DO UPDATE SET value = EXCLUDED.value, serialization = EXCLUDED.serialization"
         latest = self._key_values(workflow_id, p)
         latest.update({"workflow_uuid": p(workflow_id, "text"), "key": p(key, "text"),
-                       "value": p(value, "text"), "serialization": p(PORTABLE_JSON, "text")})
+                       "value": p(value.text, "text"),
+                       "serialization": p(value.serialization, "text")})
         writes = [("event", self._insert_select(
             "workflow_events", latest, source,
             f"ON CONFLICT ({self.key_conflict('workflow_uuid', 'key')}) {replace}"))]
@@ -137,7 +140,7 @@ class MessagingStatements(StatementBase):
         return writes
 
     def set_event_recorded(
-        self, workflow_id: str, function_id: int, owner_xid: str, key: str, value: str,
+        self, workflow_id: str, function_id: int, owner_xid: str, key: str, value: Payload,
         now_ms: int,
     ) -> Query:
         """A workflow's set_event: checkpoint, latest value and history row, one statement."""
@@ -146,7 +149,8 @@ class MessagingStatements(StatementBase):
             workflow_id, function_id, "DBOS.setEvent", owner_xid, now_ms, p,
             lambda source: self._event_writes(workflow_id, key, value, function_id, source, p))
 
-    def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str) -> Query:
+    def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str,
+                         value: Payload) -> Query:
         """set_event from a step: the latest value, written only while the caller owns it."""
         p = Params()
         return self._fenced_write(
@@ -170,27 +174,28 @@ class MessagingStatements(StatementBase):
         )
 
     def _stream_write(
-        self, workflow_id: str, key: str, value: str, function_id: int, source: str, p: Params
+        self, workflow_id: str, key: str, value: Payload, function_id: int, source: str,
+        p: Params,
     ) -> list[tuple[str, str]]:
         key_ref = p(key, "text")
         values = self._key_values(workflow_id, p)
         values.update({
             "workflow_uuid": p(workflow_id, "text"),
             "key": key_ref,
-            "value": p(value, "text"),
+            "value": p(value.text, "text"),
             # The next offset, derived in the insert; a concurrent writer that took the same
             # one fails the primary key and the caller retries.
             '"offset"': f"""COALESCE((SELECT max(s."offset") FROM {self.table('streams')} s
                                 WHERE {self.wf('s', workflow_id, p)} AND s.key = {key_ref}),
                                -1) + 1""",
             "function_id": p(function_id, "integer"),
-            "serialization": p(PORTABLE_JSON, "text"),
+            "serialization": p(value.serialization, "text"),
         })
         return [("written", self._insert_select("streams", values, source))]
 
     def write_stream_recorded(
         self, workflow_id: str, function_id: int, function_name: str, owner_xid: str,
-        key: str, value: str, now_ms: int,
+        key: str, value: Payload, now_ms: int,
     ) -> Query:
         """A workflow's stream write (or close): checkpoint and value, in one fenced statement."""
         p = Params()
@@ -199,7 +204,7 @@ class MessagingStatements(StatementBase):
             lambda source: self._stream_write(workflow_id, key, value, function_id, source, p))
 
     def write_stream_fenced(
-        self, workflow_id: str, owner_xid: str, key: str, value: str, function_id: int
+        self, workflow_id: str, owner_xid: str, key: str, value: Payload, function_id: int
     ) -> Query:
         """A stream write from a step: only while the caller owns the workflow; not recorded."""
         p = Params()

@@ -169,6 +169,7 @@ class WorkflowStatements(StatementBase):
         started_at_ms: int,
         completed_at_ms: int,
         child_workflow_id: str | None = None,
+        serialization: str = PORTABLE_JSON,
     ) -> Query:
         """Fence, notice cancellation and record a step's outcome, in one statement: the
         checkpoint is selected from the workflow's status row, locked FOR NO KEY UPDATE so no
@@ -180,7 +181,8 @@ class WorkflowStatements(StatementBase):
         values = self._checkpoint_values(
             self._key_values_of("ws"), workflow_id, function_id, function_name, p,
             output=output, error=error, started_at_ms=started_at_ms,
-            completed_at_ms=completed_at_ms, child_workflow_id=child_workflow_id)
+            completed_at_ms=completed_at_ms, child_workflow_id=child_workflow_id,
+            serialization=serialization)
         source = f"""{self.table('workflow_status')} ws
                      WHERE {self.wf('ws', workflow_id, p)} AND ws.status = {p(PENDING)}
                        AND ws.owner_xid = {p(owner_xid)}
