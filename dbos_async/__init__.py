@@ -54,6 +54,7 @@ from dbos_async.executor.queues import (
 )
 from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
+from dbos_async.executor.serialization import Serializer
 from dbos_async.executor.steps import RetryOn
 from dbos_async.sysdb.migrations import holds_sharded_schema
 from dbos_async.sysdb.setup import migrate
@@ -90,6 +91,7 @@ __all__ = [
     "ScheduleDefinition",
     "ScheduleError",
     "SerializationError",
+    "Serializer",
     "SetAuthentication",
     "SetEnqueueOptions",
     "SetShardKey",

@@ -13,9 +13,11 @@ process singleton with threads):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from typing import Any
 
 from helpers import new_dbos
@@ -97,6 +99,37 @@ def lines(stdout: str, tag: str) -> list[Any]:
             if line.startswith(tag + " ")]
 
 
+@contextlib.asynccontextmanager
+async def script_running(script: str, database_url: str,
+                         tag: bytes) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run ``script`` on the database in a subprocess; the block starts once it printed a
+    line starting with ``tag`` (its readiness; another line first fails with its output).
+    A block that fails kills it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, database_url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        ready = await asyncio.wait_for(proc.stdout.readline(), PATIENCE)
+        if not ready.startswith(tag):
+            _, err = await proc.communicate()
+            raise AssertionError(f"{ready!r}\n{err.decode()}")
+        yield proc
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+
+
+async def script_output(proc: asyncio.subprocess.Process) -> str:
+    """What the script printed after its readiness line, once it exited successfully."""
+    rest, err = await asyncio.wait_for(proc.communicate(), PATIENCE)
+    stdout = rest.decode()
+    assert proc.returncode == 0, f"{stdout}\n{err.decode()}"
+    return stdout
+
+
 def listed(statuses: list[WorkflowStatus]) -> dict[str, list[Any]]:
     return {s.workflow_id: [s.workflow_id, s.status, s.name, s.queue_name, s.created_at,
                             s.updated_at] for s in statuses}
@@ -159,29 +192,14 @@ async def test_our_client_with_dbos_executor(database_url: str) -> None:
     async with client:
         handle = await client.enqueue("interop-b", "dbos_work", 7, label="y",
                                       workflow_id="to-dbos", application_version="interop-v")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _DBOS_EXECUTOR_SCRIPT, database_url,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            assert proc.stdout is not None
-            ready = await asyncio.wait_for(proc.stdout.readline(), PATIENCE)
-            if not ready.startswith(b"READY"):
-                _, err = await proc.communicate()
-                raise AssertionError(f"{ready!r}\n{err.decode()}")
+        async with script_running(_DBOS_EXECUTOR_SCRIPT, database_url, b"READY") as proc:
             # (c) our send reaches its workflow, and we read its event.
             await client.send("dbos-chat", "hi", topic="ping")
             assert await client.get_event("dbos-chat", "pong", timeout=30) == "pong:hi"
             # (b) its executor ran what our client enqueued.
             result = await asyncio.wait_for(handle.get_result(), PATIENCE)
             assert result == {"label": "y", "value": 21}
-            rest, err = await asyncio.wait_for(proc.communicate(), PATIENCE)
-        except BaseException:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            raise
-        stdout = rest.decode()
-        assert proc.returncode == 0, f"{stdout}\n{err.decode()}"
+            stdout = await script_output(proc)
         assert lines(stdout, "CHAT") == ["hi"]
         steps = await client.list_workflow_steps("to-dbos")
         # dbos records a step's output with its default serializer (py_pickle), which we
