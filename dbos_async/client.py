@@ -179,7 +179,8 @@ class DBOSClient(Operator, Peer):
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
         """Enqueue workflow ``workflow_name`` on ``queue_name`` with these arguments (stored
-        as portable JSON), for any executor that registers it. Like the SQL function
+        as portable JSON, or with the client's ``serializer``), for any executor that
+        registers it. Like the SQL function
         ``enqueue_workflow``: an existing ``workflow_id`` returns that workflow; a
         ``deduplication_id`` held by an active workflow of the queue raises
         :class:`QueueDeduplicatedError` (``deduplication_policy="reject"``) or returns that

@@ -101,6 +101,10 @@ class PythonPickle:
 
 PORTABLE = PortableJSON()
 
+
+def _capitalized(what: str) -> str:
+    return what[:1].upper() + what[1:]
+
 _PICKLE_REFUSED = (
     "{what} was stored with serialization 'py_pickle' (Python pickle, the dbos package's "
     "default); unpickling runs code chosen by whoever can write the system database, so it "
@@ -136,9 +140,9 @@ class Formats:
         if found is not None:
             return found
         if name == PY_PICKLE:
-            raise SerializationError(_PICKLE_REFUSED.format(what=what[:1].upper() + what[1:]))
+            raise SerializationError(_PICKLE_REFUSED.format(what=_capitalized(what)))
         raise SerializationError(
-            f"{what[:1].upper() + what[1:]} was stored with serialization {name!r}, which "
+            f"{_capitalized(what)} was stored with serialization {name!r}, which "
             f"this process does not read (it reads {sorted(self._readers)}): configure "
             f"serializer= with the serializer named {name!r}"
         )
@@ -171,7 +175,7 @@ class Formats:
             return fmt.deserialize(text)
         except Exception as error:
             raise SerializationError(
-                f"{what[:1].upper() + what[1:]} cannot be read as {fmt.name()!r}: "
+                f"{_capitalized(what)} cannot be read as {fmt.name()!r}: "
                 f"{type(error).__name__}: {error}") from None
 
     def encode_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -196,12 +200,12 @@ class Formats:
         positional_key, named_key = ("positionalArgs", "namedArgs") if portable \
             else ("args", "kwargs")
         if not isinstance(data, dict):
-            raise SerializationError(f"{label[:1].upper() + label[1:]} are not an object "
+            raise SerializationError(f"{_capitalized(label)} are not an object "
                                      f"with {positional_key!r} and {named_key!r}")
         positional = data.get(positional_key) or []
         named = data.get(named_key) or {}
         if not isinstance(positional, list | tuple) or not isinstance(named, dict):
-            raise SerializationError(f"{label[:1].upper() + label[1:]} have malformed "
+            raise SerializationError(f"{_capitalized(label)} have malformed "
                                      f"{positional_key!r} or {named_key!r}")
         return list(positional), dict(named)
 
