@@ -38,6 +38,7 @@ from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowS
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
+from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.queues import (
     Debouncer,
     DeduplicationPolicy,
@@ -81,6 +82,7 @@ __all__ = [
     "RetryOn",
     "ScheduleDefinition",
     "ScheduleError",
+    "SendMessage",
     "SerializationError",
     "SetEnqueueOptions",
     "SetShardKey",

@@ -16,6 +16,7 @@ import functools
 import math
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
@@ -32,8 +33,13 @@ from dbos_async.sysdb.notifications import (
     NotificationDispatcher,
     remaining,
 )
-from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
-from dbos_async.sysdb.statements import ACTIVE_STATUSES, STREAM_CLOSED_SERIALIZED
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
+from dbos_async.sysdb.statements import (
+    ACTIVE_STATUSES,
+    SEND_BULK,
+    STREAM_CLOSED_SERIALIZED,
+    OutgoingMessage,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.handles import WorkflowHandle
@@ -132,14 +138,7 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
                     WorkflowAddress(destination_id, destination_key), message_uuid, topic,
                     message)
         except NonExistentWorkflowError as missing:
-            # Recorded as the step's outcome, so a replay raises the same error.
-            started = now_ms()
-            text, recorded = recorded_error(missing)
-            with ctx.routed():
-                await sysdb.record_step(ctx.workflow_id, step_id, SEND, ctx.owner_xid,
-                                        output=None, error=text, started_at_ms=started,
-                                        completed_at_ms=started)
-            raise recorded from missing
+            raise await _recorded_missing(ctx, step_id, SEND, missing) from missing
         if existing is not None:
             replay(ctx, step_id, SEND, existing)
             return
@@ -148,7 +147,24 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
                                 message_uuid, topic, message)
     else:
         await sysdb.send(destination_id, message_uuid, topic, message)
-    waiter = sysdb.waiter_key(destination_id, topic)
+    _announce_message(sysdb, sysdb.waiter_key(destination_id, topic))
+
+
+async def _recorded_missing(ctx: WorkflowContext, step_id: int, name: str,
+                            missing: NonExistentWorkflowError) -> BaseException:
+    """Record a send's missing destination as the step's outcome, so a replay raises the
+    same error; returns that error in its recorded form."""
+    started = now_ms()
+    text, recorded = recorded_error(missing)
+    with ctx.routed():
+        await ctx.runtime.system_database.record_step(
+            ctx.workflow_id, step_id, name, ctx.owner_xid, output=None, error=text,
+            started_at_ms=started, completed_at_ms=started)
+    return recorded
+
+
+def _announce_message(sysdb: SystemDatabase, waiter: str) -> None:
+    """Wake the receivers of a committed message."""
     if sysdb.sharded:
         # No trigger on a sharded schema (on Citus it would fire on a worker): the writer
         # tells every process.
@@ -156,6 +172,79 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
     else:
         # The trigger on notifications NOTIFYs other processes; wake this one's waiters now.
         _dispatcher(sysdb).wake(NOTIFICATIONS_CHANNEL, waiter)
+
+
+@dataclass(frozen=True)
+class SendMessage:
+    """One message of :meth:`~dbos_async.DBOS.send_bulk` (named and shaped as the `dbos`
+    package's): to workflow ``destination_id`` (under ``shard_key``, on a sharded
+    database), on ``topic``; with ``idempotency_key`` it is delivered once however often
+    the batch is sent."""
+
+    destination_id: str
+    message: Any
+    topic: str | None = None
+    idempotency_key: str | None = None
+    shard_key: str | None = None
+
+
+def outgoing(messages: Sequence[SendMessage]) -> list[OutgoingMessage]:
+    """Check and address a batch before anything is written: at least one message, each a
+    :class:`SendMessage` to a named workflow with a portable value, no idempotency key
+    twice (the `dbos` package's rule)."""
+    if isinstance(messages, SendMessage) or not isinstance(messages, Sequence) or not messages:
+        raise DBOSError("send_bulk needs a non-empty list of SendMessage")
+    keys = [m.idempotency_key for m in messages
+            if isinstance(m, SendMessage) and m.idempotency_key is not None]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise DBOSError(f"send_bulk received duplicate idempotency keys: {', '.join(repeated)}")
+    batch = []
+    for index, m in enumerate(messages):
+        if not isinstance(m, SendMessage):
+            raise DBOSError(f"send_bulk message {index} is not a SendMessage: {m!r}")
+        if not isinstance(m.destination_id, str) or not m.destination_id:
+            raise DBOSError(f"send_bulk message {index} has no destination_id")
+        validate_shard_key(m.shard_key)
+        topic, message_uuid = message_address(m.destination_id, m.topic, m.idempotency_key)
+        batch.append(OutgoingMessage(m.destination_id, message_uuid, topic,
+                                     to_json(m.message, f"send_bulk message {index}"),
+                                     m.shard_key))
+    return batch
+
+
+async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+                    step_id: int | None, messages: Sequence[OutgoingMessage]) -> None:
+    """Send a batch in one transaction (one statement per shard key): inside a workflow
+    one checkpoint covers the whole batch, so it is delivered exactly once; from a step it
+    lands only while the workflow is owned by this execution."""
+    sysdb = peer.system_database
+    if ctx is not None and step_id is not None:
+        done, _ = _recorded(ctx, step_id, SEND_BULK)
+        if done:
+            return
+        try:
+            existing = await sysdb.send_many(
+                messages, sender=WorkflowAddress(ctx.workflow_id, ctx.shard_key),
+                owner_xid=ctx.owner_xid, function_id=step_id)
+        except NonExistentWorkflowError as missing:
+            raise await _recorded_missing(ctx, step_id, SEND_BULK, missing) from missing
+        if existing is not None:
+            replay(ctx, step_id, SEND_BULK, existing)
+            return
+    elif step_ctx is not None:
+        await sysdb.send_many(messages, sender=WorkflowAddress(step_ctx.workflow_id,
+                                                               step_ctx.shard_key),
+                              owner_xid=step_ctx.owner_xid)
+    else:
+        await sysdb.send_many(messages)
+    for waiter in dict.fromkeys(_waiter_of(sysdb, m) for m in messages):
+        _announce_message(sysdb, waiter)
+
+
+def _waiter_of(sysdb: SystemDatabase, m: OutgoingMessage) -> str:
+    with WorkflowAddress(m.destination_id, m.shard_key).routed():
+        return sysdb.waiter_key(m.destination_id, m.topic)
 
 
 async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str | None,

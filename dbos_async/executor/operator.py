@@ -144,6 +144,20 @@ class Operator(ScheduleOperator):
             self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id, destination_id, text,
             topic, idempotency_key))
 
+    def send_bulk(self, messages: Sequence[messaging.SendMessage]) -> Coroutine[Any, Any, None]:
+        """Send every :class:`SendMessage` of ``messages`` in one transaction (one statement
+        per shard key): all are delivered or, if one destination is missing
+        (:class:`NonExistentWorkflowError` names each missing one), none. In a workflow
+        the batch is one checkpoint (exactly once); in a step it lands only while the
+        workflow is owned by this execution. A message with an ``idempotency_key`` is
+        delivered once however often it is sent; an empty batch or an idempotency key
+        given twice is refused before anything is written."""
+        batch = messaging.outgoing(messages)
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.send_bulk(self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id,
+                                   batch)
+
     def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
         """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset.

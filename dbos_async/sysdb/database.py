@@ -33,13 +33,15 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.schedules import ScheduleOperations
-from dbos_async.sysdb.shard_keys import WorkflowAddress
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, cleared_shard_keys
 from dbos_async.sysdb.statements import (
     CANCELLED,
     ERROR,
     PENDING,
+    SEND_BULK,
     SUCCESS,
     NewWorkflow,
+    OutgoingMessage,
     ParentStep,
     Query,
     WorkflowRef,
@@ -317,6 +319,73 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
                 self.sql.fence_verdict(sender.workflow_id, owner_xid), what)
             return await self._recorded_or_existing(verdict, sender.workflow_id, function_id,
                                                     "DBOS.send")
+
+    async def send_many(self, messages: Sequence[OutgoingMessage], *,
+                        sender: WorkflowAddress | None = None, owner_xid: str | None = None,
+                        function_id: int | None = None) -> StepRecord | None:
+        """Insert a batch of messages: one statement per shard key (one in all, unsharded),
+        in one transaction, so the batch lands whole or not at all. From a workflow
+        (``sender`` with ``function_id``) the statement of the sender's key also records
+        its checkpoint and the other keys' messages are written only if it landed; from a
+        step (``sender`` without ``function_id``) they land only while its execution owns
+        the workflow. Returns the checkpoint a replay found already recorded. A missing
+        destination raises :class:`NonExistentWorkflowError` naming every missing one."""
+        groups: dict[str | None, list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault(m.shard_key, []).append(m)
+        head: Query | None = None
+        if sender is not None:
+            own = groups.pop(sender.shard_key, [])
+            assert owner_xid is not None
+            with sender.routed():
+                head = (self.sql.send_messages_recorded(sender.workflow_id, function_id,
+                                                        owner_xid, own, now_ms())
+                        if function_id is not None
+                        else self.sql.send_messages_fenced(sender.workflow_id, owner_xid, own))
+        rest = [self.sql.send_messages(batch, key) for key, batch in groups.items()]
+
+        async def attempt() -> asyncpg.Record | None:
+            alone = [head] if head is not None else []
+            if len(alone) + len(rest) == 1:  # one key: one autocommit statement
+                q = (alone or rest)[0]
+                return await self.pool.fetchrow(q.sql, *q.params)
+            async with self.pool.acquire() as conn, conn.transaction():
+                verdict = await conn.fetchrow(head.sql, *head.params) if head else None
+                if verdict is not None and not (
+                        verdict["status"] == PENDING and verdict["owned"]
+                        and (function_id is None or verdict["inserted"])):
+                    return verdict  # not ours, or sent already: nothing more to write
+                for q in rest:
+                    await conn.execute(q.sql, *q.params)
+                return verdict
+
+        destinations = sorted({m.destination_id for m in messages})
+        what = f"sending to {', '.join(destinations)}"
+        try:
+            verdict = await self._retried(what, attempt)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if sender is None:
+            return None
+        with sender.routed():
+            if function_id is None:
+                self._check_fence(verdict, sender.workflow_id)
+                return None
+            return await self._recorded_or_existing(verdict, sender.workflow_id,
+                                                    function_id, SEND_BULK)
+
+    async def _missing(self, messages: Sequence[OutgoingMessage]) -> str:
+        """The destinations of these messages that do not exist, for the error."""
+        missing: list[str] = []
+        keys: dict[str | None, set[str]] = {}
+        for m in messages:
+            keys.setdefault(m.shard_key, set()).add(m.destination_id)
+        for key, ids in keys.items():
+            with cleared_shard_keys(), bind_shard_keys(dict.fromkeys(ids, key)):
+                found = {r["workflow_uuid"] for r in await self._fetch(
+                    self.sql.existing(sorted(ids)), "reading destinations")}
+            missing += sorted(ids - found)
+        return ", ".join(missing)
 
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
                               topic: str) -> tuple[bool, str | None, str | None]:
