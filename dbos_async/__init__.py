@@ -47,6 +47,7 @@ from dbos_async.executor.queues import (
     RateLimit,
     SetEnqueueOptions,
 )
+from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
 from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.steps import RetryOn
@@ -67,6 +68,9 @@ __all__ = [
     "DeadLetteredError",
     "Debouncer",
     "DeduplicationPolicy",
+    "EnqueueOutcome",
+    "EnqueueRequest",
+    "EnqueueResult",
     "ExecutorIdLostError",
     "IdempotencyKeyConflictError",
     "InvalidRequestError",

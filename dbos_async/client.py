@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import warnings
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -30,6 +30,12 @@ from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer, start_notifications, system_database_for
+from dbos_async.executor.queues.batch import (
+    EnqueueRequest,
+    EnqueueResult,
+    checked_requests,
+    enqueue_batch,
+)
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.queues.enqueue import (
     announce,
@@ -38,7 +44,13 @@ from dbos_async.executor.queues.enqueue import (
 )
 from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
 from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
-from dbos_async.executor.start import CallContext, Placement, check_name, plan_start
+from dbos_async.executor.start import (
+    CallContext,
+    Placement,
+    StartPlan,
+    check_name,
+    plan_start,
+)
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.executor.tracing import traced_attributes
 from dbos_async.sysdb.connection import redact
@@ -203,22 +215,15 @@ class DBOSClient(Operator, Peer):
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
                         "partition_key": partition_key})
-        inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
-                        "namedArgs": to_json_value(kwargs, "the keyword arguments")},
-                       f"the inputs of {workflow_name}")
-        plan = plan_start(
+        plan = self._plan(
             CallContext(workflow_id=workflow_id, timeout=timeout,
                         attributes=attributes_json(traced_attributes(attributes)),
                         shard_key=shard_key),
-            name=workflow_name, inputs=inputs,
-            executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
-            application_version=application_version,
-            placement=Placement(queue_name, priority=priority,
-                                deduplication_id=deduplication_id,
-                                partition_key=partition_key, delay=delay),
+            workflow_name, args, kwargs, application_version,
+            Placement(queue_name, priority=priority, deduplication_id=deduplication_id,
+                      partition_key=partition_key, delay=delay),
             class_name=class_name, config_name=config_name,
-            authenticated_user=authenticated_user,
-        )
+            authenticated_user=authenticated_user)
         sysdb = self.system_database
 
         def start() -> Awaitable[StartResult]:
@@ -236,6 +241,39 @@ class DBOSClient(Operator, Peer):
         if started.created and connection is None:
             announce(sysdb, plan.row)
         return workflow_handle(self, plan.workflow_id, shard_key=shard_key)
+
+    def _plan(self, call: CallContext, workflow_name: str, args: Sequence[Any],
+              kwargs: Mapping[str, Any], application_version: str | None,
+              placement: Placement, **columns: str | None) -> StartPlan:
+        """The start plan of an enqueue by name: the arguments as portable JSON."""
+        inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
+                        "namedArgs": to_json_value(dict(kwargs), "the keyword arguments")},
+                       f"the inputs of {workflow_name}")
+        return plan_start(call, name=workflow_name, inputs=inputs,
+                          executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
+                          application_version=application_version, placement=placement,
+                          **columns)
+
+    async def enqueue_many(self, queue_name: str,
+                           requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Enqueue every row of ``requests`` (each naming its workflow) on ``queue_name`` in
+        one statement per shard key, as ``DBOS.enqueue_many`` does: all rows or none, one
+        :class:`EnqueueResult` per row, in order."""
+        if not isinstance(queue_name, str) or not queue_name:
+            raise DBOSError("queue_name must be a non-empty string")
+        plans = []
+        for index, r in enumerate(checked_requests(requests)):
+            if not isinstance(r.workflow, str) or not r.workflow:
+                raise DBOSError(f"enqueue_many row {index}: a client names its workflow "
+                                f"(a non-empty string), got {r.workflow!r}")
+            try:
+                plan = self._plan(r.call(CallContext()), r.workflow, r.args, r.kwargs,
+                                  r.application_version, r.placement(queue_name))
+            except DBOSError as error:
+                error.add_note(f"in row {index} of enqueue_many")
+                raise
+            plans.append((plan, None))
+        return await enqueue_batch(self, plans)
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,

@@ -19,6 +19,7 @@ from dbos_async import (
     DBOS,
     DBOSClient,
     DBOSError,
+    EnqueueRequest,
     NonExistentWorkflowError,
     SendMessage,
     SetShardKey,
@@ -191,6 +192,143 @@ async def test_client_send_bulk(database_url: str, sharding: bool) -> None:
     assert await count(database_url, "notifications") == 2
 
 
-def _unused(*_: Any) -> None:
-    """Keep imports used by later sections referenced."""
-    _ = (asyncio, Counter, DBOS)
+
+
+# ---- enqueue_many ----
+
+
+class Jobs:
+    """An executor with a queue of ``job`` workflows (and a partitioned one)."""
+
+    def __init__(self, url: str, sharding: bool, **settings: Any) -> None:
+        self.dbos = dbos = new_dbos(url, sharding=sharding, **settings)
+        self.queue = dbos.queue("jobs")
+        self.parts = dbos.queue("parts", partition_queue=True)
+        self.runs: Counter[int] = Counter()
+
+        @dbos.workflow(name="job")
+        async def job(n: int, tag: str = "") -> str:
+            self.runs[n] += 1
+            return f"{tag}{n}"
+
+        @dbos.workflow(name="other")
+        async def other() -> None:
+            return None
+
+        @dbos.workflow(name="enqueuer")
+        async def enqueuer() -> None:
+            await dbos.enqueue_many(self.queue, [EnqueueRequest(job, (1,))])
+
+        self.job, self.other, self.enqueuer = job, other, enqueuer
+
+
+async def test_enqueue_many_returns_a_result_per_row_in_order(database_url: str,
+                                                              sharding: bool) -> None:
+    a, b = keys(sharding)
+    jobs = Jobs(database_url, sharding)
+    async with jobs.dbos as dbos:
+        with Keyed(a):
+            held = await dbos.start_workflow(jobs.other)  # no dedup ID: leaves "d" free
+        rows = [EnqueueRequest(jobs.job, (1,), {"tag": "t"}, workflow_id="j-1", shard_key=a),
+                EnqueueRequest("job", (2,), workflow_id="j-2", shard_key=b, priority=5),
+                EnqueueRequest(jobs.job, (3,), workflow_id="j-3", deduplication_id="d",
+                               shard_key=a),
+                # The same deduplication ID as the row before: that row holds it.
+                EnqueueRequest(jobs.job, (4,), workflow_id="j-4", deduplication_id="d",
+                               shard_key=a),
+                EnqueueRequest(jobs.job, (5,), shard_key=b, delay=0.01)]
+        results = await dbos.enqueue_many(jobs.queue, rows)
+        assert [r.outcome for r in results] == ["enqueued", "enqueued", "enqueued",
+                                                 "deduplicated", "enqueued"]
+        assert [r.workflow_id for r in results][:4] == ["j-1", "j-2", "j-3", "j-3"]
+        assert [await r.handle.get_result() for r in results] == ["t1", "2", "3", "3", "5"]
+        await held.get_result()
+        status = await dbos.get_workflow_status("j-2", shard_key=b)
+        assert status is not None and status.priority == 5 and status.queue_name == "jobs"
+        # The same rows again: each written row is found under its ID; j-4, deduplicated
+        # before, is written now that j-3 has finished and freed the deduplication ID.
+        again = await dbos.enqueue_many("jobs", rows[:4])
+        assert [r.outcome for r in again] == ["existing", "existing", "existing", "enqueued"]
+        assert [r.workflow_id for r in again] == ["j-1", "j-2", "j-3", "j-4"]
+        assert await again[3].handle.get_result() == "4"
+    # j-4 ran on the second batch (its deduplication ID was free once j-3 finished).
+    assert jobs.runs == Counter({1: 1, 2: 1, 3: 1, 4: 1, 5: 1})
+
+
+async def test_enqueue_many_deduplicates_against_active_workflows(database_url: str,
+                                                                  sharding: bool) -> None:
+    a, b = keys(sharding)
+    jobs = Jobs(database_url, sharding, listen_queues=[])
+    async with jobs.dbos as dbos:  # claims nothing: enqueued workflows stay ENQUEUED
+        first = await dbos.enqueue_many(jobs.queue, [
+            EnqueueRequest(jobs.job, (1,), workflow_id="holder", deduplication_id="d",
+                           shard_key=a)])
+        assert [r.outcome for r in first] == ["enqueued"]
+        second = await dbos.enqueue_many(jobs.queue, [
+            EnqueueRequest(jobs.job, (2,), workflow_id="late", deduplication_id="d",
+                           shard_key=a),
+            # Deduplication is per key on a sharded database.
+            EnqueueRequest(jobs.job, (3,), workflow_id="elsewhere", deduplication_id="d",
+                           shard_key=b)])
+        assert [(r.outcome, r.workflow_id) for r in second] == [
+            ("deduplicated", "holder"),
+            ("enqueued" if sharding else "deduplicated",
+             "elsewhere" if sharding else "holder")]
+        assert await dbos.get_workflow_status("late", shard_key=a) is None
+
+
+async def test_enqueue_many_refuses_bad_batches_and_writes_nothing(database_url: str,
+                                                                   sharding: bool) -> None:
+    a, b = keys(sharding)
+    jobs = Jobs(database_url, sharding, listen_queues=[])
+    async with jobs.dbos as dbos:
+        with Keyed(a), SetWorkflowID("taken"):
+            await dbos.start_workflow(jobs.other)
+        before = await count(database_url, "workflow_status")
+        good = EnqueueRequest(jobs.job, (1,), workflow_id="good", shard_key=a)
+        with pytest.raises(DBOSError, match="non-empty list"):
+            await dbos.enqueue_many(jobs.queue, [])
+        with pytest.raises(DBOSError, match="workflow ID 'twice' twice"):
+            await dbos.enqueue_many(jobs.queue, [
+                good, EnqueueRequest(jobs.job, (1,), workflow_id="twice", shard_key=a),
+                EnqueueRequest(jobs.job, (2,), workflow_id="twice", shard_key=a)])
+        # An ID another workflow name uses refuses the batch whole, on every key.
+        with pytest.raises(DBOSError, match="'taken' is already used by workflow 'other'"):
+            await dbos.enqueue_many(jobs.queue, [
+                good, EnqueueRequest(jobs.job, (2,), workflow_id="b-row", shard_key=b),
+                EnqueueRequest(jobs.job, (3,), workflow_id="taken", shard_key=a)])
+        with pytest.raises(DBOSError, match="priority must be"):
+            await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, priority=-1)])
+        with pytest.raises(DBOSError, match="is not a workflow"):
+            await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(print)])
+        with pytest.raises(DBOSError, match="No workflow named 'nope'"):
+            await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest("nope")])
+        with pytest.raises(DBOSError, match="is partitioned"):
+            await dbos.enqueue_many(jobs.parts, [EnqueueRequest(jobs.job, (1,), shard_key=a)])
+        with pytest.raises(DBOSError, match="not portable JSON|serializ"):
+            await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, (object(),))])
+        if sharding:
+            with pytest.raises(DBOSError, match="needs a shard key"):
+                await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, (1,))])
+        with Keyed(a), SetWorkflowID("enqueuer"):
+            refused = await dbos.start_workflow(jobs.enqueuer)
+        with pytest.raises(DBOSError, match="cannot be called from a workflow body"):
+            await refused.get_result()
+        assert await count(database_url, "workflow_status") == before + 1  # the enqueuer
+
+
+async def test_client_enqueue_many(database_url: str, sharding: bool) -> None:
+    a, b = keys(sharding)
+    jobs = Jobs(database_url, sharding)
+    async with jobs.dbos:
+        async with DBOSClient(database_url, sharding=sharding) as client:
+            rows = [EnqueueRequest("job", (7,), {"tag": "c"}, workflow_id="c-1", shard_key=a),
+                    EnqueueRequest("job", (8,), workflow_id="c-2", shard_key=b)]
+            results = await client.enqueue_many("jobs", rows)
+            assert [r.outcome for r in results] == ["enqueued", "enqueued"]
+            assert [await r.handle.get_result() for r in results] == ["c7", "8"]
+            assert [r.outcome for r in await client.enqueue_many("jobs", rows)] == [
+                "existing", "existing"]
+            with pytest.raises(DBOSError, match="names its workflow"):
+                await client.enqueue_many("jobs", [EnqueueRequest(jobs.job)])
+    assert jobs.runs == Counter({7: 1, 8: 1})

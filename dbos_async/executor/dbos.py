@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -35,6 +35,8 @@ from dbos_async.executor.context import WorkflowContext, current_workflow, workf
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer
+from dbos_async.executor.queues import batch
+from dbos_async.executor.queues.batch import EnqueueRequest, EnqueueResult
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, workflow_info_of
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
@@ -215,6 +217,33 @@ class DBOS(Operator):
         queue = Queue.from_record(records[0])
         queue.bind(self)
         return queue
+
+    async def enqueue_many(self, queue: Queue | str,
+                           requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Enqueue every row of ``requests`` on ``queue`` (declared here, or stored in the
+        queues table) in one statement per shard key: all rows are written, or, for a bad
+        batch (empty, a malformed row, a workflow ID twice, an ID another workflow name
+        uses), none. Returns one :class:`EnqueueResult` per row, in order: ``"enqueued"``,
+        ``"existing"`` (its workflow ID was taken: that workflow's handle) or
+        ``"deduplicated"`` (an active workflow of the queue holds its deduplication ID: the
+        holder's handle; the row is not written). Not from a workflow body, where each
+        enqueue is a checkpoint of its own: call ``queue.enqueue`` there."""
+        if current_workflow() is not None:
+            raise DBOSError("enqueue_many cannot be called from a workflow body (it is not a "
+                            "checkpoint); enqueue each workflow with queue.enqueue there")
+        runtime = self._operating()
+        target = queue if isinstance(queue, Queue) else await self.get_queue(queue)
+        return await batch.enqueue_registered(runtime, target, requests, self._workflow_of)
+
+    def _workflow_of(self, workflow: Callable[..., Any] | str,
+                     args: tuple[Any, ...]) -> tuple[WorkflowInfo, tuple[Any, ...]]:
+        """A workflow given as a registered function or by its registered name."""
+        if isinstance(workflow, str):
+            info = self._registry.workflows.get(workflow)
+            if info is None:
+                raise DBOSError(f"No workflow named {workflow!r} is registered")
+            return info, args
+        return workflow_info_of(workflow, args, self)
 
     # ---- Starting and recovering workflows (retrieve_workflow: see Operator) ----
 

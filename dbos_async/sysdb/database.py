@@ -9,21 +9,25 @@ the queues' in :mod:`dbos_async.sysdb.queues`.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 
 import asyncpg
 
 from dbos_async.errors import (
+    DBOSError,
     NondeterminismError,
     NonExistentWorkflowError,
     WorkflowCancelledError,
     WorkflowConflictError,
+    workflow_id_taken,
 )
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
+    BatchStart,
     Outcome,
     StartResult,
     StatusRecord,
@@ -33,7 +37,12 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.schedules import ScheduleOperations
-from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, cleared_shard_keys
+from dbos_async.sysdb.shard_keys import (
+    WorkflowAddress,
+    bind_shard_keys,
+    cleared_shard_keys,
+    shard_key_scope,
+)
 from dbos_async.sysdb.statements import (
     CANCELLED,
     ERROR,
@@ -48,6 +57,7 @@ from dbos_async.sysdb.statements import (
 )
 
 __all__ = [
+    "BatchStart",
     "Outcome",
     "StartResult",
     "StepRecord",
@@ -55,6 +65,16 @@ __all__ = [
     "WorkflowRow",
     "now_ms",
 ]
+
+
+def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
+                      found: Sequence[asyncpg.Record]) -> None:
+    """Raise if a row's ID belongs to another workflow name (the statement then inserted
+    nothing)."""
+    for i, r in zip(indexes, found, strict=True):
+        wf = rows[i][0]
+        if r["existing_name"] is not None and r["existing_name"] != wf.name and not r["ours"]:
+            raise workflow_id_taken(wf.workflow_id, r["existing_name"], wf.name)
 
 
 class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
@@ -80,6 +100,70 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
                 raise WorkflowCancelledError(parent.workflow_id)
             raise WorkflowConflictError(parent.workflow_id)
         return StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
+
+    async def start_workflows(self, rows: Sequence[tuple[NewWorkflow, str]]
+                              ) -> list[BatchStart]:
+        """Insert a batch of workflows (each with its creator token): one statement per
+        shard key, in one transaction, so the batch lands whole or, if one ID belongs to
+        another workflow name (raised naming it), not at all. Returns one
+        :class:`BatchStart` per row, in order. A row whose deduplication ID another row of
+        the batch took reports that row as its holder; one whose holder finished before it
+        could be read is inserted again."""
+        results: list[BatchStart | None] = [None] * len(rows)
+        # Rows of this batch holding a deduplication ID, per key: holders the statement's
+        # snapshot does not show.
+        created: dict[tuple[str | None, str], tuple[str, str]] = {}
+        pending = list(range(len(rows)))
+        for _ in range(10):
+            groups: dict[str | None, list[int]] = {}
+            for i in pending:
+                groups.setdefault(rows[i][0].shard_key, []).append(i)
+            queries = []
+            for key, indexes in groups.items():
+                with shard_key_scope(key):
+                    queries.append((indexes, self.sql.insert_workflows(
+                        [rows[i] for i in indexes], key)))
+
+            fetched = await self._retried("enqueueing workflows",
+                                          functools.partial(self._insert_batches, rows, queries))
+            pending = []
+            for (indexes, _), found in zip(queries, fetched, strict=True):
+                for i, r in zip(indexes, found, strict=True):
+                    wf = rows[i][0]
+                    dedup = (wf.shard_key, wf.deduplication_id or "")
+                    if r["inserted"] or r["ours"]:
+                        results[i] = BatchStart(True)
+                        if wf.deduplication_id is not None:
+                            created[dedup] = (wf.workflow_id, wf.name)
+                    elif r["existing_name"] is not None:
+                        results[i] = BatchStart(False, existing_name=r["existing_name"])
+                    elif r["holder_id"] is not None:
+                        results[i] = BatchStart(False, holder=(r["holder_id"], r["holder_name"]))
+                    elif dedup in created:
+                        results[i] = BatchStart(False, holder=created[dedup])
+                    else:
+                        pending.append(i)  # its holder finished meanwhile: insert again
+            if not pending:
+                return [r for r in results if r is not None]
+        raise DBOSError("Enqueueing the batch kept meeting deduplication IDs whose holders "
+                        "finished; retry it")
+
+    async def _insert_batches(self, rows: Sequence[tuple[NewWorkflow, str]],
+                              queries: Sequence[tuple[list[int], Query]]
+                              ) -> list[list[asyncpg.Record]]:
+        """Run the batch's statements (one per key; several in one transaction)."""
+        if len(queries) == 1:
+            indexes, q = queries[0]
+            found = await self.pool.fetch(q.sql, *q.params)
+            _refuse_taken_ids(rows, indexes, found)
+            return [found]
+        async with self.pool.acquire() as conn, conn.transaction():
+            batches = []
+            for indexes, q in queries:
+                found = await conn.fetch(q.sql, *q.params)
+                _refuse_taken_ids(rows, indexes, found)  # rolls back every key
+                batches.append(found)
+            return batches
 
     async def start_workflow_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
