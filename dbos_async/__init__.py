@@ -34,7 +34,12 @@ from dbos_async.executor.context import (
     current_step_id,
     current_workflow_id,
 )
-from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
+from dbos_async.executor.control import (
+    ApplicationVersion,
+    ForkRequest,
+    TimeBound,
+    WorkflowStepInfo,
+)
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
@@ -72,6 +77,7 @@ __all__ = [
     "EnqueueRequest",
     "EnqueueResult",
     "ExecutorIdLostError",
+    "ForkRequest",
     "IdempotencyKeyConflictError",
     "InvalidRequestError",
     "LimiterSpec",

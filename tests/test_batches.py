@@ -20,6 +20,7 @@ from dbos_async import (
     DBOSClient,
     DBOSError,
     EnqueueRequest,
+    ForkRequest,
     NonExistentWorkflowError,
     SendMessage,
     SetShardKey,
@@ -332,3 +333,102 @@ async def test_client_enqueue_many(database_url: str, sharding: bool) -> None:
             with pytest.raises(DBOSError, match="names its workflow"):
                 await client.enqueue_many("jobs", [EnqueueRequest(jobs.job)])
     assert jobs.runs == Counter({7: 1, 8: 1})
+
+
+# ---- fork_workflows ----
+
+
+class Forkable:
+    """An executor with a two-step workflow to fork, and a partitioned queue."""
+
+    def __init__(self, url: str, sharding: bool) -> None:
+        self.dbos = dbos = new_dbos(url, sharding=sharding)
+        self.parts = dbos.queue("parts", partition_queue=True)
+        self.runs: Counter[tuple[str, int]] = Counter()
+
+        @dbos.step(name="tick")
+        async def tick(tag: str, n: int) -> int:
+            self.runs[(tag, n)] += 1
+            return n
+
+        @dbos.workflow(name="two")
+        async def two(tag: str) -> list[int]:
+            return [await tick(tag, 1), await tick(tag, 2)]
+
+        self.two = two
+
+    async def finished(self, workflow_id: str, key: str | None) -> None:
+        with Keyed(key), SetWorkflowID(workflow_id):
+            handle = await self.dbos.start_workflow(self.two, workflow_id)
+        assert await handle.get_result() == [1, 2]
+
+
+async def test_fork_workflows_forks_all_in_one_transaction(database_url: str,
+                                                           sharding: bool) -> None:
+    a, b = keys(sharding)
+    app = Forkable(database_url, sharding)
+    async with app.dbos as dbos:
+        await app.finished("w-a", a)
+        await app.finished("w-b", b)
+        handles = await dbos.fork_workflows(
+            [ForkRequest("w-a", 1, "f-a", shard_key=a), ForkRequest("w-b", 0, "f-b", shard_key=b),
+             ForkRequest("w-a", 2, shard_key=a)],
+            queue=app.parts, queue_partition_key="p-1")
+        assert [h.workflow_id for h in handles][:2] == ["f-a", "f-b"]
+        assert [h.shard_key for h in handles] == [a, b, a]
+        assert [await h.get_result() for h in handles] == [[1, 2], [1, 2], [1, 2]]
+        for h in handles:
+            status = await h.get_status()
+            assert (status.queue_name, status.queue_partition_key) == ("parts", "p-1")
+            assert status.forked_from in ("w-a", "w-b")
+    # Each fork re-ran only the steps from its start step.
+    assert app.runs == Counter({("w-a", 1): 1, ("w-a", 2): 2, ("w-b", 1): 2, ("w-b", 2): 2})
+
+
+async def test_fork_workflows_refuses_bad_batches_and_writes_nothing(database_url: str,
+                                                                     sharding: bool) -> None:
+    a, b = keys(sharding)
+    app = Forkable(database_url, sharding)
+    async with app.dbos as dbos:
+        await app.finished("w-a", a)
+        await app.finished("w-b", b)
+        before = await count(database_url, "workflow_status")
+        good = ForkRequest("w-a", 1, "f-good", shard_key=a)
+        with pytest.raises(DBOSError, match="non-empty list"):
+            await dbos.fork_workflows([])
+        with pytest.raises(DBOSError, match="new workflow ID 'twice' twice"):
+            await dbos.fork_workflows([ForkRequest("w-a", 0, "twice", shard_key=a),
+                                       ForkRequest("w-a", 1, "twice", shard_key=a)])
+        with pytest.raises(NonExistentWorkflowError, match="ghost"):
+            await dbos.fork_workflows([good, ForkRequest("ghost", 0, shard_key=b)])
+        with pytest.raises(DBOSError, match="start_step 5 is out of range"):
+            await dbos.fork_workflows([good, ForkRequest("w-b", 5, shard_key=b)])
+        with pytest.raises(DBOSError, match="a workflow with that ID exists"):
+            await dbos.fork_workflows([good, ForkRequest("w-b", 0, "w-b", shard_key=b)])
+        with pytest.raises(DBOSError, match="is partitioned"):
+            await dbos.fork_workflows([good], queue="parts")
+        with pytest.raises(DBOSError, match="is not partitioned"):
+            await dbos.fork_workflows([good], queue_partition_key="p")
+        if sharding:
+            with pytest.raises(DBOSError, match="needs a shard key"):
+                await dbos.fork_workflows([good, ForkRequest("w-b", 0)])
+        assert await count(database_url, "workflow_status") == before
+        assert await count(database_url, "operation_outputs") == 4
+        # The single fork takes the partition key too.
+        fork = await dbos.fork_workflow("w-b", 2, queue="parts", queue_partition_key="p-9",
+                                        shard_key=b)
+        assert (await fork.get_status()).queue_partition_key == "p-9"
+        assert await fork.get_result() == [1, 2]
+
+
+async def test_client_fork_workflows(database_url: str, sharding: bool) -> None:
+    a, b = keys(sharding)
+    app = Forkable(database_url, sharding)
+    async with app.dbos:
+        await app.finished("w-a", a)
+        await app.finished("w-b", b)
+        async with DBOSClient(database_url, sharding=sharding) as client:
+            handles = await client.fork_workflows([ForkRequest("w-a", 2, "c-a", shard_key=a),
+                                                   ForkRequest("w-b", 2, "c-b", shard_key=b)])
+            assert [await h.get_result() for h in handles] == [[1, 2], [1, 2]]
+    assert app.runs == Counter({("w-a", 1): 1, ("w-a", 2): 1, ("w-b", 1): 1, ("w-b", 2): 1})

@@ -27,6 +27,7 @@ from dbos_async.executor import control, messaging
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.control import (
     ApplicationVersion,
+    ForkRequest,
     TimeBound,
     WorkflowStepInfo,
     as_list,
@@ -34,7 +35,9 @@ from dbos_async.executor.control import (
 )
 from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus, workflow_handle
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.declaration import Queue
+from dbos_async.executor.queues.declaration import Queue, internal_queue
+from dbos_async.executor.queues.enqueue import check_partition
+from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
@@ -245,7 +248,7 @@ class Operator(ScheduleOperator):
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
         queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
         new_workflow_id: str | None = None, workflow_timeout: float | None = None,
-        shard_key: str | None = None,
+        shard_key: str | None = None, queue_partition_key: str | None = None,
     ) -> WorkflowHandle[Any]:
         """Start a new workflow with ``workflow_id``'s inputs whose steps below
         ``start_step`` replay from copies of the original's checkpoints (and its events
@@ -255,15 +258,42 @@ class Operator(ScheduleOperator):
         ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
         last recorded step. ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead. The fork lives under the original's
-        ``shard_key``."""
+        ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
+        the partition it is enqueued in."""
+        call = self._fork_call(new_workflow_id, workflow_timeout)
+        [handle] = await self.fork_workflows(
+            [ForkRequest(workflow_id, start_step, call.workflow_id, shard_key,
+                         replacement_children)],
+            application_version=application_version, queue=queue,
+            queue_partition_key=queue_partition_key, workflow_timeout=call.timeout)
+        return handle
+
+    async def fork_workflows(
+        self, forks: Sequence[ForkRequest], *, application_version: str | None = None,
+        queue: str | Queue | None = None, queue_partition_key: str | None = None,
+        workflow_timeout: float | None = None,
+    ) -> list[WorkflowHandle[Any]]:
+        """Fork every :class:`ForkRequest` of ``forks`` as :meth:`fork_workflow` forks one,
+        all in one transaction: every fork is created, or, if one is refused (an unknown
+        workflow, a ``start_step`` out of range, a new ID that exists or is given twice),
+        none. The forks share the options: ``application_version``, ``queue`` (the
+        internal queue by default), ``queue_partition_key`` (required on, and only on, a
+        partitioned queue) and ``workflow_timeout``. Returns their handles, in order."""
         peer = self._peer()
-        with bind_shard_keys({workflow_id: shard_key}):
-            new_id = await control.fork(
-                peer, workflow_id, start_step,
-                self._fork_call(new_workflow_id, workflow_timeout),
-                application_version=application_version, queue_name=_queue_name(queue),
-                replacement_children=replacement_children)
-        return await self._handle(new_id, shard_key)
+        check_options({"partition_key": queue_partition_key})
+        name = _queue_name(queue)
+        target = queue if isinstance(queue, Queue) else None
+        if target is None and name is None:
+            target = internal_queue()
+        elif target is None and name is not None:
+            stored = await peer.system_database.list_queues([name])
+            target = Queue.from_record(stored[0]) if stored else None
+        if target is not None:
+            check_partition(target, queue_partition_key)
+        forked = await control.fork(peer, forks, workflow_timeout=workflow_timeout,
+                                    application_version=application_version, queue_name=name,
+                                    partition_key=queue_partition_key)
+        return [await self._handle(f.workflow_id, f.shard_key) for f in forked]
 
     async def rewind_workflow(
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
