@@ -13,19 +13,20 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from helpers import fetchval, new_dbos
+from helpers import fetchval, new_dbos, wait_until
 
 from dbos_async import (
-    DBOS,
     DBOSClient,
     DBOSError,
     EnqueueRequest,
     ForkRequest,
     NonExistentWorkflowError,
     SendMessage,
+    SerializationError,
     SetShardKey,
     SetWorkflowID,
 )
+from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
 
 PATIENCE = 30.0
 
@@ -154,7 +155,7 @@ async def test_send_bulk_refuses_bad_batches_and_writes_nothing(database_url: st
         with pytest.raises(DBOSError, match="duplicate idempotency keys: k"):
             await dbos.send_bulk([SendMessage("box", 1, idempotency_key="k", shard_key=a),
                                   SendMessage("box", 2, idempotency_key="k", shard_key=a)])
-        with pytest.raises(DBOSError, match="not portable JSON|serializ"):
+        with pytest.raises(SerializationError, match="portable JSON"):
             await dbos.send_bulk([SendMessage("box", object(), shard_key=a)])
         # One missing destination fails the whole batch, naming each missing one.
         with pytest.raises(NonExistentWorkflowError, match="ghost-1, ghost-2"):
@@ -306,7 +307,7 @@ async def test_enqueue_many_refuses_bad_batches_and_writes_nothing(database_url:
             await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest("nope")])
         with pytest.raises(DBOSError, match="is partitioned"):
             await dbos.enqueue_many(jobs.parts, [EnqueueRequest(jobs.job, (1,), shard_key=a)])
-        with pytest.raises(DBOSError, match="not portable JSON|serializ"):
+        with pytest.raises(SerializationError, match="portable JSON"):
             await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, (object(),))])
         if sharding:
             with pytest.raises(DBOSError, match="needs a shard key"):
@@ -321,17 +322,16 @@ async def test_enqueue_many_refuses_bad_batches_and_writes_nothing(database_url:
 async def test_client_enqueue_many(database_url: str, sharding: bool) -> None:
     a, b = keys(sharding)
     jobs = Jobs(database_url, sharding)
-    async with jobs.dbos:
-        async with DBOSClient(database_url, sharding=sharding) as client:
-            rows = [EnqueueRequest("job", (7,), {"tag": "c"}, workflow_id="c-1", shard_key=a),
-                    EnqueueRequest("job", (8,), workflow_id="c-2", shard_key=b)]
-            results = await client.enqueue_many("jobs", rows)
-            assert [r.outcome for r in results] == ["enqueued", "enqueued"]
-            assert [await r.handle.get_result() for r in results] == ["c7", "8"]
-            assert [r.outcome for r in await client.enqueue_many("jobs", rows)] == [
-                "existing", "existing"]
-            with pytest.raises(DBOSError, match="names its workflow"):
-                await client.enqueue_many("jobs", [EnqueueRequest(jobs.job)])
+    async with jobs.dbos, DBOSClient(database_url, sharding=sharding) as client:
+        rows = [EnqueueRequest("job", (7,), {"tag": "c"}, workflow_id="c-1", shard_key=a),
+                EnqueueRequest("job", (8,), workflow_id="c-2", shard_key=b)]
+        results = await client.enqueue_many("jobs", rows)
+        assert [r.outcome for r in results] == ["enqueued", "enqueued"]
+        assert [await r.handle.get_result() for r in results] == ["c7", "8"]
+        assert [r.outcome for r in await client.enqueue_many("jobs", rows)] == [
+            "existing", "existing"]
+        with pytest.raises(DBOSError, match="names its workflow"):
+            await client.enqueue_many("jobs", [EnqueueRequest(jobs.job)])
     assert jobs.runs == Counter({7: 1, 8: 1})
 
 
@@ -432,3 +432,75 @@ async def test_client_fork_workflows(database_url: str, sharding: bool) -> None:
                                                    ForkRequest("w-b", 2, "c-b", shard_key=b)])
             assert [await h.get_result() for h in handles] == [[1, 2], [1, 2]]
     assert app.runs == Counter({("w-a", 1): 1, ("w-a", 2): 1, ("w-b", 1): 1, ("w-b", 2): 1})
+
+
+# ---- wait_first over many handles ----
+
+
+async def test_wait_first_waits_on_many_handles_with_one_waiter(database_url: str,
+                                                                sharding: bool) -> None:
+    a, b = keys(sharding)
+    box = Mailboxes(database_url, sharding)
+    async with box.dbos as dbos:
+        handles = [await box.start_inbox(f"w-{i}", a if i % 2 else b, 1) for i in range(20)]
+        if sharding:  # the same ID under the other key, still waiting
+            handles.append(await box.start_inbox("w-7", b, 1))
+        dispatcher = dbos.system_database.notifications
+        assert dispatcher is not None
+        targets = [(WORKFLOW_COMPLETION_CHANNEL, keyed(h.workflow_id, h.shard_key))
+                   for h in handles]
+
+        async def completion_waiters() -> set[object]:
+            return {w for t in targets for w in dispatcher._waiters.get(t, ())}
+
+        assert await completion_waiters() == set()
+        first = asyncio.ensure_future(dbos.wait_first(handles))
+
+        async def one_waiter_for_all() -> bool:
+            return all(dispatcher._waiters.get(t) for t in targets) \
+                and len(await completion_waiters()) == 1
+
+        # One waiter for all the handles, not a task (and a waiter) per handle.
+        await wait_until(one_waiter_for_all, what="wait_first registered")
+        assert not first.done()
+        await dbos.send("w-7", "go", "mail", shard_key=a if sharding else None)
+        assert (await asyncio.wait_for(first, PATIENCE)) is handles[7]
+        # A finished one is found at once.
+        assert await dbos.wait_first([handles[3], handles[7]]) is handles[7]
+        for h in handles:
+            if h is not handles[7]:
+                await dbos.cancel_workflow(h.workflow_id, shard_key=h.shard_key)
+
+
+async def test_a_client_wait_first_wakes_on_completion_notifications(
+        database_url: str, sharding: bool) -> None:
+    a, b = keys(sharding)
+    box = Mailboxes(database_url, sharding)
+    async with box.dbos as dbos:
+        await box.start_inbox("x-1", a, 1)
+        await box.start_inbox("x-2", b, 1)
+        # Polling once an hour: only the executor's completion notification can wake it.
+        async with DBOSClient(database_url, sharding=sharding,
+                              result_poll_interval=3600) as client:
+            one = await client.retrieve_workflow("x-1", shard_key=a)
+            two = await client.retrieve_workflow("x-2", shard_key=b)
+            first = asyncio.ensure_future(client.wait_first([one, two]))
+            await asyncio.sleep(0)
+            await dbos.send("x-2", "go", "mail", shard_key=b)
+            assert (await asyncio.wait_for(first, PATIENCE)) is two
+        await dbos.cancel_workflow("x-1", shard_key=a)
+
+
+async def test_wait_first_refuses_bad_handles(database_url: str, sharding: bool) -> None:
+    a, _ = keys(sharding)
+    box = Mailboxes(database_url, sharding)
+    async with box.dbos as dbos:
+        handle = await box.start_inbox("y", a, 1)
+        with pytest.raises(DBOSError, match="at least one handle"):
+            await dbos.wait_first([])
+        with pytest.raises(DBOSError, match="workflow 'y' twice"):
+            await dbos.wait_first([handle, handle])
+        ghost = await dbos.retrieve_workflow("y", shard_key=a)
+        await dbos.delete_workflow("y", shard_key=a)
+        with pytest.raises(NonExistentWorkflowError, match="'y'"):
+            await dbos.wait_first([ghost])

@@ -11,7 +11,6 @@ what remains. Waits register with the notification dispatcher *before* reading t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import math
 import uuid
@@ -31,6 +30,7 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_COMPLETION_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
+    keyed,
     remaining,
 )
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
@@ -420,27 +420,35 @@ async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float
 # ---- Waiting for workflows ----
 
 
-async def _settled(handle: WorkflowHandle[Any]) -> None:
-    # Finished with an error is finished too.
-    with contextlib.suppress(Exception):
-        await handle.get_result()
-
-
-async def wait_first(handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+    """The handle whose workflow finished first, by one query over all of them per wake:
+    woken by the completion notifications of any of them (this process's and others'),
+    reading again at most every ``result_poll_interval`` for writers that send none."""
     if not handles:
         raise DBOSError("wait_first needs at least one handle")
-    tasks = [asyncio.ensure_future(_settled(handle)) for handle in handles]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for handle, task in zip(handles, tasks, strict=True):
-        if task.done() and not task.cancelled():
-            return handle
-    raise DBOSError("wait_first was interrupted")
+    sysdb = peer.system_database
+    refs = [(h.workflow_id, h.shard_key) for h in handles]
+    for workflow_id, key in refs:
+        if refs.count((workflow_id, key)) > 1:
+            raise DBOSError(f"wait_first got workflow {workflow_id!r} twice")
+        if sysdb.sharded and key is None:
+            raise DBOSError(f"wait_first needs the shard key of workflow {workflow_id!r}: "
+                            "this system database is sharded")
+    by_ref = dict(zip(refs, handles, strict=True))
+    dispatcher = _dispatcher(sysdb)
+    cap = peer.config.result_poll_interval
+    delay = min(0.05, cap)
+    [first, *rest] = [(WORKFLOW_COMPLETION_CHANNEL, keyed(i, k)) for i, k in refs]
+    with dispatcher.register(*first, also=rest) as waiter:
+        while True:
+            async with dispatcher.polling():
+                finished, missing = await sysdb.finished_first(refs)
+            if missing:
+                raise NonExistentWorkflowError(", ".join(i for i, _ in missing))
+            if finished is not None:
+                return by_ref[finished]
+            await waiter.wait(delay)
+            delay = min(delay * 2, cap)
 
 
 async def wait_all(handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:

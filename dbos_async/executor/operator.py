@@ -121,8 +121,10 @@ class Operator(ScheduleOperator):
         return WorkflowStatus.from_record(row) if row is not None else None
 
     async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-        """The first of ``handles`` whose workflow finishes (successfully or not)."""
-        return await messaging.wait_first(handles)
+        """The first of ``handles`` whose workflow finishes (successfully or not): one
+        query over all of them per wake, woken by their completion notifications. An
+        empty list, a workflow given twice or one that does not exist is refused."""
+        return await messaging.wait_first(self._peer(during_shutdown=True), handles)
 
     async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
         """The results of all ``handles``, in order; raises the first error met."""

@@ -540,9 +540,15 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         found = row["stream_offset"] is not None
         return row["status"], row["value"], row["serialization"], found
 
-    async def completed_among(self, workflow_ids: Sequence[str]) -> set[str]:
-        rows = await self._fetch(self.sql.completed_among(workflow_ids), "reading statuses")
-        return {row["workflow_uuid"] for row in rows}
+    async def finished_first(self, refs: Sequence[WorkflowRef]
+                             ) -> tuple[WorkflowRef | None, list[WorkflowRef]]:
+        """The first of these workflows to have finished (None if none has), and those
+        that do not exist, in one query."""
+        rows = await self._fetch(self.sql.finished_first(refs), "reading statuses")
+        found = {(r["workflow_uuid"], r.get("shard_key")) for r in rows}
+        first = rows[0] if rows and rows[0]["finished"] else None
+        return ((first["workflow_uuid"], first.get("shard_key")) if first is not None else None,
+                [ref for ref in refs if ref not in found])
 
     async def wait_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
         """Wait until the workflow is terminal: woken by completion notifications, polling

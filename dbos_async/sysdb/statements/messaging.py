@@ -285,13 +285,16 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def completed_among(self, workflow_ids: Sequence[str]) -> Query:
-        """Those of these workflows that reached a terminal status."""
+    def finished_first(self, refs: Sequence[WorkflowRef]) -> Query:
+        """Which of these workflows exist, the finished ones first in the order they
+        finished (what ``wait_first`` reads on every wake, in one query)."""
         p = Params()
         return Query(
-            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
-                WHERE {self.wf_in(None, workflow_ids, p)}
-                  AND status <> ALL({p(list(ACTIVE_STATUSES), 'text[]')})""",
+            f"""SELECT workflow_uuid{self.key_columns()},
+                       status <> ALL({p(list(ACTIVE_STATUSES), 'text[]')}) AS finished
+                FROM {self.table('workflow_status')}
+                WHERE {self.among(None, refs, p)}
+                ORDER BY finished DESC, completed_at NULLS LAST, updated_at""",
             p.values,
         )
 
