@@ -27,6 +27,7 @@ from dbos_async import (
     SetWorkflowID,
 )
 from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
+from dbos_async.sysdb.statements import NewWorkflow
 
 PATIENCE = 30.0
 
@@ -141,7 +142,11 @@ async def test_send_bulk_from_a_workflow_is_one_checkpoint(database_url: str,
         await stepped.get_result()
         steps = await dbos.list_workflow_steps("step-mailer", shard_key=a)
         assert [s.name for s in steps] == ["mail_step"]
-    assert await count(database_url, "notifications") == 4
+        # A batch with no message under the sender's own key (sharded: all to another).
+        with Keyed(a), SetWorkflowID("far-mailer"):
+            far_only = await dbos.start_workflow(box.mailer, [["far", "v", b]])
+        assert await far_only.get_result() == "sent"
+    assert await count(database_url, "notifications") == 5
 
 
 async def test_send_bulk_refuses_bad_batches_and_writes_nothing(database_url: str,
@@ -317,6 +322,27 @@ async def test_enqueue_many_refuses_bad_batches_and_writes_nothing(database_url:
         with pytest.raises(DBOSError, match="cannot be called from a workflow body"):
             await refused.get_result()
         assert await count(database_url, "workflow_status") == before + 1  # the enqueuer
+
+
+async def test_a_retried_batch_recognises_the_rows_it_wrote(database_url: str,
+                                                             sharding: bool) -> None:
+    """A batch whose reply was lost is run again with the same creator tokens: the rows it
+    wrote the first time are reported as its own, not as existing workflows."""
+    a, b = keys(sharding)
+    jobs = Jobs(database_url, sharding, listen_queues=[])
+    async with jobs.dbos as dbos:
+        rows = [(NewWorkflow(workflow_id=f"r-{i}", name="job", status="ENQUEUED",
+                             inputs='{"positionalArgs": [1], "namedArgs": {}}',
+                             executor_id="x", application_version=None, created_at_ms=1,
+                             queue_name="jobs", shard_key=key), f"token-{i}")
+                for i, key in enumerate((a, b))]
+        sysdb = dbos.system_database
+        assert [s.created for s in await sysdb.start_workflows(rows)] == [True, True]
+        assert [s.created for s in await sysdb.start_workflows(rows)] == [True, True]
+        others = [(wf, "another-token") for wf, _ in rows]
+        assert [(s.created, s.existing_name) for s in await sysdb.start_workflows(others)] \
+            == [(False, "job"), (False, "job")]
+        assert await count(database_url, "workflow_input") == 2
 
 
 async def test_client_enqueue_many(database_url: str, sharding: bool) -> None:
