@@ -28,6 +28,7 @@ from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor import messaging
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
+from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer, start_notifications, system_database_for
 from dbos_async.executor.queues.batch import (
@@ -57,6 +58,7 @@ from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async.sysdb.statements import OutgoingMessage
 
 logger = logging.getLogger("dbos_async")
 
@@ -288,6 +290,20 @@ class DBOSClient(Operator, Peer):
         return self._send_in_transaction(connection, destination_id,
                                          to_json(message, "a message"), topic,
                                          idempotency_key, shard_key)
+
+    def send_bulk(self, messages: Sequence[SendMessage], *,
+                  connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
+        """Send a batch (see ``DBOS.send_bulk``). With ``connection``, the batch is inserted
+        in the caller's transaction (in a savepoint): delivered only if the caller commits,
+        its receivers woken at that commit."""
+        if connection is None:
+            return super().send_bulk(messages)
+        return self._send_bulk_in_transaction(connection, messaging.outgoing(messages))
+
+    async def _send_bulk_in_transaction(self, conn: asyncpg.Connection,
+                                        batch: list[OutgoingMessage]) -> None:
+        async with conn.transaction():
+            await self.system_database.send_many_on(conn, batch)
 
     async def _send_in_transaction(self, conn: asyncpg.Connection, destination_id: str,
                                    text: str, topic: str | None, idempotency_key: str | None,

@@ -12,6 +12,7 @@ import asyncio
 from collections import Counter
 from typing import Any
 
+import asyncpg
 import pytest
 from helpers import fetchval, new_dbos, wait_until
 
@@ -196,6 +197,38 @@ async def test_client_send_bulk(database_url: str, sharding: bool) -> None:
             await client.send_bulk(batch)
         assert await one.get_result() == ["hi"]
         assert await two.get_result() == ["ho"]
+    assert await count(database_url, "notifications") == 2
+
+
+async def test_client_send_bulk_in_the_callers_transaction(database_url: str,
+                                                           sharding: bool) -> None:
+    a, b = keys(sharding)
+    box = Mailboxes(database_url, sharding)
+    async with box.dbos:
+        one = await box.start_inbox("t-1", a, 1)
+        two = await box.start_inbox("t-2", b, 1)
+        async with DBOSClient(database_url, sharding=sharding) as client:
+            conn = await asyncpg.connect(database_url)
+            try:
+                with pytest.raises(RuntimeError):
+                    async with conn.transaction():
+                        await client.send_bulk([SendMessage("t-1", "lost", "mail",
+                                                            shard_key=a)], connection=conn)
+                        raise RuntimeError("the caller rolls back")
+                assert await count(database_url, "notifications") == 0
+                async with conn.transaction():
+                    await client.send_bulk([SendMessage("t-1", "kept", "mail", shard_key=a),
+                                            SendMessage("t-2", "kept", "mail", shard_key=b)],
+                                           connection=conn)
+                    # A missing destination fails the savepoint, not the caller's
+                    # transaction.
+                    with pytest.raises(NonExistentWorkflowError, match="ghost"):
+                        await client.send_bulk([SendMessage("ghost", 1, shard_key=a)],
+                                               connection=conn)
+            finally:
+                await conn.close()
+        assert await one.get_result() == ["kept"]
+        assert await two.get_result() == ["kept"]
     assert await count(database_url, "notifications") == 2
 
 

@@ -458,6 +458,27 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
             return await self._recorded_or_existing(verdict, sender.workflow_id,
                                                     function_id, SEND_BULK)
 
+    async def send_many_on(self, conn: asyncpg.Connection,
+                           messages: Sequence[OutgoingMessage]) -> None:
+        """Insert a batch of messages on the caller's connection, inside the transaction it
+        holds (see :meth:`send_on`): one statement per shard key; on a sharded schema the
+        receivers' notifications are queued in that transaction too."""
+        groups: dict[str | None, list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault(m.shard_key, []).append(m)
+        try:
+            for key, batch in groups.items():
+                q = self.sql.send_messages(batch, key)
+                await conn.execute(q.sql, *q.params)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if self.sharded:
+            for m in messages:
+                with WorkflowAddress(m.destination_id, m.shard_key).routed():
+                    q = self.sql.notify_with_transaction(
+                        NOTIFICATIONS_CHANNEL, self.waiter_key(m.destination_id, m.topic))
+                await conn.execute(q.sql, *q.params)
+
     async def _missing(self, messages: Sequence[OutgoingMessage]) -> str:
         """The destinations of these messages that do not exist, for the error."""
         missing: list[str] = []
