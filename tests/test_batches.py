@@ -563,3 +563,22 @@ async def test_wait_first_refuses_bad_handles(database_url: str, sharding: bool)
         await dbos.delete_workflow("y", shard_key=a)
         with pytest.raises(NonExistentWorkflowError, match="'y'"):
             await dbos.wait_first([ghost])
+
+
+# ---- Large batches ----
+
+
+async def test_large_batches(database_url: str, sharding: bool) -> None:
+    """The columns go as arrays: a batch far past PostgreSQL's 65535-parameter limit for
+    one row per parameter set is still one statement per key."""
+    a, _ = keys(sharding)
+    jobs = Jobs(database_url, sharding, listen_queues=[])
+    async with jobs.dbos as dbos:
+        results = await dbos.enqueue_many(jobs.queue, [
+            EnqueueRequest(jobs.job, (i,), workflow_id=f"big-{i}", shard_key=a)
+            for i in range(3000)])
+        assert [r.outcome for r in results] == ["enqueued"] * 3000
+        await dbos.send_bulk([SendMessage(f"big-{i % 3000}", i, shard_key=a)
+                              for i in range(9000)])
+    assert await count(database_url, "workflow_status") == 3000
+    assert await count(database_url, "notifications") == 9000

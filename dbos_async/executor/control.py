@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -265,7 +266,7 @@ async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: fl
         specs.append(ForkSpec(f.workflow_id, f.new_workflow_id or str(uuid.uuid4()),
                               f.start_step, key, dict(f.replacement_children or {})))
     new_ids = [(s.shard_key, s.fork_id) for s in specs]
-    repeated = sorted({i for k, i in new_ids if new_ids.count((k, i)) > 1})
+    repeated = sorted(i for (_, i), n in Counter(new_ids).items() if n > 1)
     if repeated:
         raise DBOSError(f"fork_workflows got the new workflow ID {repeated[0]!r} twice")
     await sysdb.fork(specs, queue_name=queue, application_version=application_version,

@@ -14,6 +14,7 @@ import asyncio
 import functools
 import math
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -196,7 +197,7 @@ def outgoing(messages: Sequence[SendMessage]) -> list[OutgoingMessage]:
         raise DBOSError("send_bulk needs a non-empty list of SendMessage")
     keys = [m.idempotency_key for m in messages
             if isinstance(m, SendMessage) and m.idempotency_key is not None]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    repeated = sorted(k for k, n in Counter(keys).items() if n > 1)
     if repeated:
         raise DBOSError(f"send_bulk received duplicate idempotency keys: {', '.join(repeated)}")
     batch = []
@@ -428,9 +429,10 @@ async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> Work
         raise DBOSError("wait_first needs at least one handle")
     sysdb = peer.system_database
     refs = [(h.workflow_id, h.shard_key) for h in handles]
+    repeated = [ref for ref, n in Counter(refs).items() if n > 1]
+    if repeated:
+        raise DBOSError(f"wait_first got workflow {repeated[0][0]!r} twice")
     for workflow_id, key in refs:
-        if refs.count((workflow_id, key)) > 1:
-            raise DBOSError(f"wait_first got workflow {workflow_id!r} twice")
         if sysdb.sharded and key is None:
             raise DBOSError(f"wait_first needs the shard key of workflow {workflow_id!r}: "
                             "this system database is sharded")
