@@ -256,8 +256,13 @@ class Jobs:
             return None
 
         @dbos.workflow(name="enqueuer")
-        async def enqueuer() -> None:
-            await dbos.enqueue_many(self.queue, [EnqueueRequest(job, (1,))])
+        async def enqueuer(key: str | None) -> list[list[str]]:
+            results = await dbos.enqueue_many(self.queue, [
+                EnqueueRequest(job, (10,), shard_key=key),
+                EnqueueRequest(job, (11,), workflow_id="named-child", shard_key=key),
+                EnqueueRequest(job, (12,), deduplication_id="dd", shard_key=key),
+                EnqueueRequest(job, (13,), deduplication_id="dd", shard_key=key)])
+            return [[r.workflow_id, r.outcome, await r.handle.get_result()] for r in results]
 
         self.job, self.other, self.enqueuer = job, other, enqueuer
 
@@ -350,11 +355,31 @@ async def test_enqueue_many_refuses_bad_batches_and_writes_nothing(database_url:
         if sharding:
             with pytest.raises(DBOSError, match="needs a shard key"):
                 await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, (1,))])
-        with Keyed(a), SetWorkflowID("enqueuer"):
-            refused = await dbos.start_workflow(jobs.enqueuer)
-        with pytest.raises(DBOSError, match="cannot be called from a workflow body"):
-            await refused.get_result()
-        assert await count(database_url, "workflow_status") == before + 1  # the enqueuer
+        assert await count(database_url, "workflow_status") == before
+
+
+async def test_enqueue_many_from_a_workflow_is_one_checkpoint(database_url: str,
+                                                               sharding: bool) -> None:
+    a, _ = keys(sharding)
+    jobs = Jobs(database_url, sharding)
+    expected = [["parent-0-0", "enqueued", "10"], ["named-child", "enqueued", "11"],
+                ["parent-0-2", "enqueued", "12"], ["parent-0-2", "deduplicated", "12"]]
+    async with jobs.dbos as dbos:
+        with Keyed(a), SetWorkflowID("parent"):
+            parent = await dbos.start_workflow(jobs.enqueuer, a)
+        assert await parent.get_result() == expected
+        steps = await dbos.list_workflow_steps("parent", shard_key=a)
+        assert [s.name for s in steps][:1] == ["DBOS.enqueue_many"]
+        children = await dbos.list_workflows(parent_workflow_id="parent")
+        assert sorted(c.workflow_id for c in children) == [
+            "named-child", "parent-0-0", "parent-0-2"]
+        # A replay (a fork past the checkpoint) returns the recorded results and enqueues
+        # nothing again.
+        fork = await dbos.fork_workflow("parent", 1, new_workflow_id="parent-again",
+                                        shard_key=a)
+        assert await fork.get_result() == expected
+    assert jobs.runs == Counter({10: 1, 11: 1, 12: 1})
+    assert await count(database_url, "workflow_status") == 5
 
 
 async def test_a_retried_batch_recognises_the_rows_it_wrote(database_url: str,

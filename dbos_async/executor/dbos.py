@@ -218,22 +218,29 @@ class DBOS(Operator):
         queue.bind(self)
         return queue
 
-    async def enqueue_many(self, queue: Queue | str,
-                           requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+    def enqueue_many(
+        self, queue: Queue | str, requests: Sequence[EnqueueRequest]
+    ) -> Coroutine[Any, Any, list[EnqueueResult]]:
         """Enqueue every row of ``requests`` on ``queue`` (declared here, or stored in the
         queues table) in one statement per shard key: all rows are written, or, for a bad
         batch (empty, a malformed row, a workflow ID twice, an ID another workflow name
         uses), none. Returns one :class:`EnqueueResult` per row, in order: ``"enqueued"``,
         ``"existing"`` (its workflow ID was taken: that workflow's handle) or
         ``"deduplicated"`` (an active workflow of the queue holds its deduplication ID: the
-        holder's handle; the row is not written). Not from a workflow body, where each
-        enqueue is a checkpoint of its own: call ``queue.enqueue`` there."""
-        if current_workflow() is not None:
-            raise DBOSError("enqueue_many cannot be called from a workflow body (it is not a "
-                            "checkpoint); enqueue each workflow with queue.enqueue there")
-        runtime = self._operating()
+        holder's handle; the row is not written). In a workflow body the batch is one
+        checkpoint, its position fixed at the call: the rows are its children, and a replay
+        returns the recorded results."""
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return self._enqueue_many(queue, requests, ctx, step_id)
+
+    async def _enqueue_many(self, queue: Queue | str, requests: Sequence[EnqueueRequest],
+                            ctx: WorkflowContext | None, step_id: int | None
+                            ) -> list[EnqueueResult]:
+        runtime = ctx.runtime if ctx is not None else self._operating()
         target = queue if isinstance(queue, Queue) else await self.get_queue(queue)
-        return await batch.enqueue_registered(runtime, target, requests, self._workflow_of)
+        return await batch.enqueue_registered(runtime, target, requests, self._workflow_of,
+                                              ctx, step_id)
 
     def _workflow_of(self, workflow: Callable[..., Any] | str,
                      args: tuple[Any, ...]) -> tuple[WorkflowInfo, tuple[Any, ...]]:

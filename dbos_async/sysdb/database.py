@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
@@ -77,6 +77,21 @@ def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence
             raise workflow_id_taken(wf.workflow_id, r["existing_name"], wf.name)
 
 
+async def _insert_on(conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
+                     queries: Sequence[tuple[list[int], Query]]) -> list[list[asyncpg.Record]]:
+    """Run a batch's statements on the caller's transaction; a taken ID rolls it back."""
+    batches = []
+    for indexes, q in queries:
+        found = await conn.fetch(q.sql, *q.params)
+        _refuse_taken_ids(rows, indexes, found)
+        batches.append(found)
+    return batches
+
+
+class _NotRecorded(Exception):
+    """The parent's checkpoint of a batch did not land: roll the batch back."""
+
+
 class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
@@ -109,6 +124,64 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         :class:`BatchStart` per row, in order. A row whose deduplication ID another row of
         the batch took reports that row as its holder; one whose holder finished before it
         could be read is inserted again."""
+
+        async def run(queries: Sequence[tuple[list[int], Query]]
+                      ) -> list[list[asyncpg.Record]]:
+            return await self._retried("enqueueing workflows",
+                                       functools.partial(self._insert_batches, rows, queries))
+
+        return await self._classified(rows, run)
+
+    async def start_workflows_recorded(
+        self, rows: Sequence[tuple[NewWorkflow, str]], parent: ParentStep,
+        function_name: str, output_of: Callable[[list[BatchStart]], str],
+    ) -> list[BatchStart] | StepRecord:
+        """:meth:`start_workflows` from a workflow body: the batch and the parent's
+        checkpoint (its output ``output_of`` the results) in one transaction, fenced by
+        the parent's ownership, so a replay finds the checkpoint instead of enqueueing
+        again. Returns the checkpoint already recorded if one was (nothing is written
+        then)."""
+        parent_ref = WorkflowAddress(parent.workflow_id, parent.shard_key)
+
+        async def attempt() -> list[BatchStart]:
+            async with self.pool.acquire() as conn, conn.transaction():
+
+                async def run(queries: Sequence[tuple[list[int], Query]]
+                              ) -> list[list[asyncpg.Record]]:
+                    return await _insert_on(conn, rows, queries)
+
+                # The rows name their parent, whose key is the parent's own.
+                with bind_shard_keys({parent.workflow_id: parent.shard_key}):
+                    results = await self._classified(rows, run)
+                with parent_ref.routed():
+                    q = self.sql.record_step(parent.workflow_id, parent.function_id,
+                                             function_name, parent.owner_xid,
+                                             output_of(results), None, parent.started_at_ms,
+                                             now_ms())
+                if await conn.fetchrow(q.sql, *q.params) is None:
+                    raise _NotRecorded  # rolls the batch back
+                return results
+
+        try:
+            return await self._retried("enqueueing workflows", attempt)
+        except _NotRecorded:
+            pass
+        with parent_ref.routed():
+            verdict = await self._fetchrow(
+                self.sql.fence_verdict(parent.workflow_id, parent.owner_xid),
+                "enqueueing workflows")
+            record = await self._recorded_or_existing(verdict, parent.workflow_id,
+                                                      parent.function_id, function_name)
+        assert record is not None, "a fenced write that landed nothing finds the record"
+        return record
+
+    async def _classified(
+        self, rows: Sequence[tuple[NewWorkflow, str]],
+        run: Callable[[Sequence[tuple[list[int], Query]]], Awaitable[list[list[asyncpg.Record]]]],
+    ) -> list[BatchStart]:
+        """Insert the rows (``run`` runs the statements, one per key) and tell what became
+        of each; rows whose deduplication holder finished before it could be read are
+        inserted again."""
         results: list[BatchStart | None] = [None] * len(rows)
         # Rows of this batch holding a deduplication ID, per key: holders the statement's
         # snapshot does not show.
@@ -123,9 +196,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
                 with shard_key_scope(key):
                     queries.append((indexes, self.sql.insert_workflows(
                         [rows[i] for i in indexes], key)))
-
-            fetched = await self._retried("enqueueing workflows",
-                                          functools.partial(self._insert_batches, rows, queries))
+            fetched = await run(queries)
             pending = []
             for (indexes, _), found in zip(queries, fetched, strict=True):
                 for i, r in zip(indexes, found, strict=True):
@@ -158,12 +229,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
             _refuse_taken_ids(rows, indexes, found)
             return [found]
         async with self.pool.acquire() as conn, conn.transaction():
-            batches = []
-            for indexes, q in queries:
-                found = await conn.fetch(q.sql, *q.params)
-                _refuse_taken_ids(rows, indexes, found)  # rolls back every key
-                batches.append(found)
-            return batches
+            return await _insert_on(conn, rows, queries)
 
     async def start_workflow_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:

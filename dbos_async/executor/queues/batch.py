@@ -8,12 +8,13 @@ batch: each row reports what became of it (:class:`EnqueueResult`).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dbos_async.errors import DBOSError
-from dbos_async.executor.context import attributes_json
+from dbos_async.executor.context import WorkflowContext, attributes_json
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.enqueue import EnqueueTarget, announcement_key, check_partition
@@ -26,13 +27,22 @@ from dbos_async.executor.start import (
     CallContext,
     Placement,
     StartPlan,
+    new_workflow_id,
     plan_registered,
     read_call,
 )
+from dbos_async.executor.steps import replay
 from dbos_async.executor.tracing import traced_attributes
+from dbos_async.sysdb.database import BatchStart, StepRecord, now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.statements import ParentStep
+
+ENQUEUE_MANY = "DBOS.enqueue_many"
+"""The checkpoint a workflow body's batch enqueue records (its output: every row's
+workflow ID, outcome, workflow name and shard key)."""
 
 EnqueueOutcome = Literal["enqueued", "existing", "deduplicated"]
+_OUTCOMES: tuple[EnqueueOutcome, ...] = ("enqueued", "existing", "deduplicated")
 """What became of a row of a batch: written now; found already under its workflow ID; or
 not written because an active workflow of the queue holds its deduplication ID."""
 
@@ -107,11 +117,13 @@ def checked_requests(requests: Sequence[EnqueueRequest]) -> list[EnqueueRequest]
     return list(requests)
 
 
-async def enqueue_batch(peer: Peer, plans: Sequence[tuple[StartPlan, Signature | None]]
-                        ) -> list[EnqueueResult]:
+async def enqueue_batch(peer: Peer, plans: Sequence[tuple[StartPlan, Signature | None]],
+                        parent_step: ParentStep | None = None) -> list[EnqueueResult]:
     """Write the planned rows together and return one result per row, in order; wake the
     claimers of the rows written. Two rows with one workflow ID (under one key) are
-    refused before anything is written."""
+    refused before anything is written. With ``parent_step`` (a workflow body's batch)
+    the parent's checkpoint of the results is written in the same transaction; a replay
+    that finds it returns the recorded results."""
     seen: set[tuple[str | None, str]] = set()
     for plan, _ in plans:
         ref = (plan.shard_key, plan.workflow_id)
@@ -119,7 +131,17 @@ async def enqueue_batch(peer: Peer, plans: Sequence[tuple[StartPlan, Signature |
             raise DBOSError(f"enqueue_many got workflow ID {plan.workflow_id!r} twice")
         seen.add(ref)
     sysdb = peer.system_database
-    starts = await sysdb.start_workflows([(plan.row, plan.creator_xid) for plan, _ in plans])
+    rows = [(plan.row, plan.creator_xid) for plan, _ in plans]
+    if parent_step is None:
+        starts = await sysdb.start_workflows(rows)
+    else:
+        found = await sysdb.start_workflows_recorded(
+            rows, parent_step, ENQUEUE_MANY,
+            lambda starts: json.dumps([_recorded_row(plan, start)
+                                       for (plan, _), start in zip(plans, starts, strict=True)]))
+        if isinstance(found, StepRecord):
+            return recorded_results(peer, found)
+        starts = found
     results = []
     for (plan, signature), start in zip(plans, starts, strict=True):
         if start.holder is not None:
@@ -137,17 +159,43 @@ async def enqueue_batch(peer: Peer, plans: Sequence[tuple[StartPlan, Signature |
     return results
 
 
+def _recorded_row(plan: StartPlan, start: BatchStart) -> list[str | None]:
+    """A row's result as the parent's checkpoint records it."""
+    if start.holder is not None:
+        return [start.holder[0], "deduplicated", start.holder[1], plan.shard_key]
+    return [plan.workflow_id, "enqueued" if start.created else "existing", plan.row.name,
+            plan.shard_key]
+
+
+def recorded_results(peer: Peer, record: StepRecord) -> list[EnqueueResult]:
+    """The results a workflow body's batch enqueue recorded, as it returned them."""
+    rows = json.loads(record.output or "[]")
+    return [EnqueueResult(workflow_handle(peer, workflow_id, workflow_name=name,
+                                          shard_key=key), _OUTCOMES[_OUTCOMES.index(outcome)])
+            for workflow_id, outcome, name, key in rows]
+
+
 async def enqueue_registered(
     runtime: Runtime, queue: EnqueueTarget, requests: Sequence[EnqueueRequest],
     workflow_of: Callable[[Callable[..., Any] | str, tuple[Any, ...]],
                           tuple[WorkflowInfo, tuple[Any, ...]]],
+    parent: WorkflowContext | None = None, step_id: int | None = None,
 ) -> list[EnqueueResult]:
     """An executor's batch of its registered workflows (``workflow_of`` finds each row's
-    registration), every row's arguments serialized before anything is written."""
+    registration), every row's arguments serialized before anything is written. From a
+    workflow body (``parent``, at its step ``step_id``) the batch is one checkpoint: the
+    rows are its children, a row without an ID gets ``<parent ID>-<step>-<row index>``,
+    and a replay returns the recorded results without enqueueing again."""
     runtime.require_running()
-    base = read_call(as_child=False, take_id=False)
+    checked = checked_requests(requests)
+    if parent is not None and step_id is not None:
+        recorded = parent.checkpoints.get(step_id)
+        if recorded is not None:
+            replay(parent, step_id, ENQUEUE_MANY, recorded)  # checks the name
+            return recorded_results(runtime, recorded)
+    base = dataclasses.replace(read_call(as_child=False, take_id=False), parent=parent)
     plans = []
-    for index, r in enumerate(checked_requests(requests)):
+    for index, r in enumerate(checked):
         try:
             check_partition(queue, r.partition_key)
             info, args = workflow_of(r.workflow, tuple(r.args))
@@ -155,8 +203,15 @@ async def enqueue_registered(
         except DBOSError as error:
             error.add_note(f"in row {index} of enqueue_many")
             raise
-        plans.append((plan_registered(runtime, r.call(base), info, arguments,
+        call = r.call(base)
+        if parent is not None and r.workflow_id is None:
+            child = new_workflow_id(dataclasses.replace(call, parent_step_id=step_id))
+            call = dataclasses.replace(call, workflow_id=f"{child}-{index}")
+        plans.append((plan_registered(runtime, call, info, arguments,
                                       placement=r.placement(queue.name),
                                       application_version=r.application_version),
                       info.signature))
-    return await enqueue_batch(runtime, plans)
+    step = (ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms(),
+                       parent.shard_key)
+            if parent is not None and step_id is not None else None)
+    return await enqueue_batch(runtime, plans, step)
