@@ -26,9 +26,11 @@ from dbos_async import (
     SerializationError,
     SetShardKey,
     SetWorkflowID,
+    WorkflowConflictError,
 )
+from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
-from dbos_async.sysdb.statements import NewWorkflow
+from dbos_async.sysdb.statements import NewWorkflow, ParentStep
 
 PATIENCE = 30.0
 
@@ -401,6 +403,41 @@ async def test_a_retried_batch_recognises_the_rows_it_wrote(database_url: str,
         assert [(s.created, s.existing_name) for s in await sysdb.start_workflows(others)] \
             == [(False, "job"), (False, "job")]
         assert await count(database_url, "workflow_input") == 2
+
+
+async def test_a_batch_from_a_workflow_is_fenced_by_its_owner(database_url: str,
+                                                               sharding: bool) -> None:
+    """The batch lands only with the parent's checkpoint, while the parent is owned by the
+    execution writing it; written once, a second attempt finds the checkpoint."""
+    a, _ = keys(sharding)
+    jobs = Jobs(database_url, sharding, listen_queues=[])
+    async with jobs.dbos as dbos:
+        sysdb = dbos.system_database
+
+        def row(workflow_id: str, status: str, queue: str | None) -> NewWorkflow:
+            return NewWorkflow(workflow_id=workflow_id, name="job", status=status,
+                               inputs='{"positionalArgs": [1], "namedArgs": {}}',
+                               executor_id="x", application_version=None, created_at_ms=1,
+                               queue_name=queue, shard_key=a, parent_workflow_id=(
+                                   "owner" if queue else None))
+
+        await sysdb.start_workflow(row("owner", "PENDING", None), "the-owner")
+        children = [(row(f"kid-{i}", "ENQUEUED", "jobs"), f"kid-token-{i}") for i in range(2)]
+
+        def step(owner_xid: str) -> ParentStep:
+            return ParentStep("owner", 0, owner_xid, 1, a)
+
+        with pytest.raises(WorkflowConflictError):
+            await sysdb.start_workflows_recorded(children, step("a-stale-owner"),
+                                                 "DBOS.enqueue_many", lambda _: "[]")
+        assert await count(database_url, "workflow_status") == 1
+        first = await sysdb.start_workflows_recorded(children, step("the-owner"),
+                                                     "DBOS.enqueue_many", lambda _: '["x"]')
+        assert isinstance(first, list) and [s.created for s in first] == [True, True]
+        again = await sysdb.start_workflows_recorded(children, step("the-owner"),
+                                                     "DBOS.enqueue_many", lambda _: '["y"]')
+        assert isinstance(again, StepRecord) and again.output == '["x"]'
+        assert await count(database_url, "workflow_status") == 3
 
 
 async def test_client_enqueue_many(database_url: str, sharding: bool) -> None:
