@@ -11,7 +11,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from dbos_async.errors import DBOSError
 from dbos_async.executor.context import WorkflowContext, attributes_json
@@ -42,9 +42,13 @@ ENQUEUE_MANY = "DBOS.enqueue_many"
 workflow ID, outcome, workflow name and shard key)."""
 
 EnqueueOutcome = Literal["enqueued", "existing", "deduplicated"]
-_OUTCOMES: tuple[EnqueueOutcome, ...] = ("enqueued", "existing", "deduplicated")
 """What became of a row of a batch: written now; found already under its workflow ID; or
 not written because an active workflow of the queue holds its deduplication ID."""
+
+
+RowOutcome = tuple[str, EnqueueOutcome, str, str | None]
+"""A row's result as a workflow's checkpoint records it: the workflow ID of its handle, the
+outcome, that workflow's name and its shard key."""
 
 
 @dataclass(frozen=True)
@@ -132,46 +136,43 @@ async def enqueue_batch(peer: Peer, plans: Sequence[tuple[StartPlan, Signature |
         seen.add(ref)
     sysdb = peer.system_database
     rows = [(plan.row, plan.creator_xid) for plan, _ in plans]
+
+    def outcomes(starts: Sequence[BatchStart]) -> list[RowOutcome]:
+        return [_outcome(plan, start) for (plan, _), start in zip(plans, starts, strict=True)]
+
     if parent_step is None:
         starts = await sysdb.start_workflows(rows)
     else:
         found = await sysdb.start_workflows_recorded(
-            rows, parent_step, ENQUEUE_MANY,
-            lambda starts: json.dumps([_recorded_row(plan, start)
-                                       for (plan, _), start in zip(plans, starts, strict=True)]))
+            rows, parent_step, ENQUEUE_MANY, lambda starts: json.dumps(outcomes(starts)))
         if isinstance(found, StepRecord):
             return recorded_results(peer, found)
         starts = found
-    results = []
-    for (plan, signature), start in zip(plans, starts, strict=True):
-        if start.holder is not None:
-            handle = workflow_handle(peer, start.holder[0], workflow_name=start.holder[1],
-                                     shard_key=plan.shard_key)
-            results.append(EnqueueResult(handle, "deduplicated"))
-            continue
-        handle = workflow_handle(peer, plan.workflow_id, signature=signature,
-                                 shard_key=plan.shard_key)
-        results.append(EnqueueResult(handle, "enqueued" if start.created else "existing"))
     for key in dict.fromkeys(announcement_key(plan.row)
                              for (plan, _), start in zip(plans, starts, strict=True)
                              if start.created):
         sysdb.notify(ENQUEUE_CHANNEL, key)
-    return results
+    return [_result(peer, row, signature if row[1] != "deduplicated" else None)
+            for row, (_, signature) in zip(outcomes(starts), plans, strict=True)]
 
 
-def _recorded_row(plan: StartPlan, start: BatchStart) -> list[str | None]:
-    """A row's result as the parent's checkpoint records it."""
+def _outcome(plan: StartPlan, start: BatchStart) -> RowOutcome:
     if start.holder is not None:
-        return [start.holder[0], "deduplicated", start.holder[1], plan.shard_key]
-    return [plan.workflow_id, "enqueued" if start.created else "existing", plan.row.name,
-            plan.shard_key]
+        return (start.holder[0], "deduplicated", start.holder[1], plan.shard_key)
+    return (plan.workflow_id, "enqueued" if start.created else "existing", plan.row.name,
+            plan.shard_key)
+
+
+def _result(peer: Peer, row: RowOutcome, signature: Signature | None) -> EnqueueResult:
+    workflow_id, outcome, name, key = row
+    return EnqueueResult(workflow_handle(peer, workflow_id, signature=signature,
+                                         workflow_name=name, shard_key=key), outcome)
 
 
 def recorded_results(peer: Peer, record: StepRecord) -> list[EnqueueResult]:
     """The results a workflow body's batch enqueue recorded, as it returned them."""
     rows = json.loads(record.output or "[]")
-    return [EnqueueResult(workflow_handle(peer, workflow_id, workflow_name=name,
-                                          shard_key=key), _OUTCOMES[_OUTCOMES.index(outcome)])
+    return [_result(peer, (workflow_id, cast(EnqueueOutcome, outcome), name, key), None)
             for workflow_id, outcome, name, key in rows]
 
 
