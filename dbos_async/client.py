@@ -75,7 +75,8 @@ class DBOSClient(Operator, Peer):
     and versions it registers, and scopes listings and versions; it also names the client's
     connections.
 
-    Besides ``enqueue``, ``send(connection=...)`` and ``register_queue``, it has the
+    Besides ``enqueue``, ``enqueue_many``, ``send(connection=...)``,
+    ``send_bulk(connection=...)`` and ``register_queue``, it has the
     operator API of :class:`~dbos_async.DBOS` (defined once, in
     :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON.
     """
