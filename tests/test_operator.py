@@ -18,7 +18,8 @@ SHARED = [
     "retrieve_workflow", "get_workflow_status", "wait_first", "wait_all", "get_event",
     "get_all_events", "read_stream", "cancel_workflow", "cancel_workflows", "delete_workflow",
     "delete_workflows", "resume_workflow", "resume_workflows", "fork_workflow",
-    "fork_workflows", "rewind_workflow", "list_workflows", "list_queued_workflows", "list_workflow_steps",
+    "fork_workflows", "rewind_workflow", "list_workflows", "list_queued_workflows",
+    "list_workflow_steps",
     "list_application_versions", "get_latest_application_version",
     "set_latest_application_version",
 ]
