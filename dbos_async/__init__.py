@@ -37,10 +37,16 @@ from dbos_async.executor.context import (
     current_step_id,
     current_workflow_id,
 )
-from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
+from dbos_async.executor.control import (
+    ApplicationVersion,
+    ForkRequest,
+    TimeBound,
+    WorkflowStepInfo,
+)
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
+from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.queues import (
     Debouncer,
     DeduplicationPolicy,
@@ -49,6 +55,7 @@ from dbos_async.executor.queues import (
     RateLimit,
     SetEnqueueOptions,
 )
+from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
 from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.steps import RetryOn
@@ -69,7 +76,11 @@ __all__ = [
     "DeadLetteredError",
     "Debouncer",
     "DeduplicationPolicy",
+    "EnqueueOutcome",
+    "EnqueueRequest",
+    "EnqueueResult",
     "ExecutorIdLostError",
+    "ForkRequest",
     "IdempotencyKeyConflictError",
     "InvalidRequestError",
     "LimiterSpec",
@@ -85,6 +96,7 @@ __all__ = [
     "RetryOn",
     "ScheduleDefinition",
     "ScheduleError",
+    "SendMessage",
     "SerializationError",
     "SetEnqueueOptions",
     "SetShardKey",

@@ -48,6 +48,12 @@ class WorkflowStateError(DBOSError):
         self.status = status
 
 
+def workflow_id_taken(workflow_id: str, used_by: str, name: str) -> DBOSError:
+    """The error of a start whose workflow ID is another workflow function's."""
+    return DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow {used_by!r}, "
+                     f"not {name!r}")
+
+
 class WorkflowNotRegisteredError(DBOSError):
     """A workflow's function is not registered with this executor."""
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,16 +28,15 @@ from dbos_async.executor.queues.enqueue import DELAYED_KEY
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.recorded_errors import deserialize_error
 from dbos_async.executor.serialization import from_json
-from dbos_async.executor.start import CallContext, new_workflow_id
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
-from dbos_async.sysdb.operations import CancelledWorkflow
+from dbos_async.sysdb.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.records import StatusRecord
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
 
 logger = logging.getLogger("dbos_async")
@@ -247,24 +248,52 @@ def _timeout_ms(timeout: float | None) -> int | None:
     return int(timeout * 1000)
 
 
-async def fork(peer: Peer, workflow_id: str, start_step: int, call: CallContext, *,
+@dataclass(frozen=True)
+class ForkRequest:
+    """One fork of :meth:`~dbos_async.DBOS.fork_workflows`: workflow ``workflow_id``
+    (under ``shard_key``, on a sharded database) re-run from ``start_step``, as
+    ``new_workflow_id`` (random by default), its copied steps naming the children of
+    ``replacement_children`` instead."""
+
+    workflow_id: str
+    start_step: int
+    new_workflow_id: str | None = None
+    shard_key: str | None = None
+    replacement_children: dict[str, str] | None = None
+
+
+async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: float | None,
                application_version: str | None, queue_name: str | None,
-               replacement_children: dict[str, str] | None) -> str:
-    """A new ENQUEUED workflow with the original's inputs, whose steps below
-    ``start_step`` replay from copies of the original's checkpoints; its ID and timeout
-    come from ``call`` as for any start. Returns its ID."""
-    new_id = new_workflow_id(call)
+               partition_key: str | None) -> list[WorkflowAddress]:
+    """New ENQUEUED workflows with their originals' inputs, whose steps below each
+    ``start_step`` replay from copies of the original's checkpoints, all created in one
+    transaction (or none). Returns each fork's ID and key (its original's), in order."""
+    if isinstance(forks, ForkRequest) or not isinstance(forks, Sequence) or not forks:
+        raise DBOSError("fork_workflows needs a non-empty list of ForkRequest")
+    timeout_ms = _timeout_ms(workflow_timeout)
     queue = queue_name or INTERNAL_QUEUE_NAME
     sysdb = peer.system_database
-    # The fork lives under its original's key.
-    with bind_shard_keys({new_id: sysdb.sql.key_hint(workflow_id)}):
-        await sysdb.fork(
-            workflow_id, new_id, start_step, queue_name=queue,
-            application_version=application_version, timeout_ms=_timeout_ms(call.timeout),
-            replacement_children=dict(replacement_children or {}))
+    specs = []
+    for index, f in enumerate(forks):
+        if not isinstance(f, ForkRequest) or not isinstance(f.workflow_id, str) \
+                or not f.workflow_id:
+            raise DBOSError(f"fork_workflows row {index} is not a ForkRequest naming a "
+                            f"workflow: {f!r}")
+        with bind_shard_keys({f.workflow_id: f.shard_key}):
+            key = sysdb.sql.key_hint(f.workflow_id)
+        specs.append(ForkSpec(f.workflow_id, f.new_workflow_id or str(uuid.uuid4()),
+                              f.start_step, key, dict(f.replacement_children or {})))
+    new_ids = [(s.shard_key, s.fork_id) for s in specs]
+    repeated = sorted(i for (_, i), n in Counter(new_ids).items() if n > 1)
+    if repeated:
+        raise DBOSError(f"fork_workflows got the new workflow ID {repeated[0]!r} twice")
+    await sysdb.fork(specs, queue_name=queue, application_version=application_version,
+                     timeout_ms=timeout_ms, partition_key=partition_key)
     _announce_enqueued(peer, queue)
-    logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
-    return new_id
+    for s in specs:
+        logger.info("Forked workflow %s from step %s as %s", s.original_id, s.start_step,
+                    s.fork_id)
+    return [WorkflowAddress(s.fork_id, s.shard_key) for s in specs]
 
 
 async def rewind(peer: Peer, workflow_id: str, start_step: int, *,

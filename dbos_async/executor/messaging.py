@@ -11,12 +11,13 @@ what remains. Waits register with the notification dispatcher *before* reading t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import math
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, StreamTimeoutError
@@ -30,10 +31,16 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_COMPLETION_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
+    keyed,
     remaining,
 )
-from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
-from dbos_async.sysdb.statements import ACTIVE_STATUSES, STREAM_CLOSED_SERIALIZED
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
+from dbos_async.sysdb.statements import (
+    ACTIVE_STATUSES,
+    SEND_BULK,
+    STREAM_CLOSED_SERIALIZED,
+    OutgoingMessage,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.handles import WorkflowHandle
@@ -125,7 +132,11 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
                                 message_uuid, topic, message)
     else:
         await sysdb.send(destination_id, message_uuid, topic, message)
-    waiter = sysdb.waiter_key(destination_id, topic)
+    _announce_message(sysdb, sysdb.waiter_key(destination_id, topic))
+
+
+def _announce_message(sysdb: SystemDatabase, waiter: str) -> None:
+    """Wake the receivers of a committed message."""
     if sysdb.sharded:
         # No trigger on a sharded schema (on Citus it would fire on a worker): the writer
         # tells every process.
@@ -133,6 +144,80 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
     else:
         # The trigger on notifications NOTIFYs other processes; wake this one's waiters now.
         _dispatcher(sysdb).wake(NOTIFICATIONS_CHANNEL, waiter)
+
+
+@dataclass(frozen=True)
+class SendMessage:
+    """One message of :meth:`~dbos_async.DBOS.send_bulk` (named and shaped as the `dbos`
+    package's): to workflow ``destination_id`` (under ``shard_key``, on a sharded
+    database), on ``topic``; with ``idempotency_key`` it is delivered once however often
+    the batch is sent."""
+
+    destination_id: str
+    message: Any
+    topic: str | None = None
+    idempotency_key: str | None = None
+    shard_key: str | None = None
+
+
+def outgoing(messages: Sequence[SendMessage]) -> list[OutgoingMessage]:
+    """Check and address a batch before anything is written: at least one message, each a
+    :class:`SendMessage` to a named workflow with a portable value, no idempotency key
+    twice (the `dbos` package's rule)."""
+    if isinstance(messages, SendMessage) or not isinstance(messages, Sequence) or not messages:
+        raise DBOSError("send_bulk needs a non-empty list of SendMessage")
+    keys = [m.idempotency_key for m in messages
+            if isinstance(m, SendMessage) and m.idempotency_key is not None]
+    repeated = sorted(k for k, n in Counter(keys).items() if n > 1)
+    if repeated:
+        raise DBOSError(f"send_bulk received duplicate idempotency keys: {', '.join(repeated)}")
+    batch = []
+    for index, m in enumerate(messages):
+        if not isinstance(m, SendMessage):
+            raise DBOSError(f"send_bulk message {index} is not a SendMessage: {m!r}")
+        if not isinstance(m.destination_id, str) or not m.destination_id:
+            raise DBOSError(f"send_bulk message {index} has no destination_id")
+        validate_shard_key(m.shard_key)
+        topic, message_uuid = message_address(m.destination_id, m.topic, m.idempotency_key)
+        batch.append(OutgoingMessage(m.destination_id, message_uuid, topic,
+                                     to_json(m.message, f"send_bulk message {index}"),
+                                     m.shard_key))
+    return batch
+
+
+async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+                    step_id: int | None, messages: Sequence[OutgoingMessage]) -> None:
+    """Send a batch in one transaction (one statement per shard key): inside a workflow
+    one checkpoint covers the whole batch, so it is delivered exactly once; from a step it
+    lands only while the workflow is owned by this execution."""
+    sysdb = peer.system_database
+    if ctx is not None and step_id is not None:
+        done, _ = recorded_read(ctx, step_id, SEND_BULK)
+        if done:
+            return
+        try:
+            existing = await sysdb.send_many(
+                messages, sender=WorkflowAddress(ctx.workflow_id, ctx.shard_key),
+                owner_xid=ctx.owner_xid, function_id=step_id)
+        except NonExistentWorkflowError as missing:
+            with ctx.routed():
+                raise await record_failure(ctx, step_id, SEND_BULK, missing) from missing
+        if existing is not None:
+            replay(ctx, step_id, SEND_BULK, existing)
+            return
+    elif step_ctx is not None:
+        await sysdb.send_many(messages, sender=WorkflowAddress(step_ctx.workflow_id,
+                                                               step_ctx.shard_key),
+                              owner_xid=step_ctx.owner_xid)
+    else:
+        await sysdb.send_many(messages)
+    for waiter in dict.fromkeys(_waiter_of(sysdb, m) for m in messages):
+        _announce_message(sysdb, waiter)
+
+
+def _waiter_of(sysdb: SystemDatabase, m: OutgoingMessage) -> str:
+    with WorkflowAddress(m.destination_id, m.shard_key).routed():
+        return sysdb.waiter_key(m.destination_id, m.topic)
 
 
 async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str | None,
@@ -359,27 +444,36 @@ async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float
 # ---- Waiting for workflows ----
 
 
-async def _settled(handle: WorkflowHandle[Any]) -> None:
-    # Finished with an error is finished too.
-    with contextlib.suppress(Exception):
-        await handle.get_result()
-
-
-async def wait_first(handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+    """The handle whose workflow finished first, by one query over all of them per wake:
+    woken by the completion notifications of any of them (this process's and others'),
+    reading again at most every ``result_poll_interval`` for writers that send none."""
     if not handles:
         raise DBOSError("wait_first needs at least one handle")
-    tasks = [asyncio.ensure_future(_settled(handle)) for handle in handles]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for handle, task in zip(handles, tasks, strict=True):
-        if task.done() and not task.cancelled():
-            return handle
-    raise DBOSError("wait_first was interrupted")
+    sysdb = peer.system_database
+    refs = [(h.workflow_id, h.shard_key) for h in handles]
+    repeated = [ref for ref, n in Counter(refs).items() if n > 1]
+    if repeated:
+        raise DBOSError(f"wait_first got workflow {repeated[0][0]!r} twice")
+    for workflow_id, key in refs:
+        if sysdb.sharded and key is None:
+            raise DBOSError(f"wait_first needs the shard key of workflow {workflow_id!r}: "
+                            "this system database is sharded")
+    by_ref = dict(zip(refs, handles, strict=True))
+    dispatcher = _dispatcher(sysdb)
+    cap = peer.config.result_poll_interval
+    delay = min(0.05, cap)
+    [first, *rest] = [(WORKFLOW_COMPLETION_CHANNEL, keyed(i, k)) for i, k in refs]
+    with dispatcher.register(*first, also=rest) as waiter:
+        while True:
+            async with dispatcher.polling():
+                finished, missing = await sysdb.finished_first(refs)
+            if missing:
+                raise NonExistentWorkflowError(", ".join(i for i, _ in missing))
+            if finished is not None:
+                return by_ref[finished]
+            await waiter.wait(delay)
+            delay = min(delay * 2, cap)
 
 
 async def wait_all(handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:

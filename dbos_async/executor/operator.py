@@ -27,6 +27,7 @@ from dbos_async.executor import control, messaging
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.control import (
     ApplicationVersion,
+    ForkRequest,
     TimeBound,
     WorkflowStepInfo,
     as_list,
@@ -39,7 +40,9 @@ from dbos_async.executor.handles import (
     workflow_handle,
 )
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.declaration import LimiterSpec, Queue
+from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_queue
+from dbos_async.executor.queues.enqueue import check_partition
+from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
@@ -129,8 +132,10 @@ class Operator(ScheduleOperator):
             self._caller_peer(ctx or step_ctx), workflow_id, ctx, step_id))
 
     async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-        """The first of ``handles`` whose workflow finishes (successfully or not)."""
-        return await messaging.wait_first(handles)
+        """The first of ``handles`` whose workflow finishes (successfully or not): one
+        query over all of them per wake, woken by their completion notifications. An
+        empty list, a workflow given twice or one that does not exist is refused."""
+        return await messaging.wait_first(self._peer(during_shutdown=True), handles)
 
     async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
         """The results of all ``handles``, in order; raises the first error met."""
@@ -154,6 +159,20 @@ class Operator(ScheduleOperator):
         return _routed({destination_id: shard_key}, messaging.send(
             self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id, destination_id, text,
             topic, idempotency_key))
+
+    def send_bulk(self, messages: Sequence[messaging.SendMessage]) -> Coroutine[Any, Any, None]:
+        """Send every :class:`SendMessage` of ``messages`` in one transaction (one statement
+        per shard key): all are delivered or, if one destination is missing
+        (:class:`NonExistentWorkflowError` names each missing one), none. In a workflow
+        the batch is one checkpoint (exactly once); in a step it lands only while the
+        workflow is owned by this execution. A message with an ``idempotency_key`` is
+        delivered once however often it is sent; an empty batch or an idempotency key
+        given twice is refused before anything is written."""
+        batch = messaging.outgoing(messages)
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.send_bulk(self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id,
+                                   batch)
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
@@ -246,7 +265,7 @@ class Operator(ScheduleOperator):
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
         queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
         new_workflow_id: str | None = None, workflow_timeout: float | None = None,
-        shard_key: str | None = None,
+        shard_key: str | None = None, queue_partition_key: str | None = None,
     ) -> WorkflowHandle[Any]:
         """Start a new workflow with ``workflow_id``'s inputs whose steps below
         ``start_step`` replay from copies of the original's checkpoints (and its events
@@ -256,15 +275,42 @@ class Operator(ScheduleOperator):
         ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
         last recorded step. ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead. The fork lives under the original's
-        ``shard_key``."""
+        ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
+        the partition it is enqueued in."""
+        call = self._fork_call(new_workflow_id, workflow_timeout)
+        [handle] = await self.fork_workflows(
+            [ForkRequest(workflow_id, start_step, call.workflow_id, shard_key,
+                         replacement_children)],
+            application_version=application_version, queue=queue,
+            queue_partition_key=queue_partition_key, workflow_timeout=call.timeout)
+        return handle
+
+    async def fork_workflows(
+        self, forks: Sequence[ForkRequest], *, application_version: str | None = None,
+        queue: str | Queue | None = None, queue_partition_key: str | None = None,
+        workflow_timeout: float | None = None,
+    ) -> list[WorkflowHandle[Any]]:
+        """Fork every :class:`ForkRequest` of ``forks`` as :meth:`fork_workflow` forks one,
+        all in one transaction: every fork is created, or, if one is refused (an unknown
+        workflow, a ``start_step`` out of range, a new ID that exists or is given twice),
+        none. The forks share the options: ``application_version``, ``queue`` (the
+        internal queue by default), ``queue_partition_key`` (required on, and only on, a
+        partitioned queue) and ``workflow_timeout``. Returns their handles, in order."""
         peer = self._peer()
-        with bind_shard_keys({workflow_id: shard_key}):
-            new_id = await control.fork(
-                peer, workflow_id, start_step,
-                self._fork_call(new_workflow_id, workflow_timeout),
-                application_version=application_version, queue_name=_queue_name(queue),
-                replacement_children=replacement_children)
-        return await self._handle(new_id, shard_key)
+        check_options({"partition_key": queue_partition_key})
+        name = _queue_name(queue)
+        target = queue if isinstance(queue, Queue) else None
+        if target is None and name is None:
+            target = internal_queue()
+        elif target is None and name is not None:
+            stored = await peer.system_database.list_queues([name])
+            target = Queue.from_record(stored[0]) if stored else None
+        if target is not None:
+            check_partition(target, queue_partition_key)
+        forked = await control.fork(peer, forks, workflow_timeout=workflow_timeout,
+                                    application_version=application_version, queue_name=name,
+                                    partition_key=queue_partition_key)
+        return [await self._handle(f.workflow_id, f.shard_key) for f in forked]
 
     async def rewind_workflow(
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,

@@ -35,7 +35,7 @@ from dbos_async.sysdb.statements.control import (
     job_lock_key,
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
-from dbos_async.sysdb.statements.messaging import MessagingStatements
+from dbos_async.sysdb.statements.messaging import SEND_BULK, MessagingStatements, OutgoingMessage
 from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
     CLAIMED_COLUMNS,
@@ -74,10 +74,12 @@ __all__ = [
     "PENDING",
     "PORTABLE_JSON",
     "QUEUE_COLUMNS",
+    "SEND_BULK",
     "STREAM_CLOSED_SERIALIZED",
     "SUCCESS",
     "TERMINAL_STATUSES",
     "NewWorkflow",
+    "OutgoingMessage",
     "Params",
     "ParentStep",
     "Query",
