@@ -15,15 +15,18 @@ from dbos_async.errors import (
     NondeterminismError,
     NonExistentWorkflowError,
     NotAuthorizedError,
+    QueryTimeoutError,
     QueueDeduplicatedError,
     QueueNotFoundError,
     RecordedError,
     ScheduleError,
     SerializationError,
     StepRetriesExceededError,
+    StreamTimeoutError,
     WorkflowCancelledError,
     WorkflowConflictError,
     WorkflowNotRegisteredError,
+    WorkflowStateError,
 )
 from dbos_async.executor.authentication import (
     Authentication,
@@ -40,10 +43,16 @@ from dbos_async.executor.context import (
     current_step_id,
     current_workflow_id,
 )
-from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
+from dbos_async.executor.control import (
+    ApplicationVersion,
+    ForkRequest,
+    TimeBound,
+    WorkflowStepInfo,
+)
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
+from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.queues import (
     Debouncer,
     DeduplicationPolicy,
@@ -52,6 +61,7 @@ from dbos_async.executor.queues import (
     RateLimit,
     SetEnqueueOptions,
 )
+from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
 from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.serialization import Serializer
@@ -74,7 +84,11 @@ __all__ = [
     "DeadLetteredError",
     "Debouncer",
     "DeduplicationPolicy",
+    "EnqueueOutcome",
+    "EnqueueRequest",
+    "EnqueueResult",
     "ExecutorIdLostError",
+    "ForkRequest",
     "IdempotencyKeyConflictError",
     "InvalidRequestError",
     "LimiterSpec",
@@ -82,6 +96,7 @@ __all__ = [
     "NonExistentWorkflowError",
     "NondeterminismError",
     "NotAuthorizedError",
+    "QueryTimeoutError",
     "Queue",
     "QueueDeduplicatedError",
     "QueueNotFoundError",
@@ -90,6 +105,7 @@ __all__ = [
     "RetryOn",
     "ScheduleDefinition",
     "ScheduleError",
+    "SendMessage",
     "SerializationError",
     "Serializer",
     "SetAuthentication",
@@ -99,6 +115,7 @@ __all__ = [
     "SetWorkflowID",
     "SetWorkflowTimeout",
     "StepRetriesExceededError",
+    "StreamTimeoutError",
     "TimeBound",
     "WorkflowCancelledError",
     "WorkflowConflictError",
@@ -106,6 +123,7 @@ __all__ = [
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",
+    "WorkflowStateError",
     "WorkflowStatus",
     "WorkflowStepInfo",
     "current_authentication",

@@ -29,6 +29,9 @@ CONFIG_FILE_ENV = "DBOS_CONFIG_FILE"
 _PYPROJECT = "pyproject.toml"
 _TOOL_TABLE = "dbos_async"  # [tool.dbos_async] in a pyproject.toml
 
+_MAX_TIMEOUT_SECONDS = 2_147_483.0
+"""The largest PostgreSQL timeout setting, in seconds (INT_MAX milliseconds)."""
+
 DEFAULT_EXECUTOR_ID = "local"
 """The executor ID of a process that was given none, or the first of its numbered
 variants that is free (``local-2``, ...); also what a client writes into what it enqueues."""
@@ -123,6 +126,20 @@ class DBOSConfig(BaseModel):
     )
     maintenance_interval: float = Field(
         300.0, gt=0, description="Seconds between runs of the retention and timeout jobs."
+    )
+
+    # Safety limits on the system database (0 leaves the server's own setting in place).
+    idle_transaction_timeout: float = Field(
+        60.0, ge=0, le=_MAX_TIMEOUT_SECONDS,
+        description="Seconds a transaction holding row locks (cancel, resume, fork, rewind, "
+        "delete, queue claims) may sit idle before PostgreSQL ends its session and frees "
+        "the locks (idle_in_transaction_session_timeout).",
+    )
+    observability_query_timeout: float = Field(
+        30.0, ge=0, le=_MAX_TIMEOUT_SECONDS,
+        description="Seconds an observability read (list_workflows, list_queued_workflows, "
+        "list_workflow_steps, queue_depths, exports) may run (statement_timeout); over it "
+        "raises QueryTimeoutError.",
     )
 
     max_recovery_attempts: int = Field(

@@ -38,6 +38,23 @@ class NonExistentWorkflowError(DBOSError):
         self.workflow_id = workflow_id
 
 
+class WorkflowStateError(DBOSError):
+    """The workflow's status does not allow the operation (a priority or delay change of a
+    workflow that has already started, for instance); nothing was changed."""
+
+    def __init__(self, workflow_id: str, status: str, operation: str, allowed: str) -> None:
+        super().__init__(f"Cannot {operation} workflow {workflow_id!r}: it is {status}, and "
+                         f"only {allowed} workflows allow it")
+        self.workflow_id = workflow_id
+        self.status = status
+
+
+def workflow_id_taken(workflow_id: str, used_by: str, name: str) -> DBOSError:
+    """The error of a start whose workflow ID is another workflow function's."""
+    return DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow {used_by!r}, "
+                     f"not {name!r}")
+
+
 class WorkflowNotRegisteredError(DBOSError):
     """A workflow's function is not registered with this executor."""
 
@@ -215,3 +232,28 @@ class NotAuthorizedError(DBOSError):
         )
         self.function_name = function_name
         self.user = user
+class QueryTimeoutError(DBOSError):
+    """An observability read (a workflow or step listing, a queue count, an export) ran
+    longer than the ``observability_query_timeout`` setting and was stopped."""
+
+    def __init__(self, what: str, timeout_seconds: float) -> None:
+        super().__init__(
+            f"{what[:1].upper()}{what[1:]} ran longer than observability_query_timeout "
+            f"({timeout_seconds:g} s) and was stopped; narrow the filters, read a smaller page "
+            "(limit/offset), or raise observability_query_timeout (0 turns the cap off)"
+        )
+        self.what = what
+        self.timeout_seconds = timeout_seconds
+
+
+class StreamTimeoutError(DBOSError):
+    """``read_stream(..., timeout=...)`` waited that long for the stream's next value."""
+
+    def __init__(self, workflow_id: str, key: str, timeout_seconds: float) -> None:
+        super().__init__(
+            f"No value of stream {key!r} of workflow {workflow_id!r} arrived within "
+            f"{timeout_seconds:g} s"
+        )
+        self.workflow_id = workflow_id
+        self.key = key
+        self.timeout_seconds = timeout_seconds

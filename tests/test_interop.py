@@ -7,7 +7,9 @@ process singleton with threads):
     client reads the result;
 (c) its send/get_event and ours reach each other's workflows;
 (d) a workflow listed by one is listed by the other with the same status, name, queue and
-    timestamps.
+    timestamps;
+(e) its send_bulk reaches our workflows and ours reaches its, exactly once per idempotency
+    key on either side.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from helpers import new_dbos
 
-from dbos_async import DBOSClient, SetWorkflowID, WorkflowStatus
+from dbos_async import DBOSClient, SendMessage, SetWorkflowID, WorkflowStatus
 
 PATIENCE = 60.0
 
@@ -213,3 +215,76 @@ async def test_our_client_with_dbos_executor(database_url: str) -> None:
         assert status is not None
         assert (status.status, status.name, status.queue_name) == (
             "SUCCESS", "dbos_work", "interop-b")
+
+
+_DBOS_BULK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from dbos import DBOS, SendMessage, SetWorkflowID, WorkflowSerializationFormat
+
+    PORTABLE = WorkflowSerializationFormat.PORTABLE
+    DBOS(config={"name": "interop-bulk", "system_database_url": sys.argv[1],
+                 "executor_id": "dbos-bulk"})
+
+    @DBOS.workflow(name="dbos_inbox", serialization_type=PORTABLE)
+    def dbos_inbox() -> list:
+        return [DBOS.recv("bulk", 30), DBOS.recv("bulk", 30)]
+
+    DBOS.launch()
+    try:
+        with SetWorkflowID("dbos-inbox"):
+            inbox = DBOS.start_workflow(dbos_inbox)
+        batch = [SendMessage("our-inbox", "a", "bulk", "k1"),
+                 SendMessage("our-inbox", {"b": 2}, "bulk", "k2")]
+        DBOS.send_bulk(batch, serialization_type=PORTABLE)
+        DBOS.send_bulk(batch, serialization_type=PORTABLE)
+        print("READY", flush=True)
+        print("RESULT", json.dumps(inbox.get_result()), flush=True)
+    finally:
+        DBOS.destroy()
+    """
+)
+
+
+async def test_send_bulk_both_ways(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+
+    @dbos.workflow(name="our_inbox")
+    async def our_inbox() -> list[Any]:
+        return [await dbos.recv("bulk", timeout=30), await dbos.recv("bulk", timeout=30)]
+
+    async with dbos:
+        with SetWorkflowID("our-inbox"):
+            inbox = await dbos.start_workflow(our_inbox)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _DBOS_BULK_SCRIPT, database_url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stdout is not None
+            ready = await asyncio.wait_for(proc.stdout.readline(), PATIENCE)
+            if not ready.startswith(b"READY"):
+                _, err = await proc.communicate()
+                raise AssertionError(f"{ready!r}\n{err.decode()}")
+            # (e) its send_bulk reached our workflow, each message once.
+            assert sorted(await inbox.get_result(), key=str) == ["a", {"b": 2}]
+            batch = [SendMessage("dbos-inbox", "x", "bulk", "k1"),
+                     SendMessage("dbos-inbox", [3], "bulk", "k2")]
+            await dbos.send_bulk(batch)
+            await dbos.send_bulk(batch)
+            rest, err = await asyncio.wait_for(proc.communicate(), PATIENCE)
+        except BaseException:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        stdout = rest.decode()
+        assert proc.returncode == 0, f"{stdout}\n{err.decode()}"
+        [received] = lines(stdout, "RESULT")
+        assert sorted(received, key=str) == [[3], "x"]
+        # The same message IDs on both sides: <key>::<destination>.
+        rows = await dbos.system_database.pool.fetch(
+            "SELECT destination_uuid, message_uuid FROM dbos.notifications "
+            "ORDER BY message_uuid")
+        assert [(r["destination_uuid"], r["message_uuid"]) for r in rows] == [
+            ("dbos-inbox", "k1::dbos-inbox"), ("our-inbox", "k1::our-inbox"),
+            ("dbos-inbox", "k2::dbos-inbox"), ("our-inbox", "k2::our-inbox")]

@@ -7,11 +7,13 @@ import asyncio
 import itertools
 import time
 
+import pytest
 from helpers import execute, fetch, fetchval, new_dbos, wait_until
 
 from dbos_async import DBOS, SetWorkflowID, WorkflowCancelledError
 from dbos_async.sysdb.operations import JobConnection
 from dbos_async.sysdb.statements import job_lock_key
+from dbos_async.sysdb.statements.control import advisory_lock_key
 
 HOUR_MS = 3_600_000
 
@@ -159,10 +161,17 @@ async def test_two_executors_never_run_a_job_at_once(database_url: str) -> None:
         assert await b.garbage_collect(0) == 0
 
 
-async def test_the_lock_key_is_per_schema_and_job() -> None:
-    assert job_lock_key("dbos", "retention") != job_lock_key("other", "retention")
-    assert job_lock_key("dbos", "retention") != job_lock_key("dbos", "global_timeout")
-    assert -(2 ** 63) <= job_lock_key("dbos", "retention") < 2 ** 63
+async def test_the_lock_key_is_per_schema_application_and_job() -> None:
+    assert job_lock_key("dbos", None, "retention") != job_lock_key("other", None, "retention")
+    assert job_lock_key("dbos", None, "retention") != job_lock_key("dbos", None,
+                                                                   "global_timeout")
+    assert job_lock_key("dbos", "a", "retention") != job_lock_key("dbos", "b", "retention")
+    # Named as DBOS Transact names it, so both SDKs' executors of one application share it.
+    assert job_lock_key("dbos", "a", "retention") == advisory_lock_key(
+        "dbos.background_job.dbos.a.retention")
+    assert job_lock_key("dbos", None, "retention") == advisory_lock_key(
+        "dbos.background_job.dbos..retention")
+    assert -(2 ** 63) <= job_lock_key("dbos", None, "retention") < 2 ** 63
 
 
 async def test_configured_retention_runs_in_the_background(database_url: str) -> None:
@@ -183,3 +192,55 @@ async def test_configured_retention_runs_in_the_background(database_url: str) ->
         # The old in-flight ones were cancelled by the timeout (and are deleted a round later).
         remaining = await ids_in(database_url, "workflow_status")
         assert {"late-finish", "new-success", "new-pending"} <= remaining
+
+
+@pytest.mark.parametrize("sharding", [False, True], ids=["unsharded", "sharded"])
+async def test_jobs_touch_only_their_application_and_unclaimed_rows(
+        database_url: str, sharding: bool) -> None:
+    """App A's retention and global timeout act on A's rows and unclaimed ones; app B's
+    old rows (which A's listing does not show) are left alone."""
+    a = new_dbos(database_url, application_name="app-a", application_version="va",
+                 sharding=sharding)
+    b = new_dbos(database_url, application_name="app-b", application_version="vb",
+                 sharding=sharding, executor_id="other")
+    now = int(time.time() * 1000)
+    old = now - 10 * HOUR_MS
+    async with a, b:
+        key_column, key_value = ("shard_key, ", "'t1', ") if sharding else ("", "")
+        for owner in ("app-a", "app-b", None):
+            tag = owner or "unclaimed"
+            for status in ("SUCCESS", "PENDING"):
+                await execute(database_url, f"""INSERT INTO dbos.workflow_status
+                        ({key_column}workflow_uuid, status, name, created_at, updated_at,
+                         completed_at, application_name)
+                        VALUES ({key_value}$1, $2, 'seeded', $3, $3, $4, $5)""",
+                              f"{tag}-{status.lower()}", status, old,
+                              old if status == "SUCCESS" else None, owner)
+        assert {s.workflow_id for s in await a.list_workflows()} == {
+            "app-a-success", "app-a-pending", "unclaimed-success", "unclaimed-pending"}
+
+        assert await a.garbage_collect(now - HOUR_MS) == 2
+        cancelled = await a.global_timeout(now - HOUR_MS)
+        assert sorted(cancelled or []) == ["app-a-pending", "unclaimed-pending"]
+        statuses = {r["workflow_uuid"]: r["status"] for r in await fetch(
+            database_url, "SELECT workflow_uuid, status FROM dbos.workflow_status")}
+        assert statuses == {"app-b-success": "SUCCESS", "app-b-pending": "PENDING",
+                            "app-a-pending": "CANCELLED", "unclaimed-pending": "CANCELLED"}
+
+        # Each application's job has its own lock: A holding its retention lock does not
+        # keep B's retention from running.
+        holding = asyncio.Event()
+        release = asyncio.Event()
+
+        async def hold(conn: JobConnection) -> None:
+            holding.set()
+            await release.wait()
+
+        holder = asyncio.create_task(a.system_database.run_locked("retention", hold))
+        await asyncio.wait_for(holding.wait(), 10)
+        try:
+            assert await b.garbage_collect(now - HOUR_MS) == 1
+            assert await a.garbage_collect(now - HOUR_MS) is None
+        finally:
+            release.set()
+            await holder

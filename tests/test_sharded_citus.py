@@ -168,8 +168,10 @@ def with_literals(sql: str, args: Sequence[Any]) -> str:
 
 
 # The writes that touch several tables of one key in one statement (modifying CTEs): Citus
-# runs each part as a task on the key's shard, through the coordinator, not as one task.
+# routes a statement as one task only when it writes one table at its top level, so it runs
+# each part as a task on the key's shard, gathered by the coordinator.
 MULTI_TABLE_WRITES = ("WITH status AS", "WITH parent AS", "WITH owner AS", "WITH updated AS")
+SHARD_ID = re.compile(r"_(\d{6,})\b")
 INSERT = re.compile(r"^\s*INSERT\b", re.I)
 TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|LISTEN|UNLISTEN)\b", re.I)
 
@@ -180,6 +182,7 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
     dbos = new_dbos(url, sharding=True)
     queue = dbos.queue("jobs", concurrency=2, worker_concurrency=2)
     statements: dict[str, tuple[Any, ...]] = {}
+
 
     @dbos.step(name="note")
     async def note(text: str) -> str:
@@ -250,6 +253,9 @@ async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
         workers = {f"port={r['nodeport']}" for r in await conn.fetch(
             "SELECT nodeport FROM pg_dist_node WHERE groupid <> 0")}
         assert workers, "the cluster needs a worker node"
+        # Each shard's hash range: co-located shards of one key share it.
+        ranges = {r["shardid"]: r["shardminvalue"] for r in await conn.fetch(
+            "SELECT shardid, shardminvalue FROM pg_dist_shard WHERE shardminvalue IS NOT NULL")}
         routed, multi_table, per_key = [], [], 0
         for sql, args in statements:
             if TRANSACTION_CONTROL.match(sql):
@@ -263,16 +269,20 @@ async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
             text = " ".join(sql.split())
             tasks = [int(n) for n in re.findall(r"Task Count: (\d+)", plan)]
             nodes = set(re.findall(r"Node: host=\S+ (port=\d+)", plan))
-            # One shard: every task of the plan is a single one, and the shards it reaches
-            # are on one worker (the coordinator only reads back intermediate results).
+            shards = {ranges[int(i)] for i in SHARD_ID.findall(plan) if int(i) in ranges}
+            # One key's shard: every task of the plan is a single one, on one worker, and the
+            # shards the plan names are one key's (co-located shards share a hash range).
             assert tasks and all(n == 1 for n in tasks), (text, plan)
             assert len(nodes & workers) == 1, (text, plan)
+            assert len(shards) == 1, ("not the shards of one key", text, plan)
             if "Distributed Subplan" in plan or "pull to coordinator" in plan:
                 assert text.startswith(MULTI_TABLE_WRITES), ("not one router task", text, plan)
                 multi_table.append(text)
             else:
+                assert tasks == [1], ("not one router task", text, plan)
                 routed.append(text)
         assert per_key >= 25, per_key
+        assert multi_table, "the workload writes several tables of a key in one statement"
         # The hot single-table statements are router tasks: the step checkpoint, the claim,
         # an outside send, the fork's copies.
         for table in ("operation_outputs", "notifications", "streams"):

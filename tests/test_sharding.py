@@ -859,3 +859,115 @@ async def test_the_rate_limiter_holds_per_key(database_url: str) -> None:
         assert sorted(w.shard_key or "" for w in queued) == ["acme", "globex"]
     assert app.runs == Counter({("acme", "child"): 1, ("globex", "child"): 1,
                                 ("initech", "child"): 1})
+
+
+async def test_deduplication_returns_the_existing_workflow_of_its_key(database_url: str) -> None:
+    dbos = sharded(database_url)
+    queue = dbos.queue("dedup-keys")
+    release = asyncio.Event()
+
+    @dbos.workflow(name="held")
+    async def held(tag: str) -> str:
+        await release.wait()
+        return tag
+
+    async with dbos:
+        with SetShardKey("acme"), SetEnqueueOptions(deduplication_id="order-1"):
+            first = await queue.enqueue(held, "first")
+            with SetEnqueueOptions(deduplication_policy="return_existing"):
+                again = await queue.enqueue(held, "again")
+        with SetShardKey("globex"), SetEnqueueOptions(deduplication_id="order-1",
+                                                       deduplication_policy="return_existing"):
+            other = await queue.enqueue(held, "other")
+        assert again.workflow_id == first.workflow_id and again.shard_key == "acme"
+        assert other.workflow_id != first.workflow_id and other.shard_key == "globex"
+        release.set()
+        assert [await h.get_result() for h in (first, again, other)] == ["first", "first",
+                                                                         "other"]
+
+
+async def test_rewind_rolls_back_one_keys_events_streams_and_messages(database_url: str) -> None:
+    dbos = sharded(database_url)
+
+    @dbos.workflow(name="eventful")
+    async def eventful(tag: str) -> Any:
+        await dbos.set_event("k", f"{tag}-1")        # 0
+        await dbos.set_event("k", f"{tag}-2")        # 1
+        await dbos.write_stream("s", f"{tag}-late")  # 2
+        got = await dbos.recv("t", timeout=30)       # 3 (and 4, its timer)
+        return got
+
+    async with dbos:
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("ev"):
+                handle = await dbos.start_workflow(eventful, key)
+            await dbos.send("ev", f"{key}-msg", "t", shard_key=key)
+            assert await handle.get_result() == f"{key}-msg"
+        # Rewind acme's onto a queue nobody serves, to see the rolled-back state.
+        await dbos.rewind_workflow("ev", 1, queue="nobody-serves-this", shard_key="acme")
+        assert await dbos.get_all_events("ev", shard_key="acme") == {"k": "acme-1"}
+        assert await dbos.get_all_events("ev", shard_key="globex") == {"k": "globex-2"}
+        streamed = [v async for v in dbos.read_stream("ev", "s", shard_key="globex")]
+        assert streamed == ["globex-late"]
+        consumed = await fetch(database_url,
+                               "SELECT shard_key, message FROM dbos.notifications "
+                               "WHERE destination_uuid = 'ev' ORDER BY shard_key")
+        assert [(r["shard_key"], json.loads(r["message"])) for r in consumed] == [
+            ("globex", "globex-msg")]
+        steps = await dbos.list_workflow_steps("ev", shard_key="acme")
+        assert [s.function_id for s in steps] == [0]
+        assert len(await dbos.list_workflow_steps("ev", shard_key="globex")) >= 4
+
+
+async def test_step_retries_under_a_key_checkpoint_once(database_url: str) -> None:
+    dbos = sharded(database_url)
+    attempts: Counter[str] = Counter()
+
+    @dbos.step(name="flaky", retries=3, retry_interval=0.01)
+    async def flaky(tag: str) -> str:
+        attempts[tag] += 1
+        if attempts[tag] < 3:
+            raise ConnectionError(f"{tag} attempt {attempts[tag]}")
+        return f"{tag}:{attempts[tag]}"
+
+    @dbos.workflow(name="retrying")
+    async def retrying(tag: str) -> str:
+        return await flaky(tag)
+
+    async with dbos:
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("r"):
+                assert await retrying(key) == f"{key}:3"
+        # A second call under the same ID returns the recorded result: no fourth attempt.
+        with SetShardKey("acme"), SetWorkflowID("r"):
+            assert await retrying("acme") == "acme:3"
+        assert attempts == Counter({"acme": 3, "globex": 3})
+        for key in ("acme", "globex"):
+            steps = await dbos.list_workflow_steps("r", shard_key=key)
+            assert [(s.name, s.output) for s in steps] == [("flaky", f"{key}:3")]
+
+
+async def test_recv_topics_and_timeouts_under_keys(database_url: str) -> None:
+    dbos = sharded(database_url)
+
+    @dbos.workflow(name="inbox")
+    async def inbox() -> list[Any]:
+        first = await dbos.recv("b", timeout=30)
+        second = await dbos.recv("a", timeout=30)
+        missing = await dbos.recv("never", timeout=0.05)
+        return [first, second, missing]
+
+    async with dbos:
+        handles = {}
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("box"):
+                handles[key] = await dbos.start_workflow(inbox)
+        # Each topic is its own queue: "a" arrives first but is taken second.
+        for key in ("globex", "acme"):
+            await dbos.send("box", f"{key}-a", "a", shard_key=key)
+            await dbos.send("box", f"{key}-b", "b", shard_key=key)
+        for key, handle in handles.items():
+            assert await handle.get_result() == [f"{key}-b", f"{key}-a", None]
+        for key in handles:
+            steps = await dbos.list_workflow_steps("box", shard_key=key)
+            assert [s.name for s in steps].count("DBOS.recv") == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from dbos_async.cli.applications import application
 from dbos_async.cli.queues import queue
 from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
@@ -40,10 +41,29 @@ def migrate(target: Target) -> None:
     click.echo(f"System schema {schema!r} at {url} is at version {version}")
 
 
+@cli.command()
+@click.argument("role")
+@target_options
+def grant(target: Target, role: str) -> None:
+    """Grant database role ROLE what an application needs on the system schema.
+
+    Run as the schema's owner (the user that migrated it); ROLE may then run executors
+    and clients, but not alter or drop the tables."""
+
+    async def run_grant() -> str:
+        async with target.client() as client:
+            await client.grant_permissions(role)
+            return client.config.schema_name
+
+    schema = run(run_grant())
+    click.echo(f"Granted {role} the permissions of an application on schema {schema!r}")
+
+
 cli.add_command(workflow)
 cli.add_command(queue)
 cli.add_command(version)
 cli.add_command(schedule)
+cli.add_command(application)
 
 
 def main() -> None:

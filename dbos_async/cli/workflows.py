@@ -203,18 +203,24 @@ def get_workflow(target: Target, workflow_id: str, shard_key: str | None,
 
 @workflow.command("steps")
 @click.argument("workflow_id")
+@click.option("--limit", type=click.IntRange(min=0), help="At most N steps.")
+@click.option("--offset", type=click.IntRange(min=0), help="Skip the first N steps.")
+@click.option("--no-output", "load_output", is_flag=True, flag_value=False, default=True,
+              help="Leave outputs and errors unread.")
 @_shard_key_option
 @_json_option
 @target_options
-def list_steps(target: Target, workflow_id: str, shard_key: str | None,
-               as_json: bool) -> None:
+def list_steps(target: Target, workflow_id: str, limit: int | None, offset: int | None,
+               load_output: bool, shard_key: str | None, as_json: bool) -> None:
     """List a workflow's recorded steps.
 
     Every checkpoint in order: steps, sleeps, messages received, child workflows."""
 
     async def steps() -> list[Any]:
         async with target.client() as client:
-            return await client.list_workflow_steps(workflow_id, shard_key=shard_key)
+            return await client.list_workflow_steps(workflow_id, limit=limit, offset=offset,
+                                                    load_output=load_output,
+                                                    shard_key=shard_key)
 
     found = run(steps())
     if as_json:
@@ -368,3 +374,67 @@ def delete_workflows(target: Target, workflow_ids: tuple[str, ...], children: bo
     run(delete())
     for workflow_id in workflow_ids:
         click.echo(f"Deleted {workflow_id}")
+
+
+@workflow.command("set-priority")
+@click.argument("workflow_id")
+@click.argument("priority", type=int)
+@_shard_key_option
+@target_options
+def set_priority(target: Target, workflow_id: str, priority: int,
+                 shard_key: str | None) -> None:
+    """Give a workflow waiting on its queue a new priority (lower runs first)."""
+
+    async def change() -> None:
+        async with target.client() as client:
+            await client.set_workflow_priority(workflow_id, priority, shard_key=shard_key)
+
+    run(change())
+    click.echo(f"{workflow_id} now has priority {priority}")
+
+
+@workflow.command("set-delay")
+@click.argument("workflow_id")
+@click.option("--seconds", type=float, help="Wait this many seconds from now.")
+@click.option("--until", "until_ms", type=int, metavar="EPOCH_MS",
+              help="Wait until this time (epoch milliseconds).")
+@_shard_key_option
+@target_options
+def set_delay(target: Target, workflow_id: str, seconds: float | None, until_ms: int | None,
+              shard_key: str | None) -> None:
+    """Make a workflow waiting on its queue wait until a new time (exactly one of --seconds
+    and --until); it starts when due."""
+
+    async def change() -> None:
+        async with target.client() as client:
+            await client.set_workflow_delay(workflow_id, delay_seconds=seconds,
+                                            delay_until_epoch_ms=until_ms,
+                                            shard_key=shard_key)
+
+    run(change())
+    click.echo(f"{workflow_id} is delayed")
+
+
+@workflow.command("set-attributes")
+@click.argument("workflow_id")
+@click.argument("attributes", metavar="JSON")
+@click.option("--merge", is_flag=True,
+              help="Add these keys to the workflow's attributes instead of replacing them.")
+@_shard_key_option
+@target_options
+def set_attributes(target: Target, workflow_id: str, attributes: str, merge: bool,
+                   shard_key: str | None) -> None:
+    """Replace a workflow's attributes with the JSON object given (null clears them), or
+    merge its keys in with --merge."""
+    try:
+        value = json.loads(attributes)
+    except ValueError as error:
+        raise click.BadParameter(f"not JSON: {error}", param_hint="JSON") from None
+
+    async def change() -> None:
+        async with target.client() as client:
+            await client.update_workflow_attributes(workflow_id, value, merge=merge,
+                                                    shard_key=shard_key)
+
+    run(change())
+    click.echo(f"Updated the attributes of {workflow_id}")

@@ -12,25 +12,30 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from dbos_async.errors import DBOSError, SerializationError
+from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
+from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
 from dbos_async.executor.peer import Peer
+from dbos_async.executor.queues.enqueue import DELAYED_KEY
+from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.start import CallContext, new_workflow_id
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
-from dbos_async.sysdb.operations import CancelledWorkflow
+from dbos_async.sysdb.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.records import StatusRecord
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
 
 logger = logging.getLogger("dbos_async")
@@ -165,17 +170,31 @@ def _status(peer: Peer, row: StatusRecord, load_input: bool,
     return dataclasses.replace(status, **changes)
 
 
+def check_page(limit: int | None, offset: int | None) -> None:
+    """Refuse a page that is not a count of rows."""
+    for what, value in (("limit", limit), ("offset", offset)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 0):
+            raise DBOSError(f"{what} must be an integer >= 0, got {value!r}")
+
+
 async def list_workflows(peer: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
-    if f.limit is not None and f.limit < 0:
-        raise DBOSError(f"limit must be >= 0, got {f.limit}")
-    if f.offset is not None and f.offset < 0:
-        raise DBOSError(f"offset must be >= 0, got {f.offset}")
+    check_page(f.limit, f.offset)
     rows = await peer.system_database.list_workflows(f)
     return [_status(peer, row, f.load_input, f.load_output) for row in rows]
 
 
-async def list_steps(peer: Peer, workflow_id: str) -> list[WorkflowStepInfo]:
-    rows = await peer.system_database.list_steps(workflow_id)
+async def list_steps(peer: Peer, workflow_id: str, *, limit: int | None = None,
+                     offset: int | None = None,
+                     load_output: bool = True) -> list[WorkflowStepInfo]:
+    """A page of a workflow's checkpoints; an unknown ID raises
+    :class:`NonExistentWorkflowError`."""
+    check_page(limit, offset)
+    sysdb = peer.system_database
+    rows = await sysdb.list_steps(workflow_id, limit=limit, offset=offset,
+                                  load_output=load_output)
+    if not rows and await sysdb.get_workflow(workflow_id) is None:
+        raise NonExistentWorkflowError(workflow_id)
     steps = []
     for row in rows:
         serialization = row["serialization"]
@@ -228,24 +247,52 @@ def _timeout_ms(timeout: float | None) -> int | None:
     return int(timeout * 1000)
 
 
-async def fork(peer: Peer, workflow_id: str, start_step: int, call: CallContext, *,
+@dataclass(frozen=True)
+class ForkRequest:
+    """One fork of :meth:`~dbos_async.DBOS.fork_workflows`: workflow ``workflow_id``
+    (under ``shard_key``, on a sharded database) re-run from ``start_step``, as
+    ``new_workflow_id`` (random by default), its copied steps naming the children of
+    ``replacement_children`` instead."""
+
+    workflow_id: str
+    start_step: int
+    new_workflow_id: str | None = None
+    shard_key: str | None = None
+    replacement_children: dict[str, str] | None = None
+
+
+async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: float | None,
                application_version: str | None, queue_name: str | None,
-               replacement_children: dict[str, str] | None) -> str:
-    """A new ENQUEUED workflow with the original's inputs, whose steps below
-    ``start_step`` replay from copies of the original's checkpoints; its ID and timeout
-    come from ``call`` as for any start. Returns its ID."""
-    new_id = new_workflow_id(call)
+               partition_key: str | None) -> list[WorkflowAddress]:
+    """New ENQUEUED workflows with their originals' inputs, whose steps below each
+    ``start_step`` replay from copies of the original's checkpoints, all created in one
+    transaction (or none). Returns each fork's ID and key (its original's), in order."""
+    if isinstance(forks, ForkRequest) or not isinstance(forks, Sequence) or not forks:
+        raise DBOSError("fork_workflows needs a non-empty list of ForkRequest")
+    timeout_ms = _timeout_ms(workflow_timeout)
     queue = queue_name or INTERNAL_QUEUE_NAME
     sysdb = peer.system_database
-    # The fork lives under its original's key.
-    with bind_shard_keys({new_id: sysdb.sql.key_hint(workflow_id)}):
-        await sysdb.fork(
-            workflow_id, new_id, start_step, queue_name=queue,
-            application_version=application_version, timeout_ms=_timeout_ms(call.timeout),
-            replacement_children=dict(replacement_children or {}))
+    specs = []
+    for index, f in enumerate(forks):
+        if not isinstance(f, ForkRequest) or not isinstance(f.workflow_id, str) \
+                or not f.workflow_id:
+            raise DBOSError(f"fork_workflows row {index} is not a ForkRequest naming a "
+                            f"workflow: {f!r}")
+        with bind_shard_keys({f.workflow_id: f.shard_key}):
+            key = sysdb.sql.key_hint(f.workflow_id)
+        specs.append(ForkSpec(f.workflow_id, f.new_workflow_id or str(uuid.uuid4()),
+                              f.start_step, key, dict(f.replacement_children or {})))
+    new_ids = [(s.shard_key, s.fork_id) for s in specs]
+    repeated = sorted(i for (_, i), n in Counter(new_ids).items() if n > 1)
+    if repeated:
+        raise DBOSError(f"fork_workflows got the new workflow ID {repeated[0]!r} twice")
+    await sysdb.fork(specs, queue_name=queue, application_version=application_version,
+                     timeout_ms=timeout_ms, partition_key=partition_key)
     _announce_enqueued(peer, queue)
-    logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
-    return new_id
+    for s in specs:
+        logger.info("Forked workflow %s from step %s as %s", s.original_id, s.start_step,
+                    s.fork_id)
+    return [WorkflowAddress(s.fork_id, s.shard_key) for s in specs]
 
 
 async def rewind(peer: Peer, workflow_id: str, start_step: int, *,
@@ -257,3 +304,68 @@ async def rewind(peer: Peer, workflow_id: str, start_step: int, *,
                                       application_version=application_version)
     _announce_enqueued(peer, queue)
     logger.info("Rewound workflow %s to step %s", workflow_id, start_step)
+
+
+# ---- Changes in place: priority, delay, attributes, application name ----
+
+
+async def set_priority(peer: Peer, workflow_id: str, priority: int) -> None:
+    check_options({"priority": priority})
+    await peer.system_database.set_priority(workflow_id, priority)
+    logger.info("Workflow %s now has priority %s", workflow_id, priority)
+
+
+LAST_EPOCH_MS = 2**63 - 1
+"""The latest time a bigint column stores."""
+
+
+def delay_until_ms(delay_seconds: float | None, delay_until_epoch_ms: int | None) -> int:
+    """The time (epoch ms) a delay given either way ends."""
+    if (delay_seconds is None) == (delay_until_epoch_ms is None):
+        raise DBOSError("Give either delay_seconds or delay_until_epoch_ms (exactly one)")
+    if delay_until_epoch_ms is not None:
+        if isinstance(delay_until_epoch_ms, bool) or not isinstance(delay_until_epoch_ms, int) \
+                or not 0 <= delay_until_epoch_ms <= LAST_EPOCH_MS:
+            raise DBOSError("delay_until_epoch_ms must be an integer >= 0 (epoch "
+                            f"milliseconds), got {delay_until_epoch_ms!r}")
+        return delay_until_epoch_ms
+    check_options({"delay": delay_seconds})
+    assert delay_seconds is not None
+    until = int((time.time() + delay_seconds) * 1000)
+    if until > LAST_EPOCH_MS:
+        raise DBOSError(f"delay_seconds {delay_seconds!r} ends past the last storable time")
+    return until
+
+
+async def set_delay(peer: Peer, workflow_id: str, until_ms: int) -> None:
+    """Make a waiting workflow DELAYED until ``until_ms``, then wake the promoters (here
+    and elsewhere) so that they pick up its new time."""
+    sysdb = peer.system_database
+    await sysdb.set_delay(workflow_id, until_ms)
+    sysdb.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
+    logger.info("Workflow %s is delayed until %s", workflow_id, until_ms)
+
+
+async def update_attributes(peer: Peer, workflow_id: str, attributes: dict[str, Any] | None,
+                            merge: bool) -> None:
+    if merge and attributes is None:
+        raise DBOSError("merge=True needs a dict of attributes to merge (None clears them "
+                        "only when replacing)")
+    await peer.system_database.update_attributes(workflow_id, attributes_json(attributes),
+                                                 merge)
+
+
+async def rename_application(peer: Peer, old_name: str | None, new_name: str,
+                             adopt_unclaimed_rows: bool) -> dict[str, int]:
+    if old_name is not None and (not isinstance(old_name, str) or not old_name):
+        raise DBOSError(f"old_name must be a non-empty string or None, got {old_name!r}")
+    if not isinstance(new_name, str) or not new_name:
+        raise DBOSError(f"new_name must be a non-empty string, got {new_name!r}")
+    if old_name is None and not adopt_unclaimed_rows:
+        raise DBOSError("Nothing to rename: give old_name, adopt_unclaimed_rows=True, or both")
+    if old_name == new_name:
+        raise DBOSError(f"Application {new_name!r} already has that name")
+    moved = await peer.system_database.rename_application(old_name, new_name,
+                                                          adopt_unclaimed_rows)
+    logger.info("Renamed application %r to %r: %s", old_name, new_name, moved)
+    return moved

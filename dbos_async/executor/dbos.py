@@ -37,6 +37,8 @@ from dbos_async.executor.context import WorkflowContext, current_workflow, workf
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer
+from dbos_async.executor.queues import batch
+from dbos_async.executor.queues.batch import EnqueueRequest, EnqueueResult
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, workflow_info_of
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
@@ -207,16 +209,49 @@ class DBOS(Operator):
 
     async def get_queue(self, name: str) -> Queue:
         """A queue declared here, or one stored in the queues table (by any process)."""
-        runtime = self._operating()
+        self._operating()
         queue = self._queues.get(name)
         if queue is not None:
             return queue
-        records = await runtime.system_database.list_queues([name])
-        if not records:
+        stored = await self.get_queue_definition(name)
+        if stored is None:
             raise QueueNotFoundError(name)
-        queue = Queue.from_record(records[0])
-        queue.bind(self)
-        return queue
+        stored.bind(self)
+        return stored
+
+    def enqueue_many(
+        self, queue: Queue | str, requests: Sequence[EnqueueRequest]
+    ) -> Coroutine[Any, Any, list[EnqueueResult]]:
+        """Enqueue every row of ``requests`` on ``queue`` (declared here, or stored in the
+        queues table) in one statement per shard key: all rows are written, or, for a bad
+        batch (empty, a malformed row, a workflow ID twice, an ID another workflow name
+        uses), none. Returns one :class:`EnqueueResult` per row, in order: ``"enqueued"``,
+        ``"existing"`` (its workflow ID was taken: that workflow's handle) or
+        ``"deduplicated"`` (an active workflow of the queue holds its deduplication ID: the
+        holder's handle; the row is not written). In a workflow body the batch is one
+        checkpoint, its position fixed at the call: the rows are its children, and a replay
+        returns the recorded results."""
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return self._enqueue_many(queue, requests, ctx, step_id)
+
+    async def _enqueue_many(self, queue: Queue | str, requests: Sequence[EnqueueRequest],
+                            ctx: WorkflowContext | None, step_id: int | None
+                            ) -> list[EnqueueResult]:
+        runtime = ctx.runtime if ctx is not None else self._operating()
+        target = queue if isinstance(queue, Queue) else await self.get_queue(queue)
+        return await batch.enqueue_registered(runtime, target, requests, self._workflow_of,
+                                              ctx, step_id)
+
+    def _workflow_of(self, workflow: Callable[..., Any] | str,
+                     args: tuple[Any, ...]) -> tuple[WorkflowInfo, tuple[Any, ...]]:
+        """A workflow given as a registered function or by its registered name."""
+        if isinstance(workflow, str):
+            info = self._registry.workflows.get(workflow)
+            if info is None:
+                raise DBOSError(f"No workflow named {workflow!r} is registered")
+            return info, args
+        return workflow_info_of(workflow, args, self)
 
     # ---- Starting and recovering workflows (retrieve_workflow: see Operator) ----
 

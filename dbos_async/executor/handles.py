@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -12,15 +13,24 @@ from dbos_async.errors import (
     DBOSError,
     DeadLetteredError,
     NonExistentWorkflowError,
+    SerializationError,
     WorkflowCancelledError,
 )
 from dbos_async.executor.authentication import roles_from_column
+from dbos_async.executor.context import WorkflowContext, current_workflow
 from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.serialization import Formats, Signature
+from dbos_async.executor.serialization import Formats, Signature, to_json
+from dbos_async.executor.steps import record_read, recorded_read
 from dbos_async.sysdb.database import Outcome
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import bind_shard_keys
-from dbos_async.sysdb.statements import CANCELLED, ERROR, MAX_RECOVERY_ATTEMPTS_EXCEEDED, SUCCESS
+from dbos_async.sysdb.statements import (
+    CANCELLED,
+    ERROR,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    SUCCESS,
+    Payload,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.peer import Peer
@@ -77,6 +87,21 @@ class WorkflowStatus:
         fields["authenticated_roles"] = list(roles) if roles is not None else None
         return cls(**fields)
 
+    def checkpoint_json(self) -> str:
+        """The status as a workflow's status read records it (payloads left out)."""
+        return to_json({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                        if f.name not in _LOADED_ON_REQUEST}, "a workflow status")
+
+    @classmethod
+    def from_checkpoint(cls, value: Any) -> WorkflowStatus | None:
+        """The status a recorded status read holds (None: there was no such workflow)."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise SerializationError(f"A recorded {GET_STATUS} holds {value!r}, not a status")
+        known = {f.name for f in dataclasses.fields(cls)} - _LOADED_ON_REQUEST
+        return cls(**{k: v for k, v in value.items() if k in known})
+
 
 _LOADED_ON_REQUEST = frozenset({"input", "output", "error"})
 
@@ -111,6 +136,30 @@ def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | Non
     if outcome.status == MAX_RECOVERY_ATTEMPTS_EXCEEDED:
         raise DeadLetteredError(workflow_id)
     raise DBOSError(f"Workflow {workflow_id!r} ended in unknown status {outcome.status!r}")
+
+
+GET_STATUS = "DBOS.getStatus"
+"""The checkpoint of a workflow's status read (as DBOS Transact and the ``dbos`` package
+name it)."""
+
+
+async def read_status(peer: Peer, workflow_id: str, ctx: WorkflowContext | None = None,
+                      step_id: int | None = None) -> WorkflowStatus | None:
+    """The status of ``workflow_id`` (None if there is none): a plain read, or, from a
+    workflow's body (``ctx``, at ``step_id``), a checkpoint read once and replayed."""
+    if ctx is not None and step_id is not None:
+        done, value = recorded_read(ctx, step_id, GET_STATUS)
+        if done:
+            return WorkflowStatus.from_checkpoint(value)
+    row = await peer.system_database.get_workflow(workflow_id)
+    status = WorkflowStatus.from_record(row) if row is not None else None
+    if ctx is None or step_id is None:
+        return status
+    with ctx.routed():
+        value = await record_read(ctx, step_id, GET_STATUS,
+                                  Payload(status.checkpoint_json() if status is not None
+                                          else "null"))
+    return WorkflowStatus.from_checkpoint(value)
 
 
 def workflow_handle(peer: Peer, workflow_id: str, *, signature: Signature | None = None,
@@ -169,9 +218,18 @@ class WorkflowHandle(Generic[R]):
         result: R = outcome_value(self.workflow_id, outcome, signature, self._peer.formats)
         return result
 
-    async def get_status(self) -> WorkflowStatus:
+    def get_status(self) -> Coroutine[Any, Any, WorkflowStatus]:
+        """The workflow's status; in a workflow of this executor, a checkpoint (its position
+        fixed by this call)."""
+        ctx = current_workflow()
+        if ctx is not None and ctx.runtime is not self._peer:
+            ctx = None  # another executor's or a client's handle: a plain read
+        return self._status(ctx, ctx.allocate_step_id() if ctx is not None else None)
+
+    async def _status(self, ctx: WorkflowContext | None,
+                      step_id: int | None) -> WorkflowStatus:
         with bind_shard_keys({self.workflow_id: self.shard_key}):
-            row = await self._peer.system_database.get_workflow(self.workflow_id)
-        if row is None:
+            status = await read_status(self._peer, self.workflow_id, ctx, step_id)
+        if status is None:
             raise NonExistentWorkflowError(self.workflow_id)
-        return WorkflowStatus.from_record(row)
+        return status

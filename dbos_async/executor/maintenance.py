@@ -1,9 +1,11 @@
 """Maintenance jobs: retention (delete old terminal workflows) and the global timeout
 (cancel old in-flight ones).
 
-Each run takes a transaction-scoped advisory lock (``pg_try_advisory_xact_lock``, key from
-SHA-256 of ``dbos.background_job.<schema>..<job>``) and does its work in that transaction,
-so across every executor on the database at most one runs a given job at a time; an
+Each job touches only the executor's application's workflows (``application_name``) and
+unclaimed ones, as its listings show them. Each run takes a transaction-scoped advisory lock
+(``pg_try_advisory_xact_lock``, key from SHA-256 of
+``dbos.background_job.<schema>.<application>.<job>``) and does its work in that transaction,
+so across every executor of the application at most one runs a given job at a time; an
 executor that finds the lock taken skips that round. Both jobs are off by default
 (``retention_hours``, ``global_timeout_hours``); when either is set, one background task of
 the runtime runs them every ``maintenance_interval`` seconds, the first time at start.

@@ -27,14 +27,22 @@ from dbos_async.executor import control, messaging
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.control import (
     ApplicationVersion,
+    ForkRequest,
     TimeBound,
     WorkflowStepInfo,
     as_list,
     epoch_ms,
 )
-from dbos_async.executor.handles import WorkflowHandle, WorkflowStatus, workflow_handle
+from dbos_async.executor.handles import (
+    WorkflowHandle,
+    WorkflowStatus,
+    read_status,
+    workflow_handle,
+)
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.declaration import Queue
+from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_queue
+from dbos_async.executor.queues.enqueue import check_partition
+from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
@@ -57,6 +65,10 @@ async def _routed(keys: dict[str, str | None], call: Coroutine[Any, Any, T]) -> 
         raise
     with bind_shard_keys(keys):
         return await call
+
+
+_UNCHANGED: Any = object()
+"""An ``update_queue`` setting not given: the stored value stays."""
 
 
 def _queue_name(queue: str | Queue | None) -> str | None:
@@ -109,16 +121,20 @@ class Operator(ScheduleOperator):
             raise NonExistentWorkflowError(workflow_id)
         return workflow_handle(peer, workflow_id, workflow_name=row.name, shard_key=shard_key)
 
-    async def get_workflow_status(self, workflow_id: str, *,
-                                  shard_key: str | None = None) -> WorkflowStatus | None:
-        """The status row of ``workflow_id``, or None if there is no such workflow."""
-        with bind_shard_keys({workflow_id: shard_key}):
-            row = await self._peer().system_database.get_workflow(workflow_id)
-        return WorkflowStatus.from_record(row) if row is not None else None
+    def get_workflow_status(self, workflow_id: str, *, shard_key: str | None = None
+                            ) -> Coroutine[Any, Any, WorkflowStatus | None]:
+        """The status row of ``workflow_id``, or None if there is no such workflow. In a
+        workflow the status read is a checkpoint: a replay sees the same status."""
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return _routed({workflow_id: shard_key}, read_status(
+            self._caller_peer(ctx or step_ctx), workflow_id, ctx, step_id))
 
     async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-        """The first of ``handles`` whose workflow finishes (successfully or not)."""
-        return await messaging.wait_first(handles)
+        """The first of ``handles`` whose workflow finishes (successfully or not): one
+        query over all of them per wake, woken by their completion notifications. An
+        empty list, a workflow given twice or one that does not exist is refused."""
+        return await messaging.wait_first(self._peer(during_shutdown=True), handles)
 
     async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
         """The results of all ``handles``, in order; raises the first error met."""
@@ -143,6 +159,20 @@ class Operator(ScheduleOperator):
         return _routed({destination_id: shard_key}, messaging.send(
             peer, ctx, step_ctx, step_id, destination_id, text, topic, idempotency_key))
 
+    def send_bulk(self, messages: Sequence[messaging.SendMessage]) -> Coroutine[Any, Any, None]:
+        """Send every :class:`SendMessage` of ``messages`` in one transaction (one statement
+        per shard key): all are delivered or, if one destination is missing
+        (:class:`NonExistentWorkflowError` names each missing one), none. In a workflow
+        the batch is one checkpoint (exactly once); in a step it lands only while the
+        workflow is owned by this execution. A message with an ``idempotency_key`` is
+        delivered once however often it is sent; an empty batch or an idempotency key
+        given twice is refused before anything is written."""
+        ctx, step_ctx = self._contexts()
+        peer = self._caller_peer(ctx or step_ctx)
+        batch = messaging.outgoing(messages, peer.formats)
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch)
+
     def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
         """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset.
@@ -160,13 +190,17 @@ class Operator(ScheduleOperator):
             return await messaging.get_all_events(self._peer(), workflow_id)
 
     def read_stream(self, workflow_id: str, key: str, offset: int = 0, *,
+                    timeout: float | None = None,
                     shard_key: str | None = None) -> AsyncIterator[Any]:
         """The values of stream ``key`` of ``workflow_id`` from ``offset``, as they come.
 
-        Ends at the close marker, or when the workflow is finished and nothing more is there.
+        Ends at the close marker, or when the workflow is finished and nothing more is there;
+        a value not there within ``timeout`` seconds raises :class:`StreamTimeoutError`. In a
+        workflow each value read (and the end, and a timeout) is a checkpoint.
         """
-        return messaging.read_stream(self._peer(during_shutdown=True), workflow_id, key, offset,
-                                     shard_key)
+        ctx, step_ctx = self._contexts()
+        return messaging.read_stream(self._caller_peer(ctx or step_ctx), workflow_id, key,
+                                     offset, shard_key, timeout=timeout, ctx=ctx)
 
     # ---- Cancel and delete (see executor/control.py) ----
 
@@ -230,7 +264,7 @@ class Operator(ScheduleOperator):
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
         queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
         new_workflow_id: str | None = None, workflow_timeout: float | None = None,
-        shard_key: str | None = None,
+        shard_key: str | None = None, queue_partition_key: str | None = None,
     ) -> WorkflowHandle[Any]:
         """Start a new workflow with ``workflow_id``'s inputs whose steps below
         ``start_step`` replay from copies of the original's checkpoints (and its events
@@ -240,15 +274,42 @@ class Operator(ScheduleOperator):
         ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
         last recorded step. ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead. The fork lives under the original's
-        ``shard_key``."""
+        ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
+        the partition it is enqueued in."""
+        call = self._fork_call(new_workflow_id, workflow_timeout)
+        [handle] = await self.fork_workflows(
+            [ForkRequest(workflow_id, start_step, call.workflow_id, shard_key,
+                         replacement_children)],
+            application_version=application_version, queue=queue,
+            queue_partition_key=queue_partition_key, workflow_timeout=call.timeout)
+        return handle
+
+    async def fork_workflows(
+        self, forks: Sequence[ForkRequest], *, application_version: str | None = None,
+        queue: str | Queue | None = None, queue_partition_key: str | None = None,
+        workflow_timeout: float | None = None,
+    ) -> list[WorkflowHandle[Any]]:
+        """Fork every :class:`ForkRequest` of ``forks`` as :meth:`fork_workflow` forks one,
+        all in one transaction: every fork is created, or, if one is refused (an unknown
+        workflow, a ``start_step`` out of range, a new ID that exists or is given twice),
+        none. The forks share the options: ``application_version``, ``queue`` (the
+        internal queue by default), ``queue_partition_key`` (required on, and only on, a
+        partitioned queue) and ``workflow_timeout``. Returns their handles, in order."""
         peer = self._peer()
-        with bind_shard_keys({workflow_id: shard_key}):
-            new_id = await control.fork(
-                peer, workflow_id, start_step,
-                self._fork_call(new_workflow_id, workflow_timeout),
-                application_version=application_version, queue_name=_queue_name(queue),
-                replacement_children=replacement_children)
-        return await self._handle(new_id, shard_key)
+        check_options({"partition_key": queue_partition_key})
+        name = _queue_name(queue)
+        target = queue if isinstance(queue, Queue) else None
+        if target is None and name is None:
+            target = internal_queue()
+        elif target is None and name is not None:
+            stored = await peer.system_database.list_queues([name])
+            target = Queue.from_record(stored[0]) if stored else None
+        if target is not None:
+            check_partition(target, queue_partition_key)
+        forked = await control.fork(peer, forks, workflow_timeout=workflow_timeout,
+                                    application_version=application_version, queue_name=name,
+                                    partition_key=queue_partition_key)
+        return [await self._handle(f.workflow_id, f.shard_key) for f in forked]
 
     async def rewind_workflow(
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
@@ -351,16 +412,15 @@ class Operator(ScheduleOperator):
             queues_only=True,
         )
 
-    async def list_workflow_steps(self, workflow_id: str, *,
+    async def list_workflow_steps(self, workflow_id: str, *, load_output: bool = True,
+                                  limit: int | None = None, offset: int | None = None,
                                   shard_key: str | None = None) -> list[WorkflowStepInfo]:
-        """The recorded steps (and other checkpoints) of a workflow, by position; an
-        unknown ID raises :class:`NonExistentWorkflowError`."""
-        peer = self._peer()
+        """The recorded steps (and other checkpoints) of a workflow, by position, a page
+        of ``limit`` after ``offset``; ``load_output=False`` leaves outputs and errors
+        unread (None). An unknown ID raises :class:`NonExistentWorkflowError`."""
         with bind_shard_keys({workflow_id: shard_key}):
-            steps = await control.list_steps(peer, workflow_id)
-            if not steps and await peer.system_database.get_workflow(workflow_id) is None:
-                raise NonExistentWorkflowError(workflow_id)
-        return steps
+            return await control.list_steps(self._peer(), workflow_id, limit=limit,
+                                            offset=offset, load_output=load_output)
 
     async def queue_depths(self) -> dict[str, dict[str, int]]:
         """How many workflows wait or run on each queue: ``{queue name: {status: count}}``
@@ -368,6 +428,112 @@ class Operator(ScheduleOperator):
         out), counting this application's own workflows and unclaimed ones, under every
         shard key. One grouped count, for dashboards and ``dbos-async queue list``."""
         return await self._peer().system_database.queue_depths()
+
+    # ---- Permissions ----
+
+    async def grant_permissions(self, role: str) -> None:
+        """Grant database role ``role`` what an executor or client needs on the system
+        schema (DBOS Transact's grant list): usage of the schema, reading and writing its
+        tables and sequences, executing its functions, and the same on objects later
+        migrations create. It may not alter or drop the tables: migrate as their owner,
+        then run the application as ``role``. Run this as the schema's owner."""
+        await self._peer().system_database.grant_permissions(role)
+
+    # ---- Changing workflows in place ----
+
+    async def set_workflow_priority(self, workflow_id: str, priority: int, *,
+                                    shard_key: str | None = None) -> None:
+        """Give a workflow still waiting on its queue (ENQUEUED or DELAYED) a new priority
+        (lower runs first; 0 to 2**31-1). An unknown ID raises
+        :class:`NonExistentWorkflowError`, a workflow that has started or finished
+        :class:`WorkflowStateError`; nothing changes then."""
+        with bind_shard_keys({workflow_id: shard_key}):
+            await control.set_priority(self._peer(), workflow_id, priority)
+
+    async def set_workflow_delay(self, workflow_id: str, *, delay_seconds: float | None = None,
+                                 delay_until_epoch_ms: int | None = None,
+                                 shard_key: str | None = None) -> None:
+        """Make a workflow still waiting on its queue (ENQUEUED or DELAYED) wait until
+        ``delay_seconds`` from now, or until ``delay_until_epoch_ms`` (exactly one): it is
+        DELAYED until then, and ENQUEUED when due (at once for a time already past). An
+        unknown ID raises :class:`NonExistentWorkflowError`, a started or finished
+        workflow :class:`WorkflowStateError`; nothing changes then."""
+        until = control.delay_until_ms(delay_seconds, delay_until_epoch_ms)
+        with bind_shard_keys({workflow_id: shard_key}):
+            await control.set_delay(self._peer(), workflow_id, until)
+
+    async def update_workflow_attributes(self, workflow_id: str,
+                                         attributes: dict[str, Any] | None, *,
+                                         merge: bool = False,
+                                         shard_key: str | None = None) -> None:
+        """Replace a workflow's custom attributes (None clears them), or with ``merge``
+        add these top-level keys to them (replacing those it has), in one statement. Any
+        status; an unknown ID raises :class:`NonExistentWorkflowError`."""
+        with bind_shard_keys({workflow_id: shard_key}):
+            await control.update_attributes(self._peer(), workflow_id, attributes, merge)
+
+    # ---- Queues stored in the database ----
+
+    async def list_queues(self) -> list[Queue]:
+        """The queues stored in the ``queues`` table: this application's and unclaimed
+        ones (every one when it has no name)."""
+        return [Queue.from_record(r) for r in await self._peer().system_database.list_queues()]
+
+    async def get_queue_definition(self, name: str) -> Queue | None:
+        """The settings of queue ``name`` as stored in the ``queues`` table (whichever
+        application owns it), or None if none are."""
+        records = await self._peer().system_database.list_queues([name])
+        return Queue.from_record(records[0]) if records else None
+
+    async def update_queue(
+        self, name: str, *, concurrency: int | None = _UNCHANGED,
+        worker_concurrency: int | None = _UNCHANGED, limiter: LimiterSpec | None = _UNCHANGED,
+        partition_queue: bool = _UNCHANGED, partition_concurrency: int | None = _UNCHANGED,
+        partition_worker_concurrency: int | None = _UNCHANGED,
+        partition_limiter: LimiterSpec | None = _UNCHANGED,
+        polling_interval: float = _UNCHANGED,
+    ) -> Queue:
+        """Change the settings given (the arguments of :class:`Queue`; None removes a
+        limit) of a stored queue, keeping the others, in one transaction; the result is
+        checked as a declaration is (:class:`ConfigurationError`, nothing written). An
+        unknown name raises :class:`QueueNotFoundError`, another application's queue
+        :class:`ApplicationOwnershipError`. Returns the queue as stored. Executors apply
+        the new settings when they next start listening to the queue; one that declares
+        it in code stores its own definition again when it starts."""
+        changes = {key: value for key, value in {
+            "concurrency": concurrency, "worker_concurrency": worker_concurrency,
+            "limiter": limiter, "partition_queue": partition_queue,
+            "partition_concurrency": partition_concurrency,
+            "partition_worker_concurrency": partition_worker_concurrency,
+            "partition_limiter": partition_limiter, "polling_interval": polling_interval,
+        }.items() if value is not _UNCHANGED}
+        record = await self._peer().system_database.update_queue(
+            name, lambda current: Queue.changed(current, changes).record)
+        return Queue.from_record(record)
+
+    async def delete_queue(self, name: str) -> None:
+        """Delete a stored queue's settings. Its workflows stay where they are, run only by
+        executors that declare it in code (which store it again when they start). An
+        unknown name raises :class:`QueueNotFoundError`, another application's queue
+        :class:`ApplicationOwnershipError`."""
+        await self._peer().system_database.delete_queue(name)
+
+    # ---- Applications ----
+
+    async def rename_application(self, old_name: str | None, new_name: str, *,
+                                 adopt_unclaimed_rows: bool = False) -> dict[str, int]:
+        """Give application ``new_name`` every row ``old_name`` owns and, with
+        ``adopt_unclaimed_rows``, every unclaimed one (``old_name=None``: only those): its
+        queues, schedules, versions, workflows and steps, in one transaction. Returns the
+        rows moved per table. Run it while the renamed application is stopped, from a
+        client or executor acting for another application (or none)."""
+        peer = self._peer()
+        acting_for = peer.system_database.application_name
+        if old_name is not None and old_name == acting_for:
+            raise DBOSError(f"This executor or client acts for application {old_name!r}: "
+                            "rename it from one acting for another application (or none), "
+                            "while it is stopped")
+        return await control.rename_application(peer, old_name, new_name, adopt_unclaimed_rows)
 
     # ---- Application versions ----
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
         connection_name=config.connection_name,
         application_name=config.application_name,
         sharded=config.sharding,
+        idle_transaction_timeout_ms=math.ceil(config.idle_transaction_timeout * 1000),
+        observability_query_timeout_ms=math.ceil(config.observability_query_timeout * 1000),
     )
 
 

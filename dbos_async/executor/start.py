@@ -15,7 +15,12 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dbos_async.errors import DBOSError, NondeterminismError, QueueDeduplicatedError
+from dbos_async.errors import (
+    DBOSError,
+    NondeterminismError,
+    QueueDeduplicatedError,
+    workflow_id_taken,
+)
 from dbos_async.executor import tracing, workflows
 from dbos_async.executor.authentication import (
     NO_AUTHENTICATION,
@@ -68,17 +73,20 @@ class CallContext:
 
 
 def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
-              as_child: bool = True, shard_key: str | None = None) -> CallContext:
+              as_child: bool = True, shard_key: str | None = None,
+              take_id: bool = True) -> CallContext:
     """Read the context of a start being called now. A start from a workflow body is its
     child (``as_child``) and takes the body's next step position; ``workflow_id``,
     ``timeout`` and ``shard_key``, when given, win over ``SetWorkflowID``,
-    ``SetWorkflowTimeout`` and ``SetShardKey``."""
+    ``SetWorkflowTimeout`` and ``SetShardKey``. Without ``take_id`` the ``SetWorkflowID``
+    of the block is left for a start that names one workflow (a batch's rows do not)."""
     validate_shard_key(shard_key)
     parent = current_workflow() if as_child else None
     with tracing.propagated():
         attributes = workflow_attributes()
     return CallContext(
-        workflow_id=workflow_id if workflow_id is not None else take_workflow_id(),
+        workflow_id=(workflow_id if workflow_id is not None
+                     else take_workflow_id() if take_id else None),
         timeout=timeout if timeout is not None else workflow_timeout(),
         parent=parent,
         parent_step_id=parent.allocate_step_id() if parent is not None else None,
@@ -247,8 +255,7 @@ def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,
 def check_name(started: StartResult, workflow_id: str, name: str) -> None:
     """Raise if the workflow a start found under ``workflow_id`` runs another function."""
     if not started.created and started.row.name != name:
-        raise DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow "
-                        f"{started.row.name!r}, not {name!r}")
+        raise workflow_id_taken(workflow_id, started.row.name, name)
 
 
 # ---- Starts from a workflow body: checkpointed at the parent's step position ----

@@ -26,6 +26,7 @@ from dbos_async.executor.context import WorkflowContext, current_workflow, runni
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
 from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.database import StepRecord, now_ms
+from dbos_async.sysdb.statements import Payload
 
 RetryOn = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
@@ -149,6 +150,45 @@ def replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord,
     if signature is None:
         return formats.decode(record.output, record.serialization, f"the output of {name}")
     return signature.deserialize_result(record.output, record.serialization, formats)
+
+
+def recorded_read(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, Any]:
+    """Whether a read of the workflow (a receive, an event, a status, a stream value) is
+    recorded at ``step_id``, and its value (decoded); a recorded failure is raised."""
+    record = ctx.checkpoints.get(step_id)
+    if record is None:
+        return False, None
+    return True, replay(ctx, step_id, name, record)
+
+
+async def record_read(ctx: WorkflowContext, step_id: int, name: str, output: Payload) -> Any:
+    """Record a read's result (``output``, as stored, in its own format) as its checkpoint;
+    a record already there wins."""
+    started = now_ms()
+    existing = await ctx.runtime.system_database.record_step(
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
+        started_at_ms=started, completed_at_ms=started, serialization=output.serialization,
+    )
+    if existing is not None:
+        return replay(ctx, step_id, name, existing)
+    return ctx.runtime.formats.decode(output.text, output.serialization,
+                                      f"the output of {name}")
+
+
+async def record_failure(ctx: WorkflowContext, step_id: int, name: str,
+                              error: Exception) -> BaseException:
+    """Record ``error`` as the outcome of a checkpoint (a send to no one, a read that timed
+    out), so a replay raises it too; returns the error to raise (in its recorded form,
+    caused by ``error``)."""
+    started = now_ms()
+    formats = ctx.runtime.formats
+    text, failure = recorded_error(error, formats)
+    existing = await ctx.runtime.system_database.record_step(
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=None, error=text,
+        started_at_ms=started, completed_at_ms=started, serialization=formats.name)
+    if existing is not None:
+        replay(ctx, step_id, name, existing)  # an earlier outcome: raised if a failure
+    return failure
 
 
 async def run_checkpointed(

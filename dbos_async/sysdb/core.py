@@ -6,13 +6,15 @@ statements for the schema and the owner of the rows it writes.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Literal, TypeAlias, TypeVar
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.errors import ApplicationOwnershipError
+from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy
@@ -20,6 +22,17 @@ from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
 
 T = TypeVar("T")
+
+PooledConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+"""A connection of the pool, as a transaction of the system database runs on it."""
+
+DEFAULT_IDLE_TRANSACTION_TIMEOUT_MS = 60_000
+"""How long a transaction holding row locks may sit idle before PostgreSQL ends its session
+(DBOS Transact's default)."""
+
+DEFAULT_OBSERVABILITY_QUERY_TIMEOUT_MS = 30_000
+"""How long one statement of an observability read may run (the ``dbos`` package's
+default)."""
 
 
 def now_ms() -> int:
@@ -40,6 +53,8 @@ class DatabaseCore:
         connection_name: str = "dbos_async",
         application_name: str | None = None,
         sharded: bool = False,
+        idle_transaction_timeout_ms: int = DEFAULT_IDLE_TRANSACTION_TIMEOUT_MS,
+        observability_query_timeout_ms: int = DEFAULT_OBSERVABILITY_QUERY_TIMEOUT_MS,
     ) -> None:
         self.url = url
         self.schema = schema
@@ -57,6 +72,10 @@ class DatabaseCore:
         self._pool: asyncpg.Pool | None = None
         self._closing = False
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
+        # Safety limits (0 leaves the server's setting): see locking_transaction and
+        # _observed_fetch.
+        self.idle_transaction_timeout_ms = idle_transaction_timeout_ms
+        self.observability_query_timeout_ms = observability_query_timeout_ms
         # Set by the executor once started; None means every wait polls.
         self.notifications: NotificationDispatcher | None = None
 
@@ -111,6 +130,41 @@ class DatabaseCore:
 
     async def _fetchrow(self, query: Query, what: str) -> asyncpg.Record | None:
         return await self._retried(what, lambda: self.pool.fetchrow(query.sql, *query.params))
+
+    @contextlib.asynccontextmanager
+    async def locking_transaction(self, isolation: Literal["serializable"] | None = None
+                                  ) -> AsyncIterator[PooledConnection]:
+        """A pooled connection in a transaction that takes row locks (a cancel, resume,
+        fork, rewind, delete or claim): bounded by ``idle_in_transaction_session_timeout``,
+        so a caller that stalls in it (a frozen process, a lost network) cannot keep a
+        workflow locked forever. The background jobs' lock sets its own, shorter bound."""
+        async with self.pool.acquire() as conn, conn.transaction(isolation=isolation):
+            if self.idle_transaction_timeout_ms > 0:
+                q = self.sql.idle_transaction_timeout(self.idle_transaction_timeout_ms)
+                await conn.execute(q.sql, *q.params)
+            yield conn
+
+    async def _observed_fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
+        """An observability read (listings, counts, exports): its statement is bounded by
+        ``statement_timeout``, so one scanning a huge table is stopped instead of holding a
+        connection and vacuum's horizon for minutes. Running over raises
+        :class:`~dbos_async.errors.QueryTimeoutError` naming the setting."""
+        timeout_ms = self.observability_query_timeout_ms
+        if timeout_ms <= 0:
+            return await self._fetch(query, what)
+
+        async def run() -> list[asyncpg.Record]:
+            async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+                limit = self.sql.statement_timeout(timeout_ms)
+                await conn.execute(limit.sql, *limit.params)
+                return await conn.fetch(query.sql, *query.params)
+
+        try:
+            return await self._retried(what, run)
+        except asyncpg.QueryCanceledError as error:
+            if "statement timeout" not in str(error):
+                raise
+            raise QueryTimeoutError(what, timeout_ms / 1000) from None
 
     async def _execute(self, query: Query, what: str) -> None:
         await self._retried(what, lambda: self.pool.execute(query.sql, *query.params))

@@ -9,21 +9,26 @@ the queues' in :mod:`dbos_async.sysdb.queues`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
 from dbos_async.errors import (
+    DBOSError,
     NondeterminismError,
     NonExistentWorkflowError,
     WorkflowCancelledError,
     WorkflowConflictError,
+    workflow_id_taken,
 )
+from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
+    BatchStart,
     Outcome,
     StartResult,
     StatusRecord,
@@ -33,14 +38,21 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.schedules import ScheduleOperations
-from dbos_async.sysdb.shard_keys import WorkflowAddress
+from dbos_async.sysdb.shard_keys import (
+    WorkflowAddress,
+    bind_shard_keys,
+    cleared_shard_keys,
+    shard_key_scope,
+)
 from dbos_async.sysdb.statements import (
     CANCELLED,
     ERROR,
     PENDING,
     PORTABLE_JSON,
+    SEND_BULK,
     SUCCESS,
     NewWorkflow,
+    OutgoingMessage,
     ParentStep,
     Payload,
     Query,
@@ -48,6 +60,7 @@ from dbos_async.sysdb.statements import (
 )
 
 __all__ = [
+    "BatchStart",
     "Outcome",
     "StartResult",
     "StepRecord",
@@ -57,7 +70,33 @@ __all__ = [
 ]
 
 
-class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
+def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
+                      found: Sequence[asyncpg.Record]) -> None:
+    """Raise if a row's ID belongs to another workflow name (the statement then inserted
+    nothing)."""
+    for i, r in zip(indexes, found, strict=True):
+        wf = rows[i][0]
+        if r["existing_name"] is not None and r["existing_name"] != wf.name and not r["ours"]:
+            raise workflow_id_taken(wf.workflow_id, r["existing_name"], wf.name)
+
+
+async def _insert_on(conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
+                     queries: Sequence[tuple[list[int], Query]]) -> list[list[asyncpg.Record]]:
+    """Run a batch's statements on the caller's transaction; a taken ID rolls it back."""
+    batches = []
+    for indexes, q in queries:
+        found = await conn.fetch(q.sql, *q.params)
+        _refuse_taken_ids(rows, indexes, found)
+        batches.append(found)
+    return batches
+
+
+class _NotRecorded(Exception):
+    """The parent's checkpoint of a batch did not land: roll the batch back."""
+
+
+class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
+                     AdminOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     # ---- Workflows ----
@@ -70,6 +109,8 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         Safe to retry: a row carrying our creator token is ours even if the first attempt's
         reply was lost.
         """
+        if parent is not None and self.sharded and parent.shard_key != wf.shard_key:
+            return await self._start_child_across(wf, creator_xid, parent)
         query = self.sql.insert_workflow(wf, creator_xid, parent)
         row = await self._fetchrow(query, f"starting workflow {wf.workflow_id}")
         if row is None:
@@ -81,6 +122,121 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
             raise WorkflowConflictError(parent.workflow_id)
         return StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
 
+    async def start_workflows(self, rows: Sequence[tuple[NewWorkflow, str]]
+                              ) -> list[BatchStart]:
+        """Insert a batch of workflows (each with its creator token): one statement per
+        shard key, in one transaction, so the batch lands whole or, if one ID belongs to
+        another workflow name (raised naming it), not at all. Returns one
+        :class:`BatchStart` per row, in order. A row whose deduplication ID another row of
+        the batch took reports that row as its holder; one whose holder finished before it
+        could be read is inserted again."""
+
+        async def run(queries: Sequence[tuple[list[int], Query]]
+                      ) -> list[list[asyncpg.Record]]:
+            return await self._retried("enqueueing workflows",
+                                       functools.partial(self._insert_batches, rows, queries))
+
+        return await self._classified(rows, run)
+
+    async def start_workflows_recorded(
+        self, rows: Sequence[tuple[NewWorkflow, str]], parent: ParentStep,
+        function_name: str, output_of: Callable[[list[BatchStart]], str],
+    ) -> list[BatchStart] | StepRecord:
+        """:meth:`start_workflows` from a workflow body: the batch and the parent's
+        checkpoint (its output ``output_of`` the results) in one transaction, fenced by
+        the parent's ownership, so a replay finds the checkpoint instead of enqueueing
+        again. Returns the checkpoint already recorded if one was (nothing is written
+        then)."""
+        parent_ref = WorkflowAddress(parent.workflow_id, parent.shard_key)
+
+        async def attempt() -> list[BatchStart]:
+            async with self.locking_transaction() as conn:
+
+                async def run(queries: Sequence[tuple[list[int], Query]]
+                              ) -> list[list[asyncpg.Record]]:
+                    return await _insert_on(conn, rows, queries)
+
+                # The rows name their parent, whose key is the parent's own.
+                with bind_shard_keys({parent.workflow_id: parent.shard_key}):
+                    results = await self._classified(rows, run)
+                with parent_ref.routed():
+                    q = self.sql.record_step(parent.workflow_id, parent.function_id,
+                                             function_name, parent.owner_xid,
+                                             output_of(results), None, parent.started_at_ms,
+                                             now_ms())
+                if await conn.fetchrow(q.sql, *q.params) is None:
+                    raise _NotRecorded  # rolls the batch back
+                return results
+
+        try:
+            return await self._retried("enqueueing workflows", attempt)
+        except _NotRecorded:
+            pass
+        with parent_ref.routed():
+            verdict = await self._fetchrow(
+                self.sql.fence_verdict(parent.workflow_id, parent.owner_xid),
+                "enqueueing workflows")
+            record = await self._recorded_or_existing(verdict, parent.workflow_id,
+                                                      parent.function_id, function_name)
+        assert record is not None, "a fenced write that landed nothing finds the record"
+        return record
+
+    async def _classified(
+        self, rows: Sequence[tuple[NewWorkflow, str]],
+        run: Callable[[Sequence[tuple[list[int], Query]]], Awaitable[list[list[asyncpg.Record]]]],
+    ) -> list[BatchStart]:
+        """Insert the rows (``run`` runs the statements, one per key) and tell what became
+        of each; rows whose deduplication holder finished before it could be read are
+        inserted again."""
+        results: list[BatchStart | None] = [None] * len(rows)
+        # Rows of this batch holding a deduplication ID, per key: holders the statement's
+        # snapshot does not show.
+        created: dict[tuple[str | None, str], tuple[str, str]] = {}
+        pending = list(range(len(rows)))
+        for _ in range(10):
+            groups: dict[str | None, list[int]] = {}
+            for i in pending:
+                groups.setdefault(rows[i][0].shard_key, []).append(i)
+            queries = []
+            for key, indexes in groups.items():
+                with shard_key_scope(key):
+                    queries.append((indexes, self.sql.insert_workflows(
+                        [rows[i] for i in indexes], key)))
+            fetched = await run(queries)
+            pending = []
+            for (indexes, _), found in zip(queries, fetched, strict=True):
+                for i, r in zip(indexes, found, strict=True):
+                    wf = rows[i][0]
+                    dedup = (wf.shard_key, wf.deduplication_id or "")
+                    if r["inserted"] or r["ours"]:
+                        results[i] = BatchStart(True)
+                        if wf.deduplication_id is not None:
+                            created[dedup] = (wf.workflow_id, wf.name)
+                    elif r["existing_name"] is not None:
+                        results[i] = BatchStart(False, existing_name=r["existing_name"])
+                    elif r["holder_id"] is not None:
+                        results[i] = BatchStart(False, holder=(r["holder_id"], r["holder_name"]))
+                    elif dedup in created:
+                        results[i] = BatchStart(False, holder=created[dedup])
+                    else:
+                        pending.append(i)  # its holder finished meanwhile: insert again
+            if not pending:
+                return [r for r in results if r is not None]
+        raise DBOSError("Enqueueing the batch kept meeting deduplication IDs whose holders "
+                        "finished; retry it")
+
+    async def _insert_batches(self, rows: Sequence[tuple[NewWorkflow, str]],
+                              queries: Sequence[tuple[list[int], Query]]
+                              ) -> list[list[asyncpg.Record]]:
+        """Run the batch's statements (one per key; several in one transaction)."""
+        if len(queries) == 1:
+            indexes, q = queries[0]
+            found = await self.pool.fetch(q.sql, *q.params)
+            _refuse_taken_ids(rows, indexes, found)
+            return [found]
+        async with self.locking_transaction() as conn:
+            return await _insert_on(conn, rows, queries)
+
     async def start_workflow_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
         """Insert a workflow on the caller's connection, in a savepoint of the caller's
@@ -88,15 +244,51 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         (channel, payload) queued in that transaction; not retried, since the transaction
         is the caller's."""
         async with conn.transaction():
-            q = self.sql.insert_workflow(wf, creator_xid)
-            row = await conn.fetchrow(q.sql, *q.params)
-            if row is None:
-                raise RuntimeError(f"Inserting workflow {wf.workflow_id} returned no row")
-            started = StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
+            started = await self._start_on(conn, wf, creator_xid)
             if started.created:
                 q = self.sql.notify_with_transaction(*announce)
                 await conn.execute(q.sql, *q.params)
         return started
+
+    async def _start_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
+                         creator_xid: str, parent_shard_key: str | None = None) -> StartResult:
+        """Insert a workflow in the caller's transaction, one table per statement (each one
+        task on the key's shard): its row, then its inputs if this call created it."""
+        q = self.sql.insert_status(wf, creator_xid, parent_shard_key)
+        row = await conn.fetchrow(q.sql, *q.params)
+        if row is None:
+            raise RuntimeError(f"Inserting workflow {wf.workflow_id} returned no row")
+        started = StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
+        if started.created:
+            q = self.sql.insert_inputs(wf)
+            await conn.execute(q.sql, *q.params)
+        return started
+
+    async def _start_child_across(self, wf: NewWorkflow, creator_xid: str,
+                                  parent: ParentStep) -> StartResult:
+        """A child under another shard key than its parent's: the parent's checkpoint of the
+        start, fenced by the parent's owner, and the child's row, one statement per key in
+        one transaction, so neither lands without the other. Each statement is built under
+        its own key alone: the child may have the parent's ID."""
+        with WorkflowAddress(parent.workflow_id, parent.shard_key).routed():
+            checkpoint = self.sql.record_step(
+                parent.workflow_id, parent.function_id, wf.name, parent.owner_xid, None, None,
+                parent.started_at_ms, parent.started_at_ms, wf.workflow_id, wf.shard_key)
+            verdict = self.sql.fence_verdict(parent.workflow_id, parent.owner_xid)
+
+        async def attempt() -> StartResult:
+            async with self.locking_transaction() as conn:
+                if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
+                    row = await conn.fetchrow(verdict.sql, *verdict.params)
+                    if row is None or not row["owned"] or row["status"] != PENDING:
+                        # The fence refused: the parent was cancelled or handed to another owner.
+                        if row is not None and row["status"] == CANCELLED:
+                            raise WorkflowCancelledError(parent.workflow_id)
+                        raise WorkflowConflictError(parent.workflow_id)
+                    # Recorded by an attempt whose reply was lost: the child's row follows.
+                return await self._start_on(conn, wf, creator_xid, parent.shard_key)
+
+        return await self._retried(f"starting workflow {wf.workflow_id}", attempt)
 
     async def fire_schedule(self, schedule_name: str | None, fired_at: str, fired_epoch_ms: int,
                             wf: NewWorkflow, creator_xid: str, *,
@@ -107,7 +299,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         nothing (a run triggered by hand)."""
 
         async def run() -> StartResult:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 started = await self.start_workflow_on(conn, wf, creator_xid,
                                                        announce=announce)
                 if schedule_name is not None:
@@ -304,7 +496,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
             sent = self.sql.send_message(destination.workflow_id, message_uuid, topic, message)
 
         async def attempt() -> bool:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
                     return False  # nothing to send: not ours, or sent already
                 await conn.execute(sent.sql, *sent.params)
@@ -321,6 +513,94 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
                 self.sql.fence_verdict(sender.workflow_id, owner_xid), what)
             return await self._recorded_or_existing(verdict, sender.workflow_id, function_id,
                                                     "DBOS.send")
+
+    async def send_many(self, messages: Sequence[OutgoingMessage], *,
+                        sender: WorkflowAddress | None = None, owner_xid: str | None = None,
+                        function_id: int | None = None) -> StepRecord | None:
+        """Insert a batch of messages: one statement per shard key (one in all, unsharded),
+        in one transaction, so the batch lands whole or not at all. From a workflow
+        (``sender`` with ``function_id``) the statement of the sender's key also records
+        its checkpoint and the other keys' messages are written only if it landed; from a
+        step (``sender`` without ``function_id``) they land only while its execution owns
+        the workflow. Returns the checkpoint a replay found already recorded. A missing
+        destination raises :class:`NonExistentWorkflowError` naming every missing one."""
+        groups: dict[str | None, list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault(m.shard_key, []).append(m)
+        head: Query | None = None
+        if sender is not None:
+            own = groups.pop(sender.shard_key, [])
+            assert owner_xid is not None
+            with sender.routed():
+                head = (self.sql.send_messages_recorded(sender.workflow_id, function_id,
+                                                        owner_xid, own, now_ms())
+                        if function_id is not None
+                        else self.sql.send_messages_fenced(sender.workflow_id, owner_xid, own))
+        rest = [self.sql.send_messages(batch, key) for key, batch in groups.items()]
+
+        async def attempt() -> asyncpg.Record | None:
+            alone = [head] if head is not None else []
+            if len(alone) + len(rest) == 1:  # one key: one autocommit statement
+                q = (alone or rest)[0]
+                return await self.pool.fetchrow(q.sql, *q.params)
+            async with self.locking_transaction() as conn:
+                verdict = await conn.fetchrow(head.sql, *head.params) if head else None
+                if verdict is not None and not (
+                        verdict["status"] == PENDING and verdict["owned"]
+                        and (function_id is None or verdict["inserted"])):
+                    return verdict  # not ours, or sent already: nothing more to write
+                for q in rest:
+                    await conn.execute(q.sql, *q.params)
+                return verdict
+
+        destinations = sorted({m.destination_id for m in messages})
+        what = f"sending to {', '.join(destinations)}"
+        try:
+            verdict = await self._retried(what, attempt)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if sender is None:
+            return None
+        with sender.routed():
+            if function_id is None:
+                self._check_fence(verdict, sender.workflow_id)
+                return None
+            return await self._recorded_or_existing(verdict, sender.workflow_id,
+                                                    function_id, SEND_BULK)
+
+    async def send_many_on(self, conn: asyncpg.Connection,
+                           messages: Sequence[OutgoingMessage]) -> None:
+        """Insert a batch of messages on the caller's connection, inside the transaction it
+        holds (see :meth:`send_on`): one statement per shard key; on a sharded schema the
+        receivers' notifications are queued in that transaction too."""
+        groups: dict[str | None, list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault(m.shard_key, []).append(m)
+        try:
+            for key, batch in groups.items():
+                q = self.sql.send_messages(batch, key)
+                await conn.execute(q.sql, *q.params)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if self.sharded:
+            for m in messages:
+                with WorkflowAddress(m.destination_id, m.shard_key).routed():
+                    q = self.sql.notify_with_transaction(
+                        NOTIFICATIONS_CHANNEL, self.waiter_key(m.destination_id, m.topic))
+                await conn.execute(q.sql, *q.params)
+
+    async def _missing(self, messages: Sequence[OutgoingMessage]) -> str:
+        """The destinations of these messages that do not exist, for the error."""
+        missing: list[str] = []
+        keys: dict[str | None, set[str]] = {}
+        for m in messages:
+            keys.setdefault(m.shard_key, set()).add(m.destination_id)
+        for key, ids in keys.items():
+            with cleared_shard_keys(), bind_shard_keys(dict.fromkeys(ids, key)):
+                found = {r["workflow_uuid"] for r in await self._fetch(
+                    self.sql.existing(sorted(ids)), "reading destinations")}
+            missing += sorted(ids - found)
+        return ", ".join(missing)
 
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
                               topic: str) -> tuple[bool, str | None, str | None]:
@@ -391,9 +671,15 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
         found = row["stream_offset"] is not None
         return row["status"], row["value"], row["serialization"], found
 
-    async def completed_among(self, workflow_ids: Sequence[str]) -> set[str]:
-        rows = await self._fetch(self.sql.completed_among(workflow_ids), "reading statuses")
-        return {row["workflow_uuid"] for row in rows}
+    async def finished_first(self, refs: Sequence[WorkflowRef]
+                             ) -> tuple[WorkflowRef | None, list[WorkflowRef]]:
+        """The first of these workflows to have finished (None if none has), and those
+        that do not exist, in one query."""
+        rows = await self._fetch(self.sql.finished_first(refs), "reading statuses")
+        found = {(r["workflow_uuid"], r.get("shard_key")) for r in rows}
+        first = rows[0] if rows and rows[0]["finished"] else None
+        return ((first["workflow_uuid"], first.get("shard_key")) if first is not None else None,
+                [ref for ref in refs if ref not in found])
 
     async def wait_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
         """Wait until the workflow is terminal: woken by completion notifications, polling

@@ -9,16 +9,15 @@ notifications the writes owe.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias, TypeVar
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.sysdb.core import DatabaseCore, now_ms
+from dbos_async.sysdb.core import DatabaseCore, PooledConnection, now_ms
 from dbos_async.sysdb.records import StatusRecord, status_record
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
 from dbos_async.sysdb.statements import (
     ACTIVE_STATUSES,
     Query,
@@ -30,7 +29,7 @@ from dbos_async.sysdb.statements import (
 
 T = TypeVar("T")
 
-JobConnection: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
+JobConnection: TypeAlias = PooledConnection
 """The connection a locked job runs its statements on (inside the lock's transaction)."""
 
 RETENTION_JOB = "retention"
@@ -47,6 +46,18 @@ class CancelledWorkflow:
     shard_key: str | None = None
 
 
+@dataclass(frozen=True)
+class ForkSpec:
+    """One fork: its original (under ``shard_key``, which the fork shares), the fork's ID,
+    the step it re-runs from, and the child IDs its copied steps name instead."""
+
+    original_id: str
+    fork_id: str
+    start_step: int
+    shard_key: str | None = None
+    replacement_children: dict[str, str] = field(default_factory=dict)
+
+
 class WorkflowOperations(DatabaseCore):
     # ---- Cancel and delete ----
 
@@ -60,7 +71,7 @@ class WorkflowOperations(DatabaseCore):
         now = now_ms()
 
         async def run() -> list[CancelledWorkflow]:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 for key, ids in _by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
                         await self._require_existing(conn, ids)
@@ -108,7 +119,7 @@ class WorkflowOperations(DatabaseCore):
             return
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 for key, ids in _by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
                         for q in self.sql.delete(ids):
@@ -133,11 +144,15 @@ class WorkflowOperations(DatabaseCore):
     # ---- Listing ----
 
     async def list_workflows(self, f: WorkflowFilter) -> list[StatusRecord]:
-        rows = await self._fetch(self.sql.list_workflows(f), "listing workflows")
+        rows = await self._observed_fetch(self.sql.list_workflows(f), "listing workflows")
         return [status_record(row) for row in rows]
 
-    async def list_steps(self, workflow_id: str) -> list[asyncpg.Record]:
-        return await self._fetch(self.sql.list_steps(workflow_id), "listing steps")
+    async def list_steps(self, workflow_id: str, *, limit: int | None = None,
+                         offset: int | None = None,
+                         load_output: bool = True) -> list[asyncpg.Record]:
+        return await self._observed_fetch(
+            self.sql.list_steps(workflow_id, limit=limit, offset=offset, load_output=load_output),
+            f"listing the steps of {workflow_id}")
 
     # ---- Application versions ----
 
@@ -167,6 +182,33 @@ class WorkflowOperations(DatabaseCore):
                             "setting the latest application version")
         await self.check_version_owner(version_name)
 
+    # ---- Permissions ----
+
+    async def grant_permissions(self, role: str) -> None:
+        """Grant ``role`` what an application needs on the system schema, in one
+        transaction; an unknown role, or a connected user who may not grant, changes
+        nothing and raises :class:`DBOSError` saying so."""
+        if not isinstance(role, str) or not role or "\x00" in role \
+                or len(role.encode()) > 63:
+            raise DBOSError(f"Invalid role name {role!r}: a PostgreSQL role name of 1 to 63 "
+                            "bytes is needed")
+        exists = self.sql.role_exists(role)
+        grants = self.sql.grant_schema_permissions(role)
+
+        async def run() -> None:
+            async with self.pool.acquire() as conn, conn.transaction():
+                if not await conn.fetchval(exists.sql, *exists.params):
+                    raise DBOSError(f"Role {role!r} does not exist (CREATE ROLE it first)")
+                for q in grants:
+                    await conn.execute(q.sql, *q.params)
+
+        try:
+            await self._retried(f"granting permissions to {role}", run)
+        except asyncpg.InsufficientPrivilegeError as error:
+            raise DBOSError(
+                f"Cannot grant permissions on schema {self.schema!r} to {role!r}: {error} "
+                "(connect as the schema's owner, the user that migrated it)") from None
+
     # ---- Maintenance jobs ----
 
     async def run_locked(self, job_name: str, job: Callable[[JobConnection], Awaitable[T]]
@@ -175,7 +217,7 @@ class WorkflowOperations(DatabaseCore):
         if no other executor holds it: (whether it ran, its result). The job's statements
         run in that transaction; the lock goes when it ends (rolled back or committed by
         the job's outcome)."""
-        q = self.sql.try_job_lock(job_lock_key(self.schema, job_name))
+        q = self.sql.try_job_lock(job_lock_key(self.schema, self.application_name, job_name))
         async with self.pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval(q.sql, *q.params):
                 return False, None
@@ -242,7 +284,7 @@ class WorkflowOperations(DatabaseCore):
         now = now_ms()
 
         async def run() -> list[str]:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 await self._require_existing(conn, ids)
                 rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now))
                 return [r["workflow_uuid"] for r in rows]
@@ -268,29 +310,42 @@ class WorkflowOperations(DatabaseCore):
         status: str = row["status"]
         return status
 
-    async def fork(self, original_id: str, fork_id: str, start_step: int, *, queue_name: str,
+    async def fork(self, forks: Sequence[ForkSpec], *, queue_name: str,
                    application_version: str | None, timeout_ms: int | None,
-                   replacement_children: dict[str, str]) -> None:
-        """Create ``fork_id`` from ``original_id`` with its history below ``start_step``,
-        in one transaction."""
+                   partition_key: str | None = None) -> None:
+        """Create each fork from its original with the original's history below its
+        ``start_step``, all in one transaction (on a sharded database each fork's statements
+        address its original's key): every fork is created, or none. The originals are
+        locked in one order, so two batches over the same workflows cannot deadlock."""
         now = now_ms()
+        ordered = sorted(forks, key=lambda f: (f.shard_key or "", f.original_id, f.fork_id))
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
-                await self._locked_for_fork(conn, original_id, start_step)
-                queries = self.sql.insert_fork(original_id, fork_id, queue_name,
-                                               application_version, timeout_ms, now)
-                if start_step > 0:
-                    queries += self.sql.copy_history(original_id, fork_id, start_step,
-                                                     replacement_children)
-                try:
-                    for q in queries:
-                        await conn.execute(q.sql, *q.params)
-                except asyncpg.UniqueViolationError:
-                    raise DBOSError(f"Cannot fork {original_id!r} as {fork_id!r}: a workflow "
-                                    "with that ID exists") from None
+            async with self.locking_transaction() as conn:
+                for spec in ordered:
+                    with cleared_shard_keys(), bind_shard_keys(
+                            {spec.original_id: spec.shard_key, spec.fork_id: spec.shard_key}):
+                        await self._fork_on(conn, spec, queue_name, application_version,
+                                            timeout_ms, partition_key, now)
 
-        await self._retried(f"forking workflow {original_id}", run)
+        what = ", ".join(dict.fromkeys(f.original_id for f in forks))
+        await self._retried(f"forking workflow {what}", run)
+
+    async def _fork_on(self, conn: JobConnection, spec: ForkSpec, queue_name: str,
+                       application_version: str | None, timeout_ms: int | None,
+                       partition_key: str | None, now: int) -> None:
+        await self._locked_for_fork(conn, spec.original_id, spec.start_step)
+        queries = self.sql.insert_fork(spec.original_id, spec.fork_id, queue_name,
+                                       application_version, timeout_ms, now, partition_key)
+        if spec.start_step > 0:
+            queries += self.sql.copy_history(spec.original_id, spec.fork_id, spec.start_step,
+                                             spec.replacement_children)
+        try:
+            for q in queries:
+                await conn.execute(q.sql, *q.params)
+        except asyncpg.UniqueViolationError:
+            raise DBOSError(f"Cannot fork {spec.original_id!r} as {spec.fork_id!r}: a "
+                            "workflow with that ID exists") from None
 
     async def rewind(self, workflow_id: str, start_step: int, *, queue_name: str,
                      application_version: str | None) -> None:
@@ -299,7 +354,7 @@ class WorkflowOperations(DatabaseCore):
         now = now_ms()
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 status = await self._locked_for_fork(conn, workflow_id, start_step)
                 if status in ACTIVE_STATUSES:
                     raise DBOSError(f"Cannot rewind {workflow_id!r} ({status}): only a "

@@ -3,14 +3,19 @@ delays and deduplication (see dbos_async/executor/dispatcher.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import asyncpg
 
+from dbos_async.errors import QueueNotFoundError
 from dbos_async.sysdb.core import DatabaseCore, now_ms
+from dbos_async.sysdb.operations import JobConnection
 from dbos_async.sysdb.records import WorkflowRow, workflow_row
-from dbos_async.sysdb.statements import Payload, QueueRecord
+from dbos_async.sysdb.statements import QUEUE_COLUMNS, Payload, QueueRecord
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,49 @@ class QueueOperations(DatabaseCore):
             self._check_owner("Queue", queue.name,
                               owner["application_name"] if owner is not None else None)
 
+    async def update_queue(self, name: str,
+                           change: Callable[[QueueRecord], QueueRecord]) -> QueueRecord:
+        """Store ``change(current settings)`` as the queue's settings, in one transaction
+        with the read (``change`` may raise to refuse: nothing is written). An unknown name
+        raises :class:`QueueNotFoundError`, a queue another application owns
+        :class:`ApplicationOwnershipError`. Returns the stored settings."""
+
+        async def run(conn: JobConnection, current: QueueRecord) -> QueueRecord:
+            updated = change(current)
+            q = self.sql.update_queue(updated, now_ms())
+            await conn.execute(q.sql, *q.params)
+            return updated
+
+        return await self._on_locked_queue(name, f"updating queue {name!r}", run)
+
+    async def delete_queue(self, name: str) -> None:
+        """Delete a stored queue; an unknown name raises :class:`QueueNotFoundError`, a
+        queue another application owns :class:`ApplicationOwnershipError`."""
+
+        async def run(conn: JobConnection, current: QueueRecord) -> None:
+            q = self.sql.delete_queue(name)
+            await conn.execute(q.sql, *q.params)
+
+        await self._on_locked_queue(name, f"deleting queue {name!r}", run)
+
+    async def _on_locked_queue(
+        self, name: str, what: str,
+        operation: Callable[[JobConnection, QueueRecord], Awaitable[T]],
+    ) -> T:
+        """Run ``operation`` on a queue's settings in a transaction holding its row."""
+        lock = self.sql.lock_queue(name)
+
+        async def run() -> T:
+            async with self.locking_transaction() as conn:
+                row = await conn.fetchrow(lock.sql, *lock.params)
+                if row is None:
+                    raise QueueNotFoundError(name)
+                self._check_owner("Queue", name, row["application_name"])
+                current = QueueRecord(**{c: row[c] for c in QUEUE_COLUMNS})
+                return await operation(conn, current)
+
+        return await self._retried(what, run)
+
     async def list_queues(self, names: Sequence[str] | None = None) -> list[QueueRecord]:
         rows = await self._fetch(self.sql.list_queues(names), "reading queues")
         return [QueueRecord(**dict(row)) for row in rows]
@@ -44,7 +92,8 @@ class QueueOperations(DatabaseCore):
         """``{queue name: {status: workflows}}`` of the workflows waiting or running on a
         queue (statuses without any are left out)."""
         depths: dict[str, dict[str, int]] = {}
-        for row in await self._fetch(self.sql.queue_depths(), "counting queued workflows"):
+        for row in await self._observed_fetch(self.sql.queue_depths(),
+                                              "counting queued workflows"):
             depths.setdefault(row["queue_name"], {})[row["status"]] = row["workflows"]
         return depths
 
@@ -70,7 +119,7 @@ class QueueOperations(DatabaseCore):
             q = self.sql.claim_startable(queue.name, partition_key, names, application_version,
                                          room, executor_id, now)
             return Claim([_claimed(row) for row in await self.pool.fetch(q.sql, *q.params)])
-        async with self.pool.acquire() as conn, conn.transaction(isolation="serializable"):
+        async with self.locking_transaction(isolation="serializable") as conn:
             limit = room
             retry_at: int | None = None
             limiters: list[tuple[int | None, float | None, str | None]] = [
@@ -132,7 +181,7 @@ class QueueOperations(DatabaseCore):
     ) -> Claim:
         """Partition concurrency 1 without queue-wide limits: start each idle partition's
         head-of-line workflow, in one READ COMMITTED transaction (see the statements)."""
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with self.locking_transaction() as conn:
             q = self.sql.partition_heads(queue.name, application_version, cap)
             heads = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
             if not heads:

@@ -94,6 +94,18 @@ class StartResult:
 
 
 @dataclass(frozen=True)
+class BatchStart:
+    """What a batch insert made of one of its rows: ``created`` (this batch wrote it, on
+    this attempt or a retried one); else the workflow already under its ID
+    (``existing_name``), or the active holder of its deduplication ID (``holder``: its ID
+    and name)."""
+
+    created: bool
+    existing_name: str | None = None
+    holder: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Outcome:
     """A workflow's recorded state; output and error are set once it is terminal."""
 

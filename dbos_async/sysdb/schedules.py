@@ -26,7 +26,7 @@ class ScheduleOperations(DatabaseCore):
         queries = [self.sql.upsert_schedule(r) for r in records]
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with self.locking_transaction() as conn:
                 for record, q in zip(records, queries, strict=True):
                     owner = await conn.fetchval(q.sql, *q.params)
                     self._check_owner("Schedule", record.schedule_name, owner)

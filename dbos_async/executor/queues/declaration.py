@@ -164,21 +164,13 @@ class Queue:
     @classmethod
     def from_record(cls, record: QueueRecord) -> Queue:
         """A queue as stored in the ``queues`` table (by this or another process)."""
-        limiter = (RateLimit(record.rate_limit_max, record.rate_limit_period_sec)
-                   if record.rate_limit_max is not None
-                   and record.rate_limit_period_sec is not None else None)
-        partition_limiter = (
-            RateLimit(record.partition_rate_limit_max, record.partition_rate_limit_period_sec)
-            if record.partition_rate_limit_max is not None
-            and record.partition_rate_limit_period_sec is not None else None)
-        return cls(
-            record.name, record.concurrency, record.worker_concurrency, limiter,
-            partition_queue=record.partition_queue,
-            partition_concurrency=record.partition_concurrency,
-            partition_worker_concurrency=record.partition_worker_concurrency,
-            partition_limiter=partition_limiter,
-            polling_interval=record.polling_interval_sec or 1.0,
-        )
+        return cls(record.name, **_settings_of(record))
+
+    @classmethod
+    def changed(cls, record: QueueRecord, changes: dict[str, Any]) -> Queue:
+        """The stored queue ``record`` with the settings in ``changes`` (named as the
+        arguments of :class:`Queue`) replaced, checked as a new declaration is."""
+        return cls(record.name, **{**_settings_of(record), **changes})
 
     def bind(self, owner: RuntimeSource) -> None:
         if self._owner is not None and self._owner is not owner:
@@ -219,6 +211,25 @@ class Queue:
     ) -> Debouncer[P, R]:
         """A debouncer of ``fn`` on this queue; see :class:`Debouncer`."""
         return Debouncer(self, fn, period, max_delay)
+
+
+def _settings_of(record: QueueRecord) -> dict[str, Any]:
+    """A stored queue's settings, as the keyword arguments of :class:`Queue`."""
+    return {
+        "concurrency": record.concurrency,
+        "worker_concurrency": record.worker_concurrency,
+        "limiter": (RateLimit(record.rate_limit_max, record.rate_limit_period_sec)
+                    if record.rate_limit_max is not None
+                    and record.rate_limit_period_sec is not None else None),
+        "partition_queue": record.partition_queue,
+        "partition_concurrency": record.partition_concurrency,
+        "partition_worker_concurrency": record.partition_worker_concurrency,
+        "partition_limiter": (
+            RateLimit(record.partition_rate_limit_max, record.partition_rate_limit_period_sec)
+            if record.partition_rate_limit_max is not None
+            and record.partition_rate_limit_period_sec is not None else None),
+        "polling_interval": record.polling_interval_sec or 1.0,
+    }
 
 
 def queue_settings(queue: Callable[P, Any]) -> Callable[

@@ -5,6 +5,7 @@ Each family of statements lives in its own module, all built on the shard-key se
 one schema.
 """
 
+from dbos_async.sysdb.statements.admin import APPLICATION_TABLES, AdminStatements
 from dbos_async.sysdb.statements.base import (
     ACTIVE_STATUSES,
     CANCELLED,
@@ -35,7 +36,8 @@ from dbos_async.sysdb.statements.control import (
     job_lock_key,
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
-from dbos_async.sysdb.statements.messaging import MessagingStatements
+from dbos_async.sysdb.statements.messaging import SEND_BULK, MessagingStatements, OutgoingMessage
+from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
     CLAIMED_COLUMNS,
     DEDUP_INDEX,
@@ -53,12 +55,13 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
                  VersionStatements, ControlStatements, ExecutorIdStatements,
-                 ScheduleStatements):
+                 ScheduleStatements, PermissionStatements, AdminStatements):
     """Every statement of the system database, for one schema."""
 
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "APPLICATION_TABLES",
     "BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS",
     "CANCELLED",
     "CLAIMED_COLUMNS",
@@ -72,10 +75,12 @@ __all__ = [
     "PENDING",
     "PORTABLE_JSON",
     "QUEUE_COLUMNS",
+    "SEND_BULK",
     "STREAM_CLOSED_SERIALIZED",
     "SUCCESS",
     "TERMINAL_STATUSES",
     "NewWorkflow",
+    "OutgoingMessage",
     "Params",
     "ParentStep",
     "Payload",

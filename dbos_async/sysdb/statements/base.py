@@ -245,6 +245,23 @@ class StatementBase:
         """Predicate keeping rows whose ``column`` holds one of these shard keys."""
         raise DBOSError("Filtering by shard key requires a sharded system database")
 
+    # ---- Limits of a transaction (SET LOCAL: they end with it) ----
+
+    def idle_transaction_timeout(self, timeout_ms: int) -> Query:
+        """Bound how long this transaction may sit idle: PostgreSQL ends the session of a
+        caller that stalls while holding row locks, and with it the locks."""
+        return self._local_setting("idle_in_transaction_session_timeout", timeout_ms)
+
+    def statement_timeout(self, timeout_ms: int) -> Query:
+        """Bound how long each statement of this transaction may run: an observability read
+        scanning a huge table cannot hold back vacuum or the pool for minutes."""
+        return self._local_setting("statement_timeout", timeout_ms)
+
+    @staticmethod
+    def _local_setting(name: str, value_ms: int) -> Query:
+        p = Params()
+        return Query(f"SELECT set_config({p(name)}, {p(str(value_ms))}, true)", p.values)
+
     # ---- Status reads ----
 
     STATUS_COLUMNS = (
@@ -423,6 +440,7 @@ class StatementBase:
         error: str | None = None,
         child_workflow_id: str | None = None,
         output_sql: str | None = None,
+        child_shard_key: str | None = None,
         serialization: str = PORTABLE_JSON,
         serialization_sql: str | None = None,
     ) -> dict[str, str]:
@@ -436,7 +454,8 @@ class StatementBase:
             "output": output_sql if output_sql is not None else p(output, "text"),
             "error": p(error, "text"),
             "child_workflow_id": p(child_workflow_id, "text"),
-            **{col: p(val, "text") for col, val in self.child_values(child_workflow_id).items()},
+            **{col: p(val, "text")
+               for col, val in self.child_values(child_workflow_id, child_shard_key).items()},
             "started_at_epoch_ms": p(started_at_ms, "bigint"),
             "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
             "serialization": (serialization_sql if serialization_sql is not None

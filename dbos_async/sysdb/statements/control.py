@@ -47,9 +47,11 @@ def advisory_lock_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
 
 
-def job_lock_key(schema: str, job_name: str) -> int:
-    """The advisory lock key of a background job, named as DBOS Transact names it."""
-    return advisory_lock_key(f"dbos.background_job.{schema}..{job_name}")
+def job_lock_key(schema: str, application_name: str | None, job_name: str) -> int:
+    """The advisory lock key of a background job, named as DBOS Transact names it: one per
+    application, as each application's job touches only its own rows."""
+    return advisory_lock_key(
+        f"dbos.background_job.{schema}.{application_name or ''}.{job_name}")
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class ControlStatements(StatementBase):
         p = Params()
         return Query(
             f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                   AND status = ANY({p(list(ACTIVE_STATUSES), 'text[]')})
                   AND created_at < {p(cutoff_ms, 'bigint')}""",
             p.values,
@@ -135,7 +137,7 @@ class ControlStatements(StatementBase):
         p = Params()
         return Query(
             f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                   AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
                   AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
                 ORDER BY created_at
@@ -144,10 +146,11 @@ class ControlStatements(StatementBase):
         )
 
     def cancel_created_before(self, cutoff_ms: int, now_ms: int) -> Query:
-        """The global timeout: cancel every in-flight workflow created before ``cutoff_ms``."""
+        """The global timeout: cancel every in-flight workflow of this application (and
+        unclaimed ones) created before ``cutoff_ms``."""
         p = Params()
         return self._cancel_where(
-            f"""{self.scoped(None, p)}
+            f"""{self.scoped(None, p)} AND {self.own_scope(None, p)}
                 AND status = ANY({p(list(ACTIVE_STATUSES), 'text[]')})
                 AND created_at < {p(cutoff_ms, 'bigint')}""", now_ms, p)
 
@@ -268,15 +271,24 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
-    def list_steps(self, workflow_id: str) -> Query:
+    def list_steps(self, workflow_id: str, *, limit: int | None = None,
+                   offset: int | None = None, load_output: bool = True) -> Query:
+        """A workflow's checkpoints by position, a page of ``limit`` after ``offset``;
+        without ``load_output`` their outputs and errors are not read."""
         p = Params()
+        payload = "output, error" if load_output else "NULL AS output, NULL AS error"
+        page = ""
+        if limit is not None:
+            page += f" LIMIT {p(limit, 'bigint')}"
+        if offset is not None:
+            page += f" OFFSET {p(offset, 'bigint')}"
         return Query(
-            f"""SELECT function_id, function_name, output, error, child_workflow_id,
+            f"""SELECT function_id, function_name, {payload}, child_workflow_id,
                        started_at_epoch_ms, completed_at_epoch_ms,
                        serialization{self.key_columns(None, ("child_shard_key",))}
                 FROM {self.table('operation_outputs')}
                 WHERE {self.wf(None, workflow_id, p)}
-                ORDER BY function_id""",
+                ORDER BY function_id{page}""",
             p.values,
         )
 
@@ -294,14 +306,15 @@ class ControlStatements(StatementBase):
         )
 
     def delete_terminal_batch(self, cutoff_ms: int, batch_size: int) -> Query:
-        """Delete up to ``batch_size`` terminal workflows that finished (or, never started,
-        were created) before ``cutoff_ms``, with every row they own; returns their IDs."""
+        """Delete up to ``batch_size`` terminal workflows of this application (and unclaimed
+        ones) that finished (or, never started, were created) before ``cutoff_ms``, with
+        every row they own; returns their IDs."""
         p = Params()
         # FOR UPDATE SKIP LOCKED: a row some other statement holds (a resume, a fork) is
         # left for the next round instead of waited on.
         victims = f"""victims AS (
                   SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                  WHERE {self.scoped(None, p)}
+                  WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                     AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
                     AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
                   ORDER BY created_at
@@ -364,10 +377,11 @@ class ControlStatements(StatementBase):
 
     def insert_fork(self, original_id: str, fork_id: str, queue_name: str,
                     application_version: str | None, timeout_ms: int | None,
-                    now_ms: int) -> list[Query]:
+                    now_ms: int, partition_key: str | None = None) -> list[Query]:
         """The fork's status row (the original's identity, inputs and serialization,
-        ENQUEUED on ``queue_name``, ``forked_from`` the original) and its inputs; and the
-        original marked ``was_forked_from``."""
+        ENQUEUED on ``queue_name``, in partition ``partition_key`` of a partitioned one,
+        ``forked_from`` the original) and its inputs; and the original marked
+        ``was_forked_from``."""
         # The fork lives under its original's key, read from the rows copied (see
         # _key_values_of: so Citus copies on that key's shard).
         p = Params()
@@ -379,14 +393,14 @@ class ControlStatements(StatementBase):
                   config_name, queue_name, authenticated_user, assumed_role,
                   authenticated_roles, application_version, application_id, forked_from,
                   serialization, attributes, application_name, workflow_timeout_ms,
-                  created_at, updated_at, recovery_attempts, priority)
+                  created_at, updated_at, recovery_attempts, priority, queue_partition_key)
                 SELECT {''.join(f'{v}, ' for v in keys.values())}{p(fork_id)}, {p(ENQUEUED)},
                   name, class_name, config_name, {p(queue_name)}, authenticated_user,
                   assumed_role, authenticated_roles,
                   COALESCE({p(application_version)}, application_version), application_id,
                   workflow_uuid, serialization, attributes,
                   COALESCE(application_name, {p(self.app_name, 'text')}),
-                  {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0
+                  {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0, {p(partition_key, 'text')}
                 FROM {self.table('workflow_status')} src
                 WHERE {self.wf('src', original_id, p)}""",
             p.values,

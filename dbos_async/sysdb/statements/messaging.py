@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dbos_async.sysdb.statements.base import (
     ACTIVE_STATUSES,
+    PORTABLE_JSON,
     Params,
     Payload,
     Query,
     StatementBase,
+    WorkflowRef,
     Writes,
 )
+
+SEND_BULK = "DBOS.send_bulk"
+"""The checkpoint name of a workflow's batch send (the `dbos` package's)."""
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message of a batch send, addressed: its destination (with its shard key), the
+    stored topic and the message ID that makes it idempotent."""
+
+    destination_id: str
+    message_uuid: str
+    topic: str
+    message: str
+    shard_key: str | None = None
+    # The format of ``message`` (the serialization column beside it).
+    serialization: str = PORTABLE_JSON
 
 
 class MessagingStatements(StatementBase):
@@ -64,6 +84,53 @@ class MessagingStatements(StatementBase):
                         message: Payload, p: Params) -> Writes:
         return lambda source: [("sent", self._insert_message(
             destination_id, message_uuid, topic, message, source, p))]
+
+    def _insert_messages(self, messages: Sequence[OutgoingMessage], key: WorkflowRef,
+                         source: str | None, p: Params) -> str:
+        """One insert of a batch of messages to workflows of one shard key (``key``: a
+        workflow of that key and the key), their columns as arrays, so the statement's size
+        does not grow with the batch; with ``source`` the rows land only if it has a row.
+        Repeated message IDs are ignored; a missing destination fails the foreign key."""
+        keys = {col: p(val, "text") for col, val in self.wf_values(*key).items()}
+        arrays = ", ".join(p([getattr(m, f) for m in messages], "text[]")
+                           for f in ("message_uuid", "destination_id", "topic", "message",
+                                     "serialization"))
+        columns = {**keys, "message_uuid": "m.message_uuid",
+                   "destination_uuid": "m.destination_uuid", "topic": "m.topic",
+                   "message": "m.message", "serialization": "m.serialization"}
+        joined = f" CROSS JOIN {source}" if source is not None else ""
+        return f"""INSERT INTO {self.table('notifications')} ({', '.join(columns)})
+                  SELECT {', '.join(columns.values())}
+                  FROM unnest({arrays})
+                    AS m(message_uuid, destination_uuid, topic, message, serialization)
+                  {joined}
+                  ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING"""
+
+    def send_messages(self, messages: Sequence[OutgoingMessage],
+                      shard_key: str | None) -> Query:
+        """A batch of messages from outside a workflow, to workflows of one key."""
+        p = Params()
+        return Query(self._insert_messages(
+            messages, (messages[0].destination_id, shard_key), None, p), p.values)
+
+    def send_messages_fenced(self, workflow_id: str, owner_xid: str,
+                             messages: Sequence[OutgoingMessage]) -> Query:
+        """A batch from a step of ``workflow_id``, to workflows of its key: only while the
+        caller owns it."""
+        p = Params()
+        key = (workflow_id, self.key_hint(workflow_id))
+        return self._fenced_write(workflow_id, owner_xid, p, lambda source: [
+            ("sent", self._insert_messages(messages, key, source, p))])
+
+    def send_messages_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
+                               messages: Sequence[OutgoingMessage], now_ms: int) -> Query:
+        """A workflow's batch send: its checkpoint and the messages to workflows of its own
+        key, in one fenced statement."""
+        p = Params()
+        key = (workflow_id, self.key_hint(workflow_id))
+        return self._recorded_write(
+            workflow_id, function_id, SEND_BULK, owner_xid, now_ms, p,
+            lambda source: [("sent", self._insert_messages(messages, key, source, p))])
 
     def consume_message(
         self, workflow_id: str, function_id: int, owner_xid: str, topic: str, now_ms: int
@@ -228,13 +295,16 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def completed_among(self, workflow_ids: Sequence[str]) -> Query:
-        """Those of these workflows that reached a terminal status."""
+    def finished_first(self, refs: Sequence[WorkflowRef]) -> Query:
+        """Which of these workflows exist, the finished ones first in the order they
+        finished (what ``wait_first`` reads on every wake, in one query)."""
         p = Params()
         return Query(
-            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
-                WHERE {self.wf_in(None, workflow_ids, p)}
-                  AND status <> ALL({p(list(ACTIVE_STATUSES), 'text[]')})""",
+            f"""SELECT workflow_uuid{self.key_columns()},
+                       status <> ALL({p(list(ACTIVE_STATUSES), 'text[]')}) AS finished
+                FROM {self.table('workflow_status')}
+                WHERE {self.among(None, refs, p)}
+                ORDER BY finished DESC, completed_at NULLS LAST, updated_at""",
             p.values,
         )
 

@@ -76,6 +76,15 @@ QUEUE_COLUMNS = (
     "partition_rate_limit_max", "partition_rate_limit_period_sec", "polling_interval_sec",
 )
 
+QUEUE_CASTS = {
+    "concurrency": "integer", "worker_concurrency": "integer", "rate_limit_max": "integer",
+    "rate_limit_period_sec": "float8", "partition_queue": "boolean",
+    "partition_concurrency": "integer", "partition_worker_concurrency": "integer",
+    "partition_rate_limit_max": "integer", "partition_rate_limit_period_sec": "float8",
+    "polling_interval_sec": "float8",
+}
+"""The SQL types of the queue settings' parameters."""
+
 CLAIMED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, owner_xid,
                      serialization, workflow_deadline_epoch_ms, recovery_attempts,
                      queue_partition_key, attributes, authenticated_user, assumed_role,
@@ -88,14 +97,8 @@ class QueueStatements(StatementBase):
         """Record a queue declared in code; the declaration in code wins over a stored one."""
         p = Params()
         values = {column: getattr(queue, column) for column in QUEUE_COLUMNS}
-        casts = {"concurrency": "integer", "worker_concurrency": "integer",
-                 "rate_limit_max": "integer", "rate_limit_period_sec": "float8",
-                 "partition_queue": "boolean", "partition_concurrency": "integer",
-                 "partition_worker_concurrency": "integer",
-                 "partition_rate_limit_max": "integer",
-                 "partition_rate_limit_period_sec": "float8", "polling_interval_sec": "float8"}
         values["application_name"] = self.app_name
-        refs = [p(v, casts.get(k, "text")) for k, v in values.items()]
+        refs = [p(v, QUEUE_CASTS.get(k, "text")) for k, v in values.items()]
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in QUEUE_COLUMNS if c != "name")
         table = self.table("queues")
         # A queue's name is its address, unique across the applications sharing the
@@ -120,6 +123,37 @@ class QueueStatements(StatementBase):
         p = Params()
         return Query(
             f"""SELECT application_name FROM {self.table('queues')}
+                WHERE {self.global_(None, p)} AND name = {p(name)}""",
+            p.values,
+        )
+
+    def lock_queue(self, name: str) -> Query:
+        """A stored queue's settings and owner, its row locked: FOR UPDATE, so that of two
+        concurrent changes of one queue each starts from the other's result."""
+        p = Params()
+        return Query(
+            f"""SELECT {', '.join(QUEUE_COLUMNS)}, application_name FROM {self.table('queues')}
+                WHERE {self.global_(None, p)} AND name = {p(name)}
+                FOR UPDATE""",
+            p.values,
+        )
+
+    def update_queue(self, queue: QueueRecord, now_ms: int) -> Query:
+        """Store new settings of an existing queue, leaving its owner as it is."""
+        p = Params()
+        settings = ", ".join(f"{column} = {p(getattr(queue, column), QUEUE_CASTS.get(column))}"
+                             for column in QUEUE_COLUMNS if column != "name")
+        return Query(
+            f"""UPDATE {self.table('queues')}
+                SET {settings}, updated_at = {p(now_ms, 'bigint')}
+                WHERE {self.global_(None, p)} AND name = {p(queue.name)}""",
+            p.values,
+        )
+
+    def delete_queue(self, name: str) -> Query:
+        p = Params()
+        return Query(
+            f"""DELETE FROM {self.table('queues')}
                 WHERE {self.global_(None, p)} AND name = {p(name)}""",
             p.values,
         )
