@@ -350,7 +350,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         """
         query = self.sql.record_step(
             workflow_id, function_id, function_name, owner_xid, output, error,
-            started_at_ms, completed_at_ms, child_workflow_id, serialization,
+            started_at_ms, completed_at_ms, child_workflow_id, serialization=serialization,
         )
         what = f"checkpointing step {function_id} of {workflow_id}"
         if await self._fetchrow(query, what) is not None:
