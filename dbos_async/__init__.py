@@ -22,6 +22,8 @@ from dbos_async.errors import (
     StepRetriesExceededError,
     WorkflowCancelledError,
     WorkflowConflictError,
+    WorkflowImportConflictError,
+    WorkflowImportError,
     WorkflowNotRegisteredError,
 )
 from dbos_async.executor.context import (
@@ -36,6 +38,7 @@ from dbos_async.executor.context import (
 )
 from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
 from dbos_async.executor.dbos import DBOS
+from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
 from dbos_async.executor.queues import (
@@ -67,7 +70,9 @@ __all__ = [
     "Debouncer",
     "DeduplicationPolicy",
     "ExecutorIdLostError",
+    "ExportedWorkflow",
     "IdempotencyKeyConflictError",
+    "ImportSummary",
     "InvalidRequestError",
     "LimiterSpec",
     "MigrationError",
@@ -92,6 +97,8 @@ __all__ = [
     "WorkflowCancelledError",
     "WorkflowConflictError",
     "WorkflowHandle",
+    "WorkflowImportConflictError",
+    "WorkflowImportError",
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from dbos_async.cli.exports import export_workflows, import_workflows
 from dbos_async.cli.queues import queue
 from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
@@ -44,6 +45,8 @@ cli.add_command(workflow)
 cli.add_command(queue)
 cli.add_command(version)
 cli.add_command(schedule)
+cli.add_command(export_workflows)
+cli.add_command(import_workflows)
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ from dbos_async.errors import (
     WorkflowConflictError,
 )
 from dbos_async.sysdb.core import now_ms
+from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
@@ -55,7 +56,8 @@ __all__ = [
 ]
 
 
-class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations):
+class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
+                     ExportOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     # ---- Workflows ----

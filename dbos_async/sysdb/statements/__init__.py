@@ -34,6 +34,7 @@ from dbos_async.sysdb.statements.control import (
     job_lock_key,
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
+from dbos_async.sysdb.statements.exports import EXPORT_COLUMNS, ExportStatements
 from dbos_async.sysdb.statements.messaging import MessagingStatements
 from dbos_async.sysdb.statements.queues import (
     CLAIMED_COLUMNS,
@@ -51,7 +52,7 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
-                 VersionStatements, ControlStatements, ExecutorIdStatements,
+                 VersionStatements, ExportStatements, ControlStatements, ExecutorIdStatements,
                  ScheduleStatements):
     """Every statement of the system database, for one schema."""
 
@@ -65,6 +66,7 @@ __all__ = [
     "DELAYED",
     "ENQUEUED",
     "ERROR",
+    "EXPORT_COLUMNS",
     "INTERNAL_QUEUE_NAME",
     "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
     "PAYLOAD_TABLES",
