@@ -242,7 +242,7 @@ async def test_export_reads_one_snapshot_without_locks(source: str) -> None:
         conn = await asyncpg.connect(source)
         try:
             async with conn.transaction():
-                await conn.execute("SELECT 1 FROM dbos.workflow_status FOR UPDATE")
+                await conn.execute("SELECT 1 FROM dbos.workflow_status FOR UPDATE NOWAIT")
             await client.delete_workflow("queued-1")
         finally:
             await conn.close()
