@@ -29,8 +29,8 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowImportConflictError,
     WorkflowImportError,
+    migrate,
 )
-from dbos_async import migrate
 from dbos_async.sysdb.statements import EXPORT_COLUMNS
 
 CLI = str(Path(sys.executable).with_name("dbos-async"))
@@ -194,7 +194,7 @@ async def test_a_different_workflow_with_the_same_id_is_a_conflict(
     await fetch(target, "UPDATE dbos.workflow_status SET status = 'CANCELLED' "
                         "WHERE workflow_uuid = 'order-1'")
     before = await table_rows(target)
-    with pytest.raises(WorkflowImportConflictError, match="'order-1'.*workflow_status") as e:
+    with pytest.raises(WorkflowImportConflictError, match=r"'order-1'.*workflow_status") as e:
         await import_lines(target, lines)
     assert e.value.workflow_id == "order-1"
     # The batch held the others too: none of them was written.
@@ -260,7 +260,7 @@ async def test_unsharded_to_sharded(source: str, create_database: Any) -> None:
         return tenants.get(workflow.workflow_id, "misc")
 
     async with DBOSClient(target, sharding=True) as client:
-        with pytest.raises(WorkflowImportError, match="has no shard key.*shard_key_of"):
+        with pytest.raises(WorkflowImportError, match=r"has no shard key.*shard_key_of"):
             await client.import_workflows(lines)
         assert await client.import_workflows(lines, shard_key_of=shard_key_of,
                                              batch_size=2) == ImportSummary(5, 0)
