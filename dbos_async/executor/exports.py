@@ -199,19 +199,23 @@ class _Keys:
     def _key_of(self, workflow: ExportedWorkflow) -> str | None:
         if not self.sharded:
             return None
-        key = self.shard_key_of(workflow) if self.shard_key_of else workflow.shard_key
-        if key is None:
-            raise WorkflowImportError(
-                f"Workflow {workflow.workflow_id!r} has no shard key, and the target system "
-                "database is sharded: pass shard_key_of to give each workflow its key")
+        if self.shard_key_of is None:
+            if workflow.shard_key is None:
+                raise WorkflowImportError(
+                    f"Workflow {workflow.workflow_id!r} has no shard key, and the target "
+                    "system database is sharded: pass shard_key_of to give each workflow "
+                    "its key")
+            return workflow.shard_key
+        key = self.shard_key_of(workflow)
         try:
+            if key is None:
+                raise DBOSError("None is not a shard key")
             validate_shard_key(key)
         except DBOSError as error:
             raise WorkflowImportError(
                 f"shard_key_of gave workflow {workflow.workflow_id!r} an invalid key: "
                 f"{error}") from None
-        if self.shard_key_of is not None:
-            self.given[workflow.workflow_id] = key
+        self.given[workflow.workflow_id] = key
         return key
 
     def _tables(self, workflow: ExportedWorkflow, key: str | None) -> dict[str, list[Any]]:

@@ -94,13 +94,13 @@ class ExportOperations(DatabaseCore):
         async def run() -> int:
             async with self.pool.acquire() as conn, conn.transaction():
                 q = self.sql.existing_among([w.ref for w in workflows])
-                present = [(r["workflow_uuid"], r.get("shard_key"))
-                           for r in await conn.fetch(q.sql, *q.params)]
+                present = {(r["workflow_uuid"], r.get("shard_key"))
+                           for r in await conn.fetch(q.sql, *q.params)}
                 if present:
-                    stored = {w.ref: w for w in await self._stored(conn, present)}
+                    stored = {w.ref: w for w in await self._stored(conn, list(present))}
                     for workflow in workflows:
                         _require_same(workflow, stored.get(workflow.ref))
-                new = [w for w in workflows if w.ref not in set(present)]
+                new = [w for w in workflows if w.ref not in present]
                 for table in EXPORT_COLUMNS:
                     rows = [self._stored_row(table, row, w) for w in new
                             for row in w.tables[table]]
