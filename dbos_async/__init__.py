@@ -24,6 +24,8 @@ from dbos_async.errors import (
     StreamTimeoutError,
     WorkflowCancelledError,
     WorkflowConflictError,
+    WorkflowImportConflictError,
+    WorkflowImportError,
     WorkflowNotRegisteredError,
     WorkflowStateError,
 )
@@ -44,6 +46,7 @@ from dbos_async.executor.control import (
     WorkflowStepInfo,
 )
 from dbos_async.executor.dbos import DBOS
+from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
 from dbos_async.executor.messaging import SendMessage
@@ -80,8 +83,10 @@ __all__ = [
     "EnqueueRequest",
     "EnqueueResult",
     "ExecutorIdLostError",
+    "ExportedWorkflow",
     "ForkRequest",
     "IdempotencyKeyConflictError",
+    "ImportSummary",
     "InvalidRequestError",
     "LimiterSpec",
     "MigrationError",
@@ -109,6 +114,8 @@ __all__ = [
     "WorkflowCancelledError",
     "WorkflowConflictError",
     "WorkflowHandle",
+    "WorkflowImportConflictError",
+    "WorkflowImportError",
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",
