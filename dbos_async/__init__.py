@@ -25,6 +25,8 @@ from dbos_async.errors import (
     StreamTimeoutError,
     WorkflowCancelledError,
     WorkflowConflictError,
+    WorkflowImportConflictError,
+    WorkflowImportError,
     WorkflowNotRegisteredError,
     WorkflowStateError,
 )
@@ -50,6 +52,7 @@ from dbos_async.executor.control import (
     WorkflowStepInfo,
 )
 from dbos_async.executor.dbos import DBOS
+from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
 from dbos_async.executor.messaging import SendMessage
@@ -88,8 +91,10 @@ __all__ = [
     "EnqueueRequest",
     "EnqueueResult",
     "ExecutorIdLostError",
+    "ExportedWorkflow",
     "ForkRequest",
     "IdempotencyKeyConflictError",
+    "ImportSummary",
     "InvalidRequestError",
     "LimiterSpec",
     "MigrationError",
@@ -120,6 +125,8 @@ __all__ = [
     "WorkflowCancelledError",
     "WorkflowConflictError",
     "WorkflowHandle",
+    "WorkflowImportConflictError",
+    "WorkflowImportError",
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",

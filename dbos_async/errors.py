@@ -257,3 +257,19 @@ class StreamTimeoutError(DBOSError):
         self.workflow_id = workflow_id
         self.key = key
         self.timeout_seconds = timeout_seconds
+
+
+class WorkflowImportError(DBOSError):
+    """Exported workflow lines an import refused before writing anything: malformed JSON,
+    an unknown format version, a missing or unknown column, a value of the wrong type, or a
+    missing shard key; the message names the line (or the workflow) and the problem."""
+
+
+class WorkflowImportConflictError(WorkflowImportError):
+    """An imported workflow's ID is taken in the target database by a workflow whose rows
+    differ (or a deduplication ID it carries is held there); the batch was not written."""
+
+    def __init__(self, workflow_id: str, detail: str) -> None:
+        super().__init__(f"Cannot import workflow {workflow_id!r}: {detail}; the batch "
+                         "holding it was not written")
+        self.workflow_id = workflow_id

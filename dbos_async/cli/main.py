@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from dbos_async.cli.applications import application
+from dbos_async.cli.exports import export_workflows, import_workflows
 from dbos_async.cli.queues import queue
 from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
@@ -64,6 +65,8 @@ cli.add_command(queue)
 cli.add_command(version)
 cli.add_command(schedule)
 cli.add_command(application)
+cli.add_command(export_workflows)
+cli.add_command(import_workflows)
 
 
 def main() -> None:

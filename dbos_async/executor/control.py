@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 from dbos_async.executor.context import attributes_json
@@ -101,6 +101,65 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
     return list(value)
 
 
+class WorkflowFilters(TypedDict, total=False):
+    """The filters of :meth:`~dbos_async.executor.operator.Operator.list_workflows`, which
+    an export takes too: every one given must match; a list matches any of its values."""
+
+    workflow_ids: Sequence[str] | None
+    status: str | Sequence[str] | None
+    name: str | Sequence[str] | None
+    start_time: TimeBound | None
+    end_time: TimeBound | None
+    queue_name: str | Sequence[str] | None
+    parent_workflow_id: str | Sequence[str] | None
+    forked_from: str | Sequence[str] | None
+    executor_id: str | Sequence[str] | None
+    application_version: str | Sequence[str] | None
+    authenticated_user: str | Sequence[str] | None
+    workflow_id_prefix: str | Sequence[str] | None
+    application_name: str | Sequence[str] | None
+    attributes: dict[str, Any] | None
+    shard_key: str | Sequence[str] | None
+    parent_shard_key: str | Sequence[str] | None
+    limit: int | None
+    offset: int | None
+    sort_desc: bool
+    queues_only: bool
+
+
+def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
+                    load_output: bool) -> WorkflowFilter:
+    """The listing statement's filter for these keyword filters; an unknown one or a
+    negative page bound raises :class:`DBOSError`."""
+    unknown = sorted(set(filters) - WorkflowFilters.__optional_keys__)
+    if unknown:
+        raise DBOSError(f"Unknown workflow filter(s): {', '.join(unknown)}")
+    check_page(filters.get("limit"), filters.get("offset"))
+    workflow_ids = filters.get("workflow_ids")
+    return WorkflowFilter(
+        workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
+        statuses=as_list(filters.get("status")),
+        names=as_list(filters.get("name")),
+        start_ms=epoch_ms(filters.get("start_time"), "start_time"),
+        end_ms=epoch_ms(filters.get("end_time"), "end_time"),
+        queue_names=as_list(filters.get("queue_name")),
+        queues_only=filters.get("queues_only", False),
+        parent_workflow_ids=as_list(filters.get("parent_workflow_id")),
+        forked_from=as_list(filters.get("forked_from")),
+        executor_ids=as_list(filters.get("executor_id")),
+        application_versions=as_list(filters.get("application_version")),
+        authenticated_users=as_list(filters.get("authenticated_user")),
+        workflow_id_prefixes=as_list(filters.get("workflow_id_prefix")),
+        application_names=as_list(filters.get("application_name")),
+        attributes=attributes_json(filters.get("attributes")),
+        shard_keys=as_list(filters.get("shard_key")),
+        parent_shard_keys=as_list(filters.get("parent_shard_key")),
+        limit=filters.get("limit"), offset=filters.get("offset"),
+        sort_desc=filters.get("sort_desc", False),
+        load_input=load_input, load_output=load_output,
+    )
+
+
 # ---- Cancel and delete ----
 
 
@@ -179,7 +238,6 @@ def check_page(limit: int | None, offset: int | None) -> None:
 
 
 async def list_workflows(peer: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
-    check_page(f.limit, f.offset)
     rows = await peer.system_database.list_workflows(f)
     return [_status(peer, row, f.load_input, f.load_output) for row in rows]
 

@@ -19,20 +19,19 @@ client differ, a small hook decides:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.executor import control, messaging
-from dbos_async.executor.context import attributes_json
+from dbos_async.executor import control, exports, messaging
 from dbos_async.executor.control import (
     ApplicationVersion,
     ForkRequest,
     TimeBound,
+    WorkflowFilters,
     WorkflowStepInfo,
-    as_list,
-    epoch_ms,
 )
+from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
 from dbos_async.executor.handles import (
     WorkflowHandle,
     WorkflowStatus,
@@ -46,7 +45,6 @@ from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.sysdb.statements import WorkflowFilter
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -326,65 +324,25 @@ class Operator(ScheduleOperator):
 
     # ---- Listing ----
 
-    async def list_workflows(
-        self,
-        *,
-        workflow_ids: Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        name: str | Sequence[str] | None = None,
-        start_time: TimeBound | None = None,
-        end_time: TimeBound | None = None,
-        queue_name: str | Sequence[str] | None = None,
-        parent_workflow_id: str | Sequence[str] | None = None,
-        forked_from: str | Sequence[str] | None = None,
-        executor_id: str | Sequence[str] | None = None,
-        application_version: str | Sequence[str] | None = None,
-        authenticated_user: str | Sequence[str] | None = None,
-        workflow_id_prefix: str | Sequence[str] | None = None,
-        application_name: str | Sequence[str] | None = None,
-        attributes: dict[str, Any] | None = None,
-        shard_key: str | Sequence[str] | None = None,
-        parent_shard_key: str | Sequence[str] | None = None,
-        limit: int | None = None,
-        offset: int | None = None,
-        sort_desc: bool = False,
-        load_input: bool = True,
-        load_output: bool = True,
-        queues_only: bool = False,
-    ) -> list[WorkflowStatus]:
+    async def list_workflows(self, *, load_input: bool = True, load_output: bool = True,
+                             **filters: Unpack[WorkflowFilters]) -> list[WorkflowStatus]:
         """Workflows matching every given filter (a list matches any of its values), by
         creation time (``sort_desc`` for newest first), a page of ``limit`` after
-        ``offset``. ``start_time``/``end_time`` bound ``created_at`` (inclusive).
-        ``load_input``/``load_output`` fill ``input``, ``output`` and ``error`` (typed by
-        the registered workflow's signature in an executor that has it, plain JSON
-        otherwise). ``application_name`` lists those applications' workflows (and
-        unclaimed ones); by default this executor's or client's own application's (every
-        one when it has no name). ``attributes`` keeps workflows whose attributes contain
-        the given dict. ``shard_key`` / ``parent_shard_key`` (sharded databases) keep
-        workflows of those keys, or whose parent has them (an empty list matches nothing).
-        ``queues_only`` keeps workflows on a queue that have not finished (as
+        ``offset``. The filters (:class:`~dbos_async.executor.control.WorkflowFilters`):
+        ``workflow_ids``, ``status``, ``name``, ``queue_name``, ``parent_workflow_id``,
+        ``forked_from``, ``executor_id``, ``application_version``, ``authenticated_user``,
+        ``workflow_id_prefix``; ``start_time``/``end_time`` bound ``created_at``
+        (inclusive). ``load_input``/``load_output`` fill ``input``, ``output`` and
+        ``error`` (typed by the registered workflow's signature in an executor that has it,
+        plain JSON otherwise). ``application_name`` lists those applications' workflows
+        (and unclaimed ones); by default this executor's or client's own application's
+        (every one when it has no name). ``attributes`` keeps workflows whose attributes
+        contain the given dict. ``shard_key`` / ``parent_shard_key`` (sharded databases)
+        keep workflows of those keys, or whose parent has them (an empty list matches
+        nothing). ``queues_only`` keeps workflows on a queue that have not finished (as
         :meth:`list_queued_workflows`)."""
-        return await control.list_workflows(self._peer(), WorkflowFilter(
-            workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
-            statuses=as_list(status),
-            names=as_list(name),
-            start_ms=epoch_ms(start_time, "start_time"),
-            end_ms=epoch_ms(end_time, "end_time"),
-            queue_names=as_list(queue_name),
-            queues_only=queues_only,
-            parent_workflow_ids=as_list(parent_workflow_id),
-            forked_from=as_list(forked_from),
-            executor_ids=as_list(executor_id),
-            application_versions=as_list(application_version),
-            authenticated_users=as_list(authenticated_user),
-            workflow_id_prefixes=as_list(workflow_id_prefix),
-            application_names=as_list(application_name),
-            attributes=attributes_json(attributes),
-            shard_keys=as_list(shard_key),
-            parent_shard_keys=as_list(parent_shard_key),
-            limit=limit, offset=offset, sort_desc=sort_desc,
-            load_input=load_input, load_output=load_output,
-        ))
+        return await control.list_workflows(self._peer(), control.workflow_filter(
+            filters, load_input=load_input, load_output=load_output))
 
     async def list_queued_workflows(
         self,
@@ -421,6 +379,34 @@ class Operator(ScheduleOperator):
         with bind_shard_keys({workflow_id: shard_key}):
             return await control.list_steps(self._peer(), workflow_id, limit=limit,
                                             offset=offset, load_output=load_output)
+
+    # ---- Export and import (see executor/exports.py) ----
+
+    def export_workflows(self, *, batch_size: int = 100,
+                         **filters: Unpack[WorkflowFilters]) -> AsyncIterator[ExportedWorkflow]:
+        """Every workflow the filters of :meth:`list_workflows` select, in its order, each
+        with every row it owns (status, inputs, outputs, checkpoints, messages, events and
+        their history, streams): ``async for workflow in dbos.export_workflows(...)``, and
+        ``workflow.to_json()`` is its line of the export format. One read-only transaction
+        on one snapshot, no row locked; ``batch_size`` workflows are read at a time."""
+        f = control.workflow_filter(filters, load_input=False, load_output=False)
+        return exports.export_workflows(self._peer(), f, batch_size)
+
+    async def import_workflows(
+        self,
+        rows: Iterable[ExportedWorkflow | str] | AsyncIterable[ExportedWorkflow | str],
+        *,
+        shard_key_of: Callable[[ExportedWorkflow], str] | None = None,
+        batch_size: int = 100,
+    ) -> ImportSummary:
+        """Store exported workflows (:class:`ExportedWorkflow` objects or lines of the
+        export format), ``batch_size`` per transaction: a batch is written whole or not at
+        all. A workflow already stored with the same rows is left alone, so importing the
+        same lines again changes nothing; one stored with other rows raises
+        :class:`~dbos_async.errors.WorkflowImportConflictError`. ``shard_key_of`` gives
+        each workflow its key in a sharded target (how an unsharded database moves onto a
+        sharded one); without it a sharded target takes the exported keys."""
+        return await exports.import_workflows(self._peer(), rows, shard_key_of, batch_size)
 
     async def queue_depths(self) -> dict[str, dict[str, int]]:
         """How many workflows wait or run on each queue: ``{queue name: {status: count}}``

@@ -24,6 +24,7 @@ from dbos_async.errors import (
 )
 from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.core import now_ms
+from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
@@ -96,7 +97,7 @@ class _NotRecorded(Exception):
 
 
 class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
-                     AdminOperations):
+                     AdminOperations, ExportOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     # ---- Workflows ----

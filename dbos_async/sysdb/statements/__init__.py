@@ -36,6 +36,7 @@ from dbos_async.sysdb.statements.control import (
     job_lock_key,
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
+from dbos_async.sysdb.statements.exports import EXPORT_COLUMNS, ExportStatements
 from dbos_async.sysdb.statements.messaging import SEND_BULK, MessagingStatements, OutgoingMessage
 from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
@@ -54,7 +55,7 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
-                 VersionStatements, ControlStatements, ExecutorIdStatements,
+                 VersionStatements, ExportStatements, ControlStatements, ExecutorIdStatements,
                  ScheduleStatements, PermissionStatements, AdminStatements):
     """Every statement of the system database, for one schema."""
 
@@ -69,6 +70,7 @@ __all__ = [
     "DELAYED",
     "ENQUEUED",
     "ERROR",
+    "EXPORT_COLUMNS",
     "INTERNAL_QUEUE_NAME",
     "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
     "PAYLOAD_TABLES",

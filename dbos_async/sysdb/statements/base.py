@@ -156,9 +156,10 @@ class StatementBase:
             self._reject_shard_key(workflow_id)
         return f"{qualify(alias, 'workflow_uuid')} = ANY({p(list(workflow_ids), 'text[]')})"
 
-    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params) -> str:
+    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params,
+              column: str = "workflow_uuid") -> str:
         """Predicate true for the rows of these workflows (of any keys: they are given)."""
-        return f"{qualify(alias, 'workflow_uuid')} = ANY({p([i for i, _ in refs], 'text[]')})"
+        return f"{qualify(alias, column)} = ANY({p([i for i, _ in refs], 'text[]')})"
 
     def parent_in(self, workflow_ids: Sequence[str], p: Params) -> str:
         """Predicate selecting the children of these workflows (under any key)."""

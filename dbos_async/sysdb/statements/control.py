@@ -210,8 +210,13 @@ class ControlStatements(StatementBase):
 
     def list_workflows(self, f: WorkflowFilter) -> Query:
         """The one listing statement: every filter a parameter, payloads joined on demand."""
+        return self.filtered_status(
+            f, *self.status_select(load_input=f.load_input, load_output=f.load_output))
+
+    def filtered_status(self, f: WorkflowFilter, columns: str, joins: str = "") -> Query:
+        """``columns`` of the status rows (``ws``, with ``joins``) that ``f`` selects, in
+        its order and page: what a listing and an export read."""
         p = Params()
-        columns, joins = self.status_select(load_input=f.load_input, load_output=f.load_output)
         where = [self.scoped("ws", p)]
 
         def any_of(column: str, values: Sequence[str] | None) -> None:
