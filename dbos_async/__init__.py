@@ -14,6 +14,7 @@ from dbos_async.errors import (
     MigrationError,
     NondeterminismError,
     NonExistentWorkflowError,
+    NotAuthorizedError,
     QueryTimeoutError,
     QueueDeduplicatedError,
     QueueNotFoundError,
@@ -24,8 +25,15 @@ from dbos_async.errors import (
     StreamTimeoutError,
     WorkflowCancelledError,
     WorkflowConflictError,
+    WorkflowImportConflictError,
+    WorkflowImportError,
     WorkflowNotRegisteredError,
     WorkflowStateError,
+)
+from dbos_async.executor.authentication import (
+    Authentication,
+    SetAuthentication,
+    current_authentication,
 )
 from dbos_async.executor.context import (
     SetShardKey,
@@ -37,10 +45,17 @@ from dbos_async.executor.context import (
     current_step_id,
     current_workflow_id,
 )
-from dbos_async.executor.control import ApplicationVersion, TimeBound, WorkflowStepInfo
+from dbos_async.executor.control import (
+    ApplicationVersion,
+    ForkRequest,
+    TimeBound,
+    WorkflowStepInfo,
+)
 from dbos_async.executor.dbos import DBOS
+from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
 from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
 from dbos_async.executor.logs import log_to_stderr
+from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.observability import (
     EventChange,
     PendingMessage,
@@ -56,8 +71,10 @@ from dbos_async.executor.queues import (
     RateLimit,
     SetEnqueueOptions,
 )
+from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
 from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
+from dbos_async.executor.serialization import Serializer
 from dbos_async.executor.steps import RetryOn
 from dbos_async.sysdb.migrations import holds_sharded_schema
 from dbos_async.sysdb.setup import migrate
@@ -68,6 +85,7 @@ __all__ = [
     "DBOS",
     "ApplicationOwnershipError",
     "ApplicationVersion",
+    "Authentication",
     "ConfigurationError",
     "DBOSClient",
     "DBOSConfig",
@@ -76,14 +94,21 @@ __all__ = [
     "DeadLetteredError",
     "Debouncer",
     "DeduplicationPolicy",
+    "EnqueueOutcome",
+    "EnqueueRequest",
+    "EnqueueResult",
     "EventChange",
     "ExecutorIdLostError",
+    "ExportedWorkflow",
+    "ForkRequest",
     "IdempotencyKeyConflictError",
+    "ImportSummary",
     "InvalidRequestError",
     "LimiterSpec",
     "MigrationError",
     "NonExistentWorkflowError",
     "NondeterminismError",
+    "NotAuthorizedError",
     "PendingMessage",
     "QueryTimeoutError",
     "Queue",
@@ -95,7 +120,10 @@ __all__ = [
     "RetryOn",
     "ScheduleDefinition",
     "ScheduleError",
+    "SendMessage",
     "SerializationError",
+    "Serializer",
+    "SetAuthentication",
     "SetEnqueueOptions",
     "SetShardKey",
     "SetWorkflowAttributes",
@@ -109,12 +137,15 @@ __all__ = [
     "WorkflowCancelledError",
     "WorkflowConflictError",
     "WorkflowHandle",
+    "WorkflowImportConflictError",
+    "WorkflowImportError",
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",
     "WorkflowStateError",
     "WorkflowStatus",
     "WorkflowStepInfo",
+    "current_authentication",
     "current_shard_key",
     "current_step_attempt",
     "current_step_id",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import warnings
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,10 +26,18 @@ import asyncpg
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor import messaging
+from dbos_async.executor.authentication import Authentication
 from dbos_async.executor.context import attributes_json
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
+from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer, start_notifications, system_database_for
+from dbos_async.executor.queues.batch import (
+    EnqueueRequest,
+    EnqueueResult,
+    checked_requests,
+    enqueue_batch,
+)
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.queues.enqueue import (
     announce,
@@ -37,14 +45,21 @@ from dbos_async.executor.queues.enqueue import (
     start_deduplicated,
 )
 from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
-from dbos_async.executor.serialization import Signature, dumps, to_json, to_json_value
-from dbos_async.executor.start import CallContext, Placement, check_name, plan_start
+from dbos_async.executor.serialization import Formats, Signature
+from dbos_async.executor.start import (
+    CallContext,
+    Placement,
+    StartPlan,
+    check_name,
+    plan_start,
+)
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.executor.tracing import traced_attributes
 from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async.sysdb.statements import OutgoingMessage, Payload
 
 logger = logging.getLogger("dbos_async")
 
@@ -61,9 +76,12 @@ class DBOSClient(Operator, Peer):
     and versions it registers, and scopes listings and versions; it also names the client's
     connections.
 
-    Besides ``enqueue``, ``send(connection=...)`` and ``register_queue``, it has the
+    Besides ``enqueue``, ``enqueue_many``, ``send(connection=...)``,
+    ``send_bulk(connection=...)`` and ``register_queue``, it has the
     operator API of :class:`~dbos_async.DBOS` (defined once, in
-    :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON.
+    :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON
+    (or what its ``serializer`` decodes). ``serializer`` and ``allow_pickle`` are those of
+    an executor: the format it writes in, and whether it reads ``py_pickle``.
     """
 
     def __init__(self, system_database_url: str | None = None, *, schema_name: str = "dbos",
@@ -75,6 +93,7 @@ class DBOSClient(Operator, Peer):
             connection_name=application_name or "dbos_async_client", run_migrations=False,
             application_name=application_name, **settings)
         self.application_name = self.config.application_name
+        self.formats = Formats.of(self.config)
         self._sysdb: SystemDatabase | None = None
         self._background = TaskOwner("client")
         self._state = "new"
@@ -166,6 +185,7 @@ class DBOSClient(Operator, Peer):
         class_name: str | None = None,
         config_name: str | None = None,
         authenticated_user: str | None = None,
+        authenticated_roles: Sequence[str] | None = None,
         attributes: dict[str, Any] | None = None,
         connection: asyncpg.Connection | None = None,
         shard_key: str | None = None,
@@ -173,7 +193,8 @@ class DBOSClient(Operator, Peer):
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
         """Enqueue workflow ``workflow_name`` on ``queue_name`` with these arguments (stored
-        as portable JSON), for any executor that registers it. Like the SQL function
+        as portable JSON, or with the client's ``serializer``), for any executor that
+        registers it. Like the SQL function
         ``enqueue_workflow``: an existing ``workflow_id`` returns that workflow; a
         ``deduplication_id`` held by an active workflow of the queue raises
         :class:`QueueDeduplicatedError` (``deduplication_policy="reject"``) or returns that
@@ -181,6 +202,9 @@ class DBOSClient(Operator, Peer):
         ``application_version=None`` leaves it unversioned (run by an executor of the latest
         version). ``attributes`` (a JSON-serializable dict) are stored with the workflow.
         ``shard_key`` is the workflow's key on a sharded database (required there).
+        ``authenticated_user`` and ``authenticated_roles`` are recorded as the identity it
+        runs under; the executor that dequeues it checks them against the workflow's
+        ``required_roles``.
         ``app_version`` is the deprecated name of ``application_version``.
 
         With ``connection``, the insert runs on that connection, inside the transaction the
@@ -203,22 +227,16 @@ class DBOSClient(Operator, Peer):
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
                         "partition_key": partition_key})
-        inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
-                        "namedArgs": to_json_value(kwargs, "the keyword arguments")},
-                       f"the inputs of {workflow_name}")
-        plan = plan_start(
+        plan = self._plan(
             CallContext(workflow_id=workflow_id, timeout=timeout,
                         attributes=attributes_json(traced_attributes(attributes)),
-                        shard_key=shard_key),
-            name=workflow_name, inputs=inputs,
-            executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
-            application_version=application_version,
-            placement=Placement(queue_name, priority=priority,
-                                deduplication_id=deduplication_id,
-                                partition_key=partition_key, delay=delay),
-            class_name=class_name, config_name=config_name,
-            authenticated_user=authenticated_user,
-        )
+                        shard_key=shard_key,
+                        authentication=Authentication.of(authenticated_user,
+                                                         authenticated_roles)),
+            workflow_name, args, kwargs, application_version,
+            Placement(queue_name, priority=priority, deduplication_id=deduplication_id,
+                      partition_key=partition_key, delay=delay),
+            class_name=class_name, config_name=config_name)
         sysdb = self.system_database
 
         def start() -> Awaitable[StartResult]:
@@ -237,6 +255,38 @@ class DBOSClient(Operator, Peer):
             announce(sysdb, plan.row)
         return workflow_handle(self, plan.workflow_id, shard_key=shard_key)
 
+    def _plan(self, call: CallContext, workflow_name: str, args: Sequence[Any],
+              kwargs: Mapping[str, Any], application_version: str | None,
+              placement: Placement, **columns: str | None) -> StartPlan:
+        """The start plan of an enqueue by name: the arguments in the client's format
+        (portable JSON by default)."""
+        inputs = self.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name)
+        return plan_start(call, name=workflow_name, inputs=inputs,
+                          executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
+                          application_version=application_version, placement=placement,
+                          **columns)
+
+    async def enqueue_many(self, queue_name: str,
+                           requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
+        """Enqueue every row of ``requests`` (each naming its workflow) on ``queue_name`` in
+        one statement per shard key, as ``DBOS.enqueue_many`` does: all rows or none, one
+        :class:`EnqueueResult` per row, in order."""
+        if not isinstance(queue_name, str) or not queue_name:
+            raise DBOSError("queue_name must be a non-empty string")
+        plans = []
+        for index, r in enumerate(checked_requests(requests)):
+            if not isinstance(r.workflow, str) or not r.workflow:
+                raise DBOSError(f"enqueue_many row {index}: a client names its workflow "
+                                f"(a non-empty string), got {r.workflow!r}")
+            try:
+                plan = self._plan(r.call(CallContext()), r.workflow, r.args, r.kwargs,
+                                  r.application_version, r.placement(queue_name))
+            except DBOSError as error:
+                error.add_note(f"in row {index} of enqueue_many")
+                raise
+            plans.append((plan, None))
+        return await enqueue_batch(self, plans)
+
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,
              connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
@@ -248,18 +298,34 @@ class DBOSClient(Operator, Peer):
             return super().send(destination_id, message, topic, idempotency_key,
                                 shard_key=shard_key)
         return self._send_in_transaction(connection, destination_id,
-                                         to_json(message, "a message"), topic,
+                                         self.formats.encode(message, "a message"), topic,
                                          idempotency_key, shard_key)
 
+    def send_bulk(self, messages: Sequence[SendMessage], *,
+                  connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
+        """Send a batch (see ``DBOS.send_bulk``). With ``connection``, the batch is inserted
+        in the caller's transaction (in a savepoint): delivered only if the caller commits,
+        its receivers woken at that commit."""
+        if connection is None:
+            return super().send_bulk(messages)
+        return self._send_bulk_in_transaction(connection,
+                                              messaging.outgoing(messages, self.formats))
+
+    async def _send_bulk_in_transaction(self, conn: asyncpg.Connection,
+                                        batch: list[OutgoingMessage]) -> None:
+        async with conn.transaction():
+            await self.system_database.send_many_on(conn, batch)
+
     async def _send_in_transaction(self, conn: asyncpg.Connection, destination_id: str,
-                                   text: str, topic: str | None, idempotency_key: str | None,
+                                   message: Payload, topic: str | None,
+                                   idempotency_key: str | None,
                                    shard_key: str | None) -> None:
         stored_topic, message_uuid = messaging.message_address(destination_id, topic,
                                                                idempotency_key)
         with bind_shard_keys({destination_id: shard_key}):
             async with conn.transaction():
                 await self.system_database.send_on(conn, destination_id, message_uuid,
-                                                   stored_topic, text)
+                                                   stored_topic, message)
 
     # ---- Queues ----
 

@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from dbos_async.errors import ConfigurationError
 
+# The formats DBOS names itself; a user's serializer takes another name.
+RESERVED_FORMATS = ("portable_json", "py_pickle")
+
 _ENV_ALIASES = {"executor_id": "DBOS__VMID", "application_version": "DBOS__APPVERSION"}
 
 CONFIG_FILE_ENV = "DBOS_CONFIG_FILE"
@@ -144,6 +147,18 @@ class DBOSConfig(BaseModel):
         description="Recoveries a workflow gets before it is dead-lettered "
         "(MAX_RECOVERY_ATTEMPTS_EXCEEDED).",
     )
+    serializer: Any = Field(
+        None,
+        description="The serializer every value this process stores is written with (an "
+        "object with name(), serialize(data) -> str and deserialize(text)); None: DBOS "
+        "portable JSON.",
+    )
+    allow_pickle: bool = Field(
+        False,
+        description="Read values the dbos package stored as Python pickle (py_pickle). "
+        "Unpickling runs code chosen by whoever can write the system database: this trusts "
+        "everyone who can.",
+    )
     listen_queues: list[str] | None = Field(
         None,
         description="Queues this executor dequeues from (declared here or stored in the "
@@ -157,6 +172,25 @@ class DBOSConfig(BaseModel):
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+
+    @field_validator("serializer")
+    @classmethod
+    def _check_serializer(cls, serializer: Any) -> Any:
+        if serializer is None:
+            return None
+        missing = [m for m in ("name", "serialize", "deserialize")
+                   if not callable(getattr(serializer, m, None))]
+        if missing:
+            raise ValueError(f"a serializer needs the methods name(), serialize(data) and "
+                             f"deserialize(text); {type(serializer).__name__} lacks "
+                             f"{', '.join(missing)}")
+        name = serializer.name()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a serializer's name() must be a non-empty string, got {name!r}")
+        if name in RESERVED_FORMATS:
+            raise ValueError(f"a serializer may not be named {name!r}: that name is DBOS's "
+                             f"own format (use allow_pickle=True to read py_pickle)")
+        return serializer
 
     @field_validator("system_database_url")
     @classmethod

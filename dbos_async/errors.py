@@ -6,6 +6,7 @@ library's failures apart from their own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -46,6 +47,12 @@ class WorkflowStateError(DBOSError):
                          f"only {allowed} workflows allow it")
         self.workflow_id = workflow_id
         self.status = status
+
+
+def workflow_id_taken(workflow_id: str, used_by: str, name: str) -> DBOSError:
+    """The error of a start whose workflow ID is another workflow function's."""
+    return DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow {used_by!r}, "
+                     f"not {name!r}")
 
 
 class WorkflowNotRegisteredError(DBOSError):
@@ -211,6 +218,20 @@ class ScheduleError(DBOSError):
     named schedule does not exist or exists already; nothing was stored."""
 
 
+class NotAuthorizedError(DBOSError):
+    """A workflow or step declared with ``required_roles`` was called by an identity
+    (``SetAuthentication``) holding none of them; nothing was started or run."""
+
+    def __init__(self, kind: str, function_name: str, required_roles: Sequence[str],
+                 user: str | None, roles: Sequence[str]) -> None:
+        who = (f"user {user!r} with roles {list(roles)!r}" if user is not None or roles
+               else "a caller without authentication (set it with SetAuthentication)")
+        super().__init__(
+            f"{kind.capitalize()} {function_name!r} requires one of the roles "
+            f"{list(required_roles)!r}, but was called by {who}"
+        )
+        self.function_name = function_name
+        self.user = user
 class QueryTimeoutError(DBOSError):
     """An observability read (a workflow or step listing, a queue count, an export) ran
     longer than the ``observability_query_timeout`` setting and was stopped."""
@@ -236,3 +257,19 @@ class StreamTimeoutError(DBOSError):
         self.workflow_id = workflow_id
         self.key = key
         self.timeout_seconds = timeout_seconds
+
+
+class WorkflowImportError(DBOSError):
+    """Exported workflow lines an import refused before writing anything: malformed JSON,
+    an unknown format version, a missing or unknown column, a value of the wrong type, or a
+    missing shard key; the message names the line (or the workflow) and the problem."""
+
+
+class WorkflowImportConflictError(WorkflowImportError):
+    """An imported workflow's ID is taken in the target database by a workflow whose rows
+    differ (or a deduplication ID it carries is held there); the batch was not written."""
+
+    def __init__(self, workflow_id: str, detail: str) -> None:
+        super().__init__(f"Cannot import workflow {workflow_id!r}: {detail}; the batch "
+                         "holding it was not written")
+        self.workflow_id = workflow_id

@@ -198,12 +198,31 @@ async def _create_citus(admin_url: str, name: str) -> None:
 
 
 async def _drop_citus(admin_url: str, name: str) -> None:
+    """Drop database ``name`` on every node, each on its own (workers first): a drop that
+    Citus propagates is not atomic across nodes, and a worker may still hold a session in
+    the database (a connection the coordinator cached, Citus's maintenance daemon) after
+    the coordinator's WITH (FORCE) ended its own."""
     admin = await asyncpg.connect(admin_url, timeout=10)
     try:
-        await admin.execute("SET citus.enable_create_database_propagation = on")
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        nodes = await admin.fetch("SELECT nodename, nodeport FROM pg_dist_node "
+                                  "ORDER BY groupid = 0, groupid")
     finally:
         await admin.close()
+    admin_database = urlsplit(admin_url).path.lstrip("/")
+    for node in nodes:
+        conn = await asyncpg.connect(
+            _on_node(admin_url, node["nodename"], node["nodeport"], admin_database), timeout=10)
+        try:
+            for attempt in range(10):
+                try:
+                    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                    break
+                except asyncpg.ObjectInUseError:
+                    if attempt == 9:
+                        raise
+                    await asyncio.sleep(0.1 * (attempt + 1))
+        finally:
+            await conn.close()
 
 
 @pytest.fixture

@@ -7,20 +7,24 @@ process singleton with threads):
     client reads the result;
 (c) its send/get_event and ours reach each other's workflows;
 (d) a workflow listed by one is listed by the other with the same status, name, queue and
-    timestamps.
+    timestamps;
+(e) its send_bulk reaches our workflows and ours reaches its, exactly once per idempotency
+    key on either side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import textwrap
+from collections.abc import AsyncIterator
 from typing import Any
 
 from helpers import new_dbos
 
-from dbos_async import DBOSClient, SetWorkflowID, WorkflowStatus
+from dbos_async import DBOSClient, SendMessage, SetWorkflowID, WorkflowStatus
 
 PATIENCE = 60.0
 
@@ -97,6 +101,37 @@ def lines(stdout: str, tag: str) -> list[Any]:
             if line.startswith(tag + " ")]
 
 
+@contextlib.asynccontextmanager
+async def script_running(script: str, database_url: str,
+                         tag: bytes) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Run ``script`` on the database in a subprocess; the block starts once it printed a
+    line starting with ``tag`` (its readiness; another line first fails with its output).
+    A block that fails kills it."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, database_url,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        ready = await asyncio.wait_for(proc.stdout.readline(), PATIENCE)
+        if not ready.startswith(tag):
+            _, err = await proc.communicate()
+            raise AssertionError(f"{ready!r}\n{err.decode()}")
+        yield proc
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+
+
+async def script_output(proc: asyncio.subprocess.Process) -> str:
+    """What the script printed after its readiness line, once it exited successfully."""
+    rest, err = await asyncio.wait_for(proc.communicate(), PATIENCE)
+    stdout = rest.decode()
+    assert proc.returncode == 0, f"{stdout}\n{err.decode()}"
+    return stdout
+
+
 def listed(statuses: list[WorkflowStatus]) -> dict[str, list[Any]]:
     return {s.workflow_id: [s.workflow_id, s.status, s.name, s.queue_name, s.created_at,
                             s.updated_at] for s in statuses}
@@ -159,29 +194,14 @@ async def test_our_client_with_dbos_executor(database_url: str) -> None:
     async with client:
         handle = await client.enqueue("interop-b", "dbos_work", 7, label="y",
                                       workflow_id="to-dbos", application_version="interop-v")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _DBOS_EXECUTOR_SCRIPT, database_url,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        try:
-            assert proc.stdout is not None
-            ready = await asyncio.wait_for(proc.stdout.readline(), PATIENCE)
-            if not ready.startswith(b"READY"):
-                _, err = await proc.communicate()
-                raise AssertionError(f"{ready!r}\n{err.decode()}")
+        async with script_running(_DBOS_EXECUTOR_SCRIPT, database_url, b"READY") as proc:
             # (c) our send reaches its workflow, and we read its event.
             await client.send("dbos-chat", "hi", topic="ping")
             assert await client.get_event("dbos-chat", "pong", timeout=30) == "pong:hi"
             # (b) its executor ran what our client enqueued.
             result = await asyncio.wait_for(handle.get_result(), PATIENCE)
             assert result == {"label": "y", "value": 21}
-            rest, err = await asyncio.wait_for(proc.communicate(), PATIENCE)
-        except BaseException:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            raise
-        stdout = rest.decode()
-        assert proc.returncode == 0, f"{stdout}\n{err.decode()}"
+            stdout = await script_output(proc)
         assert lines(stdout, "CHAT") == ["hi"]
         steps = await client.list_workflow_steps("to-dbos")
         # dbos records a step's output with its default serializer (py_pickle), which we
@@ -195,3 +215,76 @@ async def test_our_client_with_dbos_executor(database_url: str) -> None:
         assert status is not None
         assert (status.status, status.name, status.queue_name) == (
             "SUCCESS", "dbos_work", "interop-b")
+
+
+_DBOS_BULK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from dbos import DBOS, SendMessage, SetWorkflowID, WorkflowSerializationFormat
+
+    PORTABLE = WorkflowSerializationFormat.PORTABLE
+    DBOS(config={"name": "interop-bulk", "system_database_url": sys.argv[1],
+                 "executor_id": "dbos-bulk"})
+
+    @DBOS.workflow(name="dbos_inbox", serialization_type=PORTABLE)
+    def dbos_inbox() -> list:
+        return [DBOS.recv("bulk", 30), DBOS.recv("bulk", 30)]
+
+    DBOS.launch()
+    try:
+        with SetWorkflowID("dbos-inbox"):
+            inbox = DBOS.start_workflow(dbos_inbox)
+        batch = [SendMessage("our-inbox", "a", "bulk", "k1"),
+                 SendMessage("our-inbox", {"b": 2}, "bulk", "k2")]
+        DBOS.send_bulk(batch, serialization_type=PORTABLE)
+        DBOS.send_bulk(batch, serialization_type=PORTABLE)
+        print("READY", flush=True)
+        print("RESULT", json.dumps(inbox.get_result()), flush=True)
+    finally:
+        DBOS.destroy()
+    """
+)
+
+
+async def test_send_bulk_both_ways(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+
+    @dbos.workflow(name="our_inbox")
+    async def our_inbox() -> list[Any]:
+        return [await dbos.recv("bulk", timeout=30), await dbos.recv("bulk", timeout=30)]
+
+    async with dbos:
+        with SetWorkflowID("our-inbox"):
+            inbox = await dbos.start_workflow(our_inbox)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _DBOS_BULK_SCRIPT, database_url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        try:
+            assert proc.stdout is not None
+            ready = await asyncio.wait_for(proc.stdout.readline(), PATIENCE)
+            if not ready.startswith(b"READY"):
+                _, err = await proc.communicate()
+                raise AssertionError(f"{ready!r}\n{err.decode()}")
+            # (e) its send_bulk reached our workflow, each message once.
+            assert sorted(await inbox.get_result(), key=str) == ["a", {"b": 2}]
+            batch = [SendMessage("dbos-inbox", "x", "bulk", "k1"),
+                     SendMessage("dbos-inbox", [3], "bulk", "k2")]
+            await dbos.send_bulk(batch)
+            await dbos.send_bulk(batch)
+            rest, err = await asyncio.wait_for(proc.communicate(), PATIENCE)
+        except BaseException:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            raise
+        stdout = rest.decode()
+        assert proc.returncode == 0, f"{stdout}\n{err.decode()}"
+        [received] = lines(stdout, "RESULT")
+        assert sorted(received, key=str) == [[3], "x"]
+        # The same message IDs on both sides: <key>::<destination>.
+        rows = await dbos.system_database.pool.fetch(
+            "SELECT destination_uuid, message_uuid FROM dbos.notifications "
+            "ORDER BY message_uuid")
+        assert [(r["destination_uuid"], r["message_uuid"]) for r in rows] == [
+            ("dbos-inbox", "k1::dbos-inbox"), ("our-inbox", "k1::our-inbox"),
+            ("dbos-inbox", "k2::dbos-inbox"), ("our-inbox", "k2::our-inbox")]

@@ -18,7 +18,8 @@ SHARED = [
     "retrieve_workflow", "get_workflow_status", "wait_first", "wait_all", "get_event",
     "get_all_events", "read_stream", "cancel_workflow", "cancel_workflows", "delete_workflow",
     "delete_workflows", "resume_workflow", "resume_workflows", "fork_workflow",
-    "rewind_workflow", "list_workflows", "list_queued_workflows", "list_workflow_steps",
+    "fork_workflows", "rewind_workflow", "list_workflows", "list_queued_workflows",
+    "list_workflow_steps",
     "list_application_versions", "get_latest_application_version",
     "set_latest_application_version", "set_workflow_priority", "set_workflow_delay",
     "update_workflow_attributes", "list_queues", "get_queue_definition", "update_queue",
@@ -32,6 +33,8 @@ def test_one_implementation() -> None:
         assert getattr(DBOSClient, name) is getattr(Operator, name), name
     # send: the client adds connection= (the transactional outbox) over the shared one.
     assert DBOS.send is Operator.send and DBOSClient.send is not Operator.send
+    assert DBOS.send_bulk is Operator.send_bulk
+    assert DBOSClient.send_bulk is not Operator.send_bulk
 
 
 def _app(url: str) -> tuple[DBOS, Callable[[int], Awaitable[int]], dict[str, int]]:

@@ -6,6 +6,7 @@ import click
 
 from dbos_async.cli.applications import application
 from dbos_async.cli.console import console
+from dbos_async.cli.exports import export_workflows, import_workflows
 from dbos_async.cli.queues import queue
 from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
@@ -66,6 +67,8 @@ cli.add_command(version)
 cli.add_command(schedule)
 cli.add_command(application)
 cli.add_command(console)
+cli.add_command(export_workflows)
+cli.add_command(import_workflows)
 
 
 def main() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -66,33 +67,65 @@ def _or_none(values: tuple[str, ...]) -> list[str] | None:
     return list(values) if values else None
 
 
+def filter_options(command: Any) -> Any:
+    """The filters of ``list_workflows`` as options (``workflow list``, ``export``); the
+    command receives them as ``filters``, the keyword arguments of ``list_workflows``."""
+    options = [
+        click.option("--status", "statuses", multiple=True, metavar="STATUS",
+                     type=click.Choice(STATUSES, case_sensitive=False),
+                     help="Keep workflows in this status (repeatable)."),
+        click.option("--name", "names", multiple=True,
+                     help="Workflow function name (repeatable)."),
+        click.option("--queue", "queues", multiple=True, help="Queue name (repeatable)."),
+        click.option("--queued", is_flag=True,
+                     help="Only workflows on a queue that have not finished."),
+        click.option("--start-time", metavar="TIME",
+                     help="Created at or after TIME (ISO 8601, or epoch milliseconds)."),
+        click.option("--end-time", metavar="TIME",
+                     help="Created at or before TIME (ISO 8601, or epoch milliseconds)."),
+        click.option("--prefix", "prefixes", multiple=True, metavar="PREFIX",
+                     help="Workflow ID prefix (repeatable)."),
+        click.option("--application-version", "versions", multiple=True, metavar="VERSION",
+                     help="Application version (repeatable)."),
+        click.option("--executor-id", "executors", multiple=True, metavar="ID",
+                     help="Executor ID (repeatable)."),
+        click.option("--parent", "parents", multiple=True, metavar="ID",
+                     help="Parent workflow ID (repeatable)."),
+        click.option("--forked-from", "forks", multiple=True, metavar="ID",
+                     help="The workflow it was forked from (repeatable)."),
+        click.option("--user", "users", multiple=True,
+                     help="Authenticated user (repeatable)."),
+        click.option("--attribute", "attributes", multiple=True, metavar="KEY=VALUE",
+                     help="An attribute it carries; VALUE is JSON or text (repeatable)."),
+        click.option("--shard-key", "shard_keys", multiple=True, metavar="KEY",
+                     help="Shard key (repeatable; sharded schemas)."),
+    ]
+
+    @functools.wraps(command)
+    def with_filters(*args: Any, statuses: tuple[str, ...], names: tuple[str, ...],
+                     queues: tuple[str, ...], queued: bool, start_time: str | None,
+                     end_time: str | None, prefixes: tuple[str, ...],
+                     versions: tuple[str, ...], executors: tuple[str, ...],
+                     parents: tuple[str, ...], forks: tuple[str, ...],
+                     users: tuple[str, ...], attributes: tuple[str, ...],
+                     shard_keys: tuple[str, ...], **kwargs: Any) -> Any:
+        filters: dict[str, Any] = dict(
+            status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
+            queue_name=_or_none(queues), queues_only=queued,
+            start_time=_time_bound(start_time), end_time=_time_bound(end_time),
+            workflow_id_prefix=_or_none(prefixes), application_version=_or_none(versions),
+            executor_id=_or_none(executors), parent_workflow_id=_or_none(parents),
+            forked_from=_or_none(forks), authenticated_user=_or_none(users),
+            attributes=_attributes(attributes), shard_key=_or_none(shard_keys))
+        return command(*args, filters=filters, **kwargs)
+
+    for option in reversed(options):
+        with_filters = option(with_filters)
+    return with_filters
+
+
 @workflow.command("list")
-@click.option("--status", "statuses", multiple=True, metavar="STATUS",
-              type=click.Choice(STATUSES, case_sensitive=False),
-              help="Keep workflows in this status (repeatable).")
-@click.option("--name", "names", multiple=True, help="Workflow function name (repeatable).")
-@click.option("--queue", "queues", multiple=True, help="Queue name (repeatable).")
-@click.option("--queued", is_flag=True,
-              help="Only workflows on a queue that have not finished.")
-@click.option("--start-time", metavar="TIME",
-              help="Created at or after TIME (ISO 8601, or epoch milliseconds).")
-@click.option("--end-time", metavar="TIME",
-              help="Created at or before TIME (ISO 8601, or epoch milliseconds).")
-@click.option("--prefix", "prefixes", multiple=True, metavar="PREFIX",
-              help="Workflow ID prefix (repeatable).")
-@click.option("--application-version", "versions", multiple=True, metavar="VERSION",
-              help="Application version (repeatable).")
-@click.option("--executor-id", "executors", multiple=True, metavar="ID",
-              help="Executor ID (repeatable).")
-@click.option("--parent", "parents", multiple=True, metavar="ID",
-              help="Parent workflow ID (repeatable).")
-@click.option("--forked-from", "forks", multiple=True, metavar="ID",
-              help="The workflow it was forked from (repeatable).")
-@click.option("--user", "users", multiple=True, help="Authenticated user (repeatable).")
-@click.option("--attribute", "attributes", multiple=True, metavar="KEY=VALUE",
-              help="An attribute it carries; VALUE is JSON or text (repeatable).")
-@click.option("--shard-key", "shard_keys", multiple=True, metavar="KEY",
-              help="Shard key (repeatable; sharded schemas).")
+@filter_options
 @click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
               help="At most this many workflows.")
 @click.option("--offset", type=click.IntRange(min=0), default=0,
@@ -101,27 +134,14 @@ def _or_none(values: tuple[str, ...]) -> list[str] | None:
               show_default=True, help="By creation time: oldest (asc) or newest first.")
 @_json_option
 @target_options
-def list_workflows(target: Target, statuses: tuple[str, ...], names: tuple[str, ...],
-                   queues: tuple[str, ...], queued: bool, start_time: str | None,
-                   end_time: str | None, prefixes: tuple[str, ...], versions: tuple[str, ...],
-                   executors: tuple[str, ...], parents: tuple[str, ...], forks: tuple[str, ...],
-                   users: tuple[str, ...], attributes: tuple[str, ...],
-                   shard_keys: tuple[str, ...], limit: int, offset: int, sort: str,
-                   as_json: bool) -> None:
+def list_workflows(target: Target, filters: dict[str, Any], limit: int, offset: int,
+                   sort: str, as_json: bool) -> None:
     """List workflows, newest first.
 
     Every filter given must match; a repeated one matches any of its values. Statuses:
     PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR, CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED."""
-    filters: dict[str, Any] = dict(
-        status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
-        queue_name=_or_none(queues), queues_only=queued,
-        start_time=_time_bound(start_time), end_time=_time_bound(end_time),
-        workflow_id_prefix=_or_none(prefixes), application_version=_or_none(versions),
-        executor_id=_or_none(executors), parent_workflow_id=_or_none(parents),
-        forked_from=_or_none(forks), authenticated_user=_or_none(users),
-        attributes=_attributes(attributes), shard_key=_or_none(shard_keys),
-        limit=limit, offset=offset, sort_desc=sort == "desc",
-        load_input=as_json, load_output=as_json)
+    filters.update(limit=limit, offset=offset, sort_desc=sort == "desc",
+                   load_input=as_json, load_output=as_json)
 
     async def listing() -> tuple[list[WorkflowStatus], bool]:
         async with target.client() as client:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError
+from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, running_as
 from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress
 
@@ -32,6 +33,10 @@ class WorkflowContext:
     deadline_epoch_ms: int | None
     # The workflow's shard key (None on an unsharded database).
     shard_key: str | None = None
+    # Who it runs for (recorded on its row): its body's and steps' identity, its children's.
+    authentication: Authentication = NO_AUTHENTICATION
+    # The format its row's inputs are in: its result and error are written in it too.
+    serialization: str | None = None
     next_step_id: int = field(default=0)
     # Set by the cancellation watcher: no new step or wait of this execution starts.
     cancelled: bool = field(default=False)
@@ -91,7 +96,8 @@ def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
     added_token = _added_attributes.set(None)
     key_token = _shard_key.set(None)
     try:
-        yield
+        with running_as(ctx.authentication):
+            yield
     finally:
         _shard_key.reset(key_token)
         _added_attributes.reset(added_token)

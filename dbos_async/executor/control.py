@@ -13,10 +13,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 from dbos_async.executor.context import attributes_json
@@ -25,17 +27,15 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.enqueue import DELAYED_KEY
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.serialization import from_json
-from dbos_async.executor.start import CallContext, new_workflow_id
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
-from dbos_async.sysdb.operations import CancelledWorkflow
+from dbos_async.sysdb.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.records import StatusRecord
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
 
 logger = logging.getLogger("dbos_async")
@@ -101,6 +101,65 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
     return list(value)
 
 
+class WorkflowFilters(TypedDict, total=False):
+    """The filters of :meth:`~dbos_async.executor.operator.Operator.list_workflows`, which
+    an export takes too: every one given must match; a list matches any of its values."""
+
+    workflow_ids: Sequence[str] | None
+    status: str | Sequence[str] | None
+    name: str | Sequence[str] | None
+    start_time: TimeBound | None
+    end_time: TimeBound | None
+    queue_name: str | Sequence[str] | None
+    parent_workflow_id: str | Sequence[str] | None
+    forked_from: str | Sequence[str] | None
+    executor_id: str | Sequence[str] | None
+    application_version: str | Sequence[str] | None
+    authenticated_user: str | Sequence[str] | None
+    workflow_id_prefix: str | Sequence[str] | None
+    application_name: str | Sequence[str] | None
+    attributes: dict[str, Any] | None
+    shard_key: str | Sequence[str] | None
+    parent_shard_key: str | Sequence[str] | None
+    limit: int | None
+    offset: int | None
+    sort_desc: bool
+    queues_only: bool
+
+
+def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
+                    load_output: bool) -> WorkflowFilter:
+    """The listing statement's filter for these keyword filters; an unknown one or a
+    negative page bound raises :class:`DBOSError`."""
+    unknown = sorted(set(filters) - WorkflowFilters.__optional_keys__)
+    if unknown:
+        raise DBOSError(f"Unknown workflow filter(s): {', '.join(unknown)}")
+    check_page(filters.get("limit"), filters.get("offset"))
+    workflow_ids = filters.get("workflow_ids")
+    return WorkflowFilter(
+        workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
+        statuses=as_list(filters.get("status")),
+        names=as_list(filters.get("name")),
+        start_ms=epoch_ms(filters.get("start_time"), "start_time"),
+        end_ms=epoch_ms(filters.get("end_time"), "end_time"),
+        queue_names=as_list(filters.get("queue_name")),
+        queues_only=filters.get("queues_only", False),
+        parent_workflow_ids=as_list(filters.get("parent_workflow_id")),
+        forked_from=as_list(filters.get("forked_from")),
+        executor_ids=as_list(filters.get("executor_id")),
+        application_versions=as_list(filters.get("application_version")),
+        authenticated_users=as_list(filters.get("authenticated_user")),
+        workflow_id_prefixes=as_list(filters.get("workflow_id_prefix")),
+        application_names=as_list(filters.get("application_name")),
+        attributes=attributes_json(filters.get("attributes")),
+        shard_keys=as_list(filters.get("shard_key")),
+        parent_shard_keys=as_list(filters.get("parent_shard_key")),
+        limit=filters.get("limit"), offset=filters.get("offset"),
+        sort_desc=filters.get("sort_desc", False),
+        load_input=load_input, load_output=load_output,
+    )
+
+
 # ---- Cancel and delete ----
 
 
@@ -142,30 +201,30 @@ def _status(peer: Peer, row: StatusRecord, load_input: bool,
     if not (load_input or load_output):
         return status
     signature = peer.signature_of(status.name)
-    serialization = row.serialization
+    serialization, formats = row.serialization, peer.formats
     changes: dict[str, Any] = {}
     try:
         if load_input and row.inputs is not None:
             if signature is not None:
-                args, kwargs = signature.deserialize_inputs(row.inputs, serialization)
+                args, kwargs = signature.deserialize_inputs(row.inputs, serialization, formats)
                 changes["input"] = WorkflowInputs(args, kwargs)
             else:
-                data = from_json(row.inputs, serialization, f"the inputs of {status.name}")
-                if isinstance(data, dict):
-                    changes["input"] = WorkflowInputs(tuple(data.get("positionalArgs") or ()),
-                                                      dict(data.get("namedArgs") or {}))
+                positional, named = formats.decode_inputs(row.inputs, serialization,
+                                                          status.name)
+                changes["input"] = WorkflowInputs(tuple(positional), named)
         if load_output:
             if row.error is not None:
-                changes["error"] = deserialize_error(row.error, serialization)
+                changes["error"] = deserialize_error(row.error, serialization, formats)
             elif row.output is not None:
                 changes["output"] = (
-                    signature.deserialize_result(row.output, serialization)
+                    signature.deserialize_result(row.output, serialization, formats)
                     if signature is not None
-                    else from_json(row.output, serialization, f"the result of {status.name}")
+                    else formats.decode(row.output, serialization,
+                                        f"the result of {status.name}")
                 )
     except SerializationError as error:
-        # A payload another library stored in a format we do not read (e.g. py_pickle): the
-        # status is still listed, with what could be read.
+        # A payload in a format this peer does not read (py_pickle without allow_pickle,
+        # another serializer): the status is still listed, with what could be read.
         logger.debug("Workflow %s: payload not loaded: %s", status.workflow_id, error)
     return dataclasses.replace(status, **changes)
 
@@ -179,7 +238,6 @@ def check_page(limit: int | None, offset: int | None) -> None:
 
 
 async def list_workflows(peer: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
-    check_page(f.limit, f.offset)
     rows = await peer.system_database.list_workflows(f)
     return [_status(peer, row, f.load_input, f.load_output) for row in rows]
 
@@ -202,10 +260,10 @@ async def list_steps(peer: Peer, workflow_id: str, *, limit: int | None = None,
         error: BaseException | None = None
         try:
             if row["error"] is not None:
-                error = deserialize_error(row["error"], serialization)
+                error = deserialize_error(row["error"], serialization, peer.formats)
             elif row["output"] is not None:
-                output = from_json(row["output"], serialization,
-                                   f"the output of step {row['function_id']}")
+                output = peer.formats.decode(row["output"], serialization,
+                                             f"the output of step {row['function_id']}")
         except SerializationError as bad:
             logger.debug("Step %s of %s: output not loaded: %s", row["function_id"],
                          workflow_id, bad)
@@ -247,24 +305,52 @@ def _timeout_ms(timeout: float | None) -> int | None:
     return int(timeout * 1000)
 
 
-async def fork(peer: Peer, workflow_id: str, start_step: int, call: CallContext, *,
+@dataclass(frozen=True)
+class ForkRequest:
+    """One fork of :meth:`~dbos_async.DBOS.fork_workflows`: workflow ``workflow_id``
+    (under ``shard_key``, on a sharded database) re-run from ``start_step``, as
+    ``new_workflow_id`` (random by default), its copied steps naming the children of
+    ``replacement_children`` instead."""
+
+    workflow_id: str
+    start_step: int
+    new_workflow_id: str | None = None
+    shard_key: str | None = None
+    replacement_children: dict[str, str] | None = None
+
+
+async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: float | None,
                application_version: str | None, queue_name: str | None,
-               replacement_children: dict[str, str] | None) -> str:
-    """A new ENQUEUED workflow with the original's inputs, whose steps below
-    ``start_step`` replay from copies of the original's checkpoints; its ID and timeout
-    come from ``call`` as for any start. Returns its ID."""
-    new_id = new_workflow_id(call)
+               partition_key: str | None) -> list[WorkflowAddress]:
+    """New ENQUEUED workflows with their originals' inputs, whose steps below each
+    ``start_step`` replay from copies of the original's checkpoints, all created in one
+    transaction (or none). Returns each fork's ID and key (its original's), in order."""
+    if isinstance(forks, ForkRequest) or not isinstance(forks, Sequence) or not forks:
+        raise DBOSError("fork_workflows needs a non-empty list of ForkRequest")
+    timeout_ms = _timeout_ms(workflow_timeout)
     queue = queue_name or INTERNAL_QUEUE_NAME
     sysdb = peer.system_database
-    # The fork lives under its original's key.
-    with bind_shard_keys({new_id: sysdb.sql.key_hint(workflow_id)}):
-        await sysdb.fork(
-            workflow_id, new_id, start_step, queue_name=queue,
-            application_version=application_version, timeout_ms=_timeout_ms(call.timeout),
-            replacement_children=dict(replacement_children or {}))
+    specs = []
+    for index, f in enumerate(forks):
+        if not isinstance(f, ForkRequest) or not isinstance(f.workflow_id, str) \
+                or not f.workflow_id:
+            raise DBOSError(f"fork_workflows row {index} is not a ForkRequest naming a "
+                            f"workflow: {f!r}")
+        with bind_shard_keys({f.workflow_id: f.shard_key}):
+            key = sysdb.sql.key_hint(f.workflow_id)
+        specs.append(ForkSpec(f.workflow_id, f.new_workflow_id or str(uuid.uuid4()),
+                              f.start_step, key, dict(f.replacement_children or {})))
+    new_ids = [(s.shard_key, s.fork_id) for s in specs]
+    repeated = sorted(i for (_, i), n in Counter(new_ids).items() if n > 1)
+    if repeated:
+        raise DBOSError(f"fork_workflows got the new workflow ID {repeated[0]!r} twice")
+    await sysdb.fork(specs, queue_name=queue, application_version=application_version,
+                     timeout_ms=timeout_ms, partition_key=partition_key)
     _announce_enqueued(peer, queue)
-    logger.info("Forked workflow %s from step %s as %s", workflow_id, start_step, new_id)
-    return new_id
+    for s in specs:
+        logger.info("Forked workflow %s from step %s as %s", s.original_id, s.start_step,
+                    s.fork_id)
+    return [WorkflowAddress(s.fork_id, s.shard_key) for s in specs]
 
 
 async def rewind(peer: Peer, workflow_id: str, start_step: int, *,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -30,19 +30,22 @@ from dbos_async.executor import (
     recovery,
     schedules,
     start,
+    steps,
 )
+from dbos_async.executor.authentication import required_roles_of
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer
+from dbos_async.executor.queues import batch
+from dbos_async.executor.queues.batch import EnqueueRequest, EnqueueResult
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, workflow_info_of
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
-from dbos_async.executor.serialization import Signature, to_json
-from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions, attempt, run_checkpointed
+from dbos_async.executor.serialization import Signature
+from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.statements import STREAM_CLOSED_SERIALIZED
 
 logger = logging.getLogger("dbos_async")
 
@@ -89,19 +92,23 @@ class DBOS(Operator):
     # ---- Registration ----
 
     def workflow(
-        self, *, name: str | None = None
+        self, *, name: str | None = None, required_roles: Sequence[str] | None = None
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
-        """Make an ``async def`` function (or method) a durable workflow."""
+        """Make an ``async def`` function (or method) a durable workflow; with
+        ``required_roles``, only an identity (``SetAuthentication``) holding one of them
+        may start it."""
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             _require_async(fn, "@dbos.workflow()")
             method = is_method(fn)
+            workflow_name = name or fn.__qualname__
             info = WorkflowInfo(
-                name=name or fn.__qualname__,
+                name=workflow_name,
                 fn=fn,
                 signature=Signature(fn, skip_first=method),
                 is_method=method,
                 owner=self,
+                required_roles=required_roles_of(required_roles, f"Workflow {workflow_name!r}"),
             )
             self._registry.add_workflow(info)
 
@@ -125,10 +132,12 @@ class DBOS(Operator):
         retry_on: RetryOn | None = None,
         timeout: float | None = None,
         cancellable: bool = True,
+        required_roles: Sequence[str] | None = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Make an ``async def`` function a step: run once per workflow, its result recorded.
 
-        See :class:`~dbos_async.executor.steps.StepOptions` for the retry options.
+        See :class:`~dbos_async.executor.steps.StepOptions` for the retry options; with
+        ``required_roles``, only an identity holding one of them may call it.
         """
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
@@ -138,17 +147,12 @@ class DBOS(Operator):
                 backoff_rate=backoff_rate, max_retry_interval=max_retry_interval,
                 retry_on=retry_on, timeout=timeout, cancellable=cancellable,
             )
-            info = StepInfo(fn, options, Signature(fn))
+            info = StepInfo(fn, options, Signature(fn),
+                            required_roles_of(required_roles, f"Step {options.name!r}"))
 
             @functools.wraps(fn)
             def call(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
-                ctx = current_workflow()
-                if ctx is None:
-                    # Outside a workflow, or inside another step: just run it.
-                    return attempt(info, args, kwargs)
-                # Allocated now, in call order, so concurrent fan-out replays identically.
-                step_id = ctx.allocate_step_id()
-                return run_checkpointed(ctx, step_id, info, args, kwargs)
+                return steps.call(info, args, kwargs)
 
             return call
 
@@ -215,6 +219,40 @@ class DBOS(Operator):
         stored.bind(self)
         return stored
 
+    def enqueue_many(
+        self, queue: Queue | str, requests: Sequence[EnqueueRequest]
+    ) -> Coroutine[Any, Any, list[EnqueueResult]]:
+        """Enqueue every row of ``requests`` on ``queue`` (declared here, or stored in the
+        queues table) in one statement per shard key: all rows are written, or, for a bad
+        batch (empty, a malformed row, a workflow ID twice, an ID another workflow name
+        uses), none. Returns one :class:`EnqueueResult` per row, in order: ``"enqueued"``,
+        ``"existing"`` (its workflow ID was taken: that workflow's handle) or
+        ``"deduplicated"`` (an active workflow of the queue holds its deduplication ID: the
+        holder's handle; the row is not written). In a workflow body the batch is one
+        checkpoint, its position fixed at the call: the rows are its children, and a replay
+        returns the recorded results."""
+        ctx = current_workflow()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return self._enqueue_many(queue, requests, ctx, step_id)
+
+    async def _enqueue_many(self, queue: Queue | str, requests: Sequence[EnqueueRequest],
+                            ctx: WorkflowContext | None, step_id: int | None
+                            ) -> list[EnqueueResult]:
+        runtime = ctx.runtime if ctx is not None else self._operating()
+        target = queue if isinstance(queue, Queue) else await self.get_queue(queue)
+        return await batch.enqueue_registered(runtime, target, requests, self._workflow_of,
+                                              ctx, step_id)
+
+    def _workflow_of(self, workflow: Callable[..., Any] | str,
+                     args: tuple[Any, ...]) -> tuple[WorkflowInfo, tuple[Any, ...]]:
+        """A workflow given as a registered function or by its registered name."""
+        if isinstance(workflow, str):
+            info = self._registry.workflows.get(workflow)
+            if info is None:
+                raise DBOSError(f"No workflow named {workflow!r} is registered")
+            return info, args
+        return workflow_info_of(workflow, args, self)
+
     # ---- Starting and recovering workflows (retrieve_workflow: see Operator) ----
 
     def start_workflow(
@@ -254,14 +292,14 @@ class DBOS(Operator):
 
     def set_event(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
         """Publish ``value`` under ``key`` for the current workflow (from it or a step)."""
-        text = to_json(value, f"event {key!r}")
+        text = self.runtime.formats.encode(value, f"event {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.set_event(ctx, workflow_of_step(), step_id, key, text)
 
     def write_stream(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
         """Append ``value`` to the current workflow's stream ``key``."""
-        text = to_json(value, f"a value of stream {key!r}")
+        text = self.runtime.formats.encode(value, f"a value of stream {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key, text,
@@ -272,7 +310,7 @@ class DBOS(Operator):
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key,
-                                      STREAM_CLOSED_SERIALIZED, messaging.CLOSE_STREAM)
+                                      messaging.CLOSED_MARKER, messaging.CLOSE_STREAM)
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         """Sleep durably: in a workflow the wake-up time is a checkpoint, so a recovered

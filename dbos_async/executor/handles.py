@@ -16,14 +16,21 @@ from dbos_async.errors import (
     SerializationError,
     WorkflowCancelledError,
 )
+from dbos_async.executor.authentication import roles_from_column
 from dbos_async.executor.context import WorkflowContext, current_workflow
 from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.serialization import Signature, from_json, to_json
+from dbos_async.executor.serialization import Formats, Signature, to_json
 from dbos_async.executor.steps import record_read, recorded_read
 from dbos_async.sysdb.database import Outcome
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import bind_shard_keys
-from dbos_async.sysdb.statements import CANCELLED, ERROR, MAX_RECOVERY_ATTEMPTS_EXCEEDED, SUCCESS
+from dbos_async.sysdb.statements import (
+    CANCELLED,
+    ERROR,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    SUCCESS,
+    Payload,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.peer import Peer
@@ -52,7 +59,7 @@ class WorkflowStatus:
     completed_at: int | None
     authenticated_user: str | None = None
     assumed_role: str | None = None
-    authenticated_roles: str | None = None
+    authenticated_roles: list[str] | None = None
     forked_from: str | None = None
     started_at_epoch_ms: int | None = None
     deduplication_id: str | None = None
@@ -76,6 +83,8 @@ class WorkflowStatus:
         fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)
                   if f.name not in _LOADED_ON_REQUEST}
         fields["attributes"] = _attributes(record.attributes)
+        roles = roles_from_column(record.authenticated_roles)
+        fields["authenticated_roles"] = list(roles) if roles is not None else None
         return cls(**fields)
 
     def checkpoint_json(self) -> str:
@@ -112,14 +121,16 @@ class WorkflowInputs:
     kwargs: dict[str, Any]
 
 
-def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | None) -> Any:
+def outcome_value(workflow_id: str, outcome: Outcome, signature: Signature | None,
+                  formats: Formats) -> Any:
     """The value a terminal outcome returns, or the exception it raises."""
     if outcome.status == SUCCESS:
         if signature is None:
-            return from_json(outcome.output, outcome.serialization, f"the result of {workflow_id}")
-        return signature.deserialize_result(outcome.output, outcome.serialization)
+            return formats.decode(outcome.output, outcome.serialization,
+                                  f"the result of {workflow_id}")
+        return signature.deserialize_result(outcome.output, outcome.serialization, formats)
     if outcome.status == ERROR:
-        raise deserialize_error(outcome.error, outcome.serialization)
+        raise deserialize_error(outcome.error, outcome.serialization, formats)
     if outcome.status == CANCELLED:
         raise WorkflowCancelledError(workflow_id)
     if outcome.status == MAX_RECOVERY_ATTEMPTS_EXCEEDED:
@@ -146,7 +157,8 @@ async def read_status(peer: Peer, workflow_id: str, ctx: WorkflowContext | None 
         return status
     with ctx.routed():
         value = await record_read(ctx, step_id, GET_STATUS,
-                                  status.checkpoint_json() if status is not None else "null")
+                                  Payload(status.checkpoint_json() if status is not None
+                                          else "null"))
     return WorkflowStatus.from_checkpoint(value)
 
 
@@ -203,7 +215,7 @@ class WorkflowHandle(Generic[R]):
                 self.workflow_id, self._peer.config.result_poll_interval
             )
         signature = self._signature or self._peer.signature_of(outcome.name)
-        result: R = outcome_value(self.workflow_id, outcome, signature)
+        result: R = outcome_value(self.workflow_id, outcome, signature, self._peer.formats)
         return result
 
     def get_status(self) -> Coroutine[Any, Any, WorkflowStatus]:

@@ -11,17 +11,18 @@ what remains. Waits register with the notification dispatcher *before* reading t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import math
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, StreamTimeoutError
 from dbos_async.executor.context import WorkflowContext
-from dbos_async.executor.serialization import from_json, to_json
+from dbos_async.executor.serialization import Formats, to_json
 from dbos_async.executor.steps import record_failure, record_read, recorded_read, replay
 from dbos_async.sysdb.database import SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import (
@@ -30,10 +31,18 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_COMPLETION_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
+    keyed,
     remaining,
 )
-from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
-from dbos_async.sysdb.statements import ACTIVE_STATUSES, STREAM_CLOSED_SERIALIZED
+from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
+from dbos_async.sysdb.statements import (
+    ACTIVE_STATUSES,
+    PORTABLE_JSON,
+    SEND_BULK,
+    STREAM_CLOSED_SERIALIZED,
+    OutgoingMessage,
+    Payload,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.handles import WorkflowHandle
@@ -50,6 +59,11 @@ SLEEP = "DBOS.sleep"
 WRITE_STREAM = "DBOS.writeStream"
 CLOSE_STREAM = "DBOS.closeStream"
 READ_STREAM = "DBOS.readStream"
+
+# What close_stream writes: the marker every DBOS SDK closes a stream with, portable JSON.
+CLOSED_MARKER = Payload(STREAM_CLOSED_SERIALIZED)
+# What a read that found nothing (a recv or get_event timing out) records.
+NOTHING = Payload("null")
 
 
 def _dispatcher(sysdb: SystemDatabase) -> NotificationDispatcher:
@@ -94,7 +108,7 @@ def message_address(destination_id: str, topic: str | None,
 
 
 async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-               step_id: int | None, destination_id: str, message: str, topic: str | None,
+               step_id: int | None, destination_id: str, message: Payload, topic: str | None,
                idempotency_key: str | None) -> None:
     sysdb = peer.system_database
     topic, message_uuid = message_address(destination_id, topic, idempotency_key)
@@ -125,7 +139,11 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
                                 message_uuid, topic, message)
     else:
         await sysdb.send(destination_id, message_uuid, topic, message)
-    waiter = sysdb.waiter_key(destination_id, topic)
+    _announce_message(sysdb, sysdb.waiter_key(destination_id, topic))
+
+
+def _announce_message(sysdb: SystemDatabase, waiter: str) -> None:
+    """Wake the receivers of a committed message."""
     if sysdb.sharded:
         # No trigger on a sharded schema (on Citus it would fire on a worker): the writer
         # tells every process.
@@ -133,6 +151,80 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
     else:
         # The trigger on notifications NOTIFYs other processes; wake this one's waiters now.
         _dispatcher(sysdb).wake(NOTIFICATIONS_CHANNEL, waiter)
+
+
+@dataclass(frozen=True)
+class SendMessage:
+    """One message of :meth:`~dbos_async.DBOS.send_bulk` (named and shaped as the `dbos`
+    package's): to workflow ``destination_id`` (under ``shard_key``, on a sharded
+    database), on ``topic``; with ``idempotency_key`` it is delivered once however often
+    the batch is sent."""
+
+    destination_id: str
+    message: Any
+    topic: str | None = None
+    idempotency_key: str | None = None
+    shard_key: str | None = None
+
+
+def outgoing(messages: Sequence[SendMessage], formats: Formats) -> list[OutgoingMessage]:
+    """Check and address a batch before anything is written: at least one message, each a
+    :class:`SendMessage` to a named workflow with a portable value, no idempotency key
+    twice (the `dbos` package's rule)."""
+    if isinstance(messages, SendMessage) or not isinstance(messages, Sequence) or not messages:
+        raise DBOSError("send_bulk needs a non-empty list of SendMessage")
+    keys = [m.idempotency_key for m in messages
+            if isinstance(m, SendMessage) and m.idempotency_key is not None]
+    repeated = sorted(k for k, n in Counter(keys).items() if n > 1)
+    if repeated:
+        raise DBOSError(f"send_bulk received duplicate idempotency keys: {', '.join(repeated)}")
+    batch = []
+    for index, m in enumerate(messages):
+        if not isinstance(m, SendMessage):
+            raise DBOSError(f"send_bulk message {index} is not a SendMessage: {m!r}")
+        if not isinstance(m.destination_id, str) or not m.destination_id:
+            raise DBOSError(f"send_bulk message {index} has no destination_id")
+        validate_shard_key(m.shard_key)
+        topic, message_uuid = message_address(m.destination_id, m.topic, m.idempotency_key)
+        message = formats.encode(m.message, f"send_bulk message {index}")
+        batch.append(OutgoingMessage(m.destination_id, message_uuid, topic, message.text,
+                                     m.shard_key, message.serialization))
+    return batch
+
+
+async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
+                    step_id: int | None, messages: Sequence[OutgoingMessage]) -> None:
+    """Send a batch in one transaction (one statement per shard key): inside a workflow
+    one checkpoint covers the whole batch, so it is delivered exactly once; from a step it
+    lands only while the workflow is owned by this execution."""
+    sysdb = peer.system_database
+    if ctx is not None and step_id is not None:
+        done, _ = recorded_read(ctx, step_id, SEND_BULK)
+        if done:
+            return
+        try:
+            existing = await sysdb.send_many(
+                messages, sender=WorkflowAddress(ctx.workflow_id, ctx.shard_key),
+                owner_xid=ctx.owner_xid, function_id=step_id)
+        except NonExistentWorkflowError as missing:
+            with ctx.routed():
+                raise await record_failure(ctx, step_id, SEND_BULK, missing) from missing
+        if existing is not None:
+            replay(ctx, step_id, SEND_BULK, existing)
+            return
+    elif step_ctx is not None:
+        await sysdb.send_many(messages, sender=WorkflowAddress(step_ctx.workflow_id,
+                                                               step_ctx.shard_key),
+                              owner_xid=step_ctx.owner_xid)
+    else:
+        await sysdb.send_many(messages)
+    for waiter in dict.fromkeys(_waiter_of(sysdb, m) for m in messages):
+        _announce_message(sysdb, waiter)
+
+
+def _waiter_of(sysdb: SystemDatabase, m: OutgoingMessage) -> str:
+    with WorkflowAddress(m.destination_id, m.shard_key).routed():
+        return sysdb.waiter_key(m.destination_id, m.topic)
 
 
 async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str | None,
@@ -153,10 +245,10 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
                     ctx.workflow_id, step_id, ctx.owner_xid, topic
                 )
             if found:
-                return from_json(message, serialization, "a received message")
+                return ctx.runtime.formats.decode(message, serialization, "a received message")
             left = remaining(deadline)
             if left is not None and left <= 0:
-                return await record_read(ctx, step_id, RECV, "null")
+                return await record_read(ctx, step_id, RECV, NOTHING)
             # Interrupted if the workflow is cancelled meanwhile.
             with ctx.runtime.cancellation.region(ctx):
                 await w.wait(left)
@@ -166,7 +258,7 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
 
 
 async def set_event(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-                    step_id: int | None, key: str, value: str) -> None:
+                    step_id: int | None, key: str, value: Payload) -> None:
     if ctx is not None and step_id is not None:
         done, _ = recorded_read(ctx, step_id, SET_EVENT)
         if done:
@@ -210,7 +302,8 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
     if ctx is None or step_id is None or timeout_id is None:
         deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
         found = await _poll_event(sysdb, workflow_id, key, deadline)
-        return from_json(found[0], found[1], "an event") if found is not None else None
+        return (peer.formats.decode(found[0], found[1], "an event") if found is not None
+                else None)
     done, value = recorded_read(ctx, step_id, GET_EVENT)
     if done:
         return value
@@ -224,14 +317,15 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
         found = await _poll_event(sysdb, workflow_id, key, deadline)
     with ctx.routed():
         if found is None:
-            return await record_read(ctx, step_id, GET_EVENT, "null")
-        from_json(found[0], found[1], "an event")  # check it before recording it
-        return await record_read(ctx, step_id, GET_EVENT, found[0])
+            return await record_read(ctx, step_id, GET_EVENT, NOTHING)
+        peer.formats.decode(found[0], found[1], "an event")  # check it before recording it
+        return await record_read(ctx, step_id, GET_EVENT,
+                                 Payload(found[0], found[1] or PORTABLE_JSON))
 
 
 async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:
     rows = await peer.system_database.get_all_events(workflow_id)
-    return {key: from_json(value, serialization, f"event {key!r}")
+    return {key: peer.formats.decode(value, serialization, f"event {key!r}")
             for key, value, serialization in rows}
 
 
@@ -239,7 +333,7 @@ async def get_all_events(peer: Peer, workflow_id: str) -> dict[str, Any]:
 
 
 async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-                       step_id: int | None, key: str, value: str, name: str) -> None:
+                       step_id: int | None, key: str, value: Payload, name: str) -> None:
     if ctx is not None and step_id is not None:
         done, _ = recorded_read(ctx, step_id, name)
         if done:
@@ -261,7 +355,8 @@ async def write_stream(ctx: WorkflowContext | None, step_ctx: WorkflowContext | 
 
 
 STREAM_CLOSED = json.loads(STREAM_CLOSED_SERIALIZED)
-"""The close marker as a read records it (the end of the values a replay yields)."""
+"""The close marker's value, in whatever format its writer stored it (the end of a read
+and of the values a replay yields)."""
 
 
 async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
@@ -308,15 +403,18 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                         )
                 if status is None:
                     raise NonExistentWorkflowError(workflow_id)
-                if found and text != STREAM_CLOSED_SERIALIZED:
-                    value = from_json(text, serialization, f"stream {key!r} at offset {offset}")
-                    break
+                if found and text is not None:
+                    value = peer.formats.decode(text, serialization,
+                                                f"stream {key!r} at offset {offset}")
+                    if value != STREAM_CLOSED:
+                        # Recorded by a workflow as stored, in its writer's format.
+                        stored = Payload(text, serialization or PORTABLE_JSON)
+                        break
                 if found or status not in ACTIVE_STATUSES:
                     # The end is recorded too, so a replay stops where this read did.
                     if ctx is not None and step_id is not None:
                         with ctx.routed():
-                            await record_read(ctx, step_id, READ_STREAM,
-                                              STREAM_CLOSED_SERIALIZED)
+                            await record_read(ctx, step_id, READ_STREAM, CLOSED_MARKER)
                     return
                 left = remaining(deadline)
                 if left is not None and left <= 0:
@@ -336,8 +434,7 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                 # Recorded before it is handed over: a crash after the workflow acted on
                 # the value replays the same value.
                 with ctx.routed():
-                    value = await record_read(ctx, step_id, READ_STREAM,
-                                              to_json(value, "a stream value"))
+                    value = await record_read(ctx, step_id, READ_STREAM, stored)
             yield value
             offset += 1
 
@@ -359,27 +456,36 @@ async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float
 # ---- Waiting for workflows ----
 
 
-async def _settled(handle: WorkflowHandle[Any]) -> None:
-    # Finished with an error is finished too.
-    with contextlib.suppress(Exception):
-        await handle.get_result()
-
-
-async def wait_first(handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+    """The handle whose workflow finished first, by one query over all of them per wake:
+    woken by the completion notifications of any of them (this process's and others'),
+    reading again at most every ``result_poll_interval`` for writers that send none."""
     if not handles:
         raise DBOSError("wait_first needs at least one handle")
-    tasks = [asyncio.ensure_future(_settled(handle)) for handle in handles]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for handle, task in zip(handles, tasks, strict=True):
-        if task.done() and not task.cancelled():
-            return handle
-    raise DBOSError("wait_first was interrupted")
+    sysdb = peer.system_database
+    refs = [(h.workflow_id, h.shard_key) for h in handles]
+    repeated = [ref for ref, n in Counter(refs).items() if n > 1]
+    if repeated:
+        raise DBOSError(f"wait_first got workflow {repeated[0][0]!r} twice")
+    for workflow_id, key in refs:
+        if sysdb.sharded and key is None:
+            raise DBOSError(f"wait_first needs the shard key of workflow {workflow_id!r}: "
+                            "this system database is sharded")
+    by_ref = dict(zip(refs, handles, strict=True))
+    dispatcher = _dispatcher(sysdb)
+    cap = peer.config.result_poll_interval
+    delay = min(0.05, cap)
+    [first, *rest] = [(WORKFLOW_COMPLETION_CHANNEL, keyed(i, k)) for i, k in refs]
+    with dispatcher.register(*first, also=rest) as waiter:
+        while True:
+            async with dispatcher.polling():
+                finished, missing = await sysdb.finished_first(refs)
+            if missing:
+                raise NonExistentWorkflowError(", ".join(i for i, _ in missing))
+            if finished is not None:
+                return by_ref[finished]
+            await waiter.wait(delay)
+            delay = min(delay * 2, cap)
 
 
 async def wait_all(handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.serialization import from_json
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.statements.observability import MINUTE_MS
 
@@ -67,7 +66,8 @@ class WaitingWorkflow:
 async def event_history(peer: Peer, workflow_id: str, limit: int) -> list[EventChange]:
     rows = await peer.system_database.event_history(workflow_id, limit)
     return [EventChange(r["function_id"], r["key"],
-                        from_json(r["value"], r["serialization"], f"event {r['key']!r}"))
+                        peer.formats.decode(r["value"], r["serialization"],
+                                            f"event {r['key']!r}"))
             for r in rows]
 
 
@@ -75,7 +75,7 @@ async def unconsumed_messages(peer: Peer, workflow_id: str,
                               limit: int) -> list[PendingMessage]:
     rows = await peer.system_database.unconsumed_messages(workflow_id, limit)
     return [PendingMessage(r["message_uuid"], r["topic"],
-                           from_json(r["message"], r["serialization"], "a message"),
+                           peer.formats.decode(r["message"], r["serialization"], "a message"),
                            r["created_at_epoch_ms"])
             for r in rows]
 
@@ -83,7 +83,8 @@ async def unconsumed_messages(peer: Peer, workflow_id: str,
 async def stream_values(peer: Peer, workflow_id: str, limit: int) -> list[StreamValue]:
     rows = await peer.system_database.stream_values(workflow_id, limit)
     return [StreamValue(r["key"], r["stream_offset"],
-                        from_json(r["value"], r["serialization"], f"stream {r['key']!r}"))
+                        peer.formats.decode(r["value"], r["serialization"],
+                                            f"stream {r['key']!r}"))
             for r in rows]
 
 

@@ -19,19 +19,19 @@ client differ, a small hook decides:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.executor import control, messaging, observability
-from dbos_async.executor.context import attributes_json
+from dbos_async.executor import control, exports, messaging, observability
 from dbos_async.executor.control import (
     ApplicationVersion,
+    ForkRequest,
     TimeBound,
+    WorkflowFilters,
     WorkflowStepInfo,
-    as_list,
-    epoch_ms,
 )
+from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
 from dbos_async.executor.handles import (
     WorkflowHandle,
     WorkflowStatus,
@@ -46,12 +46,12 @@ from dbos_async.executor.observability import (
     WaitingWorkflow,
 )
 from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.declaration import LimiterSpec, Queue
+from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_queue
+from dbos_async.executor.queues.enqueue import check_partition
+from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
-from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.sysdb.statements import WorkflowFilter
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -149,8 +149,10 @@ class Operator(ScheduleOperator):
             self._caller_peer(ctx or step_ctx), workflow_id, ctx, step_id))
 
     async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-        """The first of ``handles`` whose workflow finishes (successfully or not)."""
-        return await messaging.wait_first(handles)
+        """The first of ``handles`` whose workflow finishes (successfully or not): one
+        query over all of them per wake, woken by their completion notifications. An
+        empty list, a workflow given twice or one that does not exist is refused."""
+        return await messaging.wait_first(self._peer(during_shutdown=True), handles)
 
     async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
         """The results of all ``handles``, in order; raises the first error met."""
@@ -168,12 +170,26 @@ class Operator(ScheduleOperator):
         but lands only while the workflow is still owned by this execution; elsewhere it is a
         plain insert. With ``idempotency_key`` a repeated send delivers once.
         """
-        text = to_json(message, "a message")
         ctx, step_ctx = self._contexts()
+        peer = self._caller_peer(ctx or step_ctx)
+        text = peer.formats.encode(message, "a message")
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return _routed({destination_id: shard_key}, messaging.send(
-            self._caller_peer(ctx or step_ctx), ctx, step_ctx, step_id, destination_id, text,
-            topic, idempotency_key))
+            peer, ctx, step_ctx, step_id, destination_id, text, topic, idempotency_key))
+
+    def send_bulk(self, messages: Sequence[messaging.SendMessage]) -> Coroutine[Any, Any, None]:
+        """Send every :class:`SendMessage` of ``messages`` in one transaction (one statement
+        per shard key): all are delivered or, if one destination is missing
+        (:class:`NonExistentWorkflowError` names each missing one), none. In a workflow
+        the batch is one checkpoint (exactly once); in a step it lands only while the
+        workflow is owned by this execution. A message with an ``idempotency_key`` is
+        delivered once however often it is sent; an empty batch or an idempotency key
+        given twice is refused before anything is written."""
+        ctx, step_ctx = self._contexts()
+        peer = self._caller_peer(ctx or step_ctx)
+        batch = messaging.outgoing(messages, peer.formats)
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch)
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
@@ -266,7 +282,7 @@ class Operator(ScheduleOperator):
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
         queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
         new_workflow_id: str | None = None, workflow_timeout: float | None = None,
-        shard_key: str | None = None,
+        shard_key: str | None = None, queue_partition_key: str | None = None,
     ) -> WorkflowHandle[Any]:
         """Start a new workflow with ``workflow_id``'s inputs whose steps below
         ``start_step`` replay from copies of the original's checkpoints (and its events
@@ -276,15 +292,42 @@ class Operator(ScheduleOperator):
         ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
         last recorded step. ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead. The fork lives under the original's
-        ``shard_key``."""
+        ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
+        the partition it is enqueued in."""
+        call = self._fork_call(new_workflow_id, workflow_timeout)
+        [handle] = await self.fork_workflows(
+            [ForkRequest(workflow_id, start_step, call.workflow_id, shard_key,
+                         replacement_children)],
+            application_version=application_version, queue=queue,
+            queue_partition_key=queue_partition_key, workflow_timeout=call.timeout)
+        return handle
+
+    async def fork_workflows(
+        self, forks: Sequence[ForkRequest], *, application_version: str | None = None,
+        queue: str | Queue | None = None, queue_partition_key: str | None = None,
+        workflow_timeout: float | None = None,
+    ) -> list[WorkflowHandle[Any]]:
+        """Fork every :class:`ForkRequest` of ``forks`` as :meth:`fork_workflow` forks one,
+        all in one transaction: every fork is created, or, if one is refused (an unknown
+        workflow, a ``start_step`` out of range, a new ID that exists or is given twice),
+        none. The forks share the options: ``application_version``, ``queue`` (the
+        internal queue by default), ``queue_partition_key`` (required on, and only on, a
+        partitioned queue) and ``workflow_timeout``. Returns their handles, in order."""
         peer = self._peer()
-        with bind_shard_keys({workflow_id: shard_key}):
-            new_id = await control.fork(
-                peer, workflow_id, start_step,
-                self._fork_call(new_workflow_id, workflow_timeout),
-                application_version=application_version, queue_name=_queue_name(queue),
-                replacement_children=replacement_children)
-        return await self._handle(new_id, shard_key)
+        check_options({"partition_key": queue_partition_key})
+        name = _queue_name(queue)
+        target = queue if isinstance(queue, Queue) else None
+        if target is None and name is None:
+            target = internal_queue()
+        elif target is None and name is not None:
+            stored = await peer.system_database.list_queues([name])
+            target = Queue.from_record(stored[0]) if stored else None
+        if target is not None:
+            check_partition(target, queue_partition_key)
+        forked = await control.fork(peer, forks, workflow_timeout=workflow_timeout,
+                                    application_version=application_version, queue_name=name,
+                                    partition_key=queue_partition_key)
+        return [await self._handle(f.workflow_id, f.shard_key) for f in forked]
 
     async def rewind_workflow(
         self, workflow_id: str, start_step: int, *, application_version: str | None = None,
@@ -301,65 +344,25 @@ class Operator(ScheduleOperator):
 
     # ---- Listing ----
 
-    async def list_workflows(
-        self,
-        *,
-        workflow_ids: Sequence[str] | None = None,
-        status: str | Sequence[str] | None = None,
-        name: str | Sequence[str] | None = None,
-        start_time: TimeBound | None = None,
-        end_time: TimeBound | None = None,
-        queue_name: str | Sequence[str] | None = None,
-        parent_workflow_id: str | Sequence[str] | None = None,
-        forked_from: str | Sequence[str] | None = None,
-        executor_id: str | Sequence[str] | None = None,
-        application_version: str | Sequence[str] | None = None,
-        authenticated_user: str | Sequence[str] | None = None,
-        workflow_id_prefix: str | Sequence[str] | None = None,
-        application_name: str | Sequence[str] | None = None,
-        attributes: dict[str, Any] | None = None,
-        shard_key: str | Sequence[str] | None = None,
-        parent_shard_key: str | Sequence[str] | None = None,
-        limit: int | None = None,
-        offset: int | None = None,
-        sort_desc: bool = False,
-        load_input: bool = True,
-        load_output: bool = True,
-        queues_only: bool = False,
-    ) -> list[WorkflowStatus]:
+    async def list_workflows(self, *, load_input: bool = True, load_output: bool = True,
+                             **filters: Unpack[WorkflowFilters]) -> list[WorkflowStatus]:
         """Workflows matching every given filter (a list matches any of its values), by
         creation time (``sort_desc`` for newest first), a page of ``limit`` after
-        ``offset``. ``start_time``/``end_time`` bound ``created_at`` (inclusive).
-        ``load_input``/``load_output`` fill ``input``, ``output`` and ``error`` (typed by
-        the registered workflow's signature in an executor that has it, plain JSON
-        otherwise). ``application_name`` lists those applications' workflows (and
-        unclaimed ones); by default this executor's or client's own application's (every
-        one when it has no name). ``attributes`` keeps workflows whose attributes contain
-        the given dict. ``shard_key`` / ``parent_shard_key`` (sharded databases) keep
-        workflows of those keys, or whose parent has them (an empty list matches nothing).
-        ``queues_only`` keeps workflows on a queue that have not finished (as
+        ``offset``. The filters (:class:`~dbos_async.executor.control.WorkflowFilters`):
+        ``workflow_ids``, ``status``, ``name``, ``queue_name``, ``parent_workflow_id``,
+        ``forked_from``, ``executor_id``, ``application_version``, ``authenticated_user``,
+        ``workflow_id_prefix``; ``start_time``/``end_time`` bound ``created_at``
+        (inclusive). ``load_input``/``load_output`` fill ``input``, ``output`` and
+        ``error`` (typed by the registered workflow's signature in an executor that has it,
+        plain JSON otherwise). ``application_name`` lists those applications' workflows
+        (and unclaimed ones); by default this executor's or client's own application's
+        (every one when it has no name). ``attributes`` keeps workflows whose attributes
+        contain the given dict. ``shard_key`` / ``parent_shard_key`` (sharded databases)
+        keep workflows of those keys, or whose parent has them (an empty list matches
+        nothing). ``queues_only`` keeps workflows on a queue that have not finished (as
         :meth:`list_queued_workflows`)."""
-        return await control.list_workflows(self._peer(), WorkflowFilter(
-            workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
-            statuses=as_list(status),
-            names=as_list(name),
-            start_ms=epoch_ms(start_time, "start_time"),
-            end_ms=epoch_ms(end_time, "end_time"),
-            queue_names=as_list(queue_name),
-            queues_only=queues_only,
-            parent_workflow_ids=as_list(parent_workflow_id),
-            forked_from=as_list(forked_from),
-            executor_ids=as_list(executor_id),
-            application_versions=as_list(application_version),
-            authenticated_users=as_list(authenticated_user),
-            workflow_id_prefixes=as_list(workflow_id_prefix),
-            application_names=as_list(application_name),
-            attributes=attributes_json(attributes),
-            shard_keys=as_list(shard_key),
-            parent_shard_keys=as_list(parent_shard_key),
-            limit=limit, offset=offset, sort_desc=sort_desc,
-            load_input=load_input, load_output=load_output,
-        ))
+        return await control.list_workflows(self._peer(), control.workflow_filter(
+            filters, load_input=load_input, load_output=load_output))
 
     async def list_queued_workflows(
         self,
@@ -396,6 +399,34 @@ class Operator(ScheduleOperator):
         with bind_shard_keys({workflow_id: shard_key}):
             return await control.list_steps(self._peer(), workflow_id, limit=limit,
                                             offset=offset, load_output=load_output)
+
+    # ---- Export and import (see executor/exports.py) ----
+
+    def export_workflows(self, *, batch_size: int = 100,
+                         **filters: Unpack[WorkflowFilters]) -> AsyncIterator[ExportedWorkflow]:
+        """Every workflow the filters of :meth:`list_workflows` select, in its order, each
+        with every row it owns (status, inputs, outputs, checkpoints, messages, events and
+        their history, streams): ``async for workflow in dbos.export_workflows(...)``, and
+        ``workflow.to_json()`` is its line of the export format. One read-only transaction
+        on one snapshot, no row locked; ``batch_size`` workflows are read at a time."""
+        f = control.workflow_filter(filters, load_input=False, load_output=False)
+        return exports.export_workflows(self._peer(), f, batch_size)
+
+    async def import_workflows(
+        self,
+        rows: Iterable[ExportedWorkflow | str] | AsyncIterable[ExportedWorkflow | str],
+        *,
+        shard_key_of: Callable[[ExportedWorkflow], str] | None = None,
+        batch_size: int = 100,
+    ) -> ImportSummary:
+        """Store exported workflows (:class:`ExportedWorkflow` objects or lines of the
+        export format), ``batch_size`` per transaction: a batch is written whole or not at
+        all. A workflow already stored with the same rows is left alone, so importing the
+        same lines again changes nothing; one stored with other rows raises
+        :class:`~dbos_async.errors.WorkflowImportConflictError`. ``shard_key_of`` gives
+        each workflow its key in a sharded target (how an unsharded database moves onto a
+        sharded one); without it a sharded target takes the exported keys."""
+        return await exports.import_workflows(self._peer(), rows, shard_key_of, batch_size)
 
     async def queue_depths(self) -> dict[str, dict[str, int]]:
         """How many workflows wait or run on each queue: ``{queue name: {status: count}}``

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from dbos_async.config import DBOSConfig
-    from dbos_async.executor.serialization import Signature
+    from dbos_async.executor.serialization import Formats, Signature
     from dbos_async.sysdb.database import SystemDatabase
     from dbos_async.sysdb.notifications import Spawn
 
@@ -24,6 +24,8 @@ class Peer(Protocol):
     """An executor's runtime or a client, connected to a system database."""
 
     config: DBOSConfig
+    # The formats it writes values in and reads them from (serializer, allow_pickle).
+    formats: Formats
 
     @property
     def system_database(self) -> SystemDatabase: ...

@@ -25,8 +25,12 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from dbos_async import errors as library_errors
 from dbos_async.errors import DBOSError, RecordedError
-from dbos_async.executor.serialization import from_json
+from dbos_async.executor.serialization import Formats
 from dbos_async.sysdb.statements import PORTABLE_JSON
+
+# Where no peer is at hand (an error recorded for a workflow whose own format is unknown):
+# the portable form every reader has.
+PORTABLE_ONLY = Formats()
 
 # The key of ``data`` naming the class of an exception that is neither a builtin nor one of
 # ours. Inside ``data`` because readers in other languages treat ``data`` as free-form
@@ -35,25 +39,41 @@ from dbos_async.sysdb.statements import PORTABLE_JSON
 PYTHON_CLASS = "python_class"
 
 
-def recorded_error(error: Exception) -> tuple[str, RecordedError]:
-    """``error`` as the system database records it (the text to store) and as the caller
-    gets it: the RecordedError a replay reads back from that text, caused by ``error``."""
-    text = serialize_error(error)
+def recorded_error(error: Exception, formats: Formats,
+                   serialization: str | None = None) -> tuple[str, RecordedError]:
+    """``error`` as the system database records it (the text to store, in format
+    ``serialization``, by default the peer's own) and as the caller gets it: the
+    RecordedError a replay reads back from that text, caused by ``error``."""
+    text = serialize_error(error, formats, serialization)
     if isinstance(error, RecordedError):
         return text, error  # Replayed already: it reads back as itself.
-    recorded = deserialize_error(text, PORTABLE_JSON)
+    recorded = _from_payload(json.loads(_portable_text(error)))
     recorded.__cause__ = error
     return text, recorded
 
 
-def serialize_error(error: BaseException) -> str:
-    """Record an exception as a portable error; a replayed :class:`RecordedError` keeps its
-    name, message, code and data."""
+def serialize_error(error: BaseException, formats: Formats,
+                    serialization: str | None = None) -> str:
+    """Record an exception as a portable error object, encoded in format ``serialization``
+    (by default the peer's own); a replayed :class:`RecordedError` keeps its name, message,
+    code and data."""
+    if (serialization or formats.name) == PORTABLE_JSON:
+        return _portable_text(error)
+    return formats.encode_as(serialization, _payload(error), "a recorded error").text
+
+
+def deserialize_error(text: str | None, serialization: str | None,
+                      formats: Formats) -> RecordedError:
+    """A recorded error as every caller gets it. An exception object (what the ``dbos``
+    package pickles, with ``allow_pickle``) is read through its portable form."""
+    decoded = formats.decode(text, serialization, "a recorded error")
+    if isinstance(decoded, BaseException):
+        decoded = _payload(decoded)
+    return _from_payload(decoded)
+
+
+def _portable_text(error: BaseException) -> str:
     return json.dumps(_payload(error), separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def deserialize_error(text: str | None, serialization: str | None) -> RecordedError:
-    return _from_payload(from_json(text, serialization, "a recorded error"))
 
 
 # ---- Writing ----

@@ -30,6 +30,8 @@ class WorkflowInfo:
     signature: Signature
     is_method: bool
     owner: object  # The DBOS instance that registered it.
+    # Roles one of which its caller must hold (None: anyone may call it).
+    required_roles: tuple[str, ...] | None = None
 
     @property
     def class_name(self) -> str | None:

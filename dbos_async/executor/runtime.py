@@ -16,7 +16,7 @@ from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
 from dbos_async.executor.cancellation import CancellationWatcher
 from dbos_async.executor.claim_gate import ClaimGate
 from dbos_async.executor.registry import Registry
-from dbos_async.executor.serialization import Signature
+from dbos_async.executor.serialization import Formats, Signature
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
@@ -57,6 +57,7 @@ class Runtime:
     def __init__(self, config: DBOSConfig, registry: Registry, sysdb: SystemDatabase,
                  application_version: str) -> None:
         self.config = config
+        self.formats = Formats.of(config)
         self.registry = registry
         self._sysdb = sysdb
         self.application_version = application_version

@@ -24,7 +24,7 @@ from dbos_async.executor.queues.enqueue import announcement_key
 from dbos_async.executor.serialization import dumps, to_json_value
 from dbos_async.executor.start import CallContext, Placement, plan_start
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME
+from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, Payload
 from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
 
 TRIGGER_TAG = "trigger"
@@ -164,8 +164,9 @@ async def fire(peer: Peer, executor_id: str, record: ScheduleRecord, time: datet
     workflow_id = fired_workflow_id(f"{name}-{TRIGGER_TAG}" if triggered else name, time)
     inputs = dumps({"positionalArgs": [time.isoformat(), _context(record)], "namedArgs": {}},
                    f"the inputs of {record.workflow_name}")
+    # Portable JSON whatever the firing peer writes: schedules are shared with every SDK.
     plan = plan_start(CallContext(workflow_id=workflow_id, shard_key=record.shard_key),
-                      name=record.workflow_name, inputs=inputs, executor_id=executor_id,
+                      name=record.workflow_name, inputs=Payload(inputs), executor_id=executor_id,
                       application_version=None,
                       placement=Placement(record.queue_name or INTERNAL_QUEUE_NAME),
                       class_name=record.workflow_class_name)

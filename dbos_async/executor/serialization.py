@@ -1,25 +1,40 @@
-"""DBOS portable JSON, with values coerced back to the annotated types.
+"""How values are stored: DBOS portable JSON by default, or a serializer of the user's;
+values coerced back to the annotated types.
 
 Inputs are stored as ``{"positionalArgs": [...], "namedArgs": {...}}`` and results as plain
 JSON, so DBOS clients in other languages can read and write them (errors: see
 :mod:`dbos_async.executor.recorded_errors`). On the way back, pydantic validates each value
 against its parameter's or return annotation: a workflow taking an ``Order`` model gets an
 ``Order`` on recovery.
+
+An executor or client given ``serializer=`` writes every value it stores (inputs, results,
+step outputs, events, messages, stream values) with it and records its name in the
+``serialization`` column; every reader picks the format by that column. Python pickle
+(``py_pickle``, what the ``dbos`` package writes by default) is read only with
+``allow_pickle=True``: unpickling runs code chosen by whoever wrote the value.
 """
 
 from __future__ import annotations
 
+import base64
 import inspect
 import json
+import pickle
 from collections.abc import Callable
 from functools import cached_property
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from dbos_async.errors import SerializationError
-from dbos_async.sysdb.statements import PORTABLE_JSON
+from dbos_async.sysdb.statements import PORTABLE_JSON, Payload
+
+if TYPE_CHECKING:
+    from dbos_async.config import DBOSConfig
+
+PY_PICKLE = "py_pickle"
+"""The ``dbos`` package's default format: base64 of a Python pickle."""
 
 
 def to_json_value(value: Any, what: str) -> Any:
@@ -43,22 +58,156 @@ def to_json(value: Any, what: str) -> str:
     return dumps(to_json_value(value, what), what)
 
 
-def check_serialization(serialization: str | None, what: str) -> None:
-    if serialization not in (PORTABLE_JSON, None):
+class Serializer(Protocol):
+    """A format for stored values, named by what ``name()`` returns (recorded in the
+    ``serialization`` column). The ``dbos`` package's ``Serializer`` has this shape, so one
+    written for it serves here too. Workflow inputs reach ``serialize`` as
+    ``{"args": (...), "kwargs": {...}}`` (the ``dbos`` package's shape) and recorded errors
+    as their portable object (``{"name", "message", "code", "data"}``)."""
+
+    def name(self) -> str: ...
+
+    def serialize(self, data: Any) -> str: ...
+
+    def deserialize(self, serialized_data: str) -> Any: ...
+
+
+class PortableJSON:
+    """DBOS portable JSON: what every DBOS SDK reads."""
+
+    def name(self) -> str:
+        return PORTABLE_JSON
+
+    def serialize(self, data: Any) -> str:
+        return to_json(data, "a value")
+
+    def deserialize(self, serialized_data: str) -> Any:
+        return json.loads(serialized_data)
+
+
+class PythonPickle:
+    """The ``dbos`` package's ``py_pickle``: read (and, for a workflow stored so, its result
+    written) only when ``allow_pickle`` trusts whoever can write the system database."""
+
+    def name(self) -> str:
+        return PY_PICKLE
+
+    def serialize(self, data: Any) -> str:
+        return base64.b64encode(pickle.dumps(data)).decode("ascii")
+
+    def deserialize(self, serialized_data: str) -> Any:
+        return pickle.loads(base64.b64decode(serialized_data, validate=True))
+
+
+PORTABLE = PortableJSON()
+
+
+def _capitalized(what: str) -> str:
+    return what[:1].upper() + what[1:]
+
+_PICKLE_REFUSED = (
+    "{what} was stored with serialization 'py_pickle' (Python pickle, the dbos package's "
+    "default); unpickling runs code chosen by whoever can write the system database, so it "
+    "is read only with allow_pickle=True (DBOS_ALLOW_PICKLE=true), which trusts them"
+)
+
+
+class Formats:
+    """The formats a peer (an executor or a client) writes values in, and those it reads:
+    portable JSON always, its own serializer, and ``py_pickle`` when ``allow_pickle``."""
+
+    def __init__(self, serializer: Serializer | None = None, allow_pickle: bool = False) -> None:
+        self.writer: Serializer = serializer if serializer is not None else PORTABLE
+        self.allow_pickle = allow_pickle
+        self._readers: dict[str, Serializer] = {PORTABLE_JSON: PORTABLE,
+                                                self.writer.name(): self.writer}
+        if allow_pickle:
+            self._readers[PY_PICKLE] = PythonPickle()
+
+    @classmethod
+    def of(cls, config: DBOSConfig) -> Formats:
+        return cls(config.serializer, config.allow_pickle)
+
+    @property
+    def name(self) -> str:
+        """The format this peer writes (its ``serialization`` column value)."""
+        return self.writer.name()
+
+    def _format(self, serialization: str | None, what: str) -> Serializer:
+        # NULL: rows written before the column existed, in portable JSON.
+        name = serialization if serialization is not None else PORTABLE_JSON
+        found = self._readers.get(name)
+        if found is not None:
+            return found
+        if name == PY_PICKLE:
+            raise SerializationError(_PICKLE_REFUSED.format(what=_capitalized(what)))
         raise SerializationError(
-            f"{what} was stored with serialization {serialization!r}; dbos_async reads only "
-            f"{PORTABLE_JSON!r}"
+            f"{_capitalized(what)} was stored with serialization {name!r}, which "
+            f"this process does not read (it reads {sorted(self._readers)}): configure "
+            f"serializer= with the serializer named {name!r}"
         )
 
+    def encode_as(self, serialization: str | None, value: Any, what: str) -> Payload:
+        """``value`` in format ``serialization`` (None: this peer's own)."""
+        fmt = self.writer if serialization is None else self._format(serialization, what)
+        if fmt is PORTABLE:
+            return Payload(to_json(value, what))
+        try:
+            text = fmt.serialize(value)
+        except Exception as error:
+            raise SerializationError(
+                f"Cannot serialize {what} ({type(value).__name__}) with serializer "
+                f"{fmt.name()!r}: {type(error).__name__}: {error}") from None
+        if not isinstance(text, str):
+            raise SerializationError(f"Serializer {fmt.name()!r} returned "
+                                     f"{type(text).__name__} for {what}, not a str")
+        return Payload(text, fmt.name())
 
-def from_json(text: str | None, serialization: str | None, what: str) -> Any:
-    check_serialization(serialization, what)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError as error:
-        raise SerializationError(f"{what} is not valid JSON: {error}") from None
+    def encode(self, value: Any, what: str) -> Payload:
+        """``value`` in this peer's format."""
+        return self.encode_as(None, value, what)
+
+    def decode(self, text: str | None, serialization: str | None, what: str) -> Any:
+        if text is None:
+            return None
+        fmt = self._format(serialization, what)
+        try:
+            return fmt.deserialize(text)
+        except Exception as error:
+            raise SerializationError(
+                f"{_capitalized(what)} cannot be read as {fmt.name()!r}: "
+                f"{type(error).__name__}: {error}") from None
+
+    def encode_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                      what: str) -> Payload:
+        """A call's arguments in this peer's format: portable JSON's
+        ``{"positionalArgs", "namedArgs"}``, or ``{"args", "kwargs"}`` for any other."""
+        if self.writer is PORTABLE:
+            positional = [to_json_value(a, f"argument {i} of {what}")
+                          for i, a in enumerate(args)]
+            named = {k: to_json_value(v, f"argument {k!r} of {what}") for k, v in kwargs.items()}
+            return Payload(dumps({"positionalArgs": positional, "namedArgs": named},
+                                 f"the arguments of {what}"))
+        return self.encode({"args": tuple(args), "kwargs": dict(kwargs)},
+                           f"the arguments of {what}")
+
+    def decode_inputs(self, text: str | None, serialization: str | None,
+                      what: str) -> tuple[list[Any], dict[str, Any]]:
+        """The positional and named arguments of stored inputs."""
+        label = f"the inputs of {what}"
+        data = self.decode(text, serialization, label)
+        portable = serialization in (None, PORTABLE_JSON)
+        positional_key, named_key = ("positionalArgs", "namedArgs") if portable \
+            else ("args", "kwargs")
+        if not isinstance(data, dict):
+            raise SerializationError(f"{_capitalized(label)} are not an object "
+                                     f"with {positional_key!r} and {named_key!r}")
+        positional = data.get(positional_key) or []
+        named = data.get(named_key) or {}
+        if not isinstance(positional, list | tuple) or not isinstance(named, dict):
+            raise SerializationError(f"{_capitalized(label)} have malformed "
+                                     f"{positional_key!r} or {named_key!r}")
+        return list(positional), dict(named)
 
 
 class Signature:
@@ -99,27 +248,18 @@ class Signature:
         except ValidationError as error:
             raise SerializationError(f"{what} does not match its annotation: {error}") from None
 
-    def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         formats: Formats) -> Payload:
         try:
             self._signature.bind(*((None,) if self.skip_first else ()), *args, **kwargs)
         except TypeError as error:
             raise TypeError(f"{self.qualname}(): {error}") from None
-        positional = [to_json_value(a, f"argument {i} of {self.qualname}")
-                      for i, a in enumerate(args)]
-        named = {k: to_json_value(v, f"argument {k!r} of {self.qualname}")
-                 for k, v in kwargs.items()}
-        return dumps({"positionalArgs": positional, "namedArgs": named},
-                     f"the arguments of {self.qualname}")
+        return formats.encode_inputs(args, kwargs, self.qualname)
 
     def deserialize_inputs(
-        self, text: str | None, serialization: str | None
+        self, text: str | None, serialization: str | None, formats: Formats
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        what = f"the inputs of {self.qualname}"
-        data = from_json(text, serialization, what)
-        if not isinstance(data, dict):
-            raise SerializationError(f"{what} are not a JSON object")
-        positional = data.get("positionalArgs") or []
-        named = data.get("namedArgs") or {}
+        positional, named = formats.decode_inputs(text, serialization, self.qualname)
         args: list[Any] = []
         params = iter(self.parameters)
         current: inspect.Parameter | None = None
@@ -138,9 +278,13 @@ class Signature:
         }
         return tuple(args), kwargs
 
-    def serialize_result(self, value: Any) -> str:
-        return to_json(value, f"the result of {self.qualname}")
+    def serialize_result(self, value: Any, formats: Formats,
+                         serialization: str | None = None) -> Payload:
+        """The result in format ``serialization`` (a workflow's: its row's), else the
+        peer's own."""
+        return formats.encode_as(serialization, value, f"the result of {self.qualname}")
 
-    def deserialize_result(self, text: str | None, serialization: str | None) -> Any:
+    def deserialize_result(self, text: str | None, serialization: str | None,
+                           formats: Formats) -> Any:
         what = f"the result of {self.qualname}"
-        return self.coerce("return", from_json(text, serialization, what), what)
+        return self.coerce("return", formats.decode(text, serialization, what), what)

@@ -12,11 +12,22 @@ between the ways is only where the row waits (:class:`Placement`) and what runs 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dbos_async.errors import DBOSError, NondeterminismError, QueueDeduplicatedError
+from dbos_async.errors import (
+    DBOSError,
+    NondeterminismError,
+    QueueDeduplicatedError,
+    workflow_id_taken,
+)
 from dbos_async.executor import tracing, workflows
+from dbos_async.executor.authentication import (
+    NO_AUTHENTICATION,
+    Authentication,
+    authorize,
+    current_authentication,
+)
 from dbos_async.executor.context import (
     WorkflowContext,
     current_workflow,
@@ -29,9 +40,17 @@ from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
 from dbos_async.executor.registry import WorkflowInfo, instance_name
 from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.serialization import Formats
 from dbos_async.sysdb.database import StartResult, StepRecord, now_ms
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.sysdb.statements import DELAYED, ENQUEUED, PENDING, NewWorkflow, ParentStep
+from dbos_async.sysdb.statements import (
+    DELAYED,
+    ENQUEUED,
+    PENDING,
+    NewWorkflow,
+    ParentStep,
+    Payload,
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +64,8 @@ class CallContext:
     parent_step_id: int | None = None
     attributes: str | None = None
     shard_key: str | None = None
+    # The identity the new workflow records and runs under (SetAuthentication).
+    authentication: Authentication = NO_AUTHENTICATION
 
     @property
     def timeout_ms(self) -> int | None:
@@ -52,22 +73,26 @@ class CallContext:
 
 
 def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
-              as_child: bool = True, shard_key: str | None = None) -> CallContext:
+              as_child: bool = True, shard_key: str | None = None,
+              take_id: bool = True) -> CallContext:
     """Read the context of a start being called now. A start from a workflow body is its
     child (``as_child``) and takes the body's next step position; ``workflow_id``,
     ``timeout`` and ``shard_key``, when given, win over ``SetWorkflowID``,
-    ``SetWorkflowTimeout`` and ``SetShardKey``."""
+    ``SetWorkflowTimeout`` and ``SetShardKey``. Without ``take_id`` the ``SetWorkflowID``
+    of the block is left for a start that names one workflow (a batch's rows do not)."""
     validate_shard_key(shard_key)
     parent = current_workflow() if as_child else None
     with tracing.propagated():
         attributes = workflow_attributes()
     return CallContext(
-        workflow_id=workflow_id if workflow_id is not None else take_workflow_id(),
+        workflow_id=(workflow_id if workflow_id is not None
+                     else take_workflow_id() if take_id else None),
         timeout=timeout if timeout is not None else workflow_timeout(),
         parent=parent,
         parent_step_id=parent.allocate_step_id() if parent is not None else None,
         attributes=attributes,
         shard_key=shard_key if shard_key is not None else next_shard_key(),
+        authentication=current_authentication(),
     )
 
 
@@ -126,6 +151,8 @@ class StartPlan:
     parent_step: ParentStep | None
     # Makes the insert idempotent under retries: a row carrying it is ours.
     creator_xid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    # The identity it runs under (the recorded one, its assumed role checked).
+    authentication: Authentication = NO_AUTHENTICATION
 
     @property
     def workflow_id(self) -> str:
@@ -136,13 +163,13 @@ class StartPlan:
         return self.row.shard_key
 
 
-def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
+def plan_start(call: CallContext, *, name: str, inputs: Payload, executor_id: str,
                application_version: str | None, placement: Placement | None = None,
-               class_name: str | None = None, config_name: str | None = None,
-               authenticated_user: str | None = None) -> StartPlan:
+               class_name: str | None = None, config_name: str | None = None) -> StartPlan:
     """The row of a new workflow. Started now (no ``placement``), its own timeout counts
     from now; enqueued, from when a claim starts it. A parent's deadline bounds both."""
     created_at = now_ms()
+    authentication = call.authentication
     parent = call.parent
     deadline = parent.deadline_epoch_ms if parent is not None else None
     timeout_ms = call.timeout_ms
@@ -154,7 +181,8 @@ def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
     row = NewWorkflow(
         workflow_id=new_workflow_id(call),
         name=name,
-        inputs=inputs,
+        inputs=inputs.text,
+        serialization=inputs.serialization,
         executor_id=executor_id,
         application_version=application_version,
         created_at_ms=created_at,
@@ -163,7 +191,9 @@ def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
         timeout_ms=timeout_ms,
         deadline_epoch_ms=deadline,
         parent_workflow_id=parent.workflow_id if parent is not None else None,
-        authenticated_user=authenticated_user,
+        authenticated_user=authentication.user,
+        authenticated_roles=authentication.roles_json,
+        assumed_role=authentication.assumed_role,
         attributes=call.attributes,
         shard_key=call.shard_key,
         **queue_columns,
@@ -171,7 +201,7 @@ def plan_start(call: CallContext, *, name: str, inputs: str, executor_id: str,
     parent_step = (ParentStep(parent.workflow_id, call.parent_step_id, parent.owner_xid,
                               created_at, parent.shard_key)
                    if parent is not None and call.parent_step_id is not None else None)
-    return StartPlan(row, parent_step)
+    return StartPlan(row, parent_step, authentication=authentication)
 
 
 @dataclass(frozen=True)
@@ -184,11 +214,11 @@ class Arguments:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     config_name: str | None
-    inputs: str
+    inputs: Payload
 
     @classmethod
-    def of(cls, info: WorkflowInfo, args: tuple[Any, ...],
-           kwargs: dict[str, Any]) -> Arguments:
+    def of(cls, info: WorkflowInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+           formats: Formats) -> Arguments:
         instance: object | None = None
         if info.is_method:
             if not args:
@@ -196,18 +226,26 @@ class Arguments:
             instance, args = args[0], args[1:]
         return cls(instance, args, kwargs,
                    instance_name(instance) if instance is not None else None,
-                   info.signature.serialize_inputs(args, kwargs))
+                   info.signature.serialize_inputs(args, kwargs, formats))
 
     @property
     def call_args(self) -> tuple[Any, ...]:
         return (self.instance, *self.args) if self.instance is not None else self.args
 
 
+def authorized(call: CallContext, info: WorkflowInfo) -> CallContext:
+    """``call`` under the identity ``info`` runs with (its assumed role, the first required
+    role the caller holds); raises :class:`NotAuthorizedError` if it holds none."""
+    return replace(call, authentication=authorize("workflow", info.name, info.required_roles,
+                                                  call.authentication))
+
+
 def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,
                     arguments: Arguments, *, placement: Placement | None = None,
                     application_version: str | None = None) -> StartPlan:
-    """:func:`plan_start` for a workflow this executor registers."""
-    return plan_start(call, name=info.name, inputs=arguments.inputs,
+    """:func:`plan_start` for a workflow this executor registers, refused (before anything
+    is written) if the caller lacks the roles it requires."""
+    return plan_start(authorized(call, info), name=info.name, inputs=arguments.inputs,
                       executor_id=runtime.executor_id,
                       application_version=application_version or runtime.application_version,
                       placement=placement, class_name=info.class_name,
@@ -217,8 +255,7 @@ def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,
 def check_name(started: StartResult, workflow_id: str, name: str) -> None:
     """Raise if the workflow a start found under ``workflow_id`` runs another function."""
     if not started.created and started.row.name != name:
-        raise DBOSError(f"Workflow ID {workflow_id!r} is already used by workflow "
-                        f"{started.row.name!r}, not {name!r}")
+        raise workflow_id_taken(workflow_id, started.row.name, name)
 
 
 # ---- Starts from a workflow body: checkpointed at the parent's step position ----
@@ -242,7 +279,7 @@ def replayed_child(runtime: Runtime, parent: WorkflowContext, step_id: int,
     if recorded.function_name != info.name:
         raise NondeterminismError(parent.workflow_id, step_id, recorded.function_name, info.name)
     if recorded.error is not None:  # An enqueue its deduplication ID rejected.
-        raise deserialize_error(recorded.error, recorded.serialization)
+        raise deserialize_error(recorded.error, recorded.serialization, runtime.formats)
     if recorded.child_workflow_id is None:
         raise DBOSError(f"Step {step_id} of {parent.workflow_id} recorded no child workflow")
     return workflow_handle(runtime, recorded.child_workflow_id, signature=info.signature,
@@ -260,12 +297,13 @@ async def record_child_step(
     ``child``'s handle, or raises ``error`` (recorded)."""
     child_id = child[0] if child is not None else None
     # A rejection reaches the body in its recorded form, as a replay raises it.
-    text, recorded = recorded_error(error) if error is not None else (None, None)
+    formats = runtime.formats
+    text, recorded = recorded_error(error, formats) if error is not None else (None, None)
     with bind_shard_keys({child_id: child_shard_key} if child_id is not None else {}):
         existing = await runtime.system_database.record_step(
             parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
             error=text, started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
-            child_workflow_id=child_id,
+            child_workflow_id=child_id, serialization=formats.name,
         )
     if existing is not None:  # Another execution of the parent recorded this step first.
         return replayed_child(runtime, parent, step.function_id, info, existing)
@@ -284,7 +322,7 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
     replayed = replayed_start(runtime, call, info)
     if replayed is not None:
         return replayed
-    arguments = Arguments.of(info, args, kwargs)
+    arguments = Arguments.of(info, args, kwargs, runtime.formats)
     plan = plan_registered(runtime, call, info, arguments)
     # From the insert until the launch, the new PENDING row must not look crashed to recovery.
     async with runtime.claim_gate.claiming():
@@ -293,7 +331,8 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
         if started.created:
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
                              arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms,
-                             plan.shard_key, plan.row.attributes)
+                             plan.shard_key, plan.row.attributes, plan.authentication,
+                             plan.row.serialization)
         else:
             check_name(started, plan.workflow_id, info.name)
         return workflow_handle(runtime, plan.workflow_id, signature=info.signature,

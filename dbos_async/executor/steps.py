@@ -16,10 +16,17 @@ from dbos_async.errors import (
     WorkflowCancelledError,
 )
 from dbos_async.executor import logs, observe
-from dbos_async.executor.context import WorkflowContext, running_step
+from dbos_async.executor.authentication import (
+    Authentication,
+    authorize,
+    current_authentication,
+    running_as,
+)
+from dbos_async.executor.context import WorkflowContext, current_workflow, running_step
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
-from dbos_async.executor.serialization import Signature, from_json
+from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.database import StepRecord, now_ms
+from dbos_async.sysdb.statements import Payload
 
 RetryOn = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
@@ -70,6 +77,32 @@ class StepInfo:
     fn: Callable[..., Coroutine[Any, Any, Any]]
     options: StepOptions
     signature: Signature
+    # Roles one of which the identity calling it must hold (None: anyone may call it).
+    required_roles: tuple[str, ...] | None = None
+
+
+def call(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+         ) -> Coroutine[Any, Any, Any]:
+    """A call of a step: checkpointed in a workflow body, else a plain call with its
+    retries. A caller without a required role is refused at the call, before its position
+    is taken; an authorized one runs it under the role it holds."""
+    authentication = current_authentication()
+    if info.required_roles is not None:
+        authentication = authorize("step", info.options.name, info.required_roles,
+                                   authentication)
+    ctx = current_workflow()
+    if ctx is None:
+        # Outside a workflow, or inside another step: just run it.
+        run = attempt(info, args, kwargs)
+    else:
+        # Allocated now, in call order, so concurrent fan-out replays identically.
+        run = run_checkpointed(ctx, ctx.allocate_step_id(), info, args, kwargs)
+    return run if info.required_roles is None else _running_as(authentication, run)
+
+
+async def _running_as(authentication: Authentication, run: Coroutine[Any, Any, Any]) -> Any:
+    with running_as(authentication):
+        return await run
 
 
 async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -109,35 +142,37 @@ def replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord,
 
     With a signature the output is coerced to its return annotation; without, it is plain JSON.
     """
+    formats = ctx.runtime.formats
     if record.function_name != name:
         raise NondeterminismError(ctx.workflow_id, step_id, record.function_name, name)
     if record.error is not None:
-        raise deserialize_error(record.error, record.serialization)
+        raise deserialize_error(record.error, record.serialization, formats)
     if signature is None:
-        return from_json(record.output, record.serialization, f"the output of {name}")
-    return signature.deserialize_result(record.output, record.serialization)
+        return formats.decode(record.output, record.serialization, f"the output of {name}")
+    return signature.deserialize_result(record.output, record.serialization, formats)
 
 
 def recorded_read(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, Any]:
     """Whether a read of the workflow (a receive, an event, a status, a stream value) is
-    recorded at ``step_id``, and its value (plain JSON); a recorded failure is raised."""
+    recorded at ``step_id``, and its value (decoded); a recorded failure is raised."""
     record = ctx.checkpoints.get(step_id)
     if record is None:
         return False, None
     return True, replay(ctx, step_id, name, record)
 
 
-async def record_read(ctx: WorkflowContext, step_id: int, name: str, output: str) -> Any:
-    """Record a read's result (``output``, portable JSON) as its checkpoint; a record
-    already there wins."""
+async def record_read(ctx: WorkflowContext, step_id: int, name: str, output: Payload) -> Any:
+    """Record a read's result (``output``, as stored, in its own format) as its checkpoint;
+    a record already there wins."""
     started = now_ms()
     existing = await ctx.runtime.system_database.record_step(
-        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
-        started_at_ms=started, completed_at_ms=started,
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
+        started_at_ms=started, completed_at_ms=started, serialization=output.serialization,
     )
     if existing is not None:
         return replay(ctx, step_id, name, existing)
-    return from_json(output, None, f"the output of {name}")
+    return ctx.runtime.formats.decode(output.text, output.serialization,
+                                      f"the output of {name}")
 
 
 async def record_failure(ctx: WorkflowContext, step_id: int, name: str,
@@ -146,10 +181,11 @@ async def record_failure(ctx: WorkflowContext, step_id: int, name: str,
     out), so a replay raises it too; returns the error to raise (in its recorded form,
     caused by ``error``)."""
     started = now_ms()
-    text, failure = recorded_error(error)
+    formats = ctx.runtime.formats
+    text, failure = recorded_error(error, formats)
     existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, name, ctx.owner_xid, output=None, error=text,
-        started_at_ms=started, completed_at_ms=started)
+        started_at_ms=started, completed_at_ms=started, serialization=formats.name)
     if existing is not None:
         replay(ctx, step_id, name, existing)  # an earlier outcome: raised if a failure
     return failure
@@ -176,19 +212,21 @@ async def run_checkpointed(
                 raise
             raise WorkflowCancelledError(ctx.workflow_id) from error
         # The workflow body gets the error as a replay will: in its recorded form.
-        text, failure = recorded_error(error)
+        formats = ctx.runtime.formats
+        text, failure = recorded_error(error, formats)
         existing = await sysdb.record_step(
             ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
             error=text, started_at_ms=started, completed_at_ms=now_ms(),
+            serialization=formats.name,
         )
         if existing is not None:
             return replay(ctx, step_id, name, existing, info.signature)
         raise failure from failure.__cause__  # the original, or a replayed error's own
     # A value that cannot be serialized fails here, before anything is written.
-    output = info.signature.serialize_result(value)
+    output = info.signature.serialize_result(value, ctx.runtime.formats)
     existing = await sysdb.record_step(
-        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output, error=None,
-        started_at_ms=started, completed_at_ms=now_ms(),
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
+        started_at_ms=started, completed_at_ms=now_ms(), serialization=output.serialization,
     )
     if existing is not None:
         return replay(ctx, step_id, name, existing, info.signature)

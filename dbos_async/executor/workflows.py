@@ -19,12 +19,14 @@ from dbos_async.errors import (
     DBOSError,
     ExecutorIdLostError,
     NonExistentWorkflowError,
+    NotAuthorizedError,
     RecordedError,
     SerializationError,
     WorkflowCancelledError,
     WorkflowConflictError,
 )
 from dbos_async.executor import observe
+from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, authorize
 from dbos_async.executor.context import WorkflowContext, running_workflow
 from dbos_async.executor.handles import outcome_value
 from dbos_async.executor.recorded_errors import recorded_error
@@ -32,6 +34,7 @@ from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.database import StepRecord, WorkflowRow, now_ms
 from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.statements import PORTABLE_JSON
 
 logger = logging.getLogger("dbos_async")
 
@@ -59,12 +62,15 @@ def launch(
     deadline_epoch_ms: int | None,
     shard_key: str | None,
     attributes: str | None = None,
+    authentication: Authentication = NO_AUTHENTICATION,
+    serialization: str | None = None,
 ) -> Execution:
     """Run a workflow body this execution owns, as a task of the runtime (``attributes``:
-    its stored attributes, which may carry the trace its span continues)."""
+    its stored attributes, which may carry the trace its span continues; ``authentication``:
+    the identity it runs under; ``serialization``: the format of its row)."""
     execution = Execution(info)
     ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
-                          shard_key)
+                          shard_key, authentication, serialization)
     runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
     runtime.workflows.spawn(_run(ctx, execution, args, kwargs, attributes),
@@ -74,8 +80,21 @@ def launch(
 
 async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow) -> Execution:
     """Run a workflow this executor has just claimed (by recovery or from a queue) from its
-    checkpoints; raises :class:`DBOSError` if its inputs or instance cannot be resolved."""
-    args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization)
+    checkpoints; raises :class:`DBOSError` if its inputs or instance cannot be resolved.
+
+    Its recorded identity is checked against the roles it requires (a client or another
+    SDK may have enqueued it without them): refused, it ends ``ERROR`` with
+    :class:`NotAuthorizedError`, as it would on every later attempt."""
+    assert row.owner_xid is not None
+    try:
+        authentication = authorize("workflow", info.name, info.required_roles,
+                                   Authentication.from_columns(row.authenticated_user,
+                                                               row.authenticated_roles,
+                                                               row.assumed_role))
+    except NotAuthorizedError as refused:
+        return await _refuse(runtime, info, row, row.owner_xid, refused)
+    args, kwargs = info.signature.deserialize_inputs(row.inputs, row.serialization,
+                                                     runtime.formats)
     if info.is_method:
         args = (runtime.registry.instance(row.class_name, row.config_name), *args)
     # A resumed or forked workflow continues from its own or copied checkpoints; a queue
@@ -83,9 +102,25 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
     with bind_shard_keys({row.workflow_id: row.shard_key}):
         checkpoints = (await runtime.system_database.load_checkpoints(row.workflow_id)
                        if row.has_checkpoints else {})
-    assert row.owner_xid is not None
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
-                  row.deadline_epoch_ms, row.shard_key, row.attributes)
+                  row.deadline_epoch_ms, row.shard_key, row.attributes, authentication,
+                  row.serialization or PORTABLE_JSON)
+
+
+async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_xid: str,
+                  refused: NotAuthorizedError) -> Execution:
+    """End a claimed workflow with ``refused`` (fenced by this claim's owner) without
+    running it; the execution returned has already failed with it."""
+    logger.error("Workflow %s cannot run: %s", row.workflow_id, refused)
+    text, recorded = recorded_error(refused, runtime.formats,
+                                    row.serialization or PORTABLE_JSON)
+    with bind_shard_keys({row.workflow_id: row.shard_key}):
+        if await runtime.system_database.record_outcome(row.workflow_id, owner_xid,
+                                                        error=text):
+            runtime.notify_completion(row.workflow_id, row.shard_key)
+    execution = Execution(info)
+    execution.result.set_exception(recorded)
+    return execution
 
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
@@ -147,16 +182,18 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
             recorded = False
         elif error is not None:
             # The caller gets the failure as a replay will: in its recorded form.
-            text, error = recorded_error(error)
+            text, error = recorded_error(error, runtime.formats, ctx.serialization)
             recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
         else:
             try:
-                output = execution.info.signature.serialize_result(value)
+                output = execution.info.signature.serialize_result(value, runtime.formats,
+                                                                   ctx.serialization)
             except SerializationError as bad:
-                text, error = recorded_error(bad)
+                text, error = recorded_error(bad, runtime.formats, ctx.serialization)
                 recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
             else:
-                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, output=output)
+                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid,
+                                                      output=output.text)
         if recorded:
             # Handles waiting elsewhere wake on this (sent after the outcome committed).
             runtime.notify_completion(workflow_id)
@@ -169,7 +206,8 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
         logger.info("Workflow %s is recorded by another execution; adopting its outcome",
                     workflow_id)
         outcome = await sysdb.wait_outcome(workflow_id, runtime.config.result_poll_interval)
-        adopted = outcome_value(workflow_id, outcome, execution.info.signature)
+        adopted = outcome_value(workflow_id, outcome, execution.info.signature,
+                                runtime.formats)
         future.set_result(adopted)
     except asyncio.CancelledError:
         future.cancel()

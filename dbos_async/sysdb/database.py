@@ -9,23 +9,28 @@ the queues' in :mod:`dbos_async.sysdb.queues`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 
 import asyncpg
 
 from dbos_async.errors import (
+    DBOSError,
     NondeterminismError,
     NonExistentWorkflowError,
     WorkflowCancelledError,
     WorkflowConflictError,
+    workflow_id_taken,
 )
 from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.core import now_ms
+from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.observability import ObservabilityOperations
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
+    BatchStart,
     Outcome,
     StartResult,
     StatusRecord,
@@ -35,19 +40,29 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.schedules import ScheduleOperations
-from dbos_async.sysdb.shard_keys import WorkflowAddress
+from dbos_async.sysdb.shard_keys import (
+    WorkflowAddress,
+    bind_shard_keys,
+    cleared_shard_keys,
+    shard_key_scope,
+)
 from dbos_async.sysdb.statements import (
     CANCELLED,
     ERROR,
     PENDING,
+    PORTABLE_JSON,
+    SEND_BULK,
     SUCCESS,
     NewWorkflow,
+    OutgoingMessage,
     ParentStep,
+    Payload,
     Query,
     WorkflowRef,
 )
 
 __all__ = [
+    "BatchStart",
     "Outcome",
     "StartResult",
     "StepRecord",
@@ -57,8 +72,33 @@ __all__ = [
 ]
 
 
+def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
+                      found: Sequence[asyncpg.Record]) -> None:
+    """Raise if a row's ID belongs to another workflow name (the statement then inserted
+    nothing)."""
+    for i, r in zip(indexes, found, strict=True):
+        wf = rows[i][0]
+        if r["existing_name"] is not None and r["existing_name"] != wf.name and not r["ours"]:
+            raise workflow_id_taken(wf.workflow_id, r["existing_name"], wf.name)
+
+
+async def _insert_on(conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
+                     queries: Sequence[tuple[list[int], Query]]) -> list[list[asyncpg.Record]]:
+    """Run a batch's statements on the caller's transaction; a taken ID rolls it back."""
+    batches = []
+    for indexes, q in queries:
+        found = await conn.fetch(q.sql, *q.params)
+        _refuse_taken_ids(rows, indexes, found)
+        batches.append(found)
+    return batches
+
+
+class _NotRecorded(Exception):
+    """The parent's checkpoint of a batch did not land: roll the batch back."""
+
+
 class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
-                     AdminOperations, ObservabilityOperations):
+                     AdminOperations, ExportOperations, ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     # ---- Workflows ----
@@ -84,6 +124,121 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
             raise WorkflowConflictError(parent.workflow_id)
         return StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
 
+    async def start_workflows(self, rows: Sequence[tuple[NewWorkflow, str]]
+                              ) -> list[BatchStart]:
+        """Insert a batch of workflows (each with its creator token): one statement per
+        shard key, in one transaction, so the batch lands whole or, if one ID belongs to
+        another workflow name (raised naming it), not at all. Returns one
+        :class:`BatchStart` per row, in order. A row whose deduplication ID another row of
+        the batch took reports that row as its holder; one whose holder finished before it
+        could be read is inserted again."""
+
+        async def run(queries: Sequence[tuple[list[int], Query]]
+                      ) -> list[list[asyncpg.Record]]:
+            return await self._retried("enqueueing workflows",
+                                       functools.partial(self._insert_batches, rows, queries))
+
+        return await self._classified(rows, run)
+
+    async def start_workflows_recorded(
+        self, rows: Sequence[tuple[NewWorkflow, str]], parent: ParentStep,
+        function_name: str, output_of: Callable[[list[BatchStart]], str],
+    ) -> list[BatchStart] | StepRecord:
+        """:meth:`start_workflows` from a workflow body: the batch and the parent's
+        checkpoint (its output ``output_of`` the results) in one transaction, fenced by
+        the parent's ownership, so a replay finds the checkpoint instead of enqueueing
+        again. Returns the checkpoint already recorded if one was (nothing is written
+        then)."""
+        parent_ref = WorkflowAddress(parent.workflow_id, parent.shard_key)
+
+        async def attempt() -> list[BatchStart]:
+            async with self.locking_transaction() as conn:
+
+                async def run(queries: Sequence[tuple[list[int], Query]]
+                              ) -> list[list[asyncpg.Record]]:
+                    return await _insert_on(conn, rows, queries)
+
+                # The rows name their parent, whose key is the parent's own.
+                with bind_shard_keys({parent.workflow_id: parent.shard_key}):
+                    results = await self._classified(rows, run)
+                with parent_ref.routed():
+                    q = self.sql.record_step(parent.workflow_id, parent.function_id,
+                                             function_name, parent.owner_xid,
+                                             output_of(results), None, parent.started_at_ms,
+                                             now_ms())
+                if await conn.fetchrow(q.sql, *q.params) is None:
+                    raise _NotRecorded  # rolls the batch back
+                return results
+
+        try:
+            return await self._retried("enqueueing workflows", attempt)
+        except _NotRecorded:
+            pass
+        with parent_ref.routed():
+            verdict = await self._fetchrow(
+                self.sql.fence_verdict(parent.workflow_id, parent.owner_xid),
+                "enqueueing workflows")
+            record = await self._recorded_or_existing(verdict, parent.workflow_id,
+                                                      parent.function_id, function_name)
+        assert record is not None, "a fenced write that landed nothing finds the record"
+        return record
+
+    async def _classified(
+        self, rows: Sequence[tuple[NewWorkflow, str]],
+        run: Callable[[Sequence[tuple[list[int], Query]]], Awaitable[list[list[asyncpg.Record]]]],
+    ) -> list[BatchStart]:
+        """Insert the rows (``run`` runs the statements, one per key) and tell what became
+        of each; rows whose deduplication holder finished before it could be read are
+        inserted again."""
+        results: list[BatchStart | None] = [None] * len(rows)
+        # Rows of this batch holding a deduplication ID, per key: holders the statement's
+        # snapshot does not show.
+        created: dict[tuple[str | None, str], tuple[str, str]] = {}
+        pending = list(range(len(rows)))
+        for _ in range(10):
+            groups: dict[str | None, list[int]] = {}
+            for i in pending:
+                groups.setdefault(rows[i][0].shard_key, []).append(i)
+            queries = []
+            for key, indexes in groups.items():
+                with shard_key_scope(key):
+                    queries.append((indexes, self.sql.insert_workflows(
+                        [rows[i] for i in indexes], key)))
+            fetched = await run(queries)
+            pending = []
+            for (indexes, _), found in zip(queries, fetched, strict=True):
+                for i, r in zip(indexes, found, strict=True):
+                    wf = rows[i][0]
+                    dedup = (wf.shard_key, wf.deduplication_id or "")
+                    if r["inserted"] or r["ours"]:
+                        results[i] = BatchStart(True)
+                        if wf.deduplication_id is not None:
+                            created[dedup] = (wf.workflow_id, wf.name)
+                    elif r["existing_name"] is not None:
+                        results[i] = BatchStart(False, existing_name=r["existing_name"])
+                    elif r["holder_id"] is not None:
+                        results[i] = BatchStart(False, holder=(r["holder_id"], r["holder_name"]))
+                    elif dedup in created:
+                        results[i] = BatchStart(False, holder=created[dedup])
+                    else:
+                        pending.append(i)  # its holder finished meanwhile: insert again
+            if not pending:
+                return [r for r in results if r is not None]
+        raise DBOSError("Enqueueing the batch kept meeting deduplication IDs whose holders "
+                        "finished; retry it")
+
+    async def _insert_batches(self, rows: Sequence[tuple[NewWorkflow, str]],
+                              queries: Sequence[tuple[list[int], Query]]
+                              ) -> list[list[asyncpg.Record]]:
+        """Run the batch's statements (one per key; several in one transaction)."""
+        if len(queries) == 1:
+            indexes, q = queries[0]
+            found = await self.pool.fetch(q.sql, *q.params)
+            _refuse_taken_ids(rows, indexes, found)
+            return [found]
+        async with self.locking_transaction() as conn:
+            return await _insert_on(conn, rows, queries)
+
     async def start_workflow_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
         """Insert a workflow on the caller's connection, in a savepoint of the caller's
@@ -91,13 +246,13 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         (channel, payload) queued in that transaction; not retried, since the transaction
         is the caller's."""
         async with conn.transaction():
-            started = await self._insert_on(conn, wf, creator_xid)
+            started = await self._start_on(conn, wf, creator_xid)
             if started.created:
                 q = self.sql.notify_with_transaction(*announce)
                 await conn.execute(q.sql, *q.params)
         return started
 
-    async def _insert_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
+    async def _start_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                          creator_xid: str, parent_shard_key: str | None = None) -> StartResult:
         """Insert a workflow in the caller's transaction, one table per statement (each one
         task on the key's shard): its row, then its inputs if this call created it."""
@@ -133,7 +288,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
                             raise WorkflowCancelledError(parent.workflow_id)
                         raise WorkflowConflictError(parent.workflow_id)
                     # Recorded by an attempt whose reply was lost: the child's row follows.
-                return await self._insert_on(conn, wf, creator_xid, parent.shard_key)
+                return await self._start_on(conn, wf, creator_xid, parent.shard_key)
 
         return await self._retried(f"starting workflow {wf.workflow_id}", attempt)
 
@@ -157,7 +312,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         return await self._retried("firing a schedule", run)
 
     async def send_on(self, conn: asyncpg.Connection, destination_id: str, message_uuid: str,
-                      topic: str, message: str) -> None:
+                      topic: str, message: Payload) -> None:
         """Insert a message on the caller's connection (see :meth:`send`). On a sharded
         schema, which has no trigger to notify the receiver, the notification is queued in
         the caller's transaction too."""
@@ -187,15 +342,17 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         started_at_ms: int,
         completed_at_ms: int,
         child_workflow_id: str | None = None,
+        serialization: str = PORTABLE_JSON,
     ) -> StepRecord | None:
-        """Checkpoint a step; returns the existing record if one was already there.
+        """Checkpoint a step (``serialization``: the format of its output or error);
+        returns the existing record if one was already there.
 
         Raises :class:`WorkflowCancelledError` if the workflow was cancelled and
         :class:`WorkflowConflictError` if this execution no longer owns it.
         """
         query = self.sql.record_step(
             workflow_id, function_id, function_name, owner_xid, output, error,
-            started_at_ms, completed_at_ms, child_workflow_id,
+            started_at_ms, completed_at_ms, child_workflow_id, serialization=serialization,
         )
         what = f"checkpointing step {function_id} of {workflow_id}"
         if await self._fetchrow(query, what) is not None:
@@ -300,7 +457,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         except asyncpg.ForeignKeyViolationError:
             raise NonExistentWorkflowError(destination_id) from None
 
-    async def send(self, destination_id: str, message_uuid: str, topic: str, message: str
+    async def send(self, destination_id: str, message_uuid: str, topic: str, message: Payload
                    ) -> None:
         """Send from outside a workflow; idempotent by ``message_uuid``."""
         query = self.sql.send_message(destination_id, message_uuid, topic, message)
@@ -310,14 +467,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
             raise NonExistentWorkflowError(destination_id) from None
 
     async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
-                          message_uuid: str, topic: str, message: str) -> None:
+                          message_uuid: str, topic: str, message: Payload) -> None:
         query = self.sql.send_message_fenced(workflow_id, owner_xid, destination_id,
                                              message_uuid, topic, message)
         row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
         self._check_fence(row, workflow_id)
 
     async def send_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                            destination_id: str, message_uuid: str, topic: str, message: str
+                            destination_id: str, message_uuid: str, topic: str, message: Payload
                             ) -> StepRecord | None:
         query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
                                                destination_id, message_uuid, topic, message,
@@ -327,7 +484,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     async def send_recorded_across(self, sender: WorkflowAddress, function_id: int,
                                    owner_xid: str, destination: WorkflowAddress,
-                                   message_uuid: str, topic: str, message: str
+                                   message_uuid: str, topic: str, message: Payload
                                    ) -> StepRecord | None:
         """A workflow's send to a workflow under another shard key: the sender's checkpoint
         and the message, one statement per key, in one transaction, so the message lands
@@ -359,6 +516,94 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
             return await self._recorded_or_existing(verdict, sender.workflow_id, function_id,
                                                     "DBOS.send")
 
+    async def send_many(self, messages: Sequence[OutgoingMessage], *,
+                        sender: WorkflowAddress | None = None, owner_xid: str | None = None,
+                        function_id: int | None = None) -> StepRecord | None:
+        """Insert a batch of messages: one statement per shard key (one in all, unsharded),
+        in one transaction, so the batch lands whole or not at all. From a workflow
+        (``sender`` with ``function_id``) the statement of the sender's key also records
+        its checkpoint and the other keys' messages are written only if it landed; from a
+        step (``sender`` without ``function_id``) they land only while its execution owns
+        the workflow. Returns the checkpoint a replay found already recorded. A missing
+        destination raises :class:`NonExistentWorkflowError` naming every missing one."""
+        groups: dict[str | None, list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault(m.shard_key, []).append(m)
+        head: Query | None = None
+        if sender is not None:
+            own = groups.pop(sender.shard_key, [])
+            assert owner_xid is not None
+            with sender.routed():
+                head = (self.sql.send_messages_recorded(sender.workflow_id, function_id,
+                                                        owner_xid, own, now_ms())
+                        if function_id is not None
+                        else self.sql.send_messages_fenced(sender.workflow_id, owner_xid, own))
+        rest = [self.sql.send_messages(batch, key) for key, batch in groups.items()]
+
+        async def attempt() -> asyncpg.Record | None:
+            alone = [head] if head is not None else []
+            if len(alone) + len(rest) == 1:  # one key: one autocommit statement
+                q = (alone or rest)[0]
+                return await self.pool.fetchrow(q.sql, *q.params)
+            async with self.locking_transaction() as conn:
+                verdict = await conn.fetchrow(head.sql, *head.params) if head else None
+                if verdict is not None and not (
+                        verdict["status"] == PENDING and verdict["owned"]
+                        and (function_id is None or verdict["inserted"])):
+                    return verdict  # not ours, or sent already: nothing more to write
+                for q in rest:
+                    await conn.execute(q.sql, *q.params)
+                return verdict
+
+        destinations = sorted({m.destination_id for m in messages})
+        what = f"sending to {', '.join(destinations)}"
+        try:
+            verdict = await self._retried(what, attempt)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if sender is None:
+            return None
+        with sender.routed():
+            if function_id is None:
+                self._check_fence(verdict, sender.workflow_id)
+                return None
+            return await self._recorded_or_existing(verdict, sender.workflow_id,
+                                                    function_id, SEND_BULK)
+
+    async def send_many_on(self, conn: asyncpg.Connection,
+                           messages: Sequence[OutgoingMessage]) -> None:
+        """Insert a batch of messages on the caller's connection, inside the transaction it
+        holds (see :meth:`send_on`): one statement per shard key; on a sharded schema the
+        receivers' notifications are queued in that transaction too."""
+        groups: dict[str | None, list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault(m.shard_key, []).append(m)
+        try:
+            for key, batch in groups.items():
+                q = self.sql.send_messages(batch, key)
+                await conn.execute(q.sql, *q.params)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if self.sharded:
+            for m in messages:
+                with WorkflowAddress(m.destination_id, m.shard_key).routed():
+                    q = self.sql.notify_with_transaction(
+                        NOTIFICATIONS_CHANNEL, self.waiter_key(m.destination_id, m.topic))
+                await conn.execute(q.sql, *q.params)
+
+    async def _missing(self, messages: Sequence[OutgoingMessage]) -> str:
+        """The destinations of these messages that do not exist, for the error."""
+        missing: list[str] = []
+        keys: dict[str | None, set[str]] = {}
+        for m in messages:
+            keys.setdefault(m.shard_key, set()).add(m.destination_id)
+        for key, ids in keys.items():
+            with cleared_shard_keys(), bind_shard_keys(dict.fromkeys(ids, key)):
+                found = {r["workflow_uuid"] for r in await self._fetch(
+                    self.sql.existing(sorted(ids)), "reading destinations")}
+            missing += sorted(ids - found)
+        return ", ".join(missing)
+
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
                               topic: str) -> tuple[bool, str | None, str | None]:
         """recv's consuming write: (found, message, serialization); found is False if none."""
@@ -375,13 +620,13 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         return False, None, None
 
     async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                                 key: str, value: str) -> StepRecord | None:
+                                 key: str, value: Payload) -> StepRecord | None:
         query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key, value,
                                             now_ms())
         row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
         return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
 
-    async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str
+    async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload
                                ) -> None:
         query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
         self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
@@ -406,14 +651,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         raise RuntimeError(f"Could not append to stream {key!r} of {workflow_id}")
 
     async def write_stream_recorded(self, workflow_id: str, function_id: int,
-                                    function_name: str, owner_xid: str, key: str, value: str
+                                    function_name: str, owner_xid: str, key: str, value: Payload
                                     ) -> StepRecord | None:
         query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
                                                owner_xid, key, value, now_ms())
         row = await self._write_stream(query, workflow_id, key)
         return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
 
-    async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str,
+    async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
                                   function_id: int = 0) -> None:
         query = self.sql.write_stream_fenced(workflow_id, owner_xid, key, value, function_id)
         self._check_fence(await self._write_stream(query, workflow_id, key), workflow_id)
@@ -428,9 +673,15 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         found = row["stream_offset"] is not None
         return row["status"], row["value"], row["serialization"], found
 
-    async def completed_among(self, workflow_ids: Sequence[str]) -> set[str]:
-        rows = await self._fetch(self.sql.completed_among(workflow_ids), "reading statuses")
-        return {row["workflow_uuid"] for row in rows}
+    async def finished_first(self, refs: Sequence[WorkflowRef]
+                             ) -> tuple[WorkflowRef | None, list[WorkflowRef]]:
+        """The first of these workflows to have finished (None if none has), and those
+        that do not exist, in one query."""
+        rows = await self._fetch(self.sql.finished_first(refs), "reading statuses")
+        found = {(r["workflow_uuid"], r.get("shard_key")) for r in rows}
+        first = rows[0] if rows and rows[0]["finished"] else None
+        return ((first["workflow_uuid"], first.get("shard_key")) if first is not None else None,
+                [ref for ref in refs if ref not in found])
 
     async def wait_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
         """Wait until the workflow is terminal: woken by completion notifications, polling

@@ -9,7 +9,7 @@ notifications the writes owe.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeAlias, TypeVar
 
 import asyncpg
@@ -17,7 +17,7 @@ import asyncpg
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.sysdb.core import DatabaseCore, PooledConnection, now_ms
 from dbos_async.sysdb.records import StatusRecord, status_record
-from dbos_async.sysdb.shard_keys import bind_shard_keys
+from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
 from dbos_async.sysdb.statements import (
     ACTIVE_STATUSES,
     Query,
@@ -44,6 +44,18 @@ class CancelledWorkflow:
     workflow_id: str
     queue_name: str | None
     shard_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ForkSpec:
+    """One fork: its original (under ``shard_key``, which the fork shares), the fork's ID,
+    the step it re-runs from, and the child IDs its copied steps name instead."""
+
+    original_id: str
+    fork_id: str
+    start_step: int
+    shard_key: str | None = None
+    replacement_children: dict[str, str] = field(default_factory=dict)
 
 
 class WorkflowOperations(DatabaseCore):
@@ -298,29 +310,42 @@ class WorkflowOperations(DatabaseCore):
         status: str = row["status"]
         return status
 
-    async def fork(self, original_id: str, fork_id: str, start_step: int, *, queue_name: str,
+    async def fork(self, forks: Sequence[ForkSpec], *, queue_name: str,
                    application_version: str | None, timeout_ms: int | None,
-                   replacement_children: dict[str, str]) -> None:
-        """Create ``fork_id`` from ``original_id`` with its history below ``start_step``,
-        in one transaction."""
+                   partition_key: str | None = None) -> None:
+        """Create each fork from its original with the original's history below its
+        ``start_step``, all in one transaction (on a sharded database each fork's statements
+        address its original's key): every fork is created, or none. The originals are
+        locked in one order, so two batches over the same workflows cannot deadlock."""
         now = now_ms()
+        ordered = sorted(forks, key=lambda f: (f.shard_key or "", f.original_id, f.fork_id))
 
         async def run() -> None:
             async with self.locking_transaction() as conn:
-                await self._locked_for_fork(conn, original_id, start_step)
-                queries = self.sql.insert_fork(original_id, fork_id, queue_name,
-                                               application_version, timeout_ms, now)
-                if start_step > 0:
-                    queries += self.sql.copy_history(original_id, fork_id, start_step,
-                                                     replacement_children)
-                try:
-                    for q in queries:
-                        await conn.execute(q.sql, *q.params)
-                except asyncpg.UniqueViolationError:
-                    raise DBOSError(f"Cannot fork {original_id!r} as {fork_id!r}: a workflow "
-                                    "with that ID exists") from None
+                for spec in ordered:
+                    with cleared_shard_keys(), bind_shard_keys(
+                            {spec.original_id: spec.shard_key, spec.fork_id: spec.shard_key}):
+                        await self._fork_on(conn, spec, queue_name, application_version,
+                                            timeout_ms, partition_key, now)
 
-        await self._retried(f"forking workflow {original_id}", run)
+        what = ", ".join(dict.fromkeys(f.original_id for f in forks))
+        await self._retried(f"forking workflow {what}", run)
+
+    async def _fork_on(self, conn: JobConnection, spec: ForkSpec, queue_name: str,
+                       application_version: str | None, timeout_ms: int | None,
+                       partition_key: str | None, now: int) -> None:
+        await self._locked_for_fork(conn, spec.original_id, spec.start_step)
+        queries = self.sql.insert_fork(spec.original_id, spec.fork_id, queue_name,
+                                       application_version, timeout_ms, now, partition_key)
+        if spec.start_step > 0:
+            queries += self.sql.copy_history(spec.original_id, spec.fork_id, spec.start_step,
+                                             spec.replacement_children)
+        try:
+            for q in queries:
+                await conn.execute(q.sql, *q.params)
+        except asyncpg.UniqueViolationError:
+            raise DBOSError(f"Cannot fork {spec.original_id!r} as {spec.fork_id!r}: a "
+                            "workflow with that ID exists") from None
 
     async def rewind(self, workflow_id: str, start_step: int, *, queue_name: str,
                      application_version: str | None) -> None:

@@ -13,7 +13,7 @@ from dbos_async.errors import QueueNotFoundError
 from dbos_async.sysdb.core import DatabaseCore, now_ms
 from dbos_async.sysdb.operations import JobConnection
 from dbos_async.sysdb.records import WorkflowRow, workflow_row
-from dbos_async.sysdb.statements import QUEUE_COLUMNS, QueueRecord
+from dbos_async.sysdb.statements import QUEUE_COLUMNS, Payload, QueueRecord
 
 T = TypeVar("T")
 
@@ -217,7 +217,7 @@ class QueueOperations(DatabaseCore):
                                    "reading a deduplicated workflow")
         return (row["workflow_uuid"], row["name"]) if row is not None else None
 
-    async def debounce_existing(self, queue_name: str, key: str, name: str, inputs: str,
+    async def debounce_existing(self, queue_name: str, key: str, name: str, inputs: Payload,
                                 delay_until_ms: int) -> str | None:
         query = self.sql.debounce_existing(queue_name, key, name, inputs, delay_until_ms,
                                            now_ms())

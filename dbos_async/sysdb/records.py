@@ -53,6 +53,10 @@ class WorkflowRow:
     shard_key: str | None = None
     # Its custom attributes, the jsonb as text (where the statement returns them).
     attributes: str | None = None
+    # Who it runs for, as recorded (authenticated_roles: a JSON list as text).
+    authenticated_user: str | None = None
+    assumed_role: str | None = None
+    authenticated_roles: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,9 +74,6 @@ class StatusRecord(WorkflowRow):
     timeout_ms: int | None
     parent_workflow_id: str | None
     completed_at: int | None
-    authenticated_user: str | None
-    assumed_role: str | None
-    authenticated_roles: str | None
     forked_from: str | None
     started_at_epoch_ms: int | None
     deduplication_id: str | None
@@ -90,6 +91,18 @@ class StartResult:
 
     row: WorkflowRow
     created: bool
+
+
+@dataclass(frozen=True)
+class BatchStart:
+    """What a batch insert made of one of its rows: ``created`` (this batch wrote it, on
+    this attempt or a retried one); else the workflow already under its ID
+    (``existing_name``), or the active holder of its deduplication ID (``holder``: its ID
+    and name)."""
+
+    created: bool
+    existing_name: str | None = None
+    holder: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,9 @@ def _from_row(cls: type[R], row: asyncpg.Record, **columns: Any) -> R:
         has_checkpoints=row.get("has_checkpoints", True),
         shard_key=row.get("shard_key"),
         attributes=row.get("attributes"),
+        authenticated_user=row.get("authenticated_user"),
+        assumed_role=row.get("assumed_role"),
+        authenticated_roles=row.get("authenticated_roles"),
         **columns,
     )
 
@@ -147,9 +163,6 @@ def status_record(row: asyncpg.Record) -> StatusRecord:
         timeout_ms=row["workflow_timeout_ms"],
         parent_workflow_id=row["parent_workflow_id"],
         completed_at=row["completed_at"],
-        authenticated_user=row["authenticated_user"],
-        assumed_role=row["assumed_role"],
-        authenticated_roles=row["authenticated_roles"],
         forked_from=row["forked_from"],
         started_at_epoch_ms=row["started_at_epoch_ms"],
         deduplication_id=row["deduplication_id"],

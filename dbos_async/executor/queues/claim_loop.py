@@ -22,17 +22,22 @@ import time
 
 import asyncpg
 
-from dbos_async.errors import DBOSError, ExecutorIdLostError, WorkflowNotRegisteredError
+from dbos_async.errors import (
+    DBOSError,
+    ExecutorIdLostError,
+    SerializationError,
+    WorkflowNotRegisteredError,
+)
 from dbos_async.executor import workflows
 from dbos_async.executor.queues.enqueue import DELAYED_KEY
-from dbos_async.executor.recorded_errors import serialize_error
+from dbos_async.executor.recorded_errors import PORTABLE_ONLY, serialize_error
 from dbos_async.executor.runtime import ClaimLoopState, Runtime
 from dbos_async.sysdb.database import WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.queues import Claim
 from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
-from dbos_async.sysdb.statements import QueueRecord
+from dbos_async.sysdb.statements import PORTABLE_JSON, QueueRecord
 
 logger = logging.getLogger("dbos_async")
 
@@ -249,9 +254,13 @@ class ClaimLoop:
         except DBOSError as error:
             # It cannot run anywhere as stored: record why, rather than retry forever.
             logger.error("Queued workflow %s cannot start: %s", workflow_id, error)
+            try:  # in its row's format, if this executor writes it
+                text = serialize_error(error, runtime.formats,
+                                       row.serialization or PORTABLE_JSON)
+            except SerializationError:
+                text = serialize_error(error, PORTABLE_ONLY)
             with bind_shard_keys({workflow_id: row.shard_key}):
-                recorded = await sysdb.record_outcome(workflow_id, row.owner_xid,
-                                                      error=serialize_error(error))
+                recorded = await sysdb.record_outcome(workflow_id, row.owner_xid, error=text)
             if recorded:
                 runtime.notify_completion(workflow_id, row.shard_key)
             self._freed()

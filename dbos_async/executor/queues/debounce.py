@@ -19,6 +19,7 @@ from dbos_async.executor.runtime import RuntimeSource
 from dbos_async.executor.start import (
     Arguments,
     CallContext,
+    authorized,
     plan_registered,
     read_call,
     record_child_step,
@@ -94,11 +95,12 @@ class Debouncer(Generic[P, R]):
                         kwargs: dict[str, Any]) -> WorkflowHandle[Any]:
         runtime = owner.runtime
         runtime.require_running()
+        call = authorized(call, info)  # before a call joins a burst, too
         queue, key = self.queue, options.deduplication_id
         assert key is not None
         placement = replace(placement_of(queue, options), debounced=True,
                             max_delay=self.max_delay)
-        arguments = Arguments.of(info, args, kwargs)
+        arguments = Arguments.of(info, args, kwargs, runtime.formats)
         sysdb = runtime.system_database
         for _ in range(50):
             until = now_ms() + int(self.period * 1000)

@@ -107,7 +107,7 @@ async def enqueue(runtime: Runtime, queue: EnqueueTarget, info: WorkflowInfo,
     if replayed is not None:
         return replayed
     placement = placement_of(queue, options)
-    arguments = Arguments.of(info, args, kwargs)
+    arguments = Arguments.of(info, args, kwargs, runtime.formats)
     plan = plan_registered(runtime, call, info, arguments, placement=placement,
                            application_version=options.application_version)
     sysdb, parent, step = runtime.system_database, call.parent, plan.parent_step

@@ -19,6 +19,7 @@ from dbos_async.sysdb.statements.base import (
     NewWorkflow,
     Params,
     ParentStep,
+    Payload,
     Query,
     StatementBase,
     WorkflowRef,
@@ -35,7 +36,8 @@ from dbos_async.sysdb.statements.control import (
     job_lock_key,
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
-from dbos_async.sysdb.statements.messaging import MessagingStatements
+from dbos_async.sysdb.statements.exports import EXPORT_COLUMNS, ExportStatements
+from dbos_async.sysdb.statements.messaging import SEND_BULK, MessagingStatements, OutgoingMessage
 from dbos_async.sysdb.statements.observability import ObservabilityStatements
 from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
@@ -54,7 +56,7 @@ from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 
 class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
-                 VersionStatements, ControlStatements, ExecutorIdStatements,
+                 VersionStatements, ExportStatements, ControlStatements, ExecutorIdStatements,
                  ScheduleStatements, PermissionStatements, AdminStatements,
                  ObservabilityStatements):
     """Every statement of the system database, for one schema."""
@@ -70,18 +72,22 @@ __all__ = [
     "DELAYED",
     "ENQUEUED",
     "ERROR",
+    "EXPORT_COLUMNS",
     "INTERNAL_QUEUE_NAME",
     "MAX_RECOVERY_ATTEMPTS_EXCEEDED",
     "PAYLOAD_TABLES",
     "PENDING",
     "PORTABLE_JSON",
     "QUEUE_COLUMNS",
+    "SEND_BULK",
     "STREAM_CLOSED_SERIALIZED",
     "SUCCESS",
     "TERMINAL_STATUSES",
     "NewWorkflow",
+    "OutgoingMessage",
     "Params",
     "ParentStep",
+    "Payload",
     "Query",
     "QueueRecord",
     "StatementBase",

@@ -50,6 +50,15 @@ class Query:
 
 
 @dataclass(frozen=True)
+class Payload:
+    """A value as stored: its text and the format it is written in (the ``serialization``
+    column beside it), which tells every reader how to decode it."""
+
+    text: str
+    serialization: str = PORTABLE_JSON
+
+
+@dataclass(frozen=True)
 class NewWorkflow:
     """The columns a new workflow row is written with."""
 
@@ -147,9 +156,10 @@ class StatementBase:
             self._reject_shard_key(workflow_id)
         return f"{qualify(alias, 'workflow_uuid')} = ANY({p(list(workflow_ids), 'text[]')})"
 
-    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params) -> str:
+    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params,
+              column: str = "workflow_uuid") -> str:
         """Predicate true for the rows of these workflows (of any keys: they are given)."""
-        return f"{qualify(alias, 'workflow_uuid')} = ANY({p([i for i, _ in refs], 'text[]')})"
+        return f"{qualify(alias, column)} = ANY({p([i for i, _ in refs], 'text[]')})"
 
     def parent_in(self, workflow_ids: Sequence[str], p: Params) -> str:
         """Predicate selecting the children of these workflows (under any key)."""
@@ -398,6 +408,7 @@ class StatementBase:
         error: str | None = None,
         child_workflow_id: str | None = None,
         output_sql: str | None = None,
+        serialization_sql: str | None = None,
         source: str | None = None,
     ) -> str:
         """An insert of a checkpoint, from ``source`` or else guarded by the owner CTE;
@@ -405,7 +416,8 @@ class StatementBase:
         values = self._checkpoint_values(
             self._key_values(workflow_id, p), workflow_id, function_id, function_name, p,
             output=output, started_at_ms=started_at_ms, completed_at_ms=completed_at_ms,
-            error=error, child_workflow_id=child_workflow_id, output_sql=output_sql)
+            error=error, child_workflow_id=child_workflow_id, output_sql=output_sql,
+            serialization_sql=serialization_sql)
         origin = source or f"owner WHERE {self._owned(owner_xid, p)}"
         return self._write_ctes([
             ("step", self._insert_select("operation_outputs", values, origin,
@@ -430,8 +442,11 @@ class StatementBase:
         child_workflow_id: str | None = None,
         output_sql: str | None = None,
         child_shard_key: str | None = None,
+        serialization: str = PORTABLE_JSON,
+        serialization_sql: str | None = None,
     ) -> dict[str, str]:
-        """The columns of a checkpoint row (``operation_outputs``), after its ``keys``."""
+        """The columns of a checkpoint row (``operation_outputs``), after its ``keys``;
+        ``serialization`` is the format of its output and error."""
         values = dict(keys)
         values.update({
             "workflow_uuid": p(workflow_id, "text"),
@@ -444,7 +459,8 @@ class StatementBase:
                for col, val in self.child_values(child_workflow_id, child_shard_key).items()},
             "started_at_epoch_ms": p(started_at_ms, "bigint"),
             "completed_at_epoch_ms": p(completed_at_ms, "bigint"),
-            "serialization": p(PORTABLE_JSON, "text"),
+            "serialization": (serialization_sql if serialization_sql is not None
+                              else p(serialization, "text")),
             # Mirrors the workflow: the running application records its steps.
             "application_name": p(self.app_name, "text"),
         })

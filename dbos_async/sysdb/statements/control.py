@@ -210,8 +210,13 @@ class ControlStatements(StatementBase):
 
     def list_workflows(self, f: WorkflowFilter) -> Query:
         """The one listing statement: every filter a parameter, payloads joined on demand."""
+        return self.filtered_status(
+            f, *self.status_select(load_input=f.load_input, load_output=f.load_output))
+
+    def filtered_status(self, f: WorkflowFilter, columns: str, joins: str = "") -> Query:
+        """``columns`` of the status rows (``ws``, with ``joins``) that ``f`` selects, in
+        its order and page: what a listing and an export read."""
         p = Params()
-        columns, joins = self.status_select(load_input=f.load_input, load_output=f.load_output)
         where = [self.scoped("ws", p)]
 
         def any_of(column: str, values: Sequence[str] | None) -> None:
@@ -377,10 +382,11 @@ class ControlStatements(StatementBase):
 
     def insert_fork(self, original_id: str, fork_id: str, queue_name: str,
                     application_version: str | None, timeout_ms: int | None,
-                    now_ms: int) -> list[Query]:
+                    now_ms: int, partition_key: str | None = None) -> list[Query]:
         """The fork's status row (the original's identity, inputs and serialization,
-        ENQUEUED on ``queue_name``, ``forked_from`` the original) and its inputs; and the
-        original marked ``was_forked_from``."""
+        ENQUEUED on ``queue_name``, in partition ``partition_key`` of a partitioned one,
+        ``forked_from`` the original) and its inputs; and the original marked
+        ``was_forked_from``."""
         # The fork lives under its original's key, read from the rows copied (see
         # _key_values_of: so Citus copies on that key's shard).
         p = Params()
@@ -392,14 +398,14 @@ class ControlStatements(StatementBase):
                   config_name, queue_name, authenticated_user, assumed_role,
                   authenticated_roles, application_version, application_id, forked_from,
                   serialization, attributes, application_name, workflow_timeout_ms,
-                  created_at, updated_at, recovery_attempts, priority)
+                  created_at, updated_at, recovery_attempts, priority, queue_partition_key)
                 SELECT {''.join(f'{v}, ' for v in keys.values())}{p(fork_id)}, {p(ENQUEUED)},
                   name, class_name, config_name, {p(queue_name)}, authenticated_user,
                   assumed_role, authenticated_roles,
                   COALESCE({p(application_version)}, application_version), application_id,
                   workflow_uuid, serialization, attributes,
                   COALESCE(application_name, {p(self.app_name, 'text')}),
-                  {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0
+                  {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0, {p(partition_key, 'text')}
                 FROM {self.table('workflow_status')} src
                 WHERE {self.wf('src', original_id, p)}""",
             p.values,

@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dbos_async.sysdb.statements.base import (
     ACTIVE_STATUSES,
     PORTABLE_JSON,
     Params,
+    Payload,
     Query,
     StatementBase,
+    WorkflowRef,
     Writes,
 )
+
+SEND_BULK = "DBOS.send_bulk"
+"""The checkpoint name of a workflow's batch send (the `dbos` package's)."""
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A message of a batch send, addressed: its destination (with its shard key), the
+    stored topic and the message ID that makes it idempotent."""
+
+    destination_id: str
+    message_uuid: str
+    topic: str
+    message: str
+    shard_key: str | None = None
+    # The format of ``message`` (the serialization column beside it).
+    serialization: str = PORTABLE_JSON
 
 
 class MessagingStatements(StatementBase):
     def _insert_message(
-        self, destination_id: str, message_uuid: str, topic: str, message: str,
+        self, destination_id: str, message_uuid: str, topic: str, message: Payload,
         source: str | None, p: Params,
     ) -> str:
         """A message insert; a repeated message_uuid is ignored. The trigger on
@@ -27,14 +47,14 @@ class MessagingStatements(StatementBase):
             "message_uuid": p(message_uuid, "text"),
             "destination_uuid": p(destination_id, "text"),
             "topic": p(topic, "text"),
-            "message": p(message, "text"),
-            "serialization": p(PORTABLE_JSON, "text"),
+            "message": p(message.text, "text"),
+            "serialization": p(message.serialization, "text"),
         })
         return self._insert_select("notifications", values, source,
                                    f"ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING")
 
     def send_message(
-        self, destination_id: str, message_uuid: str, topic: str, message: str
+        self, destination_id: str, message_uuid: str, topic: str, message: Payload
     ) -> Query:
         """A message from outside a workflow."""
         p = Params()
@@ -43,7 +63,7 @@ class MessagingStatements(StatementBase):
 
     def send_message_fenced(
         self, workflow_id: str, owner_xid: str, destination_id: str, message_uuid: str,
-        topic: str, message: str,
+        topic: str, message: Payload,
     ) -> Query:
         """A message from a step of ``workflow_id``: only while the caller owns it."""
         p = Params()
@@ -52,7 +72,7 @@ class MessagingStatements(StatementBase):
 
     def send_message_recorded(
         self, workflow_id: str, function_id: int, owner_xid: str, destination_id: str,
-        message_uuid: str, topic: str, message: str, now_ms: int,
+        message_uuid: str, topic: str, message: Payload, now_ms: int,
     ) -> Query:
         """A workflow's send: its checkpoint and the message, in one fenced statement."""
         p = Params()
@@ -61,9 +81,56 @@ class MessagingStatements(StatementBase):
             self._message_writes(destination_id, message_uuid, topic, message, p))
 
     def _message_writes(self, destination_id: str, message_uuid: str, topic: str,
-                        message: str, p: Params) -> Writes:
+                        message: Payload, p: Params) -> Writes:
         return lambda source: [("sent", self._insert_message(
             destination_id, message_uuid, topic, message, source, p))]
+
+    def _insert_messages(self, messages: Sequence[OutgoingMessage], key: WorkflowRef,
+                         source: str | None, p: Params) -> str:
+        """One insert of a batch of messages to workflows of one shard key (``key``: a
+        workflow of that key and the key), their columns as arrays, so the statement's size
+        does not grow with the batch; with ``source`` the rows land only if it has a row.
+        Repeated message IDs are ignored; a missing destination fails the foreign key."""
+        keys = {col: p(val, "text") for col, val in self.wf_values(*key).items()}
+        arrays = ", ".join(p([getattr(m, f) for m in messages], "text[]")
+                           for f in ("message_uuid", "destination_id", "topic", "message",
+                                     "serialization"))
+        columns = {**keys, "message_uuid": "m.message_uuid",
+                   "destination_uuid": "m.destination_uuid", "topic": "m.topic",
+                   "message": "m.message", "serialization": "m.serialization"}
+        joined = f" CROSS JOIN {source}" if source is not None else ""
+        return f"""INSERT INTO {self.table('notifications')} ({', '.join(columns)})
+                  SELECT {', '.join(columns.values())}
+                  FROM unnest({arrays})
+                    AS m(message_uuid, destination_uuid, topic, message, serialization)
+                  {joined}
+                  ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING"""
+
+    def send_messages(self, messages: Sequence[OutgoingMessage],
+                      shard_key: str | None) -> Query:
+        """A batch of messages from outside a workflow, to workflows of one key."""
+        p = Params()
+        return Query(self._insert_messages(
+            messages, (messages[0].destination_id, shard_key), None, p), p.values)
+
+    def send_messages_fenced(self, workflow_id: str, owner_xid: str,
+                             messages: Sequence[OutgoingMessage]) -> Query:
+        """A batch from a step of ``workflow_id``, to workflows of its key: only while the
+        caller owns it."""
+        p = Params()
+        key = (workflow_id, self.key_hint(workflow_id))
+        return self._fenced_write(workflow_id, owner_xid, p, lambda source: [
+            ("sent", self._insert_messages(messages, key, source, p))])
+
+    def send_messages_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
+                               messages: Sequence[OutgoingMessage], now_ms: int) -> Query:
+        """A workflow's batch send: its checkpoint and the messages to workflows of its own
+        key, in one fenced statement."""
+        p = Params()
+        key = (workflow_id, self.key_hint(workflow_id))
+        return self._recorded_write(
+            workflow_id, function_id, SEND_BULK, owner_xid, now_ms, p,
+            lambda source: [("sent", self._insert_messages(messages, key, source, p))])
 
     def consume_message(
         self, workflow_id: str, function_id: int, owner_xid: str, topic: str, now_ms: int
@@ -81,7 +148,8 @@ class MessagingStatements(StatementBase):
         fid = p(function_id, "integer")
         step = self._step_cte(workflow_id, function_id, "DBOS.recv", owner_xid, p,
                               output=None, started_at_ms=now_ms, completed_at_ms=now_ms,
-                              output_sql="consumed.message", source="consumed")
+                              output_sql="consumed.message",
+                              serialization_sql="consumed.serialization", source="consumed")
         return Query(
             f"""WITH {owner}, msg AS (
                   -- Lock the oldest waiting message; SKIP LOCKED passes one being consumed.
@@ -116,7 +184,8 @@ class MessagingStatements(StatementBase):
         )
 
     def _event_writes(
-        self, workflow_id: str, key: str, value: str, function_id: int | None, source: str,
+        self, workflow_id: str, key: str, value: Payload, function_id: int | None,
+        source: str,
         p: Params,
     ) -> list[tuple[str, str]]:
         """The event's latest value and, for a workflow's own set_event (``function_id``),
@@ -124,7 +193,8 @@ class MessagingStatements(StatementBase):
         replace = "DO UPDATE SET value = EXCLUDED.value, serialization = EXCLUDED.serialization"
         latest = self._key_values(workflow_id, p)
         latest.update({"workflow_uuid": p(workflow_id, "text"), "key": p(key, "text"),
-                       "value": p(value, "text"), "serialization": p(PORTABLE_JSON, "text")})
+                       "value": p(value.text, "text"),
+                       "serialization": p(value.serialization, "text")})
         writes = [("event", self._insert_select(
             "workflow_events", latest, source,
             f"ON CONFLICT ({self.key_conflict('workflow_uuid', 'key')}) {replace}"))]
@@ -137,7 +207,7 @@ class MessagingStatements(StatementBase):
         return writes
 
     def set_event_recorded(
-        self, workflow_id: str, function_id: int, owner_xid: str, key: str, value: str,
+        self, workflow_id: str, function_id: int, owner_xid: str, key: str, value: Payload,
         now_ms: int,
     ) -> Query:
         """A workflow's set_event: checkpoint, latest value and history row, one statement."""
@@ -146,7 +216,8 @@ class MessagingStatements(StatementBase):
             workflow_id, function_id, "DBOS.setEvent", owner_xid, now_ms, p,
             lambda source: self._event_writes(workflow_id, key, value, function_id, source, p))
 
-    def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: str) -> Query:
+    def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str,
+                         value: Payload) -> Query:
         """set_event from a step: the latest value, written only while the caller owns it."""
         p = Params()
         return self._fenced_write(
@@ -170,27 +241,28 @@ class MessagingStatements(StatementBase):
         )
 
     def _stream_write(
-        self, workflow_id: str, key: str, value: str, function_id: int, source: str, p: Params
+        self, workflow_id: str, key: str, value: Payload, function_id: int, source: str,
+        p: Params,
     ) -> list[tuple[str, str]]:
         key_ref = p(key, "text")
         values = self._key_values(workflow_id, p)
         values.update({
             "workflow_uuid": p(workflow_id, "text"),
             "key": key_ref,
-            "value": p(value, "text"),
+            "value": p(value.text, "text"),
             # The next offset, derived in the insert; a concurrent writer that took the same
             # one fails the primary key and the caller retries.
             '"offset"': f"""COALESCE((SELECT max(s."offset") FROM {self.table('streams')} s
                                 WHERE {self.wf('s', workflow_id, p)} AND s.key = {key_ref}),
                                -1) + 1""",
             "function_id": p(function_id, "integer"),
-            "serialization": p(PORTABLE_JSON, "text"),
+            "serialization": p(value.serialization, "text"),
         })
         return [("written", self._insert_select("streams", values, source))]
 
     def write_stream_recorded(
         self, workflow_id: str, function_id: int, function_name: str, owner_xid: str,
-        key: str, value: str, now_ms: int,
+        key: str, value: Payload, now_ms: int,
     ) -> Query:
         """A workflow's stream write (or close): checkpoint and value, in one fenced statement."""
         p = Params()
@@ -199,7 +271,7 @@ class MessagingStatements(StatementBase):
             lambda source: self._stream_write(workflow_id, key, value, function_id, source, p))
 
     def write_stream_fenced(
-        self, workflow_id: str, owner_xid: str, key: str, value: str, function_id: int
+        self, workflow_id: str, owner_xid: str, key: str, value: Payload, function_id: int
     ) -> Query:
         """A stream write from a step: only while the caller owns the workflow; not recorded."""
         p = Params()
@@ -223,13 +295,16 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def completed_among(self, workflow_ids: Sequence[str]) -> Query:
-        """Those of these workflows that reached a terminal status."""
+    def finished_first(self, refs: Sequence[WorkflowRef]) -> Query:
+        """Which of these workflows exist, the finished ones first in the order they
+        finished (what ``wait_first`` reads on every wake, in one query)."""
         p = Params()
         return Query(
-            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
-                WHERE {self.wf_in(None, workflow_ids, p)}
-                  AND status <> ALL({p(list(ACTIVE_STATUSES), 'text[]')})""",
+            f"""SELECT workflow_uuid{self.key_columns()},
+                       status <> ALL({p(list(ACTIVE_STATUSES), 'text[]')}) AS finished
+                FROM {self.table('workflow_status')}
+                WHERE {self.among(None, refs, p)}
+                ORDER BY finished DESC, completed_at NULLS LAST, updated_at""",
             p.values,
         )
 

@@ -15,6 +15,7 @@ from dbos_async.sysdb.statements.base import (
     ENQUEUED,
     PENDING,
     Params,
+    Payload,
     Query,
     StatementBase,
     qualify,
@@ -86,7 +87,8 @@ QUEUE_CASTS = {
 
 CLAIMED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, owner_xid,
                      serialization, workflow_deadline_epoch_ms, recovery_attempts,
-                     queue_partition_key, attributes"""
+                     queue_partition_key, attributes, authenticated_user, assumed_role,
+                     authenticated_roles"""
 
 
 class QueueStatements(StatementBase):
@@ -505,10 +507,11 @@ class QueueStatements(StatementBase):
             p.values,
         )
 
-    def debounce_existing(self, queue_name: str, key: str, name: str, inputs: str,
+    def debounce_existing(self, queue_name: str, key: str, name: str, inputs: Payload,
                           delay_until_ms: int, now_ms: int) -> Query:
         """Push back a still-DELAYED debounced workflow (no later than its debounce deadline)
-        and give it the latest inputs, in one statement; no row if none is waiting."""
+        and give it the latest inputs (and their format), in one statement; no row if none
+        is waiting."""
         p = Params()
         until = p(delay_until_ms, "bigint")
         return Query(
@@ -517,13 +520,14 @@ class QueueStatements(StatementBase):
                   SET delay_until_epoch_ms = CASE
                         WHEN debounce_deadline_epoch_ms IS NULL THEN {until}
                         ELSE LEAST({until}, debounce_deadline_epoch_ms) END,
-                      updated_at = {p(now_ms, 'bigint')}
+                      updated_at = {p(now_ms, 'bigint')},
+                      serialization = {p(inputs.serialization)}
                   WHERE {self.scoped(None, p)} AND queue_name = {p(queue_name)}
                     AND deduplication_id = {p(key)} AND status = {p(DELAYED)}
                     AND is_debounced AND name = {p(name)}
                   RETURNING workflow_uuid{self.key_columns()}
                 ), replaced AS (
-                  UPDATE {self.table('workflow_input')} wi SET inputs = {p(inputs)}
+                  UPDATE {self.table('workflow_input')} wi SET inputs = {p(inputs.text)}
                   FROM bounced WHERE {self.wf_join('wi', 'bounced')}
                     AND {self.scoped('wi', p)}
                   RETURNING 1

@@ -58,6 +58,7 @@ class RecoveryStatements(StatementBase):
                   AND queue_name IS NULL
                 RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
                           serialization, workflow_deadline_epoch_ms, attributes,
+                          authenticated_user, assumed_role, authenticated_roles,
                           recovery_attempts{self.key_columns('ws')},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.wf_join('wi', 'ws')}) AS inputs""",

@@ -59,15 +59,16 @@ class ShardedStatements(Statements):
             return ids
         return f"{qualify(alias, 'shard_key')} = {p(keys.pop())} AND {ids}"
 
-    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params) -> str:
+    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params,
+              column: str = "workflow_uuid") -> str:
         ids, keys = [i for i, _ in refs], [k or "" for _, k in refs]
         if len(set(keys)) == 1:
             # One key (a claim's rows come from one dequeue scope): a plain equality, which
             # a router sends to that key's shard alone.
             return (f"{qualify(alias, 'shard_key')} = {p(keys[0])} "
-                    f"AND {qualify(alias, 'workflow_uuid')} = ANY({p(ids, 'text[]')})")
+                    f"AND {qualify(alias, column)} = ANY({p(ids, 'text[]')})")
         # IDs repeat across keys: the pairs, not the IDs.
-        return (f"({qualify(alias, 'shard_key')}, {qualify(alias, 'workflow_uuid')}) IN "
+        return (f"({qualify(alias, 'shard_key')}, {qualify(alias, column)}) IN "
                 f"(SELECT * FROM unnest({p(keys, 'text[]')}, {p(ids, 'text[]')}))")
 
     def parent_in(self, workflow_ids: Sequence[str], p: Params) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dbos_async.sysdb.statements.base import (
@@ -14,12 +15,6 @@ from dbos_async.sysdb.statements.base import (
     StatementBase,
 )
 
-# The status columns that are not text.
-_STATUS_CASTS = {"created_at": "bigint", "updated_at": "bigint", "recovery_attempts": "bigint",
-                 "workflow_timeout_ms": "bigint", "workflow_deadline_epoch_ms": "bigint",
-                 "priority": "integer", "delay_until_epoch_ms": "bigint",
-                 "debounce_deadline_epoch_ms": "bigint", "is_debounced": "boolean",
-                 "attributes": "jsonb"}
 # What a start returns of the row it inserted or found.
 _STARTED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, queue_name,
                       executor_id, creator_xid, owner_xid, serialization,
@@ -29,9 +24,16 @@ _STARTED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, queu
 class WorkflowStatements(StatementBase):
     # ---- Workflow start ----
 
-    def _status_values(self, wf: NewWorkflow, creator_xid: str,
-                       parent_shard_key: str | None) -> dict[str, Any]:
-        """The columns of a new workflow's status row."""
+    STATUS_CASTS = {"created_at": "bigint", "updated_at": "bigint",
+                    "recovery_attempts": "bigint", "workflow_timeout_ms": "bigint",
+                    "workflow_deadline_epoch_ms": "bigint", "priority": "integer",
+                    "delay_until_epoch_ms": "bigint", "debounce_deadline_epoch_ms": "bigint",
+                    "is_debounced": "boolean", "attributes": "jsonb"}
+    """The SQL types of the status columns that are not text."""
+
+    def _status_columns(self, wf: NewWorkflow, creator_xid: str,
+                        parent_shard_key: str | None = None) -> dict[str, Any]:
+        """The status row a new workflow is written with, column by column (after its key)."""
         owner_xid = creator_xid if wf.status == PENDING else None
         values: dict[str, Any] = {
             **self.wf_values(wf.workflow_id, wf.shard_key),
@@ -84,8 +86,9 @@ class WorkflowStatements(StatementBase):
         parent execution cannot start a child.
         """
         p = Params()
-        values = self._status_values(wf, creator_xid,
-                                     parent.shard_key if parent is not None else None)
+        values = self._status_columns(wf, creator_xid,
+                                      parent.shard_key if parent is not None else None)
+        casts = self.STATUS_CASTS
         ctes: list[str] = []
         gate = ""
         if parent is not None:
@@ -103,7 +106,7 @@ class WorkflowStatements(StatementBase):
                 f"AND parent.owner_xid = {p(parent.owner_xid)})"
             )
         columns = ", ".join(values)
-        selected = ", ".join(p(v, _STATUS_CASTS.get(k, "text")) for k, v in values.items())
+        selected = ", ".join(p(v, casts.get(k, "text")) for k, v in values.items())
         ctes.append(
             f"""status AS (
               INSERT INTO {self.table('workflow_status')} ({columns})
@@ -161,10 +164,10 @@ class WorkflowStatements(StatementBase):
         inputs with :meth:`insert_inputs` once it knows it created the row: one table per
         statement, which a router sends to the key's shard whole."""
         p = Params()
-        values = self._status_values(wf, creator_xid, parent_shard_key)
+        values = self._status_columns(wf, creator_xid, parent_shard_key)
         return Query(
             f"""INSERT INTO {self.table('workflow_status')} ({', '.join(values)})
-                VALUES ({', '.join(p(v, _STATUS_CASTS.get(k, "text"))
+                VALUES ({', '.join(p(v, self.STATUS_CASTS.get(k, "text"))
                                    for k, v in values.items())})
                 ON CONFLICT ({self.key_conflict('workflow_uuid')})
                   DO UPDATE SET creator_xid = workflow_status.creator_xid
@@ -182,6 +185,69 @@ class WorkflowStatements(StatementBase):
             f"""INSERT INTO {self.table('workflow_input')} ({', '.join(values)})
                 VALUES ({', '.join(p(v, 'text') for v in values.values())})
                 ON CONFLICT ({self.key_conflict('workflow_uuid')}) DO NOTHING""",
+            p.values,
+        )
+
+    def insert_workflows(self, rows: Sequence[tuple[NewWorkflow, str]],
+                         shard_key: str | None) -> Query:
+        """Insert a batch of new workflows of one shard key (each with its creator token)
+        and their inputs, in one statement; the columns go as arrays, so its size does not
+        grow with the batch. A row whose ID or deduplication ID is taken is skipped (ON
+        CONFLICT DO NOTHING covers both unique keys). If an existing ID belongs to another
+        workflow name, nothing is inserted, so the caller can refuse the batch whole.
+
+        One row comes back per row given, in order: whether it was inserted, the existing
+        row under its ID (its name and whether its creator token is this batch's: a retry
+        whose first reply was lost), and the active holder of its deduplication ID. The
+        reads see the rows as they were before the statement (its snapshot), so a holder
+        inserted by this same batch is not among them."""
+        p = Params()
+        first = rows[0][0]
+        keys = {col: p(val, "text") for col, val in
+                self.wf_values(first.workflow_id, shard_key).items()}
+        given = [self._status_columns(wf, xid) for wf, xid in rows]
+        columns = [c for c in dict.fromkeys(c for g in given for c in g) if c not in keys]
+        columns.append("inputs")
+        values = [{**g, "inputs": wf.inputs} for g, (wf, _) in zip(given, rows, strict=True)]
+        casts = {c: ("text" if c == "attributes" else self.STATUS_CASTS.get(c, "text"))
+                 for c in columns}
+        arrays = ", ".join(p([v.get(c) for v in values], f"{casts[c]}[]") for c in columns)
+        stored = [c for c in columns if c != "inputs"]
+        selected = [f"v.{c}::jsonb" if c == "attributes" else f"v.{c}" for c in stored]
+        key_names = "".join(f"{c}, " for c in keys)
+        key_values = "".join(f"{v}, " for v in keys.values())
+        status = self.table("workflow_status")
+        # Under the caller's shard_key_scope: each join stays within the batch's key.
+        existing = f"{self.scoped('ex', p)} AND ex.workflow_uuid = v.workflow_uuid"
+        return Query(
+            f"""WITH v AS (
+                  SELECT * FROM unnest({arrays}) WITH ORDINALITY
+                    AS v({', '.join(columns)}, ord)
+                ), clash AS (
+                  SELECT 1 FROM v JOIN {status} ex ON {existing} WHERE ex.name <> v.name
+                ), inserted AS (
+                  INSERT INTO {status} ({key_names}{', '.join(stored)})
+                  SELECT {key_values}{', '.join(selected)} FROM v
+                  WHERE NOT EXISTS (SELECT 1 FROM clash)
+                  ON CONFLICT DO NOTHING
+                  RETURNING workflow_uuid
+                ), input AS (
+                  INSERT INTO {self.table('workflow_input')} ({key_names}workflow_uuid, inputs)
+                  SELECT {key_values}v.workflow_uuid, v.inputs
+                  FROM v JOIN inserted ON inserted.workflow_uuid = v.workflow_uuid
+                  ON CONFLICT ({self.key_conflict('workflow_uuid')}) DO NOTHING
+                  RETURNING 1
+                )
+                SELECT v.workflow_uuid, inserted.workflow_uuid IS NOT NULL AS inserted,
+                       ex.name AS existing_name, ex.creator_xid = v.creator_xid AS ours,
+                       holder.workflow_uuid AS holder_id, holder.name AS holder_name
+                FROM v
+                LEFT JOIN inserted ON inserted.workflow_uuid = v.workflow_uuid
+                LEFT JOIN {status} ex ON {existing}
+                LEFT JOIN {status} holder
+                  ON {self.scoped('holder', p)} AND holder.queue_name = v.queue_name
+                     AND holder.deduplication_id = v.deduplication_id
+                ORDER BY v.ord""",
             p.values,
         )
 
@@ -210,6 +276,7 @@ class WorkflowStatements(StatementBase):
         completed_at_ms: int,
         child_workflow_id: str | None = None,
         child_shard_key: str | None = None,
+        serialization: str = PORTABLE_JSON,
     ) -> Query:
         """Fence, notice cancellation and record a step's outcome, in one statement: the
         checkpoint is selected from the workflow's status row, locked FOR NO KEY UPDATE so no
@@ -222,7 +289,7 @@ class WorkflowStatements(StatementBase):
             self._key_values_of("ws"), workflow_id, function_id, function_name, p,
             output=output, error=error, started_at_ms=started_at_ms,
             completed_at_ms=completed_at_ms, child_workflow_id=child_workflow_id,
-            child_shard_key=child_shard_key)
+            child_shard_key=child_shard_key, serialization=serialization)
         source = f"""{self.table('workflow_status')} ws
                      WHERE {self.wf('ws', workflow_id, p)} AND ws.status = {p(PENDING)}
                        AND ws.owner_xid = {p(owner_xid)}
