@@ -11,7 +11,6 @@ body and leaves the row PENDING with its completed steps checkpointed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import sys
