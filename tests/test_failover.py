@@ -221,7 +221,7 @@ async def test_failover_time_over_several_kills(
     url = database_url
     await start_worker(url, workers, "-", "live", direct=0)
     times = []
-    for cycle in range(3):
+    for cycle in range(5):
         victim = await start_worker(url, workers, "-", f"c{cycle}", direct=1)
         await wait_in_step(url, victim, [f"c{cycle}-0"], 1)
         taken, seconds = await kill_and_time_failover(url, victim)

@@ -57,6 +57,10 @@ async def _watch(runtime: Runtime, lock: ExecutorIdLock, interval: float) -> Non
         except DBOSError as error:
             logger.warning("Failover scan failed (retried in %.1f s): %s", interval, error)
             suspects = set()
+        except Exception:
+            # One failed round must not end failover for the executor's lifetime.
+            logger.exception("Failover scan failed unexpectedly (retried in %.1f s)", interval)
+            suspects = set()
 
 
 async def scan(runtime: Runtime, lock: ExecutorIdLock, suspects: set[str]) -> set[str]:
