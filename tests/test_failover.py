@@ -74,8 +74,9 @@ class Worker:
 @pytest.fixture
 async def workers(database_url: str) -> AsyncIterator[list[Worker]]:
     started: list[Worker] = []
-    await execute(database_url, "CREATE TABLE side_effects "
-                                "(workflow_id text, step integer, pid integer)")
+    # seq: the order the bodies ran in (a sequence number is drawn at the insert).
+    await execute(database_url, "CREATE TABLE side_effects (seq bigserial, "
+                                "workflow_id text, step integer, pid integer)")
     yield started
     for worker in started:
         await worker.stop()
@@ -101,7 +102,7 @@ async def effects(url: str) -> dict[str, dict[int, list[int]]]:
     """workflow -> step -> the pids that ran its body, in order."""
     found: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for row in await fetch(url, "SELECT workflow_id, step, pid FROM side_effects "
-                                "ORDER BY ctid"):
+                                "ORDER BY seq"):
         found[row["workflow_id"]][row["step"]].append(row["pid"])
     return found
 
@@ -124,22 +125,31 @@ async def owners(url: str, workflow_ids: set[str]) -> dict[str, str]:
 
 
 async def kill_and_time_failover(url: str, victim: Worker) -> tuple[set[str], float]:
-    """SIGKILL ``victim``; return the workflows it was running and the seconds until live
-    executors had taken every one of them."""
+    """SIGKILL ``victim``; return the workflows it was running (its in-flight ones, taken
+    over) and the seconds until live executors had taken every one of them."""
     loop = asyncio.get_running_loop()
     killed_at = loop.time()
     await victim.kill()
     ran = await effects(url)
     in_flight = {w for w, steps in ran.items()
                  if any(victim.pid in pids for pids in steps.values())}
-    assert in_flight
+
+    async def statuses() -> dict[str, tuple[str, str]]:
+        rows = await fetch(url, "SELECT workflow_uuid, executor_id, status "
+                                "FROM dbos.workflow_status WHERE workflow_uuid = ANY($1)",
+                           list(in_flight))
+        return {r["workflow_uuid"]: (r["executor_id"], r["status"]) for r in rows}
 
     async def taken() -> bool:
-        return all(owner != victim.executor_id
-                   for owner in (await owners(url, in_flight)).values())
+        # Moved to a live executor, or (still the victim's) finished before the kill.
+        return all(owner != victim.executor_id or status == "SUCCESS"
+                   for owner, status in (await statuses()).values())
 
     await wait_until(taken, patience=PATIENCE, what="the victim's workflows to be taken over")
-    return in_flight, loop.time() - killed_at
+    seconds = loop.time() - killed_at
+    moved = {w for w, (owner, _) in (await statuses()).items() if owner != victim.executor_id}
+    assert moved
+    return moved, seconds
 
 
 async def wait_all_succeeded(url: str) -> None:
@@ -197,18 +207,22 @@ async def test_a_killed_executors_workflows_are_taken_over_exactly_once(
     # Two replicas configured with one ID run as "replica" and "replica-2"; three with
     # none run as "local", "local-2", "local-3".
     given = "replica" if executors == 2 else "-"
-    started = [await start_worker(url, workers, given, f"w{n}", direct=2, queued=2)
-               for n in range(executors)]
-    assert len({w.executor_id for w in started}) == executors
-    victim, survivors = started[0], started[1:]
-    await wait_in_step(url, victim, ["w0-0", "w0-1"], 1)
+    survivors = [await start_worker(url, workers, given, f"w{n}", direct=2, queued=2)
+                 for n in range(executors - 1)]
+    # Started last, with slower steps, so the kill lands in the middle of its workflows.
+    victim = await start_worker(url, workers, given, "w-victim", direct=2, queued=2,
+                                step_seconds=1.0)
+    assert len({w.executor_id for w in [*survivors, victim]}) == executors
+    direct = ["w-victim-0", "w-victim-1"]
+    await wait_in_step(url, victim, direct, 1)
 
     taken, seconds = await kill_and_time_failover(url, victim)
+    assert set(direct) <= taken, "the kill must land mid-workflow"
     await wait_all_succeeded(url)
     await check_exactly_once(url, victim.pid, taken)
     survivor_ids = {w.executor_id for w in survivors}
     assert set((await owners(url, taken)).values()) <= survivor_ids
-    for workflow_id in ("w0-0", "w0-1"):
+    for workflow_id in direct:
         row = await workflow_row(url, workflow_id)
         assert row is not None and row["recovery_attempts"] == 2  # claimed once
     with capsys.disabled():
@@ -222,7 +236,7 @@ async def test_failover_time_over_several_kills(
     await start_worker(url, workers, "-", "live", direct=0)
     times = []
     for cycle in range(5):
-        victim = await start_worker(url, workers, "-", f"c{cycle}", direct=1)
+        victim = await start_worker(url, workers, "-", f"c{cycle}", direct=1, step_seconds=1.0)
         await wait_in_step(url, victim, [f"c{cycle}-0"], 1)
         taken, seconds = await kill_and_time_failover(url, victim)
         await wait_all_succeeded(url)

@@ -15,9 +15,9 @@ ID with ``PENDING`` workflows whose lock is free belongs to a dead process, and 
 
 If the lock's connection is lost while the executor runs, the ID is re-acquired on a new
 connection at once; meanwhile :meth:`ExecutorIdLock.ensure_held` holds back new work. If
-another process took the ID in that window, this process no longer owns it: the ID is
-lost for good and every new start, claim or recovery raises
-:class:`~dbos_async.errors.ExecutorIdLostError`.
+another process took the ID in that window (holding it longer than a failover check
+would), this process no longer owns it: the ID is lost for good and every new start,
+claim or recovery raises :class:`~dbos_async.errors.ExecutorIdLostError`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ server restart or a terminated backend is noticed at once, without one)."""
 
 HEALTH_CHECK_TIMEOUT = 5.0
 REACQUIRE_MAX_DELAY = 2.0
+
+CONTESTED_PATIENCE = 5.0
+"""Seconds another session may hold this executor's ID while it re-acquires it before the ID
+counts as lost: another executor's failover check holds an ID for a moment (and its
+take-over for the length of one claim), a process that claimed the ID holds it for good."""
 
 State = Literal["unclaimed", "held", "reacquiring", "lost", "closed"]
 
@@ -204,6 +209,8 @@ class ExecutorIdLock:
     async def _reacquire(self) -> bool:
         """Hold the same ID again on a new connection; False if another process has it."""
         delay = 0.05
+        contested_since: float | None = None
+        loop = asyncio.get_running_loop()
         while True:
             conn: asyncpg.Connection | None = None
             try:
@@ -222,6 +229,10 @@ class ExecutorIdLock:
                     # This process's own old session, half-open on the server: end it.
                     await _fetchrow(conn, self._sql.end_session(holder["pid"]),
                                     "ending the old session")
+                elif contested_since is None:
+                    contested_since = loop.time()  # perhaps a failover check: try again
+                elif loop.time() - contested_since < CONTESTED_PATIENCE:
+                    pass
                 else:
                     self._set_state("lost")
                     logger.error(
