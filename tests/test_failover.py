@@ -32,7 +32,7 @@ from helpers import (
 )
 from helpers import failover_worker as fw
 
-from dbos_async import DBOS, SetShardKey, SetWorkflowID
+from dbos_async import DBOS, Queue, SetShardKey, SetWorkflowID
 
 WORKER = Path(__file__).resolve().parent / "helpers" / "failover_worker.py"
 PATIENCE = 60.0
@@ -352,3 +352,29 @@ async def test_failover_on_the_sharded_schema(database_url: str) -> None:
     rows = await fetch(url, "SELECT shard_key, executor_id, recovery_attempts "
                             "FROM dbos.workflow_status ORDER BY shard_key")
     assert [tuple(r) for r in rows] == [(key, "taker", 2) for key in keys]
+
+
+
+async def test_a_dead_executors_claimed_queued_workflow_is_taken_over(database_url: str) -> None:
+    url = database_url
+    gone = new_dbos(url, executor_id="gone", shutdown_grace_period=0)
+    reached = asyncio.Event()
+    blocking = register_blocking(gone, asyncio.Event(), reached)
+    jobs = gone.register_queue(Queue("jobs", polling_interval=0.1))
+    async with gone:
+        with SetWorkflowID("queued"):
+            await jobs.enqueue(blocking, "q")
+        await asyncio.wait_for(reached.wait(), 30)
+    # Claimed from its queue and left PENDING by an executor that is gone.
+    row = await workflow_row(url, "queued")
+    assert row is not None and (row["status"], row["executor_id"]) == ("PENDING", "gone")
+    taker = new_dbos(url, executor_id="taker", failover_after=0.2)
+    register_blocking(taker, None, None)
+    taker.register_queue(Queue("jobs", polling_interval=0.1))
+    async with taker:
+        handle = await taker.retrieve_workflow("queued")
+        assert await asyncio.wait_for(handle.get_result(), 60) == [
+            f"q:step-{i}" for i in range(3)]
+    row = await workflow_row(url, "queued")
+    assert row is not None and (row["status"], row["executor_id"], row["queue_name"]) == (
+        "SUCCESS", "taker", "jobs")
