@@ -51,9 +51,9 @@ class DBOSConfig(BaseModel):
     pool_size: int = Field(10, ge=2, le=1000)
     executor_id: str | None = Field(
         None, min_length=1,
-        description="Whose PENDING workflows this executor recovers. None (the default): "
-        "the first of 'local', 'local-2', ... that no live process holds, claimed at entry "
-        "(see dbos_async/sysdb/executor_ids.py).",
+        description="Whose PENDING workflows this executor recovers: the first of this ID, "
+        "'<id>-2', ... that no live process holds, claimed at entry; None (the default) "
+        "claims 'local', 'local-2', ... (see dbos_async/sysdb/executor_ids.py).",
     )
     application_version: str | None = Field(
         None, description="Defaults to a hash of the registered workflows' source code."
@@ -158,6 +158,12 @@ class DBOSConfig(BaseModel):
         description="Read values the dbos package stored as Python pickle (py_pickle). "
         "Unpickling runs code chosen by whoever can write the system database: this trusts "
         "everyone who can.",
+    )
+    failover_after: float | None = Field(
+        5.0, gt=0, le=_MAX_TIMEOUT_SECONDS,
+        description="Seconds after an executor's process is gone (its executor-ID lock "
+        "freed) within which a live executor of the same application version takes over "
+        "its PENDING workflows; None: off, they wait for a process with that ID.",
     )
     listen_queues: list[str] | None = Field(
         None,

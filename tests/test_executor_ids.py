@@ -1,6 +1,7 @@
-"""Executor IDs of processes started from one configuration (no ``executor_id`` set).
+"""Executor IDs of processes started from one configuration.
 
-Each process claims the first free ID of ``local``, ``local-2``, ... by holding an advisory
+Each process claims the first free ID of ``local``, ``local-2``, ... (or of a given
+``executor_id``, ``<id>-2``, ...) by holding an advisory
 lock on a connection of its own, so live processes never share one and none recovers
 another live one's workflows; a killed process frees its ID for the next process, which
 recovers what it left. Real processes (``tests/helpers/executor_id_worker.py``), killed
@@ -158,29 +159,38 @@ async def test_a_restarted_single_process_gets_local_back_and_recovers(
     assert await runs(url, "wf-only") == [only.pid]
 
 
-async def test_an_explicit_executor_id_is_used_as_given(
+async def test_a_given_executor_id_is_claimed_and_never_shared(
     database_url: str, workers: list[Worker], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Two replicas configured with one ID: the second runs as ``<id>-2``, so neither's
+    recovery takes over the other's running workflow (each step runs once)."""
     url = database_url
     given = await start_worker(url, workers, "wf-given", "given-id")
     assert given.executor_id == "given-id"
-    assert await executor_id_locks(url) == 0  # nothing claimed
+    assert await executor_id_locks(url) == 1
+    await wait_marked(url, "wf-given")
+    replica = await start_worker(url, workers, "wf-replica", "given-id")
+    assert replica.executor_id == "given-id-2"
+    assert await executor_id_locks(url) == 2
     # So is one from the environment (the dbos package's DBOS__VMID).
     monkeypatch.setenv("DBOS__VMID", "from-env")
     dbos = DBOS(system_database_url=url, application_version="executor-id-test")
     assert dbos.executor_id == "from-env"
     async with dbos:
         assert dbos.executor_id == "from-env"
-        assert await executor_id_locks(url) == 0
+        assert await executor_id_locks(url) == 3
     # Unset, the ID is claimed on entry.
     monkeypatch.delenv("DBOS__VMID")
     claimed = DBOS(system_database_url=url, application_version="executor-id-test")
     assert claimed.executor_id is None
     async with claimed:
         assert claimed.executor_id == "local"
-        assert await executor_id_locks(url) == 1
-    assert await executor_id_locks(url) == 0  # released on exit
+        assert await executor_id_locks(url) == 3
+    assert await executor_id_locks(url) == 2  # released on exit
     assert await finish(url, "wf-given") == given.pid
+    assert await finish(url, "wf-replica") == replica.pid
+    assert await runs(url, "wf-given") == [given.pid]
+    assert await runs(url, "wf-replica") == [replica.pid]
 
 
 async def lock_holder(url: str) -> asyncpg.Record:

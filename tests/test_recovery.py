@@ -11,7 +11,6 @@ body and leaves the row PENDING with its completed steps checkpointed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import sys
@@ -26,6 +25,7 @@ from helpers import (
     fetch,
     new_dbos,
     step_rows,
+    take_executor_id_away,
     wait_for_steps,
     wait_until,
     workflow_row,
@@ -210,64 +210,56 @@ async def leave_pending(url: str, runs: Counter[tuple[str, int]], workflow_id: s
     assert [r.function_id for r in await step_rows(url, workflow_id)] == [0]
 
 
-async def test_two_executors_racing_for_one_workflow(database_url: str) -> None:
+async def test_two_executors_racing_to_take_over_one_workflow(database_url: str) -> None:
     url, workflow_id = database_url, "raced"
     runs: Counter[tuple[str, int]] = Counter()
     await leave_pending(url, runs, workflow_id)
 
-    # Two instances with the same executor ID (and version), entered concurrently: both
-    # claim the PENDING workflow during __aenter__. Step 1 of both executions waits until
-    # both have entered, so both executions are really alive at the same time.
-    both_entered = asyncio.Event()
-    b = new_dbos(url)
-    c = new_dbos(url)
-    register_race(b, "B", both_entered, None, runs)
-    register_race(c, "C", both_entered, None, runs)
-    async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_exit(b)
-        stack.push_async_exit(c)
-        await asyncio.gather(b.__aenter__(), c.__aenter__())
-        both_entered.set()
-        handle_b = await b.retrieve_workflow(workflow_id)
-        handle_c = await c.retrieve_workflow(workflow_id)
-        result_b, result_c = await asyncio.wait_for(
-            asyncio.gather(handle_b.get_result(), handle_c.get_result()), 60
-        )
+    # The workflow's executor is gone. Two live executors of the same version, with IDs of
+    # their own, both watch for dead executors and race to take it over: exactly one does.
+    b = new_dbos(url, executor_id="taker-b", failover_after=0.2)
+    c = new_dbos(url, executor_id="taker-c", failover_after=0.2)
+    register_race(b, "B", None, None, runs)
+    register_race(c, "C", None, None, runs)
+    async with b, c:
+        result = await asyncio.wait_for((await b.retrieve_workflow(workflow_id)).get_result(),
+                                        60)
+        # Both keep scanning after the take-over; neither claims it again.
+        scans = b.runtime.failover_scans + c.runtime.failover_scans
 
-    assert result_b == result_c
+        async def scanned_more() -> bool:
+            return b.runtime.failover_scans + c.runtime.failover_scans > scans + 10
+
+        await wait_until(scanned_more, what="more failover scans")
+
     row = await workflow_row(url, workflow_id)
     assert row is not None and row["status"] == "SUCCESS"
-    assert json.loads(row["stored_output"]) == result_b
-    assert row["recovery_attempts"] == 3  # created, then claimed by B and by C
-    rows = await step_rows(url, workflow_id)
-    # Exactly one checkpoint per step, and the result is made of exactly those checkpoints.
-    assert [(r.function_id, r.function_name) for r in rows] == [(i, "race_step") for i in range(4)]
-    assert [r.output for r in rows] == result_b
-    assert result_b[0] == "A-0"  # replayed by both recoveries
-    winner = result_b[1][0]
-    assert winner in "BC" and result_b[1:] == [f"{winner}-{i}" for i in (1, 2, 3)]
+    assert json.loads(row["stored_output"]) == result
+    assert row["recovery_attempts"] == 2  # created, then claimed once
+    winner = result[1][0]
+    assert winner in "BC" and row["executor_id"] == f"taker-{winner.lower()}"
+    assert result == ["A-0"] + [f"{winner}-{i}" for i in (1, 2, 3)]
     loser = "C" if winner == "B" else "B"
-    # Step 0 was replayed by both; the loser ran step 1 but its checkpoint was refused (it
-    # had lost ownership), so it stopped there and never ran steps 2 and 3.
-    assert runs["B", 0] == runs["C", 0] == 0
-    assert runs[loser, 1] == 1 and runs[winner, 1] == 1
-    assert runs[loser, 2] == runs[loser, 3] == 0
-    assert runs[winner, 2] == runs[winner, 3] == 1
+    assert [(r.function_id, r.function_name) for r in await step_rows(url, workflow_id)] == [
+        (i, "race_step") for i in range(4)]
+    assert all(runs[winner, i] == 1 for i in (1, 2, 3)) and runs[winner, 0] == 0
+    assert not any(runs[loser, i] for i in range(4))
 
 
 async def test_stale_execution_stops_at_its_next_checkpoint(database_url: str) -> None:
     url, workflow_id = database_url, "stale"
     runs: Counter[tuple[str, int]] = Counter()
-    a = new_dbos(url)
+    a = new_dbos(url, failover_after=None)
     gate_a, reached_a = asyncio.Event(), asyncio.Event()
     race_wf = register_race(a, "A", gate_a, reached_a, runs)
     async with a:
         with SetWorkflowID(workflow_id):
             handle_a = await a.start_workflow(race_wf)
         await asyncio.wait_for(reached_a.wait(), 30)
-        # A's execution is alive, blocked in step 1. B (same executor, a restarted process
-        # from the database's point of view) recovers the workflow and takes it over.
-        b = new_dbos(url)
+        # A's execution is alive, blocked in step 1, but A looks dead to other executors
+        # (as across a network partition); B takes the workflow over.
+        await take_executor_id_away(url, a)
+        b = new_dbos(url, executor_id="taker", failover_after=0.2)
         register_race(b, "B", None, None, runs)
         async with b:
             result_b = await asyncio.wait_for(
@@ -285,6 +277,7 @@ async def test_stale_execution_stops_at_its_next_checkpoint(database_url: str) -
     row = await workflow_row(url, workflow_id)
     assert row is not None and row["status"] == "SUCCESS"
     assert json.loads(row["stored_output"]) == result_b
+    assert row["executor_id"] == "taker"
 
 
 # ---- Nondeterminism ----

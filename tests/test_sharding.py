@@ -19,7 +19,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import execute, fetch, new_dbos, unique_name, wait_until
+from helpers import (
+    execute,
+    fetch,
+    new_dbos,
+    take_executor_id_away,
+    unique_name,
+    wait_until,
+)
 
 from dbos_async import (
     DBOS,
@@ -523,9 +530,10 @@ async def test_a_stale_execution_under_a_key_is_fenced(database_url: str) -> Non
     writes nothing; ("f", globex), alive on another executor, is untouched."""
     url, runs = database_url, Counter[tuple[str, int]]()
     gate_a, reached_a, gate_c, reached_c = (asyncio.Event() for _ in range(4))
-    a = sharded(url)
+    # Only B watches for dead executors: who takes ("f", acme) over is certain.
+    a = sharded(url, failover_after=None)
     race_a = register_race(a, "A", gate_a, reached_a, runs)
-    c = sharded(url, executor_id="other")
+    c = sharded(url, executor_id="other", failover_after=None)
     race_c = register_race(c, "C", gate_c, reached_c, runs)
     async with a, c:
         with SetShardKey("acme"), SetWorkflowID("f"):
@@ -534,9 +542,10 @@ async def test_a_stale_execution_under_a_key_is_fenced(database_url: str) -> Non
             handle_c = await c.start_workflow(race_c)
         await reached_a.wait()
         await reached_c.wait()
-        # B has A's executor ID (a restarted process, to the database): it recovers only
-        # ("f", acme), the PENDING workflow of that executor.
-        b = sharded(url)
+        # A looks dead to the others (as across a partition): B takes over only
+        # ("f", acme), the PENDING workflow of A's executor; C is alive, so not C's.
+        await take_executor_id_away(url, a)
+        b = sharded(url, executor_id="taker", failover_after=0.2)
         register_race(b, "B", None, None, runs)
         async with b:
             result_b = await (await b.retrieve_workflow("f", shard_key="acme")).get_result()
@@ -586,9 +595,9 @@ async def test_a_stale_execution_cannot_send_or_set_events(database_url: str) ->
 
         return announcer, inbox
 
-    a = sharded(url)
+    a = sharded(url, failover_after=None)
     announcer, _ = register(a, "A", hold=True)
-    c = sharded(url, executor_id="other")
+    c = sharded(url, executor_id="other", failover_after=None)
     _, inbox = register(c, "C", hold=False)
     async with a, c:
         with SetShardKey("globex"), SetWorkflowID("inbox"):
@@ -602,7 +611,8 @@ async def test_a_stale_execution_cannot_send_or_set_events(database_url: str) ->
             return waiting["event"] == waiting["send"] == 1
 
         await wait_until(both_held, what="both executions past their step")
-        b = sharded(url)
+        await take_executor_id_away(url, a)
+        b = sharded(url, executor_id="taker", failover_after=0.2)
         register(b, "B", hold=False)
         async with b:
             for what in ("event", "send"):

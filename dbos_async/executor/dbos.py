@@ -386,11 +386,12 @@ class DBOS(Operator):
 
     @property
     def executor_id(self) -> str | None:
-        """The executor ID this executor runs as: while entered (and after), the one
-        configured or the one it claimed (``local``, ``local-2``, ...); before the first
-        entry, the configured one (None: to be claimed)."""
-        if self._runtime is not None:
-            return self._runtime.executor_id
+        """The executor ID this executor runs as: while entered (and after), the one it
+        claimed (the configured one, else ``<id>-2``, ...; unset: ``local``, ``local-2``,
+        ...); before the first entry, the configured one (None: to be claimed)."""
+        runtime = self._runtime
+        if runtime is not None and runtime.executor_lock is not None:
+            return runtime.executor_id
         return self.config.executor_id
 
     @property

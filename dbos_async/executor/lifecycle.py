@@ -20,7 +20,7 @@ import anyio
 
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.errors import QueueNotFoundError
-from dbos_async.executor import maintenance, recovery
+from dbos_async.executor import failover, maintenance, recovery
 from dbos_async.executor.peer import start_notifications, system_database_for
 from dbos_async.executor.queues.claim_loop import start_claim_loops
 from dbos_async.executor.queues.declaration import Queue, internal_queue
@@ -61,6 +61,7 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         runtime.state = "running"
         await _start_queues(runtime, queues, listen)
         await recovery.recover_pending(runtime)
+        failover.start(runtime)
         maintenance.start(runtime)
         await _start_scheduler(runtime)
     except BaseException:
@@ -80,20 +81,23 @@ async def _start_scheduler(runtime: Runtime) -> None:
 
 
 async def _hold_executor_id(runtime: Runtime) -> None:
-    """Claim a free executor ID (``local``, ``local-2``, ...) unless one was configured, and
-    keep it: watched, re-acquired if its connection drops, required by every start, claim
-    round and recovery (see dbos_async/sysdb/executor_ids.py)."""
+    """Claim a free executor ID (the configured one or ``local``, else ``<base>-2``, ...)
+    and keep it: watched, re-acquired if its connection drops, required by every start,
+    claim round and recovery, and the sign to other executors that this one is alive (see
+    dbos_async/sysdb/executor_ids.py)."""
     config, sysdb = runtime.config, runtime.system_database
-    if config.executor_id is not None:
-        return
+    base = config.executor_id or DEFAULT_EXECUTOR_ID
     lock = ExecutorIdLock(
         sysdb.sql,
         functools.partial(connection.connect, sysdb.url, config.connect_timeout,
                           config.connection_name),
-        DEFAULT_EXECUTOR_ID,
+        base,
         patience=config.db_retry_timeout,
     )
-    await lock.claim()
+    claimed = await lock.claim()
+    if config.executor_id is not None and claimed != base:
+        logger.warning("Executor ID %r is held by another live process; this one runs as %r "
+                       "(so neither takes over the other's running workflows)", base, claimed)
     runtime.executor_lock = lock
     lock.start_watching(runtime.background.spawn)
     runtime.claim_gate.guard = lock.ensure_held

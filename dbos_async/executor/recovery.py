@@ -1,4 +1,5 @@
-"""Recovery: resume this executor's PENDING workflows from their last checkpoint."""
+"""Recovery: resume this executor's (or a dead one's) PENDING workflows from their last
+checkpoint."""
 
 from __future__ import annotations
 
@@ -14,20 +15,25 @@ from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 logger = logging.getLogger("dbos_async")
 
 
-async def recover_pending(runtime: Runtime) -> list[WorkflowHandle[Any]]:
+async def recover_pending(runtime: Runtime,
+                          from_executor_id: str | None = None) -> list[WorkflowHandle[Any]]:
     """Claim this executor's PENDING workflows of this version and run each from its checkpoints.
 
-    A workflow that cannot be resumed here (its function is not registered, its inputs cannot
-    be read) is logged, kept in ``recovery_errors`` and left PENDING for an executor that
-    can run it.
+    With ``from_executor_id``, those of that (dead) executor instead: failover, whose caller
+    holds that executor's ID lock; they become this executor's. A workflow that cannot be
+    resumed here (its function is not registered, its inputs cannot be read) is logged,
+    kept in ``recovery_errors`` and left PENDING for an executor that can run it.
     """
     sysdb = runtime.system_database
     handles: list[WorkflowHandle[Any]] = []
+    # Held exclusive also for another executor's workflows: once claimed they are this
+    # executor's, and must be known as running here before the next recovery looks.
     async with runtime.claim_gate.recovering():
-        await _dead_letter_and_requeue(runtime)
+        source = from_executor_id or runtime.executor_id
+        await _dead_letter_and_requeue(runtime, source)
         rows = await sysdb.claim_pending(
-            runtime.executor_id, runtime.application_version,
-            exclude=runtime.running()
+            source, runtime.application_version,
+            exclude=runtime.running(), to_executor_id=runtime.executor_id,
         )
         for row in rows:
             info = runtime.registry.workflows.get(row.name)
@@ -42,11 +48,12 @@ async def recover_pending(runtime: Runtime) -> list[WorkflowHandle[Any]]:
             handles.append(workflow_handle(runtime, row.workflow_id, signature=info.signature,
                                            shard_key=row.shard_key))
     if rows:
-        logger.info("Recovered %d of %d pending workflows", len(handles), len(rows))
+        logger.info("Recovered %d of %d pending workflows of executor %s",
+                    len(handles), len(rows), source)
     return handles
 
 
-async def _dead_letter_and_requeue(runtime: Runtime) -> None:
+async def _dead_letter_and_requeue(runtime: Runtime, executor_id: str) -> None:
     """Dead-letter workflows past ``max_recovery_attempts``; re-enqueue queued ones.
 
     A queued workflow goes back to ENQUEUED on its queue rather than resuming here, so the
@@ -55,7 +62,6 @@ async def _dead_letter_and_requeue(runtime: Runtime) -> None:
     sysdb = runtime.system_database
     running = runtime.running()
     version = runtime.application_version
-    executor_id = runtime.executor_id
     max_attempts = runtime.config.max_recovery_attempts
     for workflow_id, shard_key in await sysdb.dead_letter_pending(
             executor_id, version, max_attempts, exclude=running):

@@ -74,8 +74,10 @@ class Runtime:
         self.claim_loops: dict[str, ClaimLoopState] = {}
         # Interrupts steps and waits of cancelled workflows (one task for all of them).
         self.cancellation = CancellationWatcher(config.cancellation_poll_interval)
-        # The lock on the executor ID claimed at entry (None: executor_id was given).
+        # The lock on the executor ID claimed at entry (None until then).
         self.executor_lock: ExecutorIdLock | None = None
+        # Rounds of the failover watcher so far (see dbos_async/executor/failover.py).
+        self.failover_scans = 0
         self.recovery_errors: list[DBOSError] = []
         # Enqueued workflows a claim loop here leaves queued for want of their function
         # (one per queue and function name; also logged as a warning).
@@ -83,12 +85,10 @@ class Runtime:
 
     @property
     def executor_id(self) -> str:
-        """The ID this entry runs as: the one configured, or the one it claimed."""
-        if self.executor_lock is not None:
-            return self.executor_lock.executor_id
-        if self.config.executor_id is None:
+        """The ID this entry claimed (the one configured, or a numbered variant of it)."""
+        if self.executor_lock is None:
             raise DBOSError("The executor has not claimed its executor ID yet")
-        return self.config.executor_id
+        return self.executor_lock.executor_id
 
     def require_running(self) -> None:
         if self.state != "running":

@@ -390,13 +390,22 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     # ---- Recovery (see dbos_async/executor/recovery.py) ----
 
     async def claim_pending(
-        self, executor_id: str, application_version: str | None, exclude: Sequence[WorkflowRef] = ()
+        self, executor_id: str, application_version: str | None,
+        exclude: Sequence[WorkflowRef] = (), to_executor_id: str | None = None,
     ) -> list[WorkflowRow]:
-        query = self.sql.claim_pending(executor_id, application_version, now_ms(), exclude)
+        query = self.sql.claim_pending(executor_id, application_version, now_ms(), exclude,
+                                       to_executor_id)
         # Not retried: a lost reply would leave rows claimed under tokens we never learned;
         # recovery runs again on the next start and claims them afresh.
         rows = await self.pool.fetch(query.sql, *query.params)
         return [workflow_row(row) for row in rows]
+
+    async def executors_with_pending(self, application_version: str | None,
+                                     own_executor_id: str) -> list[str]:
+        """The other executors with PENDING workflows of this version (failover's candidates)."""
+        query = self.sql.executors_with_pending(application_version, own_executor_id)
+        rows = await self._fetch(query, "listing executors with pending workflows")
+        return [row["executor_id"] for row in rows]
 
     async def requeue_pending(self, executor_id: str, application_version: str | None,
                               exclude: Sequence[WorkflowRef] = ()) -> list[tuple[str, str]]:

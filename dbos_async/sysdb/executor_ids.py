@@ -1,24 +1,31 @@
 """The executor ID a process holds: claimed at entry, kept, and re-acquired after a lost
 connection (the statements are in :mod:`dbos_async.sysdb.statements.executor_ids`).
 
-An executor given no ``executor_id`` takes the first free one of ``local``, ``local-2``,
-``local-3``, ... by holding its advisory lock on a connection of its own for its lifetime.
-So two live processes started from one configuration never share an ID (each one's recovery
-takes only its own ID's ``PENDING`` workflows), a process that dies frees its ID with its
-session, and a restarted single process gets ``local`` back and recovers what it left.
+An executor takes the first free one of its base ID (``executor_id``, or ``local`` when
+none is given), ``<base>-2``, ``<base>-3``, ... by holding its advisory lock on a
+connection of its own for its lifetime. So two live processes started from one
+configuration never share an ID (each one's recovery takes only its own ID's ``PENDING``
+workflows), a process that dies frees its ID with its session, and a restarted single
+process gets its base ID back and recovers what it left.
+
+The lock is also how executors know which others are alive, with no heartbeat writes: an
+ID with ``PENDING`` workflows whose lock is free belongs to a dead process, and failover
+(:mod:`dbos_async.executor.failover`) takes its workflows over while holding that lock
+(:meth:`ExecutorIdLock.holding_other`).
 
 If the lock's connection is lost while the executor runs, the ID is re-acquired on a new
 connection at once; meanwhile :meth:`ExecutorIdLock.ensure_held` holds back new work. If
-another process took the ID in that window, this process no longer owns it: the ID is
-lost for good and every new start, claim or recovery raises
-:class:`~dbos_async.errors.ExecutorIdLostError`.
+another process took the ID in that window (holding it longer than a failover check
+would), this process no longer owns it: the ID is lost for good and every new start,
+claim or recovery raises :class:`~dbos_async.errors.ExecutorIdLostError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Literal
 
@@ -42,6 +49,11 @@ server restart or a terminated backend is noticed at once, without one)."""
 
 HEALTH_CHECK_TIMEOUT = 5.0
 REACQUIRE_MAX_DELAY = 2.0
+
+CONTESTED_PATIENCE = 5.0
+"""Seconds another session may hold this executor's ID while it re-acquires it before the ID
+counts as lost: another executor's failover check holds an ID for a moment (and its
+take-over for the length of one claim), a process that claimed the ID holds it for good."""
 
 State = Literal["unclaimed", "held", "reacquiring", "lost", "closed"]
 
@@ -67,6 +79,8 @@ class ExecutorIdLock:
         self._session: tuple[int, datetime] | None = None
         self._lost = asyncio.Event()
         self._settled = asyncio.Event()
+        # One statement at a time on the lock's connection (health checks, failover probes).
+        self._using = asyncio.Lock()
 
     # ---- Claiming ----
 
@@ -153,13 +167,50 @@ class ExecutorIdLock:
                 return True
             try:
                 with anyio.fail_after(HEALTH_CHECK_TIMEOUT):
-                    await conn.fetchval("SELECT 1")
+                    async with self._using:
+                        await conn.fetchval("SELECT 1")
             except Exception:
                 return True
+
+    # ---- Other executors' IDs (failover) ----
+
+    async def is_free(self, executor_id: str) -> bool:
+        """Whether no live session holds ``executor_id`` now (its process is gone)."""
+        async with self.holding_other(executor_id) as held:
+            return held
+
+    @contextlib.asynccontextmanager
+    async def holding_other(self, executor_id: str) -> AsyncIterator[bool]:
+        """Hold another executor's ID lock, on this lock's connection, for the body (yields
+        False, holding nothing, if a live session has it). While held, no process can
+        claim that ID, so its workflows can be taken over without it coming back."""
+        # The lock is reentrant: this session would "take" its own ID.
+        assert executor_id != self.executor_id, "an executor's own ID is never taken over"
+        conn = self._connection
+        if self.state != "held" or conn is None:
+            raise DatabaseUnavailableError(
+                f"Executor ID {self.executor_id!r} is not held; no other ID is checked")
+        async with self._using:
+            row = await _fetchrow(conn, self._sql.try_other_executor_lock(executor_id),
+                                  f"checking executor ID {executor_id!r}")
+        acquired = row is not None and bool(row["acquired"])
+        try:
+            yield acquired
+        finally:
+            if acquired and not conn.is_closed():
+                # (A lost connection released it already.) Shielded: a cancelled body
+                # still frees the ID for the process that claims it next.
+                with contextlib.suppress(DatabaseUnavailableError), \
+                        anyio.move_on_after(HEALTH_CHECK_TIMEOUT, shield=True):
+                    async with self._using:
+                        await _fetchrow(conn, self._sql.release_other_executor_lock(executor_id),
+                                        f"releasing executor ID {executor_id!r}")
 
     async def _reacquire(self) -> bool:
         """Hold the same ID again on a new connection; False if another process has it."""
         delay = 0.05
+        contested_since: float | None = None
+        loop = asyncio.get_running_loop()
         while True:
             conn: asyncpg.Connection | None = None
             try:
@@ -178,6 +229,10 @@ class ExecutorIdLock:
                     # This process's own old session, half-open on the server: end it.
                     await _fetchrow(conn, self._sql.end_session(holder["pid"]),
                                     "ending the old session")
+                elif contested_since is None:
+                    contested_since = loop.time()  # perhaps a failover check: try again
+                elif loop.time() - contested_since < CONTESTED_PATIENCE:
+                    pass
                 else:
                     self._set_state("lost")
                     logger.error(

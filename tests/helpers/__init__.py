@@ -32,8 +32,9 @@ def unique_name(prefix: str) -> str:
 def new_dbos(url: str, **settings: Any) -> DBOS:
     """A DBOS instance for a test: its own connection name, a fixed executor and version.
 
-    Instances created with the same ``executor_id`` and ``application_version`` recover each
-    other's PENDING workflows, which is what the recovery tests rely on.
+    An instance created with the same ``executor_id`` and ``application_version`` as one that
+    has exited recovers its PENDING workflows, which is what the recovery tests rely on (one
+    created while the other lives claims ``<executor_id>-2`` instead).
     """
     defaults: dict[str, Any] = {
         "system_database_url": url,
@@ -126,6 +127,48 @@ async def workflow_row(url: str, workflow_id: str) -> asyncpg.Record | None:
         workflow_id,
     )
     return rows[0] if rows else None
+
+
+async def advisory_lock_holder(url: str, key: int) -> int | None:
+    """The backend pid holding the session advisory lock ``key`` (e.g. an executor ID's)."""
+    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
+    pid = await fetchval(url, """
+        SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND classid::bigint = $1 AND objid::bigint = $2""", unsigned >> 32,
+        unsigned & 0xFFFF_FFFF)
+    return int(pid) if pid is not None else None
+
+
+async def take_executor_id_away(url: str, dbos: DBOS) -> None:
+    """Make an entered executor's process look dead to the others while it runs, as a
+    network partition does: its ID lock's session ends while another session is queued on
+    the lock, so the executor cannot re-acquire its ID (it is lost for good); then that
+    session lets the ID go, free for failover to find."""
+    key = dbos.runtime.system_database.sql.executor_lock_key(dbos.runtime.executor_id)
+    holder = await advisory_lock_holder(url, key)
+    assert holder is not None
+    taker = await asyncpg.connect(url)
+    try:
+        waiting = asyncio.ensure_future(taker.execute("SELECT pg_advisory_lock($1)", key))
+
+        async def queued() -> bool:
+            return bool(await fetchval(url, """SELECT count(*) FROM pg_locks
+                WHERE locktype = 'advisory' AND NOT granted AND pid = $1""",
+                taker.get_server_pid()))
+
+        await wait_until(queued, what="the taker to queue on the executor ID's lock")
+        await execute(url, "SELECT pg_terminate_backend($1, 10000)", holder)
+        await asyncio.wait_for(waiting, 30)
+        lock = dbos.runtime.executor_lock
+        assert lock is not None
+
+        async def lost() -> bool:
+            return lock.state == "lost"
+
+        await wait_until(lost, what="the executor to find its ID taken")
+    finally:
+        await taker.close()
 
 
 async def count_workflows(url: str) -> int:

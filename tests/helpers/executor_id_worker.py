@@ -27,7 +27,10 @@ from dbos_async import DBOS, SetWorkflowID, current_workflow_id
 def build(url: str, executor_id: str | None) -> tuple[DBOS, object]:
     dbos = DBOS(system_database_url=url, executor_id=executor_id,
                 application_version="executor-id-test", connection_name="executor_id_test",
-                shutdown_grace_period=0, result_poll_interval=0.05)
+                shutdown_grace_period=0, result_poll_interval=0.05,
+                # These tests are about who claims which ID; failover (which would move a
+                # killed worker's workflow to a live one) is tested in test_failover.py.
+                failover_after=None)
 
     @dbos.step(name="mark")
     async def mark() -> None:

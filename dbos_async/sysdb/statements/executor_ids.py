@@ -14,12 +14,16 @@ from dbos_async.sysdb.statements.base import Params, Query, StatementBase
 from dbos_async.sysdb.statements.control import advisory_lock_key
 
 # Server-side keepalives of the lock's session: a holder whose machine vanished without
-# closing its connection releases the ID after about idle + interval * count seconds,
-# rather than after the operating system's default of two hours.
+# closing its connection releases the ID after about idle + interval * count seconds
+# (10 + 5 * 3 = 25), rather than after the operating system's default of two hours; the
+# user timeout bounds the same way a send the peer never acknowledges. Failover takes over
+# the ID's workflows once the lock is free (see dbos_async/executor/failover.py).
+HALF_OPEN_BOUND_SECONDS = 25
 LOCK_SESSION_SETTINGS = {
     "tcp_keepalives_idle": "10",
     "tcp_keepalives_interval": "5",
     "tcp_keepalives_count": "3",
+    "tcp_user_timeout": str(HALF_OPEN_BOUND_SECONDS * 1000),
     # An idle-session timeout set for the server would end the session, and free the ID,
     # while its holder lives.
     "idle_session_timeout": "0",
@@ -75,3 +79,18 @@ class ExecutorIdStatements(StatementBase):
         the ID it still holds for this process is freed."""
         p = Params()
         return Query(f"SELECT pg_terminate_backend({p(pid, 'integer')})", p.values)
+
+    def try_other_executor_lock(self, executor_id: str) -> Query:
+        """Take another executor's ID lock if its holder is gone (true/false, at once): held
+        while failover claims that executor's workflows, so it cannot come back meanwhile."""
+        p = Params()
+        return Query(f"SELECT pg_try_advisory_lock("
+                     f"{p(self.executor_lock_key(executor_id), 'bigint')}) AS acquired",
+                     p.values)
+
+    def release_other_executor_lock(self, executor_id: str) -> Query:
+        """Let go of another executor's ID lock taken by :meth:`try_other_executor_lock`."""
+        p = Params()
+        return Query(f"SELECT pg_advisory_unlock("
+                     f"{p(self.executor_lock_key(executor_id), 'bigint')}) AS released",
+                     p.values)

@@ -1,7 +1,9 @@
-"""Statements of recovery: an executor takes back the workflows it left PENDING.
+"""Statements of recovery: an executor takes back the workflows it left PENDING, and a live
+executor takes over those of a dead one (failover).
 
-See dbos_async/executor/recovery.py. Each one touches only this executor's rows of this
-application version (and application), and skips those already running here (``exclude``).
+See dbos_async/executor/recovery.py and failover.py. Each one touches only the named
+executor's rows of this application version (and application), and skips those already
+running here (``exclude``).
 """
 
 from __future__ import annotations
@@ -20,11 +22,15 @@ from dbos_async.sysdb.statements.base import (
 
 
 class RecoveryStatements(StatementBase):
+    @staticmethod
+    def _of_version(application_version: str | None, p: Params) -> str:
+        return (f"application_version = {p(application_version)}"
+                if application_version is not None else "application_version IS NULL")
+
     def _recovered(self, executor_id: str, application_version: str | None,
                    exclude: Sequence[WorkflowRef], p: Params) -> str:
         """This executor's PENDING rows of this version that nothing here runs."""
-        version = (f"application_version = {p(application_version)}"
-                   if application_version is not None else "application_version IS NULL")
+        version = self._of_version(application_version, p)
         return f"""{self.scoped('ws', p)} AND status = {p(PENDING)}
                   AND executor_id = {p(executor_id)} AND {version}
                   -- executor_id defaults to "local", so it collides across applications.
@@ -38,9 +44,11 @@ class RecoveryStatements(StatementBase):
         application_version: str | None,
         now_ms: int,
         exclude: Sequence[WorkflowRef] = (),
+        to_executor_id: str | None = None,
     ) -> Query:
-        """Take ownership of this executor's PENDING workflows that no queue started, each
-        under a fresh owner token.
+        """Take ownership of ``executor_id``'s PENDING workflows that no queue started, each
+        under a fresh owner token, for ``to_executor_id`` (a live executor taking over a dead
+        one's work; default: the same executor recovering its own).
 
         The new ``owner_xid`` fences off any execution still running from before (in this
         process or a zombie elsewhere): its next durable write fails the ownership check.
@@ -52,6 +60,7 @@ class RecoveryStatements(StatementBase):
         return Query(
             f"""UPDATE {self.table('workflow_status')} ws
                 SET owner_xid = {self.fresh_owner(p)},
+                    executor_id = {p(to_executor_id or executor_id)},
                     recovery_attempts = recovery_attempts + 1,
                     updated_at = {p(now_ms, 'bigint')}
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}
@@ -98,5 +107,20 @@ class RecoveryStatements(StatementBase):
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}
                   AND recovery_attempts > {p(max_attempts, 'bigint')}
                 RETURNING workflow_uuid{self.key_columns()}""",
+            p.values,
+        )
+
+    def executors_with_pending(self, application_version: str | None,
+                               own_executor_id: str) -> Query:
+        """The other executors that have PENDING workflows of this version: the candidates
+        of failover, each checked for life by its lock. The partial index on PENDING rows
+        keeps this cheap: it reads only in-flight workflows."""
+        p = Params()
+        version = self._of_version(application_version, p)
+        return Query(
+            f"""SELECT DISTINCT executor_id FROM {self.table('workflow_status')} ws
+                WHERE {self.scoped('ws', p)} AND status = {p(PENDING)} AND {version}
+                  AND {self.own_scope('ws', p)}
+                  AND executor_id IS NOT NULL AND executor_id <> {p(own_executor_id)}""",
             p.values,
         )

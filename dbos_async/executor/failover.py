@@ -1,0 +1,85 @@
+"""Failover: a live executor takes over the PENDING workflows of a dead one.
+
+Every executor holds its ID's advisory lock on a connection of its own for its lifetime
+(:mod:`dbos_async.sysdb.executor_ids`), so an ID whose lock is free has no live process,
+and knowing who is alive costs no heartbeat writes. Every ``failover_after / 2`` seconds
+the watcher lists the other executor IDs with PENDING workflows of this version (one
+statement over the partial index of PENDING rows; when nothing is in flight elsewhere, it
+is the only statement) and tries the lock of each. An ID found free on two scans in a row
+is dead: the watcher holds its lock, so no process can claim that ID meanwhile, and runs
+recovery for it (:func:`~dbos_async.executor.recovery.recover_pending`): its queued
+workflows go back to their queues, the others are claimed for this executor under fresh
+owner tokens and resumed from their checkpoints. Then it lets the lock go.
+
+Why this is exactly once: the claim is one UPDATE of rows still PENDING under the dead ID,
+so of several executors taking over at once each row goes to one of them; the new owner
+token fences off any execution of the old process that still runs (a network-partitioned
+zombie fails its next checkpoint). Why a live executor's workflows are never taken: its lock
+is held. Two scans rather than one give a live executor whose lock connection dropped the
+time to re-acquire its ID (it does so at once) before its work is judged abandoned.
+
+The bound: a process that exits or is killed frees its lock when its session ends
+(immediately; a vanished machine or a partition after the lock session's TCP keepalives,
+about 25 s, see :data:`~dbos_async.sysdb.statements.executor_ids.HALF_OPEN_BOUND_SECONDS`),
+and its workflows are claimed within ``failover_after`` seconds of that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from dbos_async.errors import DBOSError
+from dbos_async.executor import recovery
+from dbos_async.executor.runtime import Runtime
+from dbos_async.sysdb.executor_ids import ExecutorIdLock
+
+logger = logging.getLogger("dbos_async")
+
+SCANS_PER_BOUND = 2
+"""Scans within ``failover_after``: a dead ID is seen free on one, taken on the next."""
+
+
+def start(runtime: Runtime) -> None:
+    """Watch the other executors (a background task), unless ``failover_after`` is None."""
+    after, lock = runtime.config.failover_after, runtime.executor_lock
+    if after is None or lock is None:
+        return
+    runtime.background.spawn(_watch(runtime, lock, after / SCANS_PER_BOUND), "failover")
+
+
+async def _watch(runtime: Runtime, lock: ExecutorIdLock, interval: float) -> None:
+    suspects: set[str] = set()
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            suspects = await scan(runtime, lock, suspects)
+        except DBOSError as error:
+            logger.warning("Failover scan failed (retried in %.1f s): %s", interval, error)
+            suspects = set()
+        except Exception:
+            # One failed round must not end failover for the executor's lifetime.
+            logger.exception("Failover scan failed unexpectedly (retried in %.1f s)", interval)
+            suspects = set()
+
+
+async def scan(runtime: Runtime, lock: ExecutorIdLock, suspects: set[str]) -> set[str]:
+    """One round: take over the workflows of the ``suspects`` (found free last round) whose
+    lock is still free; return the IDs found free for the first time."""
+    runtime.failover_scans += 1
+    if lock.state != "held":
+        return set()  # not while this executor's own ID is in doubt
+    sysdb = runtime.system_database
+    free: set[str] = set()
+    for executor_id in await sysdb.executors_with_pending(runtime.application_version,
+                                                          runtime.executor_id):
+        if executor_id not in suspects:
+            if await lock.is_free(executor_id):
+                free.add(executor_id)
+            continue
+        async with lock.holding_other(executor_id) as held:
+            if held:
+                logger.warning("Executor %s is gone: taking over its pending workflows",
+                               executor_id)
+                await recovery.recover_pending(runtime, from_executor_id=executor_id)
+    return free
