@@ -58,8 +58,10 @@ from dbos_async.executor.logs import log_to_stderr
 from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.observability import (
     EventChange,
+    ExecutorActivity,
     PendingMessage,
     QueueMinute,
+    RunningWorkflow,
     StreamValue,
     WaitingWorkflow,
 )
@@ -98,6 +100,7 @@ __all__ = [
     "EnqueueRequest",
     "EnqueueResult",
     "EventChange",
+    "ExecutorActivity",
     "ExecutorIdLostError",
     "ExportedWorkflow",
     "ForkRequest",
@@ -118,6 +121,7 @@ __all__ = [
     "RateLimit",
     "RecordedError",
     "RetryOn",
+    "RunningWorkflow",
     "ScheduleDefinition",
     "ScheduleError",
     "SendMessage",

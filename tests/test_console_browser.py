@@ -116,6 +116,10 @@ async def test_pages_read_only_and_escaped(browser: Browser, world: Scenario,
         await expect(nightly).to_contain_text("ACTIVE")
         await expect(nightly).to_contain_text("03:00:00+00:00")
         await page.screenshot(path=shots / "schedules.png", full_page=True)
+
+        await page.goto(f"{base}/executors")
+        await expect(page.locator('tr[data-alive="yes"]').first).to_contain_text("alive")
+        await page.screenshot(path=shots / "executors.png", full_page=True)
     assert dialogs == []
 
 

@@ -331,3 +331,37 @@ async def test_a_value_in_another_sdks_format_spoils_only_its_section(
         assert page.status_code == 200
         assert "Some values cannot be shown" in page.text and "py_pickle" in page.text
         assert "await_approval" in page.text
+
+
+async def test_the_executors_page_tells_live_from_gone(database_url: str) -> None:
+    """An executor is alive while its process holds its executor-ID lock: one that exited
+    shows as gone, with the PENDING workflow it left behind."""
+    def executor(executor_id: str) -> Any:
+        dbos = new_dbos(database_url, executor_id=executor_id, failover_after=None,
+                        shutdown_grace_period=0.1)
+
+        @dbos.workflow(name="waits")
+        async def waits() -> Any:
+            return await dbos.recv("go", timeout=600)
+
+        return dbos, waits
+
+    alpha, alpha_waits = executor("alpha")
+    beta, beta_waits = executor("beta")
+    async with alpha:
+        with SetWorkflowID("on-alpha"):
+            await alpha.start_workflow(alpha_waits)
+        async with beta:
+            with SetWorkflowID("on-beta"):
+                await beta.start_workflow(beta_waits)
+            both = {e.executor_id: e for e in await alpha.list_executors()}
+            assert both["alpha"].alive and both["beta"].alive
+        found = {e.executor_id: e for e in await alpha.list_executors()}
+        assert found["alpha"].alive and [w.workflow_id for w in found["alpha"].running] == [
+            "on-alpha"]
+        assert not found["beta"].alive and found["beta"].pending == 1
+        async with client(console_app(alpha)) as http:
+            page = (await http.get("/executors")).text
+        rows = dict(re.findall(r'data-executor="([^"]+)" data-alive="(yes|no)"', page))
+        assert rows == {"alpha": "yes", "beta": "no"}
+        assert "on-alpha" in page and "on-beta" in page

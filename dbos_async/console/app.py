@@ -63,6 +63,8 @@ CHILD_DEPTH = 3
 """How many generations of children the tree shows."""
 CHILDREN_SHOWN = 50
 ACTIVITY_MINUTES = 60
+EXECUTORS_RECENT_MINUTES = 60
+"""The executors page also shows executors that started a workflow this recently."""
 LIVE_REFRESH_IDS = 200
 """At most this many workflows per status refresh (a page's worth, and then some)."""
 
@@ -353,6 +355,11 @@ class Console:
             rows.append((schedule, upcoming))
         return self.page(request, "schedules.html", schedules=rows)
 
+    async def executors(self, request: Request) -> Response:
+        found = await self.operator.list_executors(EXECUTORS_RECENT_MINUTES)
+        return self.page(request, "executors.html", executors=found,
+                         recent_minutes=EXECUTORS_RECENT_MINUTES)
+
 
 def workflow_filters(q: QueryParams) -> dict[str, Any]:
     """The arguments of ``list_workflows`` a list page's query asks for."""
@@ -548,6 +555,7 @@ def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
         Route("/queues", console.queues),
         Route("/schedules", console.schedules),
         Route("/schedules/{action}", console.schedule_action, methods=["POST"]),
+        Route("/executors", console.executors),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"),
               name="static"),
     ]

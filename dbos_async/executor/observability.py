@@ -1,6 +1,6 @@
 """What dashboards read besides listings: event history, messages not yet received,
-stream values, per-minute queue activity and each queue's oldest waiting workflow. The
-operator's methods of the same names return these."""
+stream values, per-minute queue activity, each queue's oldest waiting workflow, and the
+executors with what each runs. The operator's methods of the same names return these."""
 
 from __future__ import annotations
 
@@ -105,3 +105,49 @@ async def oldest_waiting(peer: Peer) -> dict[str, WaitingWorkflow]:
     return {r["queue_name"]: WaitingWorkflow(
         r["queue_name"], r["workflow_uuid"], r["name"], r["status"], r["created_at"],
         r.get("shard_key")) for r in rows}
+
+
+@dataclass(frozen=True)
+class RunningWorkflow:
+    """A PENDING workflow an executor owns."""
+
+    workflow_id: str
+    name: str
+    shard_key: str | None = None
+
+
+@dataclass(frozen=True)
+class ExecutorActivity:
+    """An executor of the system database: whether its process is alive (it holds its
+    executor-ID lock, which PostgreSQL frees when the process's session ends) and the
+    PENDING workflows it owns (``pending`` of them, the oldest in ``running``)."""
+
+    executor_id: str
+    application_name: str | None
+    alive: bool
+    pending: int
+    running: list[RunningWorkflow]
+
+
+async def executors(peer: Peer, recent_minutes: int, shown: int) -> list[ExecutorActivity]:
+    """The executors owning PENDING workflows or having started one in the last
+    ``recent_minutes``; alive ones first, then by ID."""
+    sysdb = peer.system_database
+    since = now_ms() - recent_minutes * MINUTE_MS
+    pending = {(r["application_name"], r["executor_id"]): r
+               for r in await sysdb.pending_by_executor(shown)}
+    seen = {(r["application_name"], r["executor_id"])
+            for r in await sysdb.executors_seen_since(since)}
+    held = await sysdb.held_advisory_keys()
+    found = []
+    for app, executor_id in set(pending) | seen:
+        if executor_id is None:
+            continue
+        row = pending.get((app, executor_id))
+        running = ([RunningWorkflow(*entry) for entry in zip(
+            row["workflow_ids"], row["names"], row["shard_keys"], strict=True)]
+            if row is not None else [])
+        key = sysdb.sql.executor_lock_key(executor_id, app) & 0xFFFF_FFFF_FFFF_FFFF
+        found.append(ExecutorActivity(executor_id, app, key in held,
+                                      row["pending"] if row is not None else 0, running))
+    return sorted(found, key=lambda e: (not e.alive, e.executor_id, e.application_name or ""))

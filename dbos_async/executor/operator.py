@@ -40,6 +40,7 @@ from dbos_async.executor.handles import (
 )
 from dbos_async.executor.observability import (
     EventChange,
+    ExecutorActivity,
     PendingMessage,
     QueueMinute,
     StreamValue,
@@ -447,6 +448,13 @@ class Operator(ScheduleOperator):
         """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED), by
         queue name; queues with none waiting are left out."""
         return await observability.oldest_waiting(self._peer())
+
+    async def list_executors(self, recent_minutes: int = 60,
+                             shown: int = 10) -> list[ExecutorActivity]:
+        """The executors owning PENDING workflows or having started one in the last
+        ``recent_minutes``: whether each is alive (holds its executor-ID lock) and its
+        oldest ``shown`` PENDING workflows. Reads the lock table; takes no lock."""
+        return await observability.executors(self._peer(), recent_minutes, shown)
 
     # ---- Events, messages and streams as stored (reads, never checkpoints) ----
 

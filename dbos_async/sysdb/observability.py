@@ -28,3 +28,16 @@ class ObservabilityOperations(DatabaseCore):
     async def oldest_waiting(self) -> list[asyncpg.Record]:
         return await self._observed_fetch(self.sql.oldest_waiting(),
                                           "finding each queue's oldest waiting workflow")
+
+    async def pending_by_executor(self, shown: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.pending_by_executor(shown),
+                                          "reading what each executor runs")
+
+    async def executors_seen_since(self, since_ms: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.executors_seen_since(since_ms),
+                                          "listing the executors seen lately")
+
+    async def held_advisory_keys(self) -> set[int]:
+        rows = await self._observed_fetch(self.sql.held_advisory_keys(),
+                                          "reading which executors are alive")
+        return {row["key"] & 0xFFFF_FFFF_FFFF_FFFF for row in rows}

@@ -31,10 +31,23 @@ LOCK_SESSION_SETTINGS = {
 
 
 class ExecutorIdStatements(StatementBase):
-    def executor_lock_key(self, executor_id: str) -> int:
-        """The advisory lock key of ``executor_id`` in this schema and application."""
-        return advisory_lock_key(json.dumps(["dbos_async.executor_id", self.schema,
-                                             self.app_name, executor_id]))
+    def executor_lock_key(self, executor_id: str, application_name: str | None = None) -> int:
+        """The advisory lock key of ``executor_id`` in this schema and application (this
+        handle's, unless another is named)."""
+        app = application_name if application_name is not None else self.app_name
+        return advisory_lock_key(json.dumps(["dbos_async.executor_id", self.schema, app,
+                                             executor_id]))
+
+    def held_advisory_keys(self) -> Query:
+        """Every bigint advisory lock some session of this database holds, as the unsigned
+        key (classid is its high half, objid its low): who is alive, read from the lock
+        table without taking a lock."""
+        return Query(
+            """SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
+               FROM pg_catalog.pg_locks l
+               WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+                 AND l.database = (SELECT oid FROM pg_catalog.pg_database
+                                   WHERE datname = current_database())""")
 
     def try_executor_lock(self, executor_id: str) -> Query:
         """Take ``executor_id`` for this session if no other session holds it (true/false,

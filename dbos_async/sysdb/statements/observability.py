@@ -1,5 +1,6 @@
 """Read-only statements for dashboards (the console): event history, unconsumed messages,
-stream values, per-minute queue activity and each queue's oldest waiting workflow.
+stream values, per-minute queue activity, each queue's oldest waiting workflow, and what
+each executor runs.
 
 None takes a lock: they are plain SELECTs, run as observability reads (a read-only
 transaction under ``statement_timeout``, see ``DatabaseCore._observed_fetch``).
@@ -7,7 +8,14 @@ transaction under ``statement_timeout``, see ``DatabaseCore._observed_fetch``).
 
 from __future__ import annotations
 
-from dbos_async.sysdb.statements.base import DELAYED, ENQUEUED, Params, Query, StatementBase
+from dbos_async.sysdb.statements.base import (
+    DELAYED,
+    ENQUEUED,
+    PENDING,
+    Params,
+    Query,
+    StatementBase,
+)
 
 MINUTE_MS = 60_000
 
@@ -81,5 +89,37 @@ class ObservabilityStatements(StatementBase):
         return Query(
             f"""SELECT DISTINCT ON (queue_name) * FROM ({" UNION ALL ".join(branches)}) waiting
                 ORDER BY queue_name, created_at, workflow_uuid""",
+            p.values,
+        )
+
+    def pending_by_executor(self, shown: int) -> Query:
+        """Per application and executor, how many PENDING workflows it owns and its
+        ``shown`` oldest (ID, name, key), read through the partial index on PENDING rows."""
+        p = Params()
+        key = "shard_key" if self.sharded else "NULL::text"
+        return Query(
+            f"""SELECT application_name, executor_id, count(*) AS pending,
+                       (array_agg(workflow_uuid ORDER BY created_at, workflow_uuid))
+                         [1:{p(shown, 'integer')}] AS workflow_ids,
+                       (array_agg(name ORDER BY created_at, workflow_uuid))
+                         [1:{p(shown, 'integer')}] AS names,
+                       (array_agg({key} ORDER BY created_at, workflow_uuid))
+                         [1:{p(shown, 'integer')}] AS shard_keys
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND status = {p(PENDING)}
+                GROUP BY application_name, executor_id""",
+            p.values,
+        )
+
+    def executors_seen_since(self, since_ms: int) -> Query:
+        """The (application, executor) pairs that started a workflow since ``since_ms``
+        (an idle executor owns no PENDING row), a range of the created_at index."""
+        p = Params()
+        return Query(
+            f"""SELECT DISTINCT application_name, executor_id
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND created_at >= {p(since_ms, 'bigint')} AND executor_id IS NOT NULL""",
             p.values,
         )
