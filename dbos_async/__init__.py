@@ -52,6 +52,7 @@ from dbos_async.executor.queues import (
 from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.steps import RetryOn
+from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
 from dbos_async.sysdb.migrations import holds_sharded_schema
 from dbos_async.sysdb.setup import migrate
 
@@ -69,6 +70,7 @@ __all__ = [
     "DeadLetteredError",
     "Debouncer",
     "DeduplicationPolicy",
+    "ExecutorHealth",
     "ExecutorIdLostError",
     "IdempotencyKeyConflictError",
     "InvalidRequestError",
@@ -93,6 +95,7 @@ __all__ = [
     "SetWorkflowTimeout",
     "StepRetriesExceededError",
     "StreamTimeoutError",
+    "TaskHealth",
     "TimeBound",
     "WorkflowCancelledError",
     "WorkflowConflictError",

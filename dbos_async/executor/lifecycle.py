@@ -55,8 +55,8 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
             await owner.open()
         await sysdb.open(run_migrations=config.run_migrations)
         await _hold_executor_id(runtime)
-        await start_notifications(sysdb, sysdb.url, config, runtime.background.spawn)
-        runtime.cancellation.start(sysdb, runtime.background.spawn)
+        await start_notifications(sysdb, sysdb.url, config, runtime.background.supervise)
+        runtime.cancellation.start(sysdb, runtime.background.supervise)
         await sysdb.register_version(runtime.application_version)
         runtime.state = "running"
         await _start_queues(runtime, queues, listen)
@@ -95,7 +95,7 @@ async def _hold_executor_id(runtime: Runtime) -> None:
     )
     await lock.claim()
     runtime.executor_lock = lock
-    lock.start_watching(runtime.background.spawn)
+    lock.start_watching(runtime.background.supervise)
     runtime.claim_gate.guard = lock.ensure_held
 
 
