@@ -53,6 +53,8 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
     try:
         for owner in (runtime.background, runtime.workflows, runtime.queue_tasks):
             await owner.open()
+        # Each start-up step is retried through connection losses for up to
+        # db_retry_timeout (opening and every statement by the system database itself).
         await sysdb.open(run_migrations=config.run_migrations)
         await _hold_executor_id(runtime)
         await start_notifications(sysdb, sysdb.url, config, runtime.background.supervise)
@@ -60,7 +62,9 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         await sysdb.register_version(runtime.application_version)
         runtime.state = "running"
         await _start_queues(runtime, queues, listen)
-        await recovery.recover_pending(runtime)
+        # Safe to run again: what an attempt launched runs here, and is excluded.
+        await sysdb.retried("recovering pending workflows",
+                            lambda: recovery.recover_pending(runtime))
         maintenance.start(runtime)
         await _start_scheduler(runtime)
     except BaseException:
@@ -93,7 +97,8 @@ async def _hold_executor_id(runtime: Runtime) -> None:
         DEFAULT_EXECUTOR_ID,
         patience=config.db_retry_timeout,
     )
-    await lock.claim()
+    # Safe to run again: a failed claim closes its connection, releasing what it took.
+    await sysdb.retried("claiming an executor ID", lock.claim)
     runtime.executor_lock = lock
     lock.start_watching(runtime.background.supervise)
     runtime.claim_gate.guard = lock.ensure_held

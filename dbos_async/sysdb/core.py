@@ -14,10 +14,14 @@ from typing import Literal, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
+from dbos_async.errors import (
+    ApplicationOwnershipError,
+    DatabaseUnavailableError,
+    QueryTimeoutError,
+)
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
-from dbos_async.sysdb.retry import RetryPolicy
+from dbos_async.sysdb.retry import RetryPolicy, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
 
@@ -71,6 +75,7 @@ class DatabaseCore:
         self._connection_name = connection_name
         self._pool: asyncpg.Pool | None = None
         self._closing = False
+        self._retry_timeout = retry_timeout
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
         # Safety limits (0 leaves the server's setting): see locking_transaction and
         # _observed_fetch.
@@ -100,13 +105,22 @@ class DatabaseCore:
         A schema of the other kind (sharded for an unsharded handle, or the reverse) is refused
         with a :class:`~dbos_async.errors.ConfigurationError` before any row is read or
         written and before any migration: migrate and verify check the kind first.
+
+        A connection lost or refused meanwhile is retried for up to ``retry_timeout``
+        (migrating again is safe: a step already done is skipped), then raises
+        :class:`DatabaseUnavailableError` naming the server and the cause.
         """
-        await setup.prepare(self.url, self.schema, sharded=self.sharded,
-                            run_migrations=run_migrations, connect_timeout=self._connect_timeout,
-                            connection_name=self._connection_name)
-        self._pool = await connection.create_pool(
-            self.url, self._pool_size, self._connect_timeout, self._connection_name
-        )
+
+        async def attempt() -> None:
+            await setup.prepare(self.url, self.schema, sharded=self.sharded,
+                                run_migrations=run_migrations,
+                                connect_timeout=self._connect_timeout,
+                                connection_name=self._connection_name)
+            self._pool = await connection.create_pool(
+                self.url, self._pool_size, self._connect_timeout, self._connection_name
+            )
+
+        await self.retried("opening the system database", attempt)
 
     async def close(self) -> None:
         self._closing = True
@@ -122,8 +136,31 @@ class DatabaseCore:
 
     # ---- Running statements ----
 
+    async def retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run ``operation``, safe to run again, through the retry policy (as every
+        statement here runs): for the executor's start-up steps outside this layer."""
+        return await self._retried(what, operation)
+
     async def _retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
-        return await self._retry.run(operation, what)
+        return await self._retried_again(what, lambda _again: operation())
+
+    async def _retried_again(self, what: str, operation: Callable[[bool], Awaitable[T]]) -> T:
+        """Run ``operation`` through the retry policy (telling it whether an earlier attempt
+        failed, see :meth:`RetryPolicy.run_again`); a connection loss outlasting
+        ``db_retry_timeout`` raises :class:`DatabaseUnavailableError`."""
+        try:
+            return await self._retry.run_again(operation, what)
+        except Exception as error:
+            if not is_connection_loss(error):
+                raise
+            raise self.unavailable(what, error) from error
+
+    def unavailable(self, what: str, error: BaseException) -> DatabaseUnavailableError:
+        """The error for a connection loss that retrying did not outlive."""
+        return DatabaseUnavailableError(
+            f"The system database at {connection.redact(self.url)} was unavailable while "
+            f"{what} (retried for up to {self._retry_timeout:g}s): "
+            f"{type(error).__name__}: {error}")
 
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
         return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))

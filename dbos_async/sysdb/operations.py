@@ -8,7 +8,8 @@ notifications the writes owe.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
@@ -58,7 +59,7 @@ class WorkflowOperations(DatabaseCore):
         refs = self._refs(workflow_ids)
         now = now_ms()
 
-        async def run() -> list[CancelledWorkflow]:
+        async def run(again: bool) -> list[CancelledWorkflow]:
             async with self.locking_transaction() as conn:
                 for key, ids in _by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
@@ -77,9 +78,25 @@ class WorkflowOperations(DatabaseCore):
                                     await _fetch_on(conn, self.sql.direct_children(ids)))
                     frontier = [kid for kid in dict.fromkeys(kids) if kid not in visited]
                     visited.update(frontier)
+                if again:
+                    cancelled += await self._cancelled_before(conn, visited, cancelled)
                 return cancelled
 
-        return await self._retried("cancelling workflows", run)
+        return await self._retried_again("cancelling workflows", run)
+
+    async def _cancelled_before(self, conn: JobConnection, refs: Iterable[WorkflowRef],
+                                changed: Sequence[CancelledWorkflow]
+                                ) -> list[CancelledWorkflow]:
+        """On a retried cancel: the workflows among ``refs`` found CANCELLED that this
+        attempt did not change, as the lost attempt may have cancelled them (announced
+        again, harmlessly if it did not; their queue is unknown, so no slot is announced)."""
+        done = {(row.workflow_id, row.shard_key) for row in changed}
+        found: list[CancelledWorkflow] = []
+        for key, ids in _by_key([ref for ref in refs if ref not in done]).items():
+            with bind_shard_keys(dict.fromkeys(ids, key)):
+                rows = await _fetch_on(conn, self.sql.cancelled_among(ids))
+            found += [CancelledWorkflow(r["workflow_uuid"], None, key) for r in rows]
+        return found
 
     async def descendants(self, workflow_ids: Sequence[str]) -> list[WorkflowRef]:
         """Every workflow started by these, recursively (not including them), with its key."""
@@ -271,13 +288,17 @@ class WorkflowOperations(DatabaseCore):
         ids = list(dict.fromkeys(workflow_ids))
         now = now_ms()
 
-        async def run() -> list[str]:
+        async def run(again: bool) -> list[str]:
             async with self.locking_transaction() as conn:
                 await self._require_existing(conn, ids)
-                rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now))
-                return [r["workflow_uuid"] for r in rows]
+                # A retry keeps what the lost attempt may have done (see resumed_since).
+                earlier = await _fetch_on(conn, self.sql.resumed_since(ids, queue_name, now)) \
+                    if again else []
+                rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now, again))
+                resumed = {r["workflow_uuid"] for r in [*earlier, *rows]}
+                return [i for i in ids if i in resumed]
 
-        return await self._retried("resuming workflows", run)
+        return await self._retried_again("resuming workflows", run)
 
     async def _locked_for_fork(self, conn: JobConnection, workflow_id: str,
                                start_step: int) -> str:
@@ -302,14 +323,21 @@ class WorkflowOperations(DatabaseCore):
                    application_version: str | None, timeout_ms: int | None,
                    replacement_children: dict[str, str]) -> None:
         """Create ``fork_id`` from ``original_id`` with its history below ``start_step``,
-        in one transaction."""
+        in one transaction. Safe to retry: the fork carries a creator token, so a retry
+        finding ``fork_id`` created by its lost attempt is done."""
         now = now_ms()
+        creator_xid = str(uuid.uuid4())
 
-        async def run() -> None:
+        async def run(again: bool) -> None:
             async with self.locking_transaction() as conn:
                 await self._locked_for_fork(conn, original_id, start_step)
+                if again:
+                    q = self.sql.fork_creator(fork_id)
+                    if await conn.fetchval(q.sql, *q.params) == creator_xid:
+                        return
                 queries = self.sql.insert_fork(original_id, fork_id, queue_name,
-                                               application_version, timeout_ms, now)
+                                               application_version, timeout_ms, now,
+                                               creator_xid)
                 if start_step > 0:
                     queries += self.sql.copy_history(original_id, fork_id, start_step,
                                                      replacement_children)
@@ -320,7 +348,7 @@ class WorkflowOperations(DatabaseCore):
                     raise DBOSError(f"Cannot fork {original_id!r} as {fork_id!r}: a workflow "
                                     "with that ID exists") from None
 
-        await self._retried(f"forking workflow {original_id}", run)
+        await self._retried_again(f"forking workflow {original_id}", run)
 
     async def rewind(self, workflow_id: str, start_step: int, *, queue_name: str,
                      application_version: str | None) -> None:

@@ -25,6 +25,7 @@ T = TypeVar("T")
 # Admin shutdown, crash shutdown, cannot connect now, too many connections, out of resources,
 # serialization failure and deadlock: the statement can be run again as it is.
 _TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "53400", "40001", "40P01"})
+_CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
 
 
 # How asyncpg's InterfaceError says the connection under an operation died (its other
@@ -59,6 +60,17 @@ def is_transient(error: BaseException) -> bool:
         message = str(error)
         return any(m in message for m in _DEAD_CONNECTION_MESSAGES)
     return False
+
+
+def is_connection_loss(error: BaseException) -> bool:
+    """Whether ``error`` is transient for want of the database (a lost connection, a
+    server shutting down or refusing connections), rather than a conflict between
+    transactions (serialization failure, deadlock) that its caller resolves."""
+    if isinstance(error, DatabaseUnavailableError):
+        return False  # already said so
+    if isinstance(error, asyncpg.PostgresError) and error.sqlstate in _CONFLICT_SQLSTATES:
+        return False
+    return is_transient(error)
 
 
 class RetryPolicy:
