@@ -169,9 +169,10 @@ class Storm:
 
 
 @contextlib.asynccontextmanager
-async def kill_storm(url: str) -> AsyncIterator[Storm]:
-    """Terminate every other backend of the database, again and again, from a separate
-    connection, until the block ends."""
+async def kill_storm(url: str, pace: tuple[float, float] = (0.02, 0.1)
+                     ) -> AsyncIterator[Storm]:
+    """Terminate every other backend of the database, again and again (every ``pace``
+    seconds, at random within it), from a separate connection, until the block ends."""
     storm = Storm()
     conn = await asyncpg.connect(url)
 
@@ -182,7 +183,7 @@ async def kill_storm(url: str) -> AsyncIterator[Storm]:
                 "FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"))
             storm.rounds += 1
-            await asyncio.sleep(random.uniform(0.02, 0.1))  # the storm's pace, not a wait
+            await asyncio.sleep(random.uniform(*pace))  # the storm's pace, not a wait
 
     task = asyncio.create_task(loop())
     try:

@@ -111,16 +111,12 @@ class DatabaseCore:
         :class:`DatabaseUnavailableError` naming the server and the cause.
         """
 
-        async def attempt() -> None:
-            await setup.prepare(self.url, self.schema, sharded=self.sharded,
-                                run_migrations=run_migrations,
-                                connect_timeout=self._connect_timeout,
-                                connection_name=self._connection_name)
-            self._pool = await connection.create_pool(
-                self.url, self._pool_size, self._connect_timeout, self._connection_name
-            )
-
-        await self.retried("opening the system database", attempt)
+        await self.retried("preparing the system database", lambda: setup.prepare(
+            self.url, self.schema, sharded=self.sharded, run_migrations=run_migrations,
+            connect_timeout=self._connect_timeout, connection_name=self._connection_name))
+        self._pool = await self.retried("opening the connection pool", lambda: (
+            connection.create_pool(self.url, self._pool_size, self._connect_timeout,
+                                   self._connection_name)))
 
     async def close(self) -> None:
         self._closing = True
