@@ -24,6 +24,7 @@ from dbos_async import (
     WorkflowCancelledError,
 )
 from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.retry import UnavailableAfterRetries, is_connection_loss, is_transient
 from tests.helpers import fetch, fetchval, new_dbos, wait_until
 
 DEAD_CONNECTION_ERRORS = [
@@ -33,6 +34,27 @@ DEAD_CONNECTION_ERRORS = [
     asyncpg.InternalClientError("cannot switch to state 11; another operation is in progress"),
     ConnectionResetError("Connection reset by peer"),
 ]
+
+
+def test_dead_connection_errors_are_transient_and_misuse_is_not() -> None:
+    for error in DEAD_CONNECTION_ERRORS:
+        assert is_transient(error) and is_connection_loss(error), error
+    refused = DatabaseUnavailableError("Cannot connect")
+    refused.__cause__ = ConnectionRefusedError(111, "refused")
+    assert is_transient(refused) and not is_connection_loss(refused)
+    bad_password = DatabaseUnavailableError("Cannot connect")
+    bad_password.__cause__ = asyncpg.InvalidPasswordError("password authentication failed")
+    assert not is_transient(bad_password)
+    given_up = UnavailableAfterRetries("gave up")
+    given_up.__cause__ = DEAD_CONNECTION_ERRORS[0]
+    assert not is_transient(given_up)
+    for misuse in (asyncpg.InterfaceError("pool is closing"),
+                   asyncpg.DataError("invalid input for query argument $1"),
+                   asyncpg.UniqueViolationError("duplicate key")):
+        assert not is_transient(misuse), misuse
+    # Conflicts are retried, but are not the database being unavailable.
+    conflict = asyncpg.SerializationError("could not serialize access")
+    assert is_transient(conflict) and not is_connection_loss(conflict)
 
 
 def with_waiter(dbos: DBOS) -> Any:

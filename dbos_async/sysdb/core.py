@@ -14,14 +14,10 @@ from typing import Literal, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.errors import (
-    ApplicationOwnershipError,
-    DatabaseUnavailableError,
-    QueryTimeoutError,
-)
+from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
-from dbos_async.sysdb.retry import RetryPolicy, is_connection_loss
+from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
 
@@ -151,9 +147,10 @@ class DatabaseCore:
                 raise
             raise self.unavailable(what, error) from error
 
-    def unavailable(self, what: str, error: BaseException) -> DatabaseUnavailableError:
-        """The error for a connection loss that retrying did not outlive."""
-        return DatabaseUnavailableError(
+    def unavailable(self, what: str, error: BaseException) -> UnavailableAfterRetries:
+        """The error for a connection loss that retrying did not outlive (a
+        :class:`~dbos_async.errors.DatabaseUnavailableError`)."""
+        return UnavailableAfterRetries(
             f"The system database at {connection.redact(self.url)} was unavailable while "
             f"{what} (retried for up to {self._retry_timeout:g}s): "
             f"{type(error).__name__}: {error}")

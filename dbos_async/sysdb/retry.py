@@ -37,16 +37,22 @@ _DEAD_CONNECTION_MESSAGES = ("connection is closed", "connection was closed",
                              "another operation is in progress")
 
 
+class UnavailableAfterRetries(DatabaseUnavailableError):
+    """A connection loss that retrying for ``db_retry_timeout`` did not outlive: not
+    retried again by a retry around the operation that gave up."""
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether ``error`` is a connection loss or a server condition that retrying can outlive.
 
     A :class:`~dbos_async.errors.DatabaseUnavailableError` raised while connecting is
     judged by its cause: a refused or reset connection is transient, a bad password or a
-    missing database is not.
+    missing database is not; one that retrying already gave up on is not either.
     """
     if isinstance(error, DatabaseUnavailableError):
         cause = error.__cause__
-        return cause is not None and is_transient(cause)
+        return not isinstance(error, UnavailableAfterRetries) and cause is not None \
+            and is_transient(cause)
     if isinstance(error, asyncpg.PostgresError):
         code = error.sqlstate or ""
         return code.startswith("08") or code in _TRANSIENT_SQLSTATES
