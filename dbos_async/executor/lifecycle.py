@@ -48,14 +48,13 @@ async def new_runtime(config: DBOSConfig, registry: Registry) -> Runtime:
 async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
                         listen: Set[str] | None) -> None:
     """Start everything the runtime runs, with these declared queues (claiming from
-    ``listen`` only, when given); on failure, stop what started and raise."""
+    ``listen`` only, when given); on failure, stop what started and raise. Each step is
+    retried through connection losses for up to ``db_retry_timeout``."""
     config, sysdb = runtime.config, runtime.system_database
     try:
         for owner in (runtime.background, runtime.workflows, runtime.queue_tasks):
             await owner.open()
-        # Each start-up step is retried through connection losses for up to
-        # db_retry_timeout (opening and every statement by the system database itself).
-        await sysdb.open(run_migrations=config.run_migrations)
+        await sysdb.open(run_migrations=config.run_migrations, patient=True)
         await _hold_executor_id(runtime)
         await start_notifications(sysdb, sysdb.url, config, runtime.background.supervise)
         runtime.cancellation.start(sysdb, runtime.background.supervise)

@@ -95,22 +95,24 @@ class DatabaseCore:
 
     # ---- Lifecycle ----
 
-    async def open(self, *, run_migrations: bool = True) -> None:
+    async def open(self, *, run_migrations: bool = True, patient: bool = False) -> None:
         """Create the database if allowed, migrate or verify the schema, and open the pool.
 
         A schema of the other kind (sharded for an unsharded handle, or the reverse) is refused
         with a :class:`~dbos_async.errors.ConfigurationError` before any row is read or
         written and before any migration: migrate and verify check the kind first.
 
-        A connection lost or refused meanwhile is retried for up to ``retry_timeout``
-        (migrating again is safe: a step already done is skipped), then raises
-        :class:`DatabaseUnavailableError` naming the server and the cause.
+        A connection lost or refused meanwhile raises :class:`DatabaseUnavailableError`
+        naming the server and the cause; ``patient`` (an executor's start-up), only once
+        retrying for up to ``retry_timeout`` did not outlive it (migrating again is safe: a
+        step already done is skipped). An impatient opener (a client, the command line)
+        fails at once, so that an unreachable server is said at once.
         """
-
-        await self.retried("preparing the system database", lambda: setup.prepare(
+        run = self.retried if patient else self._once
+        await run("preparing the system database", lambda: setup.prepare(
             self.url, self.schema, sharded=self.sharded, run_migrations=run_migrations,
             connect_timeout=self._connect_timeout, connection_name=self._connection_name))
-        self._pool = await self.retried("opening the connection pool", lambda: (
+        self._pool = await run("opening the connection pool", lambda: (
             connection.create_pool(self.url, self._pool_size, self._connect_timeout,
                                    self._connection_name)))
 
@@ -147,13 +149,23 @@ class DatabaseCore:
                 raise
             raise self.unavailable(what, error) from error
 
-    def unavailable(self, what: str, error: BaseException) -> UnavailableAfterRetries:
+    async def _once(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run ``operation`` once; a connection loss raises :class:`DatabaseUnavailableError`."""
+        try:
+            return await operation()
+        except Exception as error:
+            if not is_connection_loss(error):
+                raise
+            raise self.unavailable(what, error, retried=False) from error
+
+    def unavailable(self, what: str, error: BaseException,
+                    retried: bool = True) -> UnavailableAfterRetries:
         """The error for a connection loss that retrying did not outlive (a
         :class:`~dbos_async.errors.DatabaseUnavailableError`)."""
+        how_long = f" (retried for up to {self._retry_timeout:g}s)" if retried else ""
         return UnavailableAfterRetries(
             f"The system database at {connection.redact(self.url)} was unavailable while "
-            f"{what} (retried for up to {self._retry_timeout:g}s): "
-            f"{type(error).__name__}: {error}")
+            f"{what}{how_long}: {type(error).__name__}: {error}")
 
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
         return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))

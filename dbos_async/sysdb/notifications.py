@@ -298,7 +298,7 @@ class NotificationDispatcher:
                                                       | asyncpg.InterfaceError)):
                 # Unexpected: the batch goes back, and the notifier's supervisor logs the
                 # error and starts it again.
-                self._pending = batch + self._pending
+                self._pending = unique + self._pending
                 self._pending_event.set()
                 raise
             # Waiters elsewhere fall back to their poll intervals; nothing is lost for good.
