@@ -78,6 +78,7 @@ from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.serialization import Serializer
 from dbos_async.executor.steps import RetryOn
+from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
 from dbos_async.sysdb.migrations import holds_sharded_schema
 from dbos_async.sysdb.setup import migrate
 
@@ -101,6 +102,7 @@ __all__ = [
     "EnqueueResult",
     "EventChange",
     "ExecutorActivity",
+    "ExecutorHealth",
     "ExecutorIdLostError",
     "ExportedWorkflow",
     "ForkRequest",
@@ -136,6 +138,7 @@ __all__ = [
     "StepRetriesExceededError",
     "StreamTimeoutError",
     "StreamValue",
+    "TaskHealth",
     "TimeBound",
     "WaitingWorkflow",
     "WorkflowCancelledError",

@@ -112,7 +112,7 @@ class DBOSClient(Operator, Peer):
         try:
             await self._background.open()
             await sysdb.open(run_migrations=False)
-            await start_notifications(sysdb, url, self.config, self._background.spawn)
+            await start_notifications(sysdb, url, self.config, self._background.supervise)
         except BaseException:
             self._state = "closed"
             await self._close()

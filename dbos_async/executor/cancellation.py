@@ -18,13 +18,14 @@ notify. An idle executor (no regions) issues no statement.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from types import TracebackType
 from typing import Protocol
 
 from dbos_async.errors import WorkflowCancelledError
 from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Spawn, keyed
+from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Supervise, keyed
 from dbos_async.sysdb.shard_keys import bind_shard_keys
 
 logger = logging.getLogger("dbos_async")
@@ -155,11 +156,11 @@ class CancellationWatcher:
             cancelled |= {ids[workflow_id] for workflow_id in found}
         return cancelled
 
-    def start(self, sysdb: SystemDatabase, spawn: Spawn) -> None:
+    def start(self, sysdb: SystemDatabase, supervise: Supervise) -> None:
         """Subscribe to cancel notifications and start the watcher (a background task)."""
         if sysdb.notifications is not None:
             sysdb.notifications.subscribe(WORKFLOW_CANCEL_CHANNEL, self.on_notification)
-        spawn(self._run(sysdb), "cancellation watcher")
+        supervise(functools.partial(self._run, sysdb), "cancellation watcher")
 
     async def _run(self, sysdb: SystemDatabase) -> None:
         interval = self._poll_interval

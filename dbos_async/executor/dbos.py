@@ -45,6 +45,7 @@ from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
 from dbos_async.executor.serialization import Signature
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
+from dbos_async.executor.tasks import ExecutorHealth
 from dbos_async.sysdb.database import SystemDatabase
 
 logger = logging.getLogger("dbos_async")
@@ -403,6 +404,14 @@ class DBOS(Operator):
     def queue_warnings(self) -> list[WorkflowNotRegisteredError]:
         """Enqueued workflows a claim loop here leaves queued for want of their function."""
         return self._runtime.queue_warnings if self._runtime is not None else []
+
+    def health(self) -> ExecutorHealth:
+        """Whether this executor runs and which of its background tasks are down: each
+        one restarts with backoff on any failure, and is reported here meanwhile with its
+        last error. Outside ``async with dbos:`` the state is ``"closed"`` (not healthy)."""
+        if self._runtime is None:
+            return ExecutorHealth("closed", self.config.executor_id, ())
+        return self._runtime.health()
 
     # ---- Operator hooks (see executor/operator.py) ----
 

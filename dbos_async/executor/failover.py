@@ -27,6 +27,7 @@ and its workflows are claimed within ``failover_after`` seconds of that.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from dbos_async.errors import DBOSError
@@ -45,7 +46,8 @@ def start(runtime: Runtime) -> None:
     after, lock = runtime.config.failover_after, runtime.executor_lock
     if after is None or lock is None:
         return
-    runtime.background.spawn(_watch(runtime, lock, after / SCANS_PER_BOUND), "failover")
+    runtime.background.supervise(
+        functools.partial(_watch, runtime, lock, after / SCANS_PER_BOUND), "failover")
 
 
 async def _watch(runtime: Runtime, lock: ExecutorIdLock, interval: float) -> None:

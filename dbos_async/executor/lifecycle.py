@@ -48,19 +48,22 @@ async def new_runtime(config: DBOSConfig, registry: Registry) -> Runtime:
 async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
                         listen: Set[str] | None) -> None:
     """Start everything the runtime runs, with these declared queues (claiming from
-    ``listen`` only, when given); on failure, stop what started and raise."""
+    ``listen`` only, when given); on failure, stop what started and raise. Each step is
+    retried through connection losses for up to ``db_retry_timeout``."""
     config, sysdb = runtime.config, runtime.system_database
     try:
         for owner in (runtime.background, runtime.workflows, runtime.queue_tasks):
             await owner.open()
-        await sysdb.open(run_migrations=config.run_migrations)
+        await sysdb.open(run_migrations=config.run_migrations, patient=True)
         await _hold_executor_id(runtime)
-        await start_notifications(sysdb, sysdb.url, config, runtime.background.spawn)
-        runtime.cancellation.start(sysdb, runtime.background.spawn)
+        await start_notifications(sysdb, sysdb.url, config, runtime.background.supervise)
+        runtime.cancellation.start(sysdb, runtime.background.supervise)
         await sysdb.register_version(runtime.application_version)
         runtime.state = "running"
         await _start_queues(runtime, queues, listen)
-        await recovery.recover_pending(runtime)
+        # Safe to run again: what an attempt launched runs here, and is excluded.
+        await sysdb.retried("recovering pending workflows",
+                            lambda: recovery.recover_pending(runtime))
         failover.start(runtime)
         maintenance.start(runtime)
         await _start_scheduler(runtime)
@@ -94,12 +97,13 @@ async def _hold_executor_id(runtime: Runtime) -> None:
         base,
         patience=config.db_retry_timeout,
     )
-    claimed = await lock.claim()
+    # Safe to run again: a failed claim closes its connection, releasing what it took.
+    claimed = await sysdb.retried("claiming an executor ID", lock.claim)
     if config.executor_id is not None and claimed != base:
         logger.warning("Executor ID %r is held by another live process; this one runs as %r "
                        "(so neither takes over the other's running workflows)", base, claimed)
     runtime.executor_lock = lock
-    lock.start_watching(runtime.background.spawn)
+    lock.start_watching(runtime.background.supervise)
     runtime.claim_gate.guard = lock.ensure_held
 
 

@@ -14,6 +14,7 @@ the runtime runs them every ``maintenance_interval`` seconds, the first time at 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from dbos_async.executor.control import announce_cancelled
@@ -71,4 +72,5 @@ async def maintenance_loop(runtime: Runtime) -> None:
 def start(runtime: Runtime) -> None:
     config = runtime.config
     if config.retention_hours is not None or config.global_timeout_hours is not None:
-        runtime.background.spawn(maintenance_loop(runtime), "maintenance jobs")
+        runtime.background.supervise(functools.partial(maintenance_loop, runtime),
+                                     "maintenance jobs")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from dbos_async.config import DBOSConfig
     from dbos_async.executor.serialization import Formats, Signature
     from dbos_async.sysdb.database import SystemDatabase
-    from dbos_async.sysdb.notifications import Spawn
+    from dbos_async.sysdb.notifications import Supervise
 
 
 class Peer(Protocol):
@@ -63,7 +63,7 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
 
 
 async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfig,
-                              spawn: Spawn) -> None:
+                              supervise: Supervise) -> None:
     """Start the LISTEN/NOTIFY dispatcher (listener and notifier) of a peer."""
     from dbos_async.sysdb import connection
     from dbos_async.sysdb.notifications import NotificationDispatcher
@@ -79,4 +79,4 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
         max_polling_queries=config.max_polling_queries or max(1, config.pool_size // 2),
     )
     sysdb.notifications = dispatcher
-    await dispatcher.start(spawn)
+    await dispatcher.start(supervise)

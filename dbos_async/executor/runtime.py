@@ -17,7 +17,7 @@ from dbos_async.executor.cancellation import CancellationWatcher
 from dbos_async.executor.claim_gate import ClaimGate
 from dbos_async.executor.registry import Registry
 from dbos_async.executor.serialization import Formats, Signature
-from dbos_async.executor.tasks import TaskOwner
+from dbos_async.executor.tasks import ExecutorHealth, TaskOwner
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
@@ -89,6 +89,13 @@ class Runtime:
         if self.executor_lock is None:
             raise DBOSError("The executor has not claimed its executor ID yet")
         return self.executor_lock.executor_id
+
+    def health(self) -> ExecutorHealth:
+        """The state of this entry and of each of its background tasks."""
+        executor_id = self.executor_lock.executor_id if self.executor_lock is not None \
+            else self.config.executor_id
+        tasks = (*self.background.health(), *self.queue_tasks.health())
+        return ExecutorHealth(self.state, executor_id, tasks)
 
     def require_running(self) -> None:
         if self.state != "running":

@@ -58,7 +58,7 @@ class Scheduler:
         notifications = self._runtime.system_database.notifications
         if notifications is not None:
             notifications.subscribe(ENQUEUE_CHANNEL, self._on_notification)
-        self._runtime.background.spawn(self._run(), "scheduler")
+        self._runtime.background.supervise(self._run, "scheduler")
 
     def _on_notification(self, key: str) -> None:
         if key == schedules.SCHEDULES_CHANGED_KEY:

@@ -10,19 +10,116 @@ What anyio guarantees here: a task spawned into an owner is cancelled and awaite
 cancel scope (``move_on_after``), and the reaping is shielded, so a closer that is itself
 cancelled still leaves nothing running. A task that fails is logged and does not take its
 siblings down: the owner is a supervisor, not an all-or-nothing group.
+
+A background task (listener, notifier, watcher, claim loop...) runs through
+:meth:`TaskOwner.supervise`: on any unexpected error it is logged and started again, with
+backoff, and its :class:`TaskHealth` says so, so no background task ever dies silently.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
-from typing import Any
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import anyio
 from anyio.abc import TaskGroup
 
 logger = logging.getLogger("dbos_async")
+
+TaskState = Literal["running", "restarting", "stopped"]
+
+RESTART_INITIAL_DELAY = 0.1
+RESTART_MAX_DELAY = 5.0
+"""Backoff of a failing background task's restarts: the delay doubles from the first to the
+second, and starts over once the task ran longer than the second before failing."""
+
+
+@dataclass(frozen=True)
+class TaskHealth:
+    """What one background task of an executor is doing.
+
+    ``running``: it runs; ``restarting``: it failed and starts again after a backoff;
+    ``stopped``: it ended by itself (e.g. a claim loop whose executor ID was taken) or with
+    its executor. ``last_error`` is the ``repr`` of its latest failure (``None`` if it
+    never failed), ``restarts`` how often it was started again.
+    """
+
+    name: str
+    state: TaskState
+    restarts: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+    """Epoch seconds of ``last_error``."""
+
+
+@dataclass(frozen=True)
+class ExecutorHealth:
+    """What :meth:`dbos_async.DBOS.health` reports: the executor's state and each of its
+    background tasks (notification listener, notifier, cancellation watcher, executor ID
+    keeper, queue claim loops, delayed workflow promoter, scheduler, maintenance jobs).
+    ``healthy`` holds while the executor runs and every one of them runs."""
+
+    state: str
+    executor_id: str | None
+    tasks: tuple[TaskHealth, ...]
+
+    @property
+    def down(self) -> list[TaskHealth]:
+        """The tasks that are not running (restarting after a failure, or stopped)."""
+        return [task for task in self.tasks if task.state != "running"]
+
+    @property
+    def healthy(self) -> bool:
+        return self.state == "running" and not self.down
+
+
+class SupervisedTask:
+    """A background task restarted on failure; :meth:`stop` ends it for good."""
+
+    def __init__(self, name: str, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self.name = name
+        self._factory = factory
+        self._scope = anyio.CancelScope()
+        self._done = anyio.Event()
+        self.health = TaskHealth(name, "running")
+
+    async def run(self) -> None:
+        delay = RESTART_INITIAL_DELAY
+        try:
+            with self._scope:
+                while True:
+                    started = time.monotonic()
+                    try:
+                        await self._factory()
+                        return
+                    except Exception as error:
+                        logger.exception("Background task %s failed; restarting it in %.1fs",
+                                         self.name, delay)
+                        health = self.health
+                        self.health = TaskHealth(self.name, "restarting", health.restarts,
+                                                 repr(error), time.time())
+                    if time.monotonic() - started > RESTART_MAX_DELAY:
+                        delay = RESTART_INITIAL_DELAY  # it ran a while: a fresh failure
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, RESTART_MAX_DELAY)
+                    health = self.health
+                    self.health = TaskHealth(self.name, "running", health.restarts + 1,
+                                             health.last_error, health.last_error_at)
+        finally:
+            health = self.health
+            self.health = TaskHealth(self.name, "stopped", health.restarts,
+                                     health.last_error, health.last_error_at)
+            self._done.set()
+
+    async def stop(self) -> None:
+        """Cancel the task and wait until it has ended."""
+        self._scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await self._done.wait()
 
 
 class TaskOwner:
@@ -37,6 +134,7 @@ class TaskOwner:
         self._drained = anyio.Event()
         self._drained.set()
         self.closed = False
+        self._supervised_tasks: list[SupervisedTask] = []
 
     async def open(self) -> None:
         """Start the host task and wait until its group accepts tasks."""
@@ -62,6 +160,20 @@ class TaskOwner:
             self._drained = anyio.Event()
         self._count += 1
         self._group.start_soon(self._supervised, coro, name, name=name)
+
+    def supervise(self, factory: Callable[[], Coroutine[Any, Any, None]],
+                  name: str) -> SupervisedTask:
+        """Run ``factory()`` as a background task of this owner, started again (with
+        backoff) whenever it raises; it ends when it returns, is stopped, or the owner
+        closes. Its health is in :meth:`health`."""
+        task = SupervisedTask(name, factory)
+        self.spawn(task.run(), name)
+        self._supervised_tasks.append(task)
+        return task
+
+    def health(self) -> list[TaskHealth]:
+        """The health of every background task started with :meth:`supervise`."""
+        return [task.health for task in self._supervised_tasks]
 
     async def _supervised(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         try:

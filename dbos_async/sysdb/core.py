@@ -17,7 +17,7 @@ from asyncpg.pool import PoolConnectionProxy
 from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
-from dbos_async.sysdb.retry import RetryPolicy
+from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
 
@@ -71,6 +71,7 @@ class DatabaseCore:
         self._connection_name = connection_name
         self._pool: asyncpg.Pool | None = None
         self._closing = False
+        self._retry_timeout = retry_timeout
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
         # Safety limits (0 leaves the server's setting): see locking_transaction and
         # _observed_fetch.
@@ -94,19 +95,26 @@ class DatabaseCore:
 
     # ---- Lifecycle ----
 
-    async def open(self, *, run_migrations: bool = True) -> None:
+    async def open(self, *, run_migrations: bool = True, patient: bool = False) -> None:
         """Create the database if allowed, migrate or verify the schema, and open the pool.
 
         A schema of the other kind (sharded for an unsharded handle, or the reverse) is refused
         with a :class:`~dbos_async.errors.ConfigurationError` before any row is read or
         written and before any migration: migrate and verify check the kind first.
+
+        A connection lost or refused meanwhile raises :class:`DatabaseUnavailableError`
+        naming the server and the cause; ``patient`` (an executor's start-up), only once
+        retrying for up to ``retry_timeout`` did not outlive it (migrating again is safe: a
+        step already done is skipped). An impatient opener (a client, the command line)
+        fails at once, so that an unreachable server is said at once.
         """
-        await setup.prepare(self.url, self.schema, sharded=self.sharded,
-                            run_migrations=run_migrations, connect_timeout=self._connect_timeout,
-                            connection_name=self._connection_name)
-        self._pool = await connection.create_pool(
-            self.url, self._pool_size, self._connect_timeout, self._connection_name
-        )
+        run = self.retried if patient else self._once
+        await run("preparing the system database", lambda: setup.prepare(
+            self.url, self.schema, sharded=self.sharded, run_migrations=run_migrations,
+            connect_timeout=self._connect_timeout, connection_name=self._connection_name))
+        self._pool = await run("opening the connection pool", lambda: (
+            connection.create_pool(self.url, self._pool_size, self._connect_timeout,
+                                   self._connection_name)))
 
     async def close(self) -> None:
         self._closing = True
@@ -122,8 +130,42 @@ class DatabaseCore:
 
     # ---- Running statements ----
 
+    async def retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run ``operation``, safe to run again, through the retry policy (as every
+        statement here runs): for the executor's start-up steps outside this layer."""
+        return await self._retried(what, operation)
+
     async def _retried(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
-        return await self._retry.run(operation, what)
+        return await self._retried_again(what, lambda _again: operation())
+
+    async def _retried_again(self, what: str, operation: Callable[[bool], Awaitable[T]]) -> T:
+        """Run ``operation`` through the retry policy (telling it whether an earlier attempt
+        failed, see :meth:`RetryPolicy.run_again`); a connection loss outlasting
+        ``db_retry_timeout`` raises :class:`DatabaseUnavailableError`."""
+        try:
+            return await self._retry.run_again(operation, what)
+        except Exception as error:
+            if not is_connection_loss(error):
+                raise
+            raise self.unavailable(what, error) from error
+
+    async def _once(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run ``operation`` once; a connection loss raises :class:`DatabaseUnavailableError`."""
+        try:
+            return await operation()
+        except Exception as error:
+            if not is_connection_loss(error):
+                raise
+            raise self.unavailable(what, error, retried=False) from error
+
+    def unavailable(self, what: str, error: BaseException,
+                    retried: bool = True) -> UnavailableAfterRetries:
+        """The error for a connection loss that retrying did not outlive (a
+        :class:`~dbos_async.errors.DatabaseUnavailableError`)."""
+        how_long = f" (retried for up to {self._retry_timeout:g}s)" if retried else ""
+        return UnavailableAfterRetries(
+            f"The system database at {connection.redact(self.url)} was unavailable while "
+            f"{what}{how_long}: {type(error).__name__}: {error}")
 
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
         return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))

@@ -39,6 +39,7 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
+from dbos_async.sysdb.retry import is_connection_loss
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
@@ -395,9 +396,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     ) -> list[WorkflowRow]:
         query = self.sql.claim_pending(executor_id, application_version, now_ms(), exclude,
                                        to_executor_id)
-        # Not retried: a lost reply would leave rows claimed under tokens we never learned;
-        # recovery runs again on the next start and claims them afresh.
-        rows = await self.pool.fetch(query.sql, *query.params)
+        # Not retried here: a lost reply would leave rows claimed under tokens we never
+        # learned; a recovery run again (start-up retries it) claims them afresh.
+        try:
+            rows = await self.pool.fetch(query.sql, *query.params)
+        except Exception as error:
+            if not is_connection_loss(error):
+                raise
+            raise self.unavailable("claiming pending workflows", error) from error
         return [workflow_row(row) for row in rows]
 
     async def executors_with_pending(self, application_version: str | None,

@@ -33,7 +33,7 @@ import anyio
 import asyncpg
 
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError, ExecutorIdLostError
-from dbos_async.sysdb.notifications import Spawn
+from dbos_async.sysdb.notifications import Supervise
 from dbos_async.sysdb.statements import Query, Statements
 
 logger = logging.getLogger("dbos_async")
@@ -126,10 +126,10 @@ class ExecutorIdLock:
 
     # ---- While running ----
 
-    def start_watching(self, spawn: Spawn) -> None:
-        """Watch the lock's connection (a task of the caller's owner) and re-acquire the ID
-        when it is lost."""
-        spawn(self._watch(), f"executor ID {self.executor_id} lock")
+    def start_watching(self, supervise: Supervise) -> None:
+        """Watch the lock's connection (a supervised task of the caller's owner) and
+        re-acquire the ID when it is lost."""
+        supervise(self._watch, "executor ID keeper")
 
     async def ensure_held(self) -> None:
         """Return once this process holds its ID; while it is being re-acquired, wait up to
@@ -147,6 +147,10 @@ class ExecutorIdLock:
             "on the system database is being re-established")
 
     async def _watch(self) -> None:
+        # Restarted after a failure mid-way through re-acquiring: finish that first.
+        if self._connection is None and self.state == "reacquiring" \
+                and not await self._reacquire():
+            return
         while await self._until_lost():
             if self.state == "closed":
                 return

@@ -64,6 +64,7 @@ from pathlib import Path
 import asyncpg
 
 from dbos_async.errors import ConfigurationError, MigrationError
+from dbos_async.sysdb.retry import is_transient
 
 __all__ = ["LATEST_VERSION", "check_schema_kind", "holds_sharded_schema", "migrate",
            "quote_schema", "verify"]
@@ -372,6 +373,8 @@ async def _ensure_bookkeeping(conn: asyncpg.Connection, schema: str, quoted: str
                 f"CREATE TABLE {quoted}.dbos_migrations (version bigint NOT NULL PRIMARY KEY)"
             )
     except asyncpg.PostgresError as e:
+        if is_transient(e):
+            raise  # a lost connection: the caller retries the migration
         raise MigrationError(f"cannot create the DBOS system schema {schema!r}: {e}") from e
 
 
@@ -395,6 +398,8 @@ async def _apply(conn: asyncpg.Connection, schema: str, quoted: str, step: _Step
                     f"INSERT INTO {quoted}.dbos_migrations (version) VALUES ($1)", step.version
                 )
     except asyncpg.PostgresError as e:
+        if is_transient(e):
+            raise  # a lost connection: the step rolled back, the caller retries it
         raise MigrationError(
             f"migrating DBOS system schema {schema!r} to version {step.version} failed "
             f"({', '.join(step.files)}): {type(e).__name__}: {e}"

@@ -23,10 +23,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import asyncpg
+
+from dbos_async.sysdb.retry import is_transient
 
 logger = logging.getLogger("dbos_async")
 
@@ -57,8 +59,20 @@ CHANNELS = (
 )
 
 Target = tuple[str, str]
-Spawn = Callable[[Coroutine[Any, Any, None], str], None]
-"""Runs a coroutine as a task of the dispatcher's owner (which awaits it on close)."""
+
+
+class BackgroundTask(Protocol):
+    """A background task started by a :data:`Supervise`."""
+
+    async def stop(self) -> None:
+        """End the task for good and wait until it has ended."""
+        ...
+
+
+Supervise = Callable[[Callable[[], Coroutine[Any, Any, None]], str], BackgroundTask]
+"""Runs ``factory()`` as a background task of the caller's owner, named, started again with
+backoff whenever it raises, and ended when the owner closes (see
+``dbos_async.executor.tasks.TaskOwner.supervise``)."""
 Connect = Callable[[], Awaitable[asyncpg.Connection]]
 
 _NOTIFY_SQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
@@ -172,9 +186,7 @@ class NotificationDispatcher:
         self._connection: asyncpg.Connection | None = None
         self._lost = asyncio.Event()
         self._stopping = False
-        self._running = False
-        self._stop = anyio.Event()
-        self._stopped = anyio.Event()
+        self._tasks: list[BackgroundTask] = []
         self.reconnects = 0
         """How many times the listener reconnected after losing its connection."""
         self.notifications_sent = 0
@@ -281,7 +293,14 @@ class NotificationDispatcher:
             # for stop()'s final flush. A notification sent twice only wakes twice.
             self._pending = batch + self._pending
             raise
-        except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as error:
+        except Exception as error:
+            if not (is_transient(error) or isinstance(error, asyncpg.PostgresError
+                                                      | asyncpg.InterfaceError)):
+                # Unexpected: the batch goes back, and the notifier's supervisor logs the
+                # error and starts it again.
+                self._pending = unique + self._pending
+                self._pending_event.set()
+                raise
             # Waiters elsewhere fall back to their poll intervals; nothing is lost for good.
             logger.warning("Could not send %d notifications: %r", len(unique), error)
             return
@@ -371,33 +390,22 @@ class NotificationDispatcher:
 
     # ---- Lifecycle ----
 
-    async def start(self, spawn: Spawn) -> None:
-        """Connect the listener (if enabled) and start the listener and notifier, as one
-        task of the owner's that runs them in a task group until :meth:`stop`."""
+    async def start(self, supervise: Supervise) -> None:
+        """Connect the listener (if enabled) and start the listener and the notifier, each
+        a supervised background task of the owner's, until :meth:`stop`."""
         if not self.use_listen_notify:
             return
         await self._listen_once()
-        self._running = True
-        spawn(self._run(), "notification listener and notifier")
-
-    async def _run(self) -> None:
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._run_listener, name="notification listener")
-                group.start_soon(self._run_notifier, name="notifier")
-                await self._stop.wait()
-                group.cancel_scope.cancel()
-        finally:
-            self._stopped.set()
+        self._tasks = [supervise(self._run_listener, "notification listener"),
+                       supervise(self._run_notifier, "notifier")]
 
     async def stop(self) -> None:
         """Stop the listener and notifier, send what is still queued and close the listener
         connection."""
         self._stopping = True
-        self._stop.set()
-        if self._running:
-            with anyio.CancelScope(shield=True):
-                await self._stopped.wait()
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            await task.stop()
         with anyio.move_on_after(5.0) as flushing:
             await self.flush()
         if flushing.cancelled_caught:

@@ -8,7 +8,8 @@ notifications the writes owe.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias, TypeVar
 
@@ -70,7 +71,7 @@ class WorkflowOperations(DatabaseCore):
         refs = self._refs(workflow_ids)
         now = now_ms()
 
-        async def run() -> list[CancelledWorkflow]:
+        async def run(again: bool) -> list[CancelledWorkflow]:
             async with self.locking_transaction() as conn:
                 for key, ids in _by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
@@ -89,9 +90,25 @@ class WorkflowOperations(DatabaseCore):
                                     await _fetch_on(conn, self.sql.direct_children(ids)))
                     frontier = [kid for kid in dict.fromkeys(kids) if kid not in visited]
                     visited.update(frontier)
+                if again:
+                    cancelled += await self._cancelled_before(conn, visited, cancelled)
                 return cancelled
 
-        return await self._retried("cancelling workflows", run)
+        return await self._retried_again("cancelling workflows", run)
+
+    async def _cancelled_before(self, conn: JobConnection, refs: Iterable[WorkflowRef],
+                                changed: Sequence[CancelledWorkflow]
+                                ) -> list[CancelledWorkflow]:
+        """On a retried cancel: the workflows among ``refs`` found CANCELLED that this
+        attempt did not change, as the lost attempt may have cancelled them (announced
+        again, harmlessly if it did not; their queue is unknown, so no slot is announced)."""
+        done = {(row.workflow_id, row.shard_key) for row in changed}
+        found: list[CancelledWorkflow] = []
+        for key, ids in _by_key([ref for ref in refs if ref not in done]).items():
+            with bind_shard_keys(dict.fromkeys(ids, key)):
+                rows = await _fetch_on(conn, self.sql.cancelled_among(ids))
+            found += [CancelledWorkflow(r["workflow_uuid"], None, key) for r in rows]
+        return found
 
     async def descendants(self, workflow_ids: Sequence[str]) -> list[WorkflowRef]:
         """Every workflow started by these, recursively (not including them), with its key."""
@@ -283,13 +300,17 @@ class WorkflowOperations(DatabaseCore):
         ids = list(dict.fromkeys(workflow_ids))
         now = now_ms()
 
-        async def run() -> list[str]:
+        async def run(again: bool) -> list[str]:
             async with self.locking_transaction() as conn:
                 await self._require_existing(conn, ids)
-                rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now))
-                return [r["workflow_uuid"] for r in rows]
+                # A retry keeps what the lost attempt may have done (see resumed_since).
+                earlier = await _fetch_on(conn, self.sql.resumed_since(ids, queue_name, now)) \
+                    if again else []
+                rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now, again))
+                resumed = {r["workflow_uuid"] for r in [*earlier, *rows]}
+                return [i for i in ids if i in resumed]
 
-        return await self._retried("resuming workflows", run)
+        return await self._retried_again("resuming workflows", run)
 
     async def _locked_for_fork(self, conn: JobConnection, workflow_id: str,
                                start_step: int) -> str:
@@ -316,27 +337,37 @@ class WorkflowOperations(DatabaseCore):
         """Create each fork from its original with the original's history below its
         ``start_step``, all in one transaction (on a sharded database each fork's statements
         address its original's key): every fork is created, or none. The originals are
-        locked in one order, so two batches over the same workflows cannot deadlock."""
+        locked in one order, so two batches over the same workflows cannot deadlock. Safe
+        to retry: the forks carry one creator token, so a retry finding the first fork
+        created by its lost attempt knows the whole batch committed."""
         now = now_ms()
+        creator_xid = str(uuid.uuid4())
         ordered = sorted(forks, key=lambda f: (f.shard_key or "", f.original_id, f.fork_id))
 
-        async def run() -> None:
+        async def run(again: bool) -> None:
             async with self.locking_transaction() as conn:
+                if again:
+                    first = ordered[0]
+                    with cleared_shard_keys(), bind_shard_keys({first.fork_id: first.shard_key}):
+                        q = self.sql.fork_creator(first.fork_id)
+                    if await conn.fetchval(q.sql, *q.params) == creator_xid:
+                        return
                 for spec in ordered:
                     with cleared_shard_keys(), bind_shard_keys(
                             {spec.original_id: spec.shard_key, spec.fork_id: spec.shard_key}):
                         await self._fork_on(conn, spec, queue_name, application_version,
-                                            timeout_ms, partition_key, now)
+                                            timeout_ms, partition_key, now, creator_xid)
 
         what = ", ".join(dict.fromkeys(f.original_id for f in forks))
-        await self._retried(f"forking workflow {what}", run)
+        await self._retried_again(f"forking workflow {what}", run)
 
     async def _fork_on(self, conn: JobConnection, spec: ForkSpec, queue_name: str,
                        application_version: str | None, timeout_ms: int | None,
-                       partition_key: str | None, now: int) -> None:
+                       partition_key: str | None, now: int, creator_xid: str) -> None:
         await self._locked_for_fork(conn, spec.original_id, spec.start_step)
         queries = self.sql.insert_fork(spec.original_id, spec.fork_id, queue_name,
-                                       application_version, timeout_ms, now, partition_key)
+                                       application_version, timeout_ms, now, creator_xid,
+                                       partition_key)
         if spec.start_step > 0:
             queries += self.sql.copy_history(spec.original_id, spec.fork_id, spec.start_step,
                                              spec.replacement_children)

@@ -16,6 +16,7 @@ A promoter task makes DELAYED workflows ENQUEUED when due, waking at the next du
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -284,11 +285,12 @@ def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
     workflows finish)."""
     for queue in queues:
         state = runtime.claim_loops[queue.name] = ClaimLoopState(queue)
-        runtime.queue_tasks.spawn(ClaimLoop(runtime, state).run(),
-                                  name=f"queue claim loop {queue.name}")
+        runtime.queue_tasks.supervise(ClaimLoop(runtime, state).run,
+                                      f"queue claim loop {queue.name}")
     if queues:
         poll = min(q.polling_interval_sec for q in queues)
-        runtime.queue_tasks.spawn(_promote(runtime, poll), name="delayed workflow promoter")
+        runtime.queue_tasks.supervise(functools.partial(_promote, runtime, poll),
+                                      "delayed workflow promoter")
 
 
 async def _promote(runtime: Runtime, poll: float) -> None:

@@ -17,6 +17,7 @@ from dbos_async.sysdb.statements.base import (
     ENQUEUED,
     ERROR,
     MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    PENDING,
     PORTABLE_JSON,
     SUCCESS,
     Params,
@@ -346,12 +347,16 @@ class ControlStatements(StatementBase):
 
     # ---- Resume, fork, rewind (DBOS Transact's resume, fork and rewind) ----
 
-    def resume(self, workflow_ids: Sequence[str], queue_name: str, now_ms: int) -> Query:
+    def resume(self, workflow_ids: Sequence[str], queue_name: str, now_ms: int,
+               again: bool = False) -> Query:
         """Put the workflows back on ``queue_name`` as ENQUEUED, with a fresh start (no
         owner, attempts, deadline or dedup ID); SUCCESS and ERROR rows are left alone.
-        Clearing the owner fences any execution still running somewhere."""
+        Clearing the owner fences any execution still running somewhere. ``again`` (a
+        retry of a resume at ``now_ms`` whose outcome is unknown): rows found
+        :meth:`resumed_since` are left alone, so an execution that claimed one since runs on."""
         p = Params()
         now = p(now_ms, "bigint")
+        since = f"AND NOT ({self._resumed_since(queue_name, now_ms, p)})" if again else ""
         return Query(
             f"""UPDATE {self.table('workflow_status')}
                 SET status = {p(ENQUEUED)}, owner_xid = NULL, queue_name = {p(queue_name)},
@@ -359,10 +364,28 @@ class ControlStatements(StatementBase):
                     deduplication_id = NULL, started_at_epoch_ms = NULL,
                     updated_at = {now}, completed_at = NULL
                 WHERE {self.wf_in(None, workflow_ids, p)}
-                  AND status <> ALL({p([SUCCESS, ERROR], 'text[]')})
+                  AND status <> ALL({p([SUCCESS, ERROR], 'text[]')}) {since}
                 RETURNING workflow_uuid""",
             p.values,
         )
+
+    def resumed_since(self, workflow_ids: Sequence[str], queue_name: str,
+                      now_ms: int) -> Query:
+        """Which of the workflows are on ``queue_name``, ENQUEUED or PENDING, and changed
+        at or after ``now_ms``: resumed by an attempt of the resume at ``now_ms`` whose
+        reply was lost, then perhaps claimed."""
+        p = Params()
+        return Query(
+            f"""SELECT workflow_uuid FROM {self.table('workflow_status')}
+                WHERE {self.wf_in(None, workflow_ids, p)}
+                  AND {self._resumed_since(queue_name, now_ms, p)}""",
+            p.values,
+        )
+
+    def _resumed_since(self, queue_name: str, now_ms: int, p: Params) -> str:
+        return (f"queue_name = {p(queue_name)} "
+                f"AND status = ANY({p([ENQUEUED, PENDING], 'text[]')}) "
+                f"AND updated_at >= {p(now_ms, 'bigint')}")
 
     def lock_for_fork(self, workflow_id: str) -> Query:
         """The workflow's status and its highest recorded step, its row locked."""
@@ -382,11 +405,12 @@ class ControlStatements(StatementBase):
 
     def insert_fork(self, original_id: str, fork_id: str, queue_name: str,
                     application_version: str | None, timeout_ms: int | None,
-                    now_ms: int, partition_key: str | None = None) -> list[Query]:
+                    now_ms: int, creator_xid: str, partition_key: str | None = None
+                    ) -> list[Query]:
         """The fork's status row (the original's identity, inputs and serialization,
         ENQUEUED on ``queue_name``, in partition ``partition_key`` of a partitioned one,
-        ``forked_from`` the original) and its inputs; and the original marked
-        ``was_forked_from``."""
+        ``forked_from`` the original, created by ``creator_xid``) and its inputs; and the
+        original marked ``was_forked_from``."""
         # The fork lives under its original's key, read from the rows copied (see
         # _key_values_of: so Citus copies on that key's shard).
         p = Params()
@@ -398,14 +422,16 @@ class ControlStatements(StatementBase):
                   config_name, queue_name, authenticated_user, assumed_role,
                   authenticated_roles, application_version, application_id, forked_from,
                   serialization, attributes, application_name, workflow_timeout_ms,
-                  created_at, updated_at, recovery_attempts, priority, queue_partition_key)
+                  created_at, updated_at, recovery_attempts, priority, queue_partition_key,
+                  creator_xid)
                 SELECT {''.join(f'{v}, ' for v in keys.values())}{p(fork_id)}, {p(ENQUEUED)},
                   name, class_name, config_name, {p(queue_name)}, authenticated_user,
                   assumed_role, authenticated_roles,
                   COALESCE({p(application_version)}, application_version), application_id,
                   workflow_uuid, serialization, attributes,
                   COALESCE(application_name, {p(self.app_name, 'text')}),
-                  {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0, {p(partition_key, 'text')}
+                  {p(timeout_ms, 'bigint')}, {now}, {now}, 0, 0, {p(partition_key, 'text')},
+                  {p(creator_xid)}
                 FROM {self.table('workflow_status')} src
                 WHERE {self.wf('src', original_id, p)}""",
             p.values,
@@ -429,6 +455,15 @@ class ControlStatements(StatementBase):
             p.values,
         )
         return [status, inputs, marked]
+
+    def fork_creator(self, fork_id: str) -> Query:
+        """Who created the workflow ``fork_id`` (a fork's token), if it exists."""
+        p = Params()
+        return Query(
+            f"""SELECT creator_xid FROM {self.table('workflow_status')}
+                WHERE {self.wf(None, fork_id, p)}""",
+            p.values,
+        )
 
     def copy_history(self, original_id: str, fork_id: str, start_step: int,
                      replacement_children: dict[str, str]) -> list[Query]:
