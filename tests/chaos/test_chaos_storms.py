@@ -126,7 +126,7 @@ class Family:
         steps = await self.calls("list_workflow_steps",
                                  self.dbos.list_workflow_steps(self.before))
         if steps is not None:
-            self.expect("list_workflow_steps", len(steps), 2)
+            self.expect("list_workflow_steps", len(steps), 4)  # 2 set_event, 2 steps
         status = await self.calls("get_workflow_status",
                                   self.dbos.get_workflow_status(self.before))
         if status is not None:
