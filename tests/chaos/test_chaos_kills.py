@@ -90,7 +90,7 @@ async def test_kill_nine_cycles_lose_nothing_and_rerun_no_checkpointed_step(
             await read_line(proc, "ready", stderr)
             expected.update(f"direct-{cycle}-{i}" for i in range(DIRECT_PER_CYCLE))
             expected.update(f"queued-{cycle}-{i}" for i in range(QUEUED_PER_CYCLE))
-            await asyncio.sleep(rng.uniform(0.05, STEPS * STEP_SECONDS * 1.5))
+            await asyncio.sleep(rng.uniform(0.05, STEPS * STEP_SECONDS * 0.9))
         finally:
             proc.kill()  # SIGKILL: no shutdown code runs
             await proc.wait()
