@@ -8,6 +8,9 @@
 #   make test    lint, then the test suite in parallel (pytest -n auto); first installs
 #                Debian's chromium for the console's browser tests where it is missing
 #                and apt-get can (elsewhere those tests skip, and fail under CI=true)
+#                the fault-injection tests in tests/chaos/ run there in their short version
+#   make chaos   the fault-injection tests in full (DBOS_CHAOS_SCALE, default 10), one at a
+#                time, then their figures
 #   make bench   the benchmark script
 #   make clean   caches and build outputs (keeps .venv and the embedded database in .dbos/)
 #   make distclean   also .venv and .dbos/ (refuses while the embedded server is running)
@@ -27,7 +30,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 # Playwright drives the system's Chromium (/usr/bin/chromium): it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: venv demo lint browser test bench clean distclean
+.PHONY: venv demo lint browser test chaos bench clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -69,6 +72,12 @@ test: lint browser
 	@rc=0; $(VENV)/bin/pytest -n auto -q || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
+
+# The faults of each test are multiplied by DBOS_CHAOS_SCALE; one test at a time, so the
+# storms and kills of one do not slow the others down.
+DBOS_CHAOS_SCALE ?= 10
+chaos: venv
+	DBOS_CHAOS_SCALE=$(DBOS_CHAOS_SCALE) $(VENV)/bin/pytest -p no:xdist -q -rxX -m chaos tests/chaos
 
 bench: venv
 	$(PY) benchmarks/run.py

@@ -1,0 +1,144 @@
+"""kill -9 of a worker process at random points, over many cycles.
+
+Each cycle starts a worker (``kill_worker.py``) that recovers what the previous, killed
+worker left, starts workflows directly and through a queue, and is SIGKILLed after a random
+delay, while steps are running. A last worker drains what is left. Then, against the side
+table the step bodies write (``chaos_side_effects``: workflow, step, cycle of the process
+that ran the body):
+
+- no workflow is lost: every workflow whose start or enqueue a worker acknowledged ends in
+  ``SUCCESS`` with the right result, and every one of its steps is checkpointed;
+- no step whose checkpoint had committed ran again.
+
+How the second check is counted: a step body writes its side-table row on a connection of
+its own and commits it *before* its checkpoint is written, so the two are not atomic. A kill
+between the two leaves a side row and no checkpoint; recovery rightly runs that step again
+(at least once: the step was interrupted before its checkpoint). That re-run is not a
+violation. What is one is a step body running in a later cycle than the first kill after
+which its checkpoint was already in the database. So after each kill the test waits until
+every connection of the dead process is gone from the server (a backend exits only once its
+transaction committed or aborted, so no commit can land later), reads every checkpoint, and
+notes for each new one the cycle it was first seen after. A side row whose cycle is later
+than that is a step re-run after its checkpoint. A missed snapshot could only hide a re-run,
+never invent one; the snapshots are complete, so neither happens.
+
+A kill "landed mid-workflow" when, at that moment, some workflow was ``PENDING`` and had a
+step body started (a side row) by the killed process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from helpers import execute, fetch, wait_no_connections
+from kill_worker import connection_name
+
+pytestmark = pytest.mark.chaos
+
+WORKER = Path(__file__).resolve().parent / "kill_worker.py"
+STEPS = 4
+STEP_SECONDS = 0.15
+DIRECT_PER_CYCLE = 4
+QUEUED_PER_CYCLE = 4
+CYCLES_PER_SCALE = 3
+
+
+async def run_worker(url: str, cycle: int, direct: int, queued: int, stderr: Path,
+                     ) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), url, str(cycle), str(direct), str(queued), str(STEPS),
+        str(STEP_SECONDS), stdout=asyncio.subprocess.PIPE, stderr=stderr.open("wb"))
+
+
+def tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:]
+
+
+async def read_line(proc: asyncio.subprocess.Process, expected: str, stderr: Path) -> None:
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    if line.decode().strip() != expected:
+        await proc.wait()
+        raise AssertionError(f"worker said {line!r}, exit {proc.returncode}: {tail(stderr)}")
+
+
+async def checkpoints(url: str) -> set[tuple[str, int]]:
+    rows = await fetch(url, "SELECT workflow_uuid, function_id FROM dbos.operation_outputs")
+    return {(r["workflow_uuid"], r["function_id"]) for r in rows}
+
+
+async def test_kill_nine_cycles_lose_nothing_and_rerun_no_checkpointed_step(
+    database_url: str, scale: int, chaos_figures: Counter[str], tmp_path: Path,
+) -> None:
+    url = database_url
+    await execute(url, "CREATE TABLE chaos_side_effects "
+                       "(workflow_id text NOT NULL, step_id int NOT NULL, cycle int NOT NULL)")
+    rng = random.Random()
+    cycles = CYCLES_PER_SCALE * scale
+    first_seen: dict[tuple[str, int], int] = {}  # checkpoint -> first kill it existed at
+    expected: set[str] = set()
+    for cycle in range(cycles):
+        stderr = tmp_path / f"worker-{cycle}.err"
+        proc = await run_worker(url, cycle, DIRECT_PER_CYCLE, QUEUED_PER_CYCLE, stderr)
+        try:
+            await read_line(proc, "ready", stderr)
+            expected.update(f"direct-{cycle}-{i}" for i in range(DIRECT_PER_CYCLE))
+            expected.update(f"queued-{cycle}-{i}" for i in range(QUEUED_PER_CYCLE))
+            await asyncio.sleep(rng.uniform(0.05, STEPS * STEP_SECONDS * 0.9))
+        finally:
+            proc.kill()  # SIGKILL: no shutdown code runs
+            await proc.wait()
+        assert proc.returncode == -9, tail(stderr)
+        await wait_no_connections(url, connection_name(cycle), patience=60)
+        for checkpoint in await checkpoints(url):
+            first_seen.setdefault(checkpoint, cycle)
+        in_flight = await fetch(
+            url,
+            """SELECT s.workflow_id, s.step_id FROM chaos_side_effects s
+               JOIN dbos.workflow_status w ON w.workflow_uuid = s.workflow_id
+               WHERE s.cycle = $1 AND w.status = 'PENDING'""",
+            cycle)
+        chaos_figures["cycles"] += 1
+        if in_flight:
+            chaos_figures["kills_mid_workflow"] += 1
+        chaos_figures["steps_in_flight_at_kill"] += sum(
+            (r["workflow_id"], r["step_id"]) not in first_seen for r in in_flight)
+
+    stderr = tmp_path / "worker-drain.err"
+    proc = await run_worker(url, cycles, 0, 0, stderr)
+    try:
+        await read_line(proc, "drained", stderr)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0, tail(stderr)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    rows = await fetch(
+        url,
+        """SELECT ws.workflow_uuid, ws.status, COALESCE(wo.output, ws.output) AS output
+           FROM dbos.workflow_status ws LEFT JOIN dbos.workflow_output wo USING (workflow_uuid)""")
+    result = sum(i * i for i in range(STEPS))
+    done = {r["workflow_uuid"] for r in rows
+            if r["status"] == "SUCCESS" and json.loads(r["output"]) == result}
+    final = await checkpoints(url)
+    complete = {wf for wf in expected if all((wf, i) in final for i in range(STEPS))}
+    lost = sorted(expected - (done & complete))
+    reruns = [
+        (r["workflow_id"], r["step_id"], r["cycle"], first_seen[(r["workflow_id"], r["step_id"])])
+        for r in await fetch(url, "SELECT * FROM chaos_side_effects")
+        if r["cycle"] > first_seen.get((r["workflow_id"], r["step_id"]), cycles)
+    ]
+    chaos_figures["workflows_checked"] += len(expected)
+    chaos_figures["workflows_lost"] += len(lost)
+    chaos_figures["steps_rerun_after_checkpoint"] += len(reruns)
+    assert {r["workflow_uuid"] for r in rows} == expected
+    assert lost == []
+    assert reruns == [], "(workflow, step, cycle that ran it, first kill its checkpoint existed at)"
+    assert chaos_figures["kills_mid_workflow"] > 0, "no kill landed mid-workflow: nothing tested"
