@@ -14,9 +14,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from dbos_async.errors import ConfigurationError
+from dbos_async.validation import check_identifier
 
 _ENV_ALIASES = {"executor_id": "DBOS__VMID", "application_version": "DBOS__APPVERSION"}
 
@@ -37,7 +45,8 @@ variants that is free (``local-2``, ...); also what a client writes into what it
 class DBOSConfig(BaseModel):
     """Settings of one DBOS executor."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No setting is infinite or NaN: each becomes a timeout or an interval.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field("dbos_async", min_length=1, description="The application's name.")
     system_database_url: str | None = Field(
@@ -157,6 +166,21 @@ class DBOSConfig(BaseModel):
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
+
+    @field_validator("name", "executor_id", "application_version", "application_name",
+                     "connection_name")
+    @classmethod
+    def _check_identifier(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Stored in indexed columns (or sent as a connection's application_name).
+        check_identifier(value, info.field_name or "setting", optional=True, empty_ok=True)
+        return value
+
+    @field_validator("listen_queues")
+    @classmethod
+    def _check_queue_names(cls, names: list[str] | None) -> list[str] | None:
+        for name in names or ():
+            check_identifier(name, "queue name")
+        return names
 
     @field_validator("system_database_url")
     @classmethod

@@ -303,10 +303,7 @@ def delay_until_ms(delay_seconds: float | None, delay_until_epoch_ms: int | None
         return delay_until_epoch_ms
     check_options({"delay": delay_seconds})
     assert delay_seconds is not None
-    until = int((time.time() + delay_seconds) * 1000)
-    if until > LAST_EPOCH_MS:
-        raise DBOSError(f"delay_seconds {delay_seconds!r} ends past the last storable time")
-    return until
+    return int((time.time() + delay_seconds) * 1000)
 
 
 async def set_delay(peer: Peer, workflow_id: str, until_ms: int) -> None:

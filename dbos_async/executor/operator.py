@@ -45,6 +45,7 @@ from dbos_async.executor.serialization import to_json
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import WorkflowFilter
+from dbos_async.validation import check_identifier, check_lookup, check_lookups, check_seconds
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -56,7 +57,8 @@ async def _routed(keys: dict[str, str | None], call: Coroutine[Any, Any, T]) -> 
     """Run ``call`` with these workflows bound to their keys (None binds nothing); a key
     refused as invalid closes ``call`` unrun, so it is not left never awaited."""
     try:
-        for key in keys.values():
+        for workflow_id, key in keys.items():
+            check_lookup(workflow_id, "workflow ID")
             validate_shard_key(key)
     except DBOSError:
         call.close()
@@ -148,6 +150,9 @@ class Operator(ScheduleOperator):
         but lands only while the workflow is still owned by this execution; elsewhere it is a
         plain insert. With ``idempotency_key`` a repeated send delivers once.
         """
+        check_lookup(destination_id, "destination workflow ID")
+        check_identifier(topic, "topic", optional=True, empty_ok=True)
+        check_identifier(idempotency_key, "idempotency key", optional=True)
         text = to_json(message, "a message")
         ctx, step_ctx = self._contexts()
         step_id = ctx.allocate_step_id() if ctx is not None else None
@@ -159,6 +164,9 @@ class Operator(ScheduleOperator):
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
         """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset.
         In a workflow the value seen (or None) is a checkpoint."""
+        check_lookup(workflow_id, "workflow ID")
+        check_lookup(key, "event key")
+        check_seconds(timeout, "get_event timeout")
         ctx, _ = self._contexts()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         timeout_id = ctx.allocate_step_id() if ctx is not None else None
@@ -180,6 +188,9 @@ class Operator(ScheduleOperator):
         a value not there within ``timeout`` seconds raises :class:`StreamTimeoutError`. In a
         workflow each value read (and the end, and a timeout) is a checkpoint.
         """
+        check_lookup(workflow_id, "workflow ID")
+        check_lookup(key, "stream key")
+        check_seconds(timeout, "read_stream timeout")
         ctx, step_ctx = self._contexts()
         return messaging.read_stream(self._caller_peer(ctx or step_ctx), workflow_id, key,
                                      offset, shard_key, timeout=timeout, ctx=ctx)
@@ -238,6 +249,7 @@ class Operator(ScheduleOperator):
         """Resume several workflows (under ``shard_key``) in one transaction (all or, if one
         is unknown, none)."""
         ids = list(workflow_ids)
+        check_lookup(_queue_name(queue), "queue name")
         with bind_shard_keys(dict.fromkeys(ids, shard_key)):
             await control.resume(self._peer(), ids, _queue_name(queue))
         return [await self._handle(workflow_id, shard_key) for workflow_id in ids]
@@ -257,6 +269,13 @@ class Operator(ScheduleOperator):
         last recorded step. ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead. The fork lives under the original's
         ``shard_key``."""
+        check_identifier(new_workflow_id, "new_workflow_id", optional=True)
+        check_seconds(workflow_timeout, "workflow_timeout")
+        check_identifier(application_version, "application_version", optional=True)
+        check_lookup(_queue_name(queue), "queue name")
+        for original, replacement in (replacement_children or {}).items():
+            check_lookup(original, "replacement_children key")
+            check_lookup(replacement, "replacement_children value")
         peer = self._peer()
         with bind_shard_keys({workflow_id: shard_key}):
             new_id = await control.fork(
@@ -273,6 +292,8 @@ class Operator(ScheduleOperator):
         """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
         discarded (events rolled back, stream close markers removed, messages consumed
         since deleted) and it is re-enqueued under the same ID to run them again."""
+        check_identifier(application_version, "application_version", optional=True)
+        check_lookup(_queue_name(queue), "queue name")
         with bind_shard_keys({workflow_id: shard_key}):
             await control.rewind(self._peer(), workflow_id, start_step,
                                  application_version=application_version,
@@ -319,6 +340,16 @@ class Operator(ScheduleOperator):
         workflows of those keys, or whose parent has them (an empty list matches nothing).
         ``queues_only`` keeps workflows on a queue that have not finished (as
         :meth:`list_queued_workflows`)."""
+        for argument, values in {
+            "workflow_ids": workflow_ids, "status": status, "name": name,
+            "queue_name": queue_name, "parent_workflow_id": parent_workflow_id,
+            "forked_from": forked_from, "executor_id": executor_id,
+            "application_version": application_version,
+            "authenticated_user": authenticated_user, "workflow_id_prefix": workflow_id_prefix,
+            "application_name": application_name, "shard_key": shard_key,
+            "parent_shard_key": parent_shard_key,
+        }.items():
+            check_lookups(values, argument)
         return await control.list_workflows(self._peer(), WorkflowFilter(
             workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
             statuses=as_list(status),
@@ -392,6 +423,7 @@ class Operator(ScheduleOperator):
         tables and sequences, executing its functions, and the same on objects later
         migrations create. It may not alter or drop the tables: migrate as their owner,
         then run the application as ``role``. Run this as the schema's owner."""
+        check_identifier(role, "role")
         await self._peer().system_database.grant_permissions(role)
 
     # ---- Changing workflows in place ----
@@ -437,6 +469,7 @@ class Operator(ScheduleOperator):
     async def get_queue_definition(self, name: str) -> Queue | None:
         """The settings of queue ``name`` as stored in the ``queues`` table (whichever
         application owns it), or None if none are."""
+        check_lookup(name, "queue name")
         records = await self._peer().system_database.list_queues([name])
         return Queue.from_record(records[0]) if records else None
 
@@ -462,6 +495,7 @@ class Operator(ScheduleOperator):
             "partition_worker_concurrency": partition_worker_concurrency,
             "partition_limiter": partition_limiter, "polling_interval": polling_interval,
         }.items() if value is not _UNCHANGED}
+        check_lookup(name, "queue name")
         record = await self._peer().system_database.update_queue(
             name, lambda current: Queue.changed(current, changes).record)
         return Queue.from_record(record)
@@ -471,6 +505,7 @@ class Operator(ScheduleOperator):
         executors that declare it in code (which store it again when they start). An
         unknown name raises :class:`QueueNotFoundError`, another application's queue
         :class:`ApplicationOwnershipError`."""
+        check_lookup(name, "queue name")
         await self._peer().system_database.delete_queue(name)
 
     # ---- Applications ----
@@ -482,6 +517,8 @@ class Operator(ScheduleOperator):
         queues, schedules, versions, workflows and steps, in one transaction. Returns the
         rows moved per table. Run it while the renamed application is stopped, from a
         client or executor acting for another application (or none)."""
+        check_lookup(old_name, "old application name")
+        check_identifier(new_name, "new application name")
         peer = self._peer()
         acting_for = peer.system_database.application_name
         if old_name is not None and old_name == acting_for:
@@ -504,4 +541,5 @@ class Operator(ScheduleOperator):
 
     async def set_latest_application_version(self, version_name: str) -> None:
         """Make ``version_name`` the latest (registering it if it is unknown)."""
+        check_identifier(version_name, "application version name")
         await self._peer().system_database.set_latest_version(version_name)

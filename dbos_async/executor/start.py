@@ -32,6 +32,7 @@ from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.database import StartResult, StepRecord, now_ms
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import DELAYED, ENQUEUED, PENDING, NewWorkflow, ParentStep
+from dbos_async.validation import check_identifier, check_seconds
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
     ``timeout`` and ``shard_key``, when given, win over ``SetWorkflowID``,
     ``SetWorkflowTimeout`` and ``SetShardKey``."""
     validate_shard_key(shard_key)
+    check_identifier(workflow_id, "workflow ID", optional=True)
+    check_seconds(timeout, "workflow timeout")
     parent = current_workflow() if as_child else None
     with tracing.propagated():
         attributes = workflow_attributes()

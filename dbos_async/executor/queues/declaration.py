@@ -26,6 +26,7 @@ from dbos_async.executor.registry import WorkflowInfo, workflow_info_of
 from dbos_async.executor.runtime import RuntimeSource
 from dbos_async.executor.start import CallContext, read_call
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, QueueRecord
+from dbos_async.validation import check_identifier, reported_as
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -104,8 +105,8 @@ class Queue:
         partition_limiter: LimiterSpec | None = None,
         polling_interval: float = 1.0,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError("A queue needs a non-empty name")
+        with reported_as(ConfigurationError):
+            check_identifier(name, "queue name")
         self.name = name
         self.concurrency = _positive(concurrency, "concurrency", name)
         self.worker_concurrency = _positive(worker_concurrency, "worker_concurrency", name)
