@@ -204,7 +204,8 @@ class DBOSClient(Operator, Peer):
         check_options({"priority": priority, "delay": delay, "timeout": timeout,
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
-                        "partition_key": partition_key})
+                        "partition_key": partition_key,
+                        "application_version": application_version})
         inputs = dumps({"positionalArgs": to_json_value(list(args), "the arguments"),
                         "namedArgs": to_json_value(kwargs, "the keyword arguments")},
                        f"the inputs of {workflow_name}")

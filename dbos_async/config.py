@@ -167,10 +167,11 @@ class DBOSConfig(BaseModel):
             return [name.strip() for name in value.split(",") if name.strip()]
         return value
 
+    # Before pydantic's own parsing, which refuses a lone surrogate without saying so.
     @field_validator("name", "executor_id", "application_version", "application_name",
-                     "connection_name")
+                     "connection_name", mode="before")
     @classmethod
-    def _check_identifier(cls, value: str | None, info: ValidationInfo) -> str | None:
+    def _check_identifier(cls, value: Any, info: ValidationInfo) -> Any:
         # Stored in indexed columns (or sent as a connection's application_name).
         check_identifier(value, info.field_name or "setting", optional=True, empty_ok=True)
         return value

@@ -49,7 +49,8 @@ def check_identifier(value: object, argument: str, *, optional: bool = False,
     if value is None and optional:
         return
     if not isinstance(value, str):
-        raise InvalidArgumentError(argument, f"must be a string, got {type(value).__name__}")
+        kind = "string" if empty_ok else "non-empty string"
+        raise InvalidArgumentError(argument, f"must be a {kind}, got {type(value).__name__}")
     if not value and not empty_ok:
         raise InvalidArgumentError(argument, "must not be empty")
     problem = text_problem(value)
