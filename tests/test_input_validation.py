@@ -548,3 +548,52 @@ def test_the_limits_are_documented() -> None:
     assert f"{MAX_IDENTIFIER_BYTES} bytes" in readme
     assert "InvalidArgumentError" in readme and "DatabaseAuthenticationError" in readme
 
+
+
+async def test_values_at_the_limit_fit_every_index_of_the_sharded_schema(
+        plain_database_url: str) -> None:
+    """The widest index rows: a queue-partition row whose shard key, queue, partition key,
+    application and (derived, cross-key, so longer) workflow ID are all as long as allowed,
+    in characters that do not compress."""
+
+    def longest() -> str:
+        return secrets.token_hex(MAX_IDENTIFIER_BYTES // 2)
+
+    url = plain_database_url
+    key, other_key, queue_name = longest(), longest(), longest()
+    dbos = new_dbos(url, sharding=True, application_name=longest(),
+                    application_version=longest(), executor_id=longest())
+    parts = dbos.queue(queue_name, partition_queue=True)
+    partition, dedup, event_key, stream_key, topic = (longest() for _ in range(5))
+
+    @dbos.workflow(name=longest())
+    async def child() -> str:
+        await dbos.set_event(event_key, 1)
+        await dbos.write_stream(stream_key, 1)
+        return "done"
+
+    @dbos.workflow(name=longest())
+    async def parent() -> list[Any]:
+        # Children under another key: their derived IDs carry this workflow's key and ID.
+        with SetShardKey(other_key):
+            started = await dbos.start_workflow(child)
+        with SetShardKey(other_key), SetEnqueueOptions(partition_key=partition,
+                                                       deduplication_id=dedup):
+            enqueued = await parts.enqueue(child)
+        message = await dbos.recv(topic, 30)
+        return [await started.get_result(), await enqueued.get_result(), message,
+                len(enqueued.workflow_id.encode())]
+
+    async with dbos:
+        parent_id = longest()
+        with SetShardKey(key), SetWorkflowID(parent_id):
+            handle = await dbos.start_workflow(parent)
+        await dbos.send(parent_id, "hello", topic, longest(), shard_key=key)
+        result = await handle.get_result()
+        assert result[:3] == ["done", "done", "hello"]
+        assert result[3] > 2 * MAX_IDENTIFIER_BYTES
+        assert await dbos.get_event(f"{len(key)}:{key}:{parent_id}-1", event_key, 0,
+                                    shard_key=other_key) == 1
+    rows = await fetch(url, "SELECT queue_partition_key FROM dbos.workflow_status "
+                            "WHERE queue_partition_key IS NOT NULL")
+    assert [r["queue_partition_key"] for r in rows] == [partition]
