@@ -52,7 +52,7 @@ def check_identifier(value: object, argument: str, *, optional: bool = False,
         kind = "string" if empty_ok else "non-empty string"
         raise InvalidArgumentError(argument, f"must be a {kind}, got {type(value).__name__}")
     if not value and not empty_ok:
-        raise InvalidArgumentError(argument, "must not be empty")
+        raise InvalidArgumentError(argument, "must be a non-empty string, got ''")
     problem = text_problem(value)
     if problem is not None:
         raise InvalidArgumentError(argument, f"{problem}; {_shown(value)}")

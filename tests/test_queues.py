@@ -586,7 +586,7 @@ def test_invalid_options_are_rejected() -> None:
         SetEnqueueOptions(delay=-1)
     with pytest.raises(DBOSError, match="deduplication_policy"):
         SetEnqueueOptions(deduplication_policy="maybe")  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="Invalid queue name: must not be empty"):
+    with pytest.raises(ConfigurationError, match="Invalid queue name: must be a non-empty string"):
         Queue("")
     assert Queue("ok", limiter={"limit": 3, "period": 2}).limiter == RateLimit(3, 2.0)
 

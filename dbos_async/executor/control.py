@@ -37,6 +37,7 @@ from dbos_async.sysdb.operations import CancelledWorkflow
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
+from dbos_async.validation import check_identifier
 
 logger = logging.getLogger("dbos_async")
 
@@ -326,10 +327,8 @@ async def update_attributes(peer: Peer, workflow_id: str, attributes: dict[str, 
 
 async def rename_application(peer: Peer, old_name: str | None, new_name: str,
                              adopt_unclaimed_rows: bool) -> dict[str, int]:
-    if old_name is not None and (not isinstance(old_name, str) or not old_name):
-        raise DBOSError(f"old_name must be a non-empty string or None, got {old_name!r}")
-    if not isinstance(new_name, str) or not new_name:
-        raise DBOSError(f"new_name must be a non-empty string, got {new_name!r}")
+    check_identifier(old_name, "old_name", optional=True)
+    check_identifier(new_name, "new_name")
     if old_name is None and not adopt_unclaimed_rows:
         raise DBOSError("Nothing to rename: give old_name, adopt_unclaimed_rows=True, or both")
     if old_name == new_name:

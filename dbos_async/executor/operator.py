@@ -423,7 +423,6 @@ class Operator(ScheduleOperator):
         tables and sequences, executing its functions, and the same on objects later
         migrations create. It may not alter or drop the tables: migrate as their owner,
         then run the application as ``role``. Run this as the schema's owner."""
-        check_identifier(role, "role")
         await self._peer().system_database.grant_permissions(role)
 
     # ---- Changing workflows in place ----
@@ -517,8 +516,6 @@ class Operator(ScheduleOperator):
         queues, schedules, versions, workflows and steps, in one transaction. Returns the
         rows moved per table. Run it while the renamed application is stopped, from a
         client or executor acting for another application (or none)."""
-        check_lookup(old_name, "old application name")
-        check_identifier(new_name, "new application name")
         peer = self._peer()
         acting_for = peer.system_database.application_name
         if old_name is not None and old_name == acting_for:

@@ -36,7 +36,7 @@ def describe_target(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or "the default host"
     user = f" as user {parts.username!r}" if parts.username else ""
-    return f"database {database_name(url)!r} at {host}:{parts.port or 5432}{user}"
+    return f"{database_name(url)!r} at {host}:{parts.port or 5432}{user}"
 
 
 def connection_failure(url: str, error: BaseException, what: str) -> DBOSError:
@@ -76,7 +76,7 @@ async def _connect_or_missing(url: str, connect_timeout: float,
     except asyncpg.InvalidCatalogNameError:
         raise
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        raise connection_failure(url, error, "Cannot connect to") from error
+        raise connection_failure(url, error, "Cannot connect to the system database") from error
 
 
 async def ensure_database(url: str, connect_timeout: float) -> None:
@@ -125,5 +125,6 @@ async def create_pool(url: str, size: int, connect_timeout: float, name: str) ->
             server_settings={"application_name": name},
         )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        raise connection_failure(url, error, "Cannot open a connection pool to") from error
+        raise connection_failure(url, error,
+                                 "Cannot open a connection pool to the system database") from error
     return pool
