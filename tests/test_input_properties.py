@@ -102,9 +102,10 @@ class Boundary:
     run: Callable[[Coroutine[Any, Any, Any]], Any]
     """Runs a coroutine to its end on the executor's loop."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, sharding: bool = False) -> None:
         self.url = url
-        self.dbos = dbos = new_dbos(url, application_version="v1")
+        self.sharding = sharding
+        self.dbos = dbos = new_dbos(url, application_version="v1", sharding=sharding)
         dbos.queue("parts", partition_queue=True)
 
         @dbos.workflow(name="echo")
@@ -135,7 +136,8 @@ class Boundary:
 
     async def __aenter__(self) -> Boundary:
         await self.dbos.__aenter__()
-        self.client = await DBOSClient(system_database_url=self.url).__aenter__()
+        self.client = await DBOSClient(system_database_url=self.url,
+                                       sharding=self.sharding).__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -363,5 +365,55 @@ def test_values_round_trip_or_raise_serialization_error(
     @given(value=JSON_VALUES)
     def check(value: Any) -> None:
         boundary.run(_check_value(boundary, value))
+
+    check()
+
+
+# ---- Shard keys (sharded schema) ----
+
+
+@pytest.fixture
+def sharded_boundary(plain_database_url: str) -> Iterator[Boundary]:
+    """:func:`boundary` on the sharded schema."""
+    b = Boundary(plain_database_url, sharding=True)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(b.__aenter__())
+    b.run = loop.run_until_complete
+    try:
+        yield b
+    finally:
+        loop.run_until_complete(b.__aexit__(None, None, None))
+        loop.close()
+
+
+async def _check_shard_key(b: Boundary, key: str, text: str) -> None:
+    """``key`` as a shard key and ``text`` as the workflow ID under it."""
+    if storable(key) and storable(text):
+        with SetShardKey(key), SetWorkflowID(text):
+            handle = await b.dbos.start_workflow(b.echo, key)
+        assert await handle.get_result() == key
+        [status] = await b.client.list_workflows(workflow_ids=[text], shard_key=key)
+        assert (status.workflow_id, status.shard_key) == (text, key)
+        assert await b.client.get_event(text, "absent", 0, shard_key=key) is None
+        return
+    before = await table_counts(b.url)
+    with pytest.raises(InvalidArgumentError), SetShardKey(key), SetWorkflowID(text):
+        await b.dbos.start_workflow(b.echo, 1)
+    with pytest.raises(InvalidArgumentError):
+        await b.client.enqueue("unserved", "echo", 1, workflow_id=text, shard_key=key)
+    assert await table_counts(b.url) == before
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_shard_keys_round_trip_or_are_refused(
+        sharded_boundary: Boundary, request: pytest.FixtureRequest, run: str) -> None:
+    del run
+
+    @settings(max_examples=run_length(request), deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                     HealthCheck.too_slow])
+    @given(key=NAMES, text=NAMES)
+    def check(key: str, text: str) -> None:
+        sharded_boundary.run(_check_shard_key(sharded_boundary, key, text))
 
     check()
