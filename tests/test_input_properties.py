@@ -1,8 +1,8 @@
 """Property-based tests of the API boundary (hypothesis), on a real executor and PostgreSQL.
 
 For arbitrary strings given as a workflow ID, topic, event key, stream key, queue name,
-workflow name, deduplication ID, partition key, application version or schedule name, and
-arbitrary JSON-like values given as arguments, results, events and messages: either the value
+workflow name, deduplication ID, partition key, application version, schedule name or (on
+the sharded schema) shard key, and arbitrary JSON-like values given as arguments, results, events and messages: either the value
 comes back exactly (read back from the database), or the call raises the documented error
 and no table of the system schema changed.
 
