@@ -2,9 +2,9 @@
 
 For arbitrary strings given as a workflow ID, topic, event key, stream key, queue name,
 workflow name, deduplication ID, partition key, application version, schedule name or (on
-the sharded schema) shard key, and arbitrary JSON-like values given as arguments, results, events and messages: either the value
-comes back exactly (read back from the database), or the call raises the documented error
-and no table of the system schema changed.
+the sharded schema) shard key, and arbitrary JSON-like values given as arguments, results,
+events and messages: either the value comes back exactly (read back from the database), or
+the call raises the documented error and no table of the system schema changed.
 
 Each test enters one executor (and one client) and reuses it for every example. The number of
 examples is short by default; ``DBOS_PROPERTY_EXAMPLES=2000`` (or running the ``chaos``-marked
