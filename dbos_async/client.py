@@ -60,6 +60,7 @@ from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import OutgoingMessage, Payload
+from dbos_async.validation import check_identifier
 
 logger = logging.getLogger("dbos_async")
 
@@ -211,10 +212,11 @@ class DBOSClient(Operator, Peer):
         caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
         the caller commits, and the claim loops' wake-up (``pg_notify``) is delivered at
         that commit."""
-        if not isinstance(queue_name, str) or not queue_name:
-            raise DBOSError("queue_name must be a non-empty string")
-        if not isinstance(workflow_name, str) or not workflow_name:
-            raise DBOSError("workflow_name must be a non-empty string")
+        check_identifier(queue_name, "queue_name")
+        check_identifier(workflow_name, "workflow_name")
+        for argument, value in {"class_name": class_name, "config_name": config_name,
+                                "authenticated_user": authenticated_user}.items():
+            check_identifier(value, argument, optional=True)
         if app_version is not None:
             warnings.warn("DBOSClient.enqueue(app_version=...) is deprecated; use "
                           "application_version=...", DeprecationWarning, stacklevel=2)
@@ -226,7 +228,8 @@ class DBOSClient(Operator, Peer):
         check_options({"priority": priority, "delay": delay, "timeout": timeout,
                         "workflow_id": workflow_id, "deduplication_id": deduplication_id,
                         "deduplication_policy": deduplication_policy,
-                        "partition_key": partition_key})
+                        "partition_key": partition_key,
+                        "application_version": application_version})
         plan = self._plan(
             CallContext(workflow_id=workflow_id, timeout=timeout,
                         attributes=attributes_json(traced_attributes(attributes)),

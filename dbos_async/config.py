@@ -14,9 +14,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from dbos_async.errors import ConfigurationError
+from dbos_async.validation import check_identifier
 
 # The formats DBOS names itself; a user's serializer takes another name.
 RESERVED_FORMATS = ("portable_json", "py_pickle")
@@ -40,7 +48,8 @@ variants that is free (``local-2``, ...); also what a client writes into what it
 class DBOSConfig(BaseModel):
     """Settings of one DBOS executor."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No setting is infinite or NaN: each becomes a timeout or an interval.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = Field("dbos_async", min_length=1, description="The application's name.")
     system_database_url: str | None = Field(
@@ -197,6 +206,22 @@ class DBOSConfig(BaseModel):
             raise ValueError(f"a serializer may not be named {name!r}: that name is DBOS's "
                              f"own format (use allow_pickle=True to read py_pickle)")
         return serializer
+
+    # Before pydantic's own parsing, which refuses a lone surrogate without saying so.
+    @field_validator("name", "executor_id", "application_version", "application_name",
+                     "connection_name", mode="before")
+    @classmethod
+    def _check_identifier(cls, value: Any, info: ValidationInfo) -> Any:
+        # Stored in indexed columns (or sent as a connection's application_name).
+        check_identifier(value, info.field_name or "setting", optional=True, empty_ok=True)
+        return value
+
+    @field_validator("listen_queues")
+    @classmethod
+    def _check_queue_names(cls, names: list[str] | None) -> list[str] | None:
+        for name in names or ():
+            check_identifier(name, "queue name")
+        return names
 
     @field_validator("system_database_url")
     @classmethod

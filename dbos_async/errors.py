@@ -18,8 +18,25 @@ class ConfigurationError(DBOSError):
     """The configuration is invalid (a malformed URL, a bad schema name, ...)."""
 
 
+class InvalidArgumentError(DBOSError, ValueError):
+    """An argument the system database cannot store or the API does not accept (a workflow ID
+    with a NUL character or over the length limit, an infinite or NaN timeout, ...); raised
+    before anything is written. Also a :class:`ValueError`."""
+
+    def __init__(self, argument: str, problem: str) -> None:
+        super().__init__(f"Invalid {argument}: {problem}")
+        self.argument = argument
+        self.problem = problem
+
+
 class DatabaseUnavailableError(DBOSError):
     """The system database could not be reached."""
+
+
+class DatabaseAuthenticationError(ConfigurationError, DatabaseUnavailableError):
+    """The database server refused the login (an unknown user, a wrong password, a user
+    not allowed in by its ``pg_hba.conf``): a configuration problem that waiting does not
+    fix, so it is also a :class:`ConfigurationError`."""
 
 
 class MigrationError(DBOSError):

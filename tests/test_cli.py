@@ -317,9 +317,12 @@ def closed_port() -> int:
 
 
 def test_bad_or_missing_urls(tmp_path: Path, make_database_url: Any, admin_url: str) -> None:
-    unreachable = f"postgresql://postgres@127.0.0.1:{closed_port()}/app"
+    port = closed_port()
+    unreachable = f"postgresql://postgres@127.0.0.1:{port}/app"
     message = failed(run_cli("workflow", "list", "--url", unreachable))
-    assert message.startswith(f"Error: Cannot connect to the system database at {unreachable}")
+    assert message.startswith(
+        f"Error: Cannot connect to the system database 'app' at 127.0.0.1:{port} as user "
+        "'postgres': ConnectionRefusedError")
     failed(run_cli("migrate", "--url", unreachable))
     message = failed(run_cli("queue", "list", "--url", "mysql://root@127.0.0.1/app"))
     assert "postgresql:// URL" in message and "mysql" in message

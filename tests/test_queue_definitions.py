@@ -76,9 +76,9 @@ async def test_invalid_updates_write_nothing(dbos: DBOS, database_url: str) -> N
     refused: list[tuple[dict[str, object], str]] = [
         ({"worker_concurrency": 10}, "exceeds concurrency"),
         ({"concurrency": 0}, "concurrency must be an integer >= 1"),
-        ({"limiter": (5, -1.0)}, "period must be a positive number"),
+        ({"limiter": (5, -1.0)}, "limiter period of queue 'declared': must be positive"),
         ({"partition_concurrency": 2}, "partition limits need partition_queue=True"),
-        ({"polling_interval": 0}, "polling_interval must be a positive number"),
+        ({"polling_interval": 0}, "polling_interval of queue 'declared': must be positive"),
     ]
     for changes, message in refused:
         with pytest.raises(ConfigurationError, match=message):

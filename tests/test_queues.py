@@ -5,6 +5,7 @@ enqueue from a workflow, dead-lettering, and bad input. Limits across processes 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from typing import Any
 
@@ -561,13 +562,16 @@ async def test_partition_keys_are_required_exactly_on_partitioned_queues(
         ({"worker_concurrency": -1}, "worker_concurrency must be"),
         ({"concurrency": 2, "worker_concurrency": 3}, "exceeds concurrency"),
         ({"limiter": (0, 1.0)}, "limit must be an integer >= 1"),
-        ({"limiter": (5, 0)}, "period must be a positive"),
+        ({"limiter": (5, 0)}, "limiter period of queue 'bad': must be positive"),
+        ({"limiter": (5, math.inf)}, "limiter period of queue 'bad': is infinite"),
         ({"limiter": "fast"}, "limiter must be"),
         ({"partition_concurrency": 1}, "partition limits need partition_queue=True"),
-        ({"partition_queue": True, "partition_limiter": (1, -2)}, "period must be a positive"),
+        ({"partition_queue": True, "partition_limiter": (1, -2)},
+         "partition_limiter period of queue 'bad': must be positive"),
         ({"partition_queue": True, "partition_concurrency": 1,
           "partition_worker_concurrency": 2}, "partition_worker_concurrency exceeds"),
-        ({"polling_interval": 0}, "polling_interval must be"),
+        ({"polling_interval": 0}, "polling_interval of queue 'bad': must be positive"),
+        ({"polling_interval": math.nan}, "polling_interval of queue 'bad': is NaN"),
     ],
 )
 def test_invalid_limits_are_rejected(kwargs: dict[str, Any], message: str) -> None:
@@ -582,7 +586,7 @@ def test_invalid_options_are_rejected() -> None:
         SetEnqueueOptions(delay=-1)
     with pytest.raises(DBOSError, match="deduplication_policy"):
         SetEnqueueOptions(deduplication_policy="maybe")  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="non-empty name"):
+    with pytest.raises(ConfigurationError, match="Invalid queue name: must be a non-empty string"):
         Queue("")
     assert Queue("ok", limiter={"limit": 3, "period": 2}).limiter == RateLimit(3, 2.0)
 

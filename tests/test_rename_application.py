@@ -125,8 +125,8 @@ async def test_refused_renames_move_nothing(shared: Shared) -> None:
     async with shared.client() as client, shared.client("alpha") as as_alpha:
         for old, new, adopt, message in [
             ("alpha", "alpha", False, "already has that name"),
-            ("alpha", "", False, "new_name must be a non-empty string"),
-            ("", "gamma", False, "old_name must be a non-empty string"),
+            ("alpha", "", False, "Invalid new_name: must be a non-empty string"),
+            ("", "gamma", False, "Invalid old_name: must be a non-empty string"),
             (None, "gamma", False, "Nothing to rename"),
         ]:
             with pytest.raises(DBOSError, match=message):

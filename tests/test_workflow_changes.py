@@ -210,13 +210,14 @@ async def test_delay_refuses_bad_input_and_writes_nothing(setup: Setup) -> None:
     bad: list[tuple[dict[str, Any], str]] = [
         ({}, "exactly one"),
         ({"delay_seconds": 1, "delay_until_epoch_ms": 1}, "exactly one"),
-        ({"delay_seconds": -1}, "delay must be a non-negative number"),
-        ({"delay_seconds": math.nan}, "delay must be a non-negative number"),
-        ({"delay_seconds": "1"}, "delay must be a non-negative number"),
+        ({"delay_seconds": -1}, "Invalid delay: must be zero or more seconds"),
+        ({"delay_seconds": math.nan}, "Invalid delay: is NaN"),
+        ({"delay_seconds": "1"}, "Invalid delay: must be a number of seconds"),
+        ({"delay_seconds": math.inf}, "Invalid delay: is infinite"),
         ({"delay_until_epoch_ms": -5}, "delay_until_epoch_ms must be an integer"),
         ({"delay_until_epoch_ms": 1.5}, "delay_until_epoch_ms must be an integer"),
         ({"delay_until_epoch_ms": 2**63}, "delay_until_epoch_ms must be an integer"),
-        ({"delay_seconds": 1e300}, "past the last storable time"),
+        ({"delay_seconds": 1e300}, "Invalid delay: must be at most"),
     ]
     for arguments, message in bad:
         with pytest.raises(DBOSError, match=message):

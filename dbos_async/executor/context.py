@@ -17,6 +17,7 @@ from dbos_async.errors import DBOSError
 from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, running_as
 from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress
+from dbos_async.validation import check_identifier, check_jsonb, check_seconds
 
 if TYPE_CHECKING:
     from dbos_async.executor.runtime import Runtime
@@ -203,9 +204,11 @@ def attributes_json(attributes: dict[str, Any] | None) -> str | None:
     if not isinstance(attributes, dict):
         raise DBOSError(f"Workflow attributes must be a dict, got {attributes!r}")
     try:
-        return json.dumps(attributes, allow_nan=False)
+        text = json.dumps(attributes, allow_nan=False)
     except (TypeError, ValueError) as error:
         raise DBOSError(f"Workflow attributes must be JSON-serializable: {error}") from None
+    check_jsonb(attributes, "workflow attributes")
+    return text
 
 
 class SetWorkflowID:
@@ -216,8 +219,7 @@ class SetWorkflowID:
     """
 
     def __init__(self, workflow_id: str) -> None:
-        if not isinstance(workflow_id, str) or not workflow_id:
-            raise DBOSError("SetWorkflowID needs a non-empty string")
+        check_identifier(workflow_id, "workflow ID given to SetWorkflowID")
         self.workflow_id = workflow_id
 
     def __enter__(self) -> SetWorkflowID:
@@ -252,9 +254,7 @@ class SetShardKey:
     a child started from a workflow body under no ``SetShardKey`` has none."""
 
     def __init__(self, shard_key: str) -> None:
-        if not isinstance(shard_key, str) or not shard_key:
-            raise DBOSError(f"Invalid shard key {shard_key!r}: a shard key must be a "
-                            "non-empty string")
+        check_identifier(shard_key, "shard key given to SetShardKey")
         self.shard_key = shard_key
 
     def __enter__(self) -> SetShardKey:
@@ -273,8 +273,7 @@ class SetWorkflowTimeout:
     """
 
     def __init__(self, seconds: float | None) -> None:
-        if seconds is not None and not seconds > 0:
-            raise DBOSError(f"A workflow timeout must be positive, got {seconds!r}")
+        check_seconds(seconds, "workflow timeout given to SetWorkflowTimeout", positive=True)
         self.seconds = seconds
 
     def __enter__(self) -> SetWorkflowTimeout:

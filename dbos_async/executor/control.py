@@ -37,6 +37,7 @@ from dbos_async.sysdb.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
+from dbos_async.validation import check_identifier, check_lookups
 
 logger = logging.getLogger("dbos_async")
 
@@ -127,6 +128,12 @@ class WorkflowFilters(TypedDict, total=False):
     queues_only: bool
 
 
+LOOKUP_FILTERS = ("workflow_ids", "status", "name", "queue_name", "parent_workflow_id",
+                  "forked_from", "executor_id", "application_version", "authenticated_user",
+                  "workflow_id_prefix", "application_name", "shard_key", "parent_shard_key")
+"""The filters compared with stored names and IDs: a value no row can hold is refused."""
+
+
 def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
                     load_output: bool) -> WorkflowFilter:
     """The listing statement's filter for these keyword filters; an unknown one or a
@@ -135,6 +142,8 @@ def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
     if unknown:
         raise DBOSError(f"Unknown workflow filter(s): {', '.join(unknown)}")
     check_page(filters.get("limit"), filters.get("offset"))
+    for argument in LOOKUP_FILTERS:
+        check_lookups(filters.get(argument), argument)
     workflow_ids = filters.get("workflow_ids")
     return WorkflowFilter(
         workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
@@ -389,10 +398,7 @@ def delay_until_ms(delay_seconds: float | None, delay_until_epoch_ms: int | None
         return delay_until_epoch_ms
     check_options({"delay": delay_seconds})
     assert delay_seconds is not None
-    until = int((time.time() + delay_seconds) * 1000)
-    if until > LAST_EPOCH_MS:
-        raise DBOSError(f"delay_seconds {delay_seconds!r} ends past the last storable time")
-    return until
+    return int((time.time() + delay_seconds) * 1000)
 
 
 async def set_delay(peer: Peer, workflow_id: str, until_ms: int) -> None:
@@ -415,10 +421,8 @@ async def update_attributes(peer: Peer, workflow_id: str, attributes: dict[str, 
 
 async def rename_application(peer: Peer, old_name: str | None, new_name: str,
                              adopt_unclaimed_rows: bool) -> dict[str, int]:
-    if old_name is not None and (not isinstance(old_name, str) or not old_name):
-        raise DBOSError(f"old_name must be a non-empty string or None, got {old_name!r}")
-    if not isinstance(new_name, str) or not new_name:
-        raise DBOSError(f"new_name must be a non-empty string, got {new_name!r}")
+    check_identifier(old_name, "old_name", optional=True)
+    check_identifier(new_name, "new_name")
     if old_name is None and not adopt_unclaimed_rows:
         raise DBOSError("Nothing to rename: give old_name, adopt_unclaimed_rows=True, or both")
     if old_name == new_name:

@@ -47,6 +47,7 @@ from dbos_async.executor.serialization import Signature
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.executor.tasks import ExecutorHealth
 from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.validation import check_identifier, check_seconds
 
 logger = logging.getLogger("dbos_async")
 
@@ -206,6 +207,8 @@ class DBOS(Operator):
         another process); call before entering. Repeated calls add queues."""
         self._require_outside("Call listen()")
         names = {q.name if isinstance(q, Queue) else q for q in queues}
+        for name in names:
+            check_identifier(name, "queue name")
         self._listen = (self._listen or set()) | names
 
     async def get_queue(self, name: str) -> Queue:
@@ -287,12 +290,15 @@ class DBOS(Operator):
         ctx = current_workflow()
         if ctx is None:
             raise DBOSError("recv can only be called from a workflow (not a step)")
+        check_identifier(topic, "topic", optional=True, empty_ok=True)
+        check_seconds(timeout, "recv timeout")
         step_id = ctx.allocate_step_id()
         timeout_id = ctx.allocate_step_id()
         return messaging.recv(ctx, step_id, timeout_id, topic, timeout)
 
     def set_event(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
         """Publish ``value`` under ``key`` for the current workflow (from it or a step)."""
+        check_identifier(key, "event key", empty_ok=True)
         text = self.runtime.formats.encode(value, f"event {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
@@ -300,6 +306,7 @@ class DBOS(Operator):
 
     def write_stream(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
         """Append ``value`` to the current workflow's stream ``key``."""
+        check_identifier(key, "stream key", empty_ok=True)
         text = self.runtime.formats.encode(value, f"a value of stream {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
@@ -308,6 +315,7 @@ class DBOS(Operator):
 
     def close_stream(self, key: str) -> Coroutine[Any, Any, None]:
         """Close the current workflow's stream ``key``: readers stop after its last value."""
+        check_identifier(key, "stream key", empty_ok=True)
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key,
@@ -316,6 +324,7 @@ class DBOS(Operator):
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         """Sleep durably: in a workflow the wake-up time is a checkpoint, so a recovered
         workflow sleeps only what remains."""
+        check_seconds(seconds, "sleep duration", optional=False)
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.sleep(ctx, step_id, seconds)
@@ -343,6 +352,7 @@ class DBOS(Operator):
         ctx = current_workflow()
         if ctx is None:
             raise DBOSError("patch can only be called from a workflow (not a step)")
+        check_identifier(name, "patch name")
         return patches.patch(ctx, name)
 
     def deprecate_patch(self, name: str) -> Coroutine[Any, Any, bool]:
@@ -351,6 +361,7 @@ class DBOS(Operator):
         ctx = current_workflow()
         if ctx is None:
             raise DBOSError("deprecate_patch can only be called from a workflow (not a step)")
+        check_identifier(name, "patch name")
         return patches.deprecate_patch(ctx, name)
 
     # ---- What the current entry has ----

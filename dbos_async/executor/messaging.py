@@ -84,7 +84,7 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
     if done:
         return int(value)
     started = now_ms()
-    deadline = started + math.ceil(max(0.0, seconds) * 1000)
+    deadline = started + math.ceil(seconds * 1000)  # checked non-negative by the API
     existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, SLEEP, ctx.owner_xid, output=to_json(deadline, "a deadline"),
         error=None, started_at_ms=started,
@@ -368,9 +368,6 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
     end and a timeout are checkpoints (``DBOS.readStream``, one step each, allocated as the
     read asks for the value), so a replay sees what the first run saw even if the stream
     changed since (a rewind, a delete)."""
-    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
-        raise DBOSError(f"read_stream timeout must be a non-negative number of seconds, "
-                        f"got {timeout!r}")
     sysdb = peer.system_database
     dispatcher = _dispatcher(sysdb)
     # Other clients may not announce completion: re-read at least this often.
@@ -444,7 +441,7 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
 
 async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float) -> None:
     if ctx is None or step_id is None:
-        await asyncio.sleep(max(0.0, seconds))
+        await asyncio.sleep(seconds)
         return
     deadline = await durable_deadline(ctx, step_id, seconds, complete_at_deadline=True)
     left = remaining(deadline)

@@ -53,6 +53,7 @@ from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async.validation import check_identifier, check_lookup, check_seconds
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -64,7 +65,8 @@ async def _routed(keys: dict[str, str | None], call: Coroutine[Any, Any, T]) -> 
     """Run ``call`` with these workflows bound to their keys (None binds nothing); a key
     refused as invalid closes ``call`` unrun, so it is not left never awaited."""
     try:
-        for key in keys.values():
+        for workflow_id, key in keys.items():
+            check_lookup(workflow_id, "workflow ID")
             validate_shard_key(key)
     except DBOSError:
         call.close()
@@ -171,6 +173,9 @@ class Operator(ScheduleOperator):
         but lands only while the workflow is still owned by this execution; elsewhere it is a
         plain insert. With ``idempotency_key`` a repeated send delivers once.
         """
+        check_lookup(destination_id, "destination workflow ID")
+        check_identifier(topic, "topic", optional=True, empty_ok=True)
+        check_identifier(idempotency_key, "idempotency key", optional=True)
         ctx, step_ctx = self._contexts()
         peer = self._caller_peer(ctx or step_ctx)
         text = peer.formats.encode(message, "a message")
@@ -196,6 +201,9 @@ class Operator(ScheduleOperator):
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
         """Wait up to ``timeout`` seconds for event ``key`` of ``workflow_id``; None if unset.
         In a workflow the value seen (or None) is a checkpoint."""
+        check_lookup(workflow_id, "workflow ID")
+        check_lookup(key, "event key")
+        check_seconds(timeout, "get_event timeout")
         ctx, _ = self._contexts()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         timeout_id = ctx.allocate_step_id() if ctx is not None else None
@@ -217,6 +225,9 @@ class Operator(ScheduleOperator):
         a value not there within ``timeout`` seconds raises :class:`StreamTimeoutError`. In a
         workflow each value read (and the end, and a timeout) is a checkpoint.
         """
+        check_lookup(workflow_id, "workflow ID")
+        check_lookup(key, "stream key")
+        check_seconds(timeout, "read_stream timeout")
         ctx, step_ctx = self._contexts()
         return messaging.read_stream(self._caller_peer(ctx or step_ctx), workflow_id, key,
                                      offset, shard_key, timeout=timeout, ctx=ctx)
@@ -275,6 +286,7 @@ class Operator(ScheduleOperator):
         """Resume several workflows (under ``shard_key``) in one transaction (all or, if one
         is unknown, none)."""
         ids = list(workflow_ids)
+        check_lookup(_queue_name(queue), "queue name")
         with bind_shard_keys(dict.fromkeys(ids, shard_key)):
             await control.resume(self._peer(), ids, _queue_name(queue))
         return [await self._handle(workflow_id, shard_key) for workflow_id in ids]
@@ -295,6 +307,10 @@ class Operator(ScheduleOperator):
         steps to other workflows to use instead. The fork lives under the original's
         ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
         the partition it is enqueued in."""
+        check_identifier(new_workflow_id, "new_workflow_id", optional=True)
+        for original, replacement in (replacement_children or {}).items():
+            check_lookup(original, "replacement_children key")
+            check_lookup(replacement, "replacement_children value")
         call = self._fork_call(new_workflow_id, workflow_timeout)
         [handle] = await self.fork_workflows(
             [ForkRequest(workflow_id, start_step, call.workflow_id, shard_key,
@@ -314,6 +330,9 @@ class Operator(ScheduleOperator):
         none. The forks share the options: ``application_version``, ``queue`` (the
         internal queue by default), ``queue_partition_key`` (required on, and only on, a
         partitioned queue) and ``workflow_timeout``. Returns their handles, in order."""
+        check_seconds(workflow_timeout, "workflow_timeout")
+        check_identifier(application_version, "application_version", optional=True)
+        check_lookup(_queue_name(queue), "queue name")
         peer = self._peer()
         check_options({"partition_key": queue_partition_key})
         name = _queue_name(queue)
@@ -337,6 +356,8 @@ class Operator(ScheduleOperator):
         """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
         discarded (events rolled back, stream close markers removed, messages consumed
         since deleted) and it is re-enqueued under the same ID to run them again."""
+        check_identifier(application_version, "application_version", optional=True)
+        check_lookup(_queue_name(queue), "queue name")
         with bind_shard_keys({workflow_id: shard_key}):
             await control.rewind(self._peer(), workflow_id, start_step,
                                  application_version=application_version,
@@ -535,6 +556,7 @@ class Operator(ScheduleOperator):
     async def get_queue_definition(self, name: str) -> Queue | None:
         """The settings of queue ``name`` as stored in the ``queues`` table (whichever
         application owns it), or None if none are."""
+        check_lookup(name, "queue name")
         records = await self._peer().system_database.list_queues([name])
         return Queue.from_record(records[0]) if records else None
 
@@ -560,6 +582,7 @@ class Operator(ScheduleOperator):
             "partition_worker_concurrency": partition_worker_concurrency,
             "partition_limiter": partition_limiter, "polling_interval": polling_interval,
         }.items() if value is not _UNCHANGED}
+        check_lookup(name, "queue name")
         record = await self._peer().system_database.update_queue(
             name, lambda current: Queue.changed(current, changes).record)
         return Queue.from_record(record)
@@ -569,6 +592,7 @@ class Operator(ScheduleOperator):
         executors that declare it in code (which store it again when they start). An
         unknown name raises :class:`QueueNotFoundError`, another application's queue
         :class:`ApplicationOwnershipError`."""
+        check_lookup(name, "queue name")
         await self._peer().system_database.delete_queue(name)
 
     # ---- Applications ----
@@ -602,4 +626,5 @@ class Operator(ScheduleOperator):
 
     async def set_latest_application_version(self, version_name: str) -> None:
         """Make ``version_name`` the latest (registering it if it is unknown)."""
+        check_identifier(version_name, "application version name")
         await self._peer().system_database.set_latest_version(version_name)

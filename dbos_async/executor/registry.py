@@ -12,6 +12,7 @@ from typing import Any
 from dbos_async.errors import DBOSError
 from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
+from dbos_async.validation import check_identifier
 
 AsyncFunction = Callable[..., Coroutine[Any, Any, Any]]
 
@@ -78,6 +79,8 @@ class Registry:
         self.instances: dict[tuple[str, str], object] = {}
 
     def add_workflow(self, info: WorkflowInfo) -> None:
+        check_identifier(info.name, "workflow name")
+        check_identifier(info.class_name, "workflow class name", optional=True)
         if info.name in self.workflows:
             raise DBOSError(
                 f"A workflow named {info.name!r} is already registered; give one a distinct "
@@ -86,6 +89,7 @@ class Registry:
         self.workflows[info.name] = info
 
     def add_instance(self, instance: object, name: str) -> None:
+        check_identifier(name, "instance name")
         key = (type(instance).__qualname__, name)
         if key in self.instances and self.instances[key] is not instance:
             raise DBOSError(f"An instance of {key[0]} named {name!r} is already registered")

@@ -18,6 +18,7 @@ from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.schedules import WorkflowSchedule, public_schedule
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
+from dbos_async.validation import check_lookup
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -141,16 +142,20 @@ class ScheduleOperator:
                              name_prefix: str | None = None) -> list[WorkflowSchedule]:
         """This application's schedules (and unclaimed ones), by name; ``status`` is
         ``"ACTIVE"`` or ``"PAUSED"``."""
+        check_lookup(name_prefix, "name_prefix")
+        check_lookup(status, "status")
         records = await self._peer().system_database.list_schedules(prefix=name_prefix,
                                                                     status=status)
         return [public_schedule(r) for r in records]
 
     async def get_schedule(self, name: str) -> WorkflowSchedule | None:
+        check_lookup(name, "schedule name")
         record = await self._peer().system_database.get_schedule(name)
         return public_schedule(record) if record is not None else None
 
     async def delete_schedule(self, name: str) -> None:
         """Delete a schedule (its fired workflows stay); unknown names raise."""
+        check_lookup(name, "schedule name")
         if not await self._writing("delete_schedule").system_database.delete_schedule(name):
             raise ScheduleError(f"Schedule {name!r} does not exist")
         self._schedules_changed()
@@ -164,6 +169,7 @@ class ScheduleOperator:
         await self._set_paused(name, False)
 
     async def _set_paused(self, name: str, paused: bool) -> None:
+        check_lookup(name, "schedule name")
         sysdb = self._writing("pause_schedule" if paused else "resume_schedule").system_database
         if not await sysdb.set_schedule_paused(name, paused):
             raise ScheduleError(f"Schedule {name!r} does not exist")

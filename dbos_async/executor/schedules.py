@@ -24,8 +24,10 @@ from dbos_async.executor.queues.enqueue import announcement_key
 from dbos_async.executor.serialization import dumps, to_json_value
 from dbos_async.executor.start import CallContext, Placement, plan_start
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.shard_keys import validate_shard_key
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, Payload
 from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
+from dbos_async.validation import check_identifier, check_lookup, reported_as
 
 TRIGGER_TAG = "trigger"
 
@@ -140,8 +142,12 @@ def new_record(name: str, workflow_name: str, class_name: str | None, cron: str,
                automatic_backfill: bool, shard_key: str | None) -> ScheduleRecord:
     """A validated new schedule row (raises :class:`ScheduleError` before anything is
     stored)."""
-    if not isinstance(name, str) or not name:
-        raise ScheduleError("A schedule needs a non-empty name")
+    with reported_as(ScheduleError):
+        check_identifier(name, "schedule name")
+        check_identifier(workflow_name, "schedule's workflow name")
+        check_identifier(class_name, "schedule's workflow class name", optional=True)
+        check_lookup(queue, "schedule's queue name")
+        validate_shard_key(shard_key)
     check_cron(cron)
     zone_of(timezone_name)
     return ScheduleRecord(
@@ -177,6 +183,7 @@ async def fire(peer: Peer, executor_id: str, record: ScheduleRecord, time: datet
 
 
 async def stored(peer: Peer, name: str) -> ScheduleRecord:
+    check_lookup(name, "schedule name")
     record = await peer.system_database.get_schedule(name)
     if record is None:
         raise ScheduleError(f"Schedule {name!r} does not exist")

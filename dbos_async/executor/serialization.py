@@ -29,6 +29,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from dbos_async.errors import SerializationError
 from dbos_async.sysdb.statements import PORTABLE_JSON, Payload
+from dbos_async.validation import check_serialized
 
 if TYPE_CHECKING:
     from dbos_async.config import DBOSConfig
@@ -49,9 +50,11 @@ def to_json_value(value: Any, what: str) -> Any:
 
 def dumps(data: Any, what: str) -> str:
     try:
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except ValueError as error:  # NaN and infinities have no JSON form.
         raise SerializationError(f"Cannot serialize {what} as portable JSON: {error}") from None
+    check_serialized(text, what)
+    return text
 
 
 def to_json(value: Any, what: str) -> str:

@@ -51,6 +51,7 @@ from dbos_async.sysdb.statements import (
     ParentStep,
     Payload,
 )
+from dbos_async.validation import check_identifier, check_seconds
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
     ``SetWorkflowTimeout`` and ``SetShardKey``. Without ``take_id`` the ``SetWorkflowID``
     of the block is left for a start that names one workflow (a batch's rows do not)."""
     validate_shard_key(shard_key)
+    check_identifier(workflow_id, "workflow ID", optional=True)
+    check_seconds(timeout, "workflow timeout")
     parent = current_workflow() if as_child else None
     with tracing.propagated():
         attributes = workflow_attributes()

@@ -27,6 +27,7 @@ from dbos_async.executor.recorded_errors import deserialize_error, recorded_erro
 from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.database import StepRecord, now_ms
 from dbos_async.sysdb.statements import Payload
+from dbos_async.validation import check_identifier, check_seconds
 
 RetryOn = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]
@@ -55,14 +56,16 @@ class StepOptions:
     cancellable: bool = True
 
     def __post_init__(self) -> None:
+        check_identifier(self.name, "step name")
+        check_seconds(self.retry_interval, f"retry_interval of step {self.name!r}",
+                      optional=False)
+        check_seconds(self.max_retry_interval, f"max_retry_interval of step {self.name!r}",
+                      optional=False)
+        check_seconds(self.timeout, f"timeout of step {self.name!r}", positive=True)
         if self.retries < 0:
             raise DBOSError(f"Step {self.name!r}: retries must be >= 0, got {self.retries}")
-        if self.retry_interval < 0 or self.max_retry_interval < 0:
-            raise DBOSError(f"Step {self.name!r}: retry intervals must be >= 0")
         if self.backoff_rate < 1:
             raise DBOSError(f"Step {self.name!r}: backoff_rate must be >= 1")
-        if self.timeout is not None and not self.timeout > 0:
-            raise DBOSError(f"Step {self.name!r}: timeout must be positive")
 
     def should_retry(self, error: Exception) -> bool:
         if self.retry_on is None:

@@ -6,7 +6,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from dbos_async.errors import DatabaseUnavailableError
+from dbos_async.errors import (
+    ConfigurationError,
+    DatabaseAuthenticationError,
+    DatabaseUnavailableError,
+    DBOSError,
+)
 
 
 def redact(url: str) -> str:
@@ -24,6 +29,29 @@ def database_name(url: str) -> str:
 
 def with_database(url: str, database: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path="/" + database))
+
+
+def describe_target(url: str) -> str:
+    """Database, server and user of ``url``, for messages (never the password)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "the default host"
+    user = f" as user {parts.username!r}" if parts.username else ""
+    return f"{database_name(url)!r} at {host}:{parts.port or 5432}{user}"
+
+
+def connection_failure(url: str, error: BaseException, what: str) -> DBOSError:
+    """The error a failed connection attempt raises: naming the database, the server and
+    the cause; a refused login is a :class:`DatabaseAuthenticationError`, a malformed
+    connection option a :class:`ConfigurationError`."""
+    cause = f"{type(error).__name__}: {error}"
+    # 28000 and its 28P01 (a wrong password).
+    if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):
+        return DatabaseAuthenticationError(
+            f"{what} {describe_target(url)}: the server refused the login ({cause}); check "
+            "the user and password of the system database URL")
+    if isinstance(error, asyncpg.ClientConfigurationError):
+        return ConfigurationError(f"{what} {describe_target(url)}: {cause}")
+    return DatabaseUnavailableError(f"{what} {describe_target(url)}: {cause}")
 
 
 async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connection:
@@ -47,11 +75,8 @@ async def _connect_or_missing(url: str, connect_timeout: float,
         )
     except asyncpg.InvalidCatalogNameError:
         raise
-    except (TimeoutError, OSError, asyncpg.PostgresError) as error:
-        raise DatabaseUnavailableError(
-            f"Cannot connect to the system database at {redact(url)}: "
-            f"{type(error).__name__}: {error}"
-        ) from error
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise connection_failure(url, error, "Cannot connect to the system database") from error
 
 
 async def ensure_database(url: str, connect_timeout: float) -> None:
@@ -99,8 +124,7 @@ async def create_pool(url: str, size: int, connect_timeout: float, name: str) ->
             reset=_keep_session,
             server_settings={"application_name": name},
         )
-    except (TimeoutError, OSError, asyncpg.PostgresError) as error:
-        raise DatabaseUnavailableError(
-            f"Cannot open a connection pool to {redact(url)}: {type(error).__name__}: {error}"
-        ) from error
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        raise connection_failure(url, error,
+                                 "Cannot open a connection pool to the system database") from error
     return pool

@@ -15,22 +15,25 @@ from contextvars import ContextVar
 from types import MappingProxyType
 from typing import NamedTuple
 
-from dbos_async.errors import DBOSError
+from dbos_async.validation import check_identifier, check_lookup
 
 _bound: ContextVar[Mapping[str, str]] = ContextVar("dbos_shard_keys", default=MappingProxyType({}))
 _scope: ContextVar[str | None] = ContextVar("dbos_shard_key_scope", default=None)
 
 
 def validate_shard_key(shard_key: object) -> None:
-    """Refuse a key that is not None or a non-empty string."""
-    if shard_key is not None and (not isinstance(shard_key, str) or not shard_key):
-        raise DBOSError(f"Invalid shard key {shard_key!r}: a shard key must be a non-empty string")
+    """Refuse a key that is not None or a non-empty string the database can store (see
+    :func:`~dbos_async.validation.check_identifier`)."""
+    check_identifier(shard_key, "shard key", optional=True)
 
 
 @contextmanager
 def bind_shard_keys(pairs: Mapping[str, str | None]) -> Iterator[None]:
     """Route statements naming these workflow IDs by these keys, for the duration of the
-    block (None values bind nothing)."""
+    block (None values bind nothing). Every operation naming workflows passes here, so the
+    IDs are checked here too."""
+    for workflow_id in pairs:
+        check_lookup(workflow_id, "workflow ID")
     given = {workflow_id: key for workflow_id, key in pairs.items() if key is not None}
     for key in given.values():
         validate_shard_key(key)

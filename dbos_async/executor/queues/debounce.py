@@ -29,6 +29,7 @@ from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import shard_key_scope
 from dbos_async.sysdb.statements import ParentStep, is_dedup_conflict
+from dbos_async.validation import check_identifier
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,8 +60,7 @@ class Debouncer(Generic[P, R]):
 
     def debounce(self, key: str, /, *args: P.args,
                  **kwargs: P.kwargs) -> Coroutine[Any, Any, WorkflowHandle[R]]:
-        if not isinstance(key, str) or not key:
-            raise DBOSError("A debounce key must be a non-empty string")
+        check_identifier(key, "debounce key")
         owner = self.queue.owner
         info, full_args = workflow_info_of(self.fn, args, owner)
         options = replace(current_options(), deduplication_id=key, delay=self.period)

@@ -12,7 +12,6 @@ queue run it (see ``claim_loop.py``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -26,6 +25,7 @@ from dbos_async.executor.registry import WorkflowInfo, workflow_info_of
 from dbos_async.executor.runtime import RuntimeSource
 from dbos_async.executor.start import CallContext, read_call
 from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, QueueRecord
+from dbos_async.validation import check_identifier, check_seconds, reported_as
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,11 +62,9 @@ def _limiter(spec: LimiterSpec | None, what: str, queue: str) -> RateLimit | Non
             or limiter.limit < 1:
         raise ConfigurationError(
             f"Queue {queue!r}: {what} limit must be an integer >= 1, got {limiter.limit!r}")
-    if not isinstance(limiter.period, int | float) or isinstance(limiter.period, bool) \
-            or not math.isfinite(limiter.period) or limiter.period <= 0:
-        raise ConfigurationError(
-            f"Queue {queue!r}: {what} period must be a positive number of seconds, "
-            f"got {limiter.period!r}")
+    with reported_as(ConfigurationError):
+        check_seconds(limiter.period, f"{what} period of queue {queue!r}", optional=False,
+                      positive=True)
     return RateLimit(limiter.limit, float(limiter.period))
 
 
@@ -104,8 +102,8 @@ class Queue:
         partition_limiter: LimiterSpec | None = None,
         polling_interval: float = 1.0,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError("A queue needs a non-empty name")
+        with reported_as(ConfigurationError):
+            check_identifier(name, "queue name")
         self.name = name
         self.concurrency = _positive(concurrency, "concurrency", name)
         self.worker_concurrency = _positive(worker_concurrency, "worker_concurrency", name)
@@ -132,11 +130,9 @@ class Queue:
                 and self.partition_worker_concurrency > self.partition_concurrency):
             raise ConfigurationError(
                 f"Queue {name!r}: partition_worker_concurrency exceeds partition_concurrency")
-        if isinstance(polling_interval, bool) or not isinstance(polling_interval, int | float) \
-                or not math.isfinite(polling_interval) or polling_interval <= 0:
-            raise ConfigurationError(
-                f"Queue {name!r}: polling_interval must be a positive number of seconds, "
-                f"got {polling_interval!r}")
+        with reported_as(ConfigurationError):
+            check_seconds(polling_interval, f"polling_interval of queue {name!r}",
+                          optional=False, positive=True)
         self.polling_interval = float(polling_interval)
         self._owner: RuntimeSource | None = None
 

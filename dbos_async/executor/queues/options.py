@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from dbos_async.errors import DBOSError
+from dbos_async.validation import check_identifier, check_seconds
 
 DeduplicationPolicy = Literal["reject", "return_existing"]
 """What an enqueue does when an active workflow of the queue holds its deduplication ID:
@@ -90,14 +90,7 @@ def check_options(given: dict[str, Any]) -> None:
     if given.get("deduplication_policy", "reject") not in ("reject", "return_existing"):
         raise DBOSError("deduplication_policy must be 'reject' or 'return_existing', got "
                         f"{given['deduplication_policy']!r}")
-    for key in ("delay", "timeout"):
-        value = given.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                  or not math.isfinite(value) or value < 0
-                                  or (key == "timeout" and value == 0)):
-            raise DBOSError(f"{key} must be a {'positive' if key == 'timeout' else 'non-negative'}"
-                            f" number of seconds, got {value!r}")
-    for key in ("workflow_id", "deduplication_id", "partition_key"):
-        value = given.get(key)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise DBOSError(f"{key} must be a non-empty string, got {value!r}")
+    check_seconds(given.get("delay"), "delay")
+    check_seconds(given.get("timeout"), "timeout", positive=True)
+    for key in ("workflow_id", "deduplication_id", "partition_key", "application_version"):
+        check_identifier(given.get(key), key, optional=True)
