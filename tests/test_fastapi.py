@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from dbos_async import DBOSClient, SetWorkflowID, current_shard_key
+from dbos_async import DBOSClient, SetAuthentication, SetWorkflowID, current_shard_key
 from dbos_async.errors import ConfigurationError
 from dbos_async.fastapi import (
     DBOSClientDep,
@@ -253,3 +253,43 @@ async def test_idempotent_requests_on_a_sharded_database(database_url: str) -> N
     assert conflict.status_code == 422
     assert missing.status_code == 400
     assert "X-Tenant" in missing.json()["detail"]
+
+
+async def test_refused_arguments_roles_and_states_answer_4xx(database_url: str) -> None:
+    """A workflow ID the API refuses is the client's fault (400), a missing role is 403, and
+    a change a workflow's status does not allow is 409."""
+    dbos = new_dbos(database_url)
+    app = FastAPI(lifespan=lifespan(dbos))
+    install(app)
+
+    @dbos.workflow(name="guarded", required_roles=["admin"])
+    async def guarded() -> str:
+        return "ok"
+
+    @dbos.workflow(name="plain")
+    async def plain() -> str:
+        return "ok"
+
+    @app.get("/status/{workflow_id}")
+    async def status(workflow_id: str) -> dict[str, str | None]:
+        found = await dbos.get_workflow_status(workflow_id)
+        return {"status": found.status if found else None}
+
+    @app.post("/guarded")
+    async def call_guarded() -> str:
+        with SetAuthentication("bob", roles=["user"]):
+            return await guarded()
+
+    @app.post("/prioritise")
+    async def prioritise() -> None:
+        with SetWorkflowID("done"):
+            await plain()
+        await dbos.set_workflow_priority("done", 1)
+
+    async with serving(app) as client:
+        refused = await client.get("/status/a%00b")  # a NUL no ID can hold
+        forbidden = await client.post("/guarded")
+        conflict = await client.post("/prioritise")
+    assert refused.status_code == 400 and "workflow" in refused.json()["detail"].lower()
+    assert forbidden.status_code == 403
+    assert conflict.status_code == 409

@@ -17,11 +17,14 @@ from dbos_async.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
     IdempotencyKeyConflictError,
+    InvalidArgumentError,
     InvalidRequestError,
     NonExistentWorkflowError,
+    NotAuthorizedError,
     QueueDeduplicatedError,
     RecordedError,
     WorkflowCancelledError,
+    WorkflowStateError,
 )
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -32,8 +35,11 @@ STATUS_BY_TYPE: tuple[tuple[type[BaseException], HTTPStatus], ...] = (
     (NonExistentWorkflowError, HTTPStatus.NOT_FOUND),
     (WorkflowCancelledError, HTTPStatus.NOT_FOUND),
     (QueueDeduplicatedError, HTTPStatus.CONFLICT),
+    (WorkflowStateError, HTTPStatus.CONFLICT),
+    (NotAuthorizedError, HTTPStatus.FORBIDDEN),
     (IdempotencyKeyConflictError, HTTPStatus.UNPROCESSABLE_ENTITY),
     (InvalidRequestError, HTTPStatus.BAD_REQUEST),
+    (InvalidArgumentError, HTTPStatus.BAD_REQUEST),
     (DatabaseUnavailableError, HTTPStatus.SERVICE_UNAVAILABLE),
 )
 
