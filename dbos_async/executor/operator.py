@@ -308,6 +308,7 @@ class Operator(ScheduleOperator):
         ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
         the partition it is enqueued in."""
         check_identifier(new_workflow_id, "new_workflow_id", optional=True)
+        check_seconds(workflow_timeout, "workflow_timeout")
         for original, replacement in (replacement_children or {}).items():
             check_lookup(original, "replacement_children key")
             check_lookup(replacement, "replacement_children value")
