@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any
 
 import asyncpg
 
@@ -25,6 +26,7 @@ from dbos_async.errors import (
 from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.exports import ExportOperations
+from dbos_async.sysdb.group_commit import GroupCommit
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
 from dbos_async.sysdb.observability import ObservabilityOperations
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
@@ -54,6 +56,8 @@ from dbos_async.sysdb.statements import (
     PORTABLE_JSON,
     SEND_BULK,
     SUCCESS,
+    Checkpoint,
+    FinalOutcome,
     NewWorkflow,
     OutgoingMessage,
     ParentStep,
@@ -101,6 +105,18 @@ class _NotRecorded(Exception):
 class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
                      AdminOperations, ExportOperations, ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Group commit of the writes every workflow makes (see group_commit): one lane per
+        # kind and shard key.
+        self._checkpoints = GroupCommit[Checkpoint, bool](self._write_checkpoints)
+        self._outcomes = GroupCommit[FinalOutcome, bool](self._write_outcomes)
+
+    async def close(self) -> None:
+        await self._checkpoints.aclose()
+        await self._outcomes.aclose()
+        await super().close()
 
     # ---- Workflows ----
 
@@ -351,15 +367,39 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         Raises :class:`WorkflowCancelledError` if the workflow was cancelled and
         :class:`WorkflowConflictError` if this execution no longer owns it.
         """
-        query = self.sql.record_step(
-            workflow_id, function_id, function_name, owner_xid, output, error,
-            started_at_ms, completed_at_ms, child_workflow_id, serialization=serialization,
-        )
-        what = f"checkpointing step {function_id} of {workflow_id}"
-        if await self._fetchrow(query, what) is not None:
+        child_key = self.sql.key_hint(child_workflow_id) if child_workflow_id else None
+        row = Checkpoint(workflow_id, function_id, function_name, owner_xid, output, error,
+                         started_at_ms, completed_at_ms, child_workflow_id, child_key,
+                         serialization)
+        if await self._checkpoints.submit(self.sql.key_hint(workflow_id), row):
             return None
+        what = f"checkpointing step {function_id} of {workflow_id}"
         verdict = await self._fetchrow(self.sql.fence_verdict(workflow_id, owner_xid), what)
         return await self._recorded_or_existing(verdict, workflow_id, function_id, function_name)
+
+    async def _write_checkpoints(self, shard_key: Hashable, rows: Sequence[Checkpoint]
+                                 ) -> list[bool]:
+        """One group-commit batch of checkpoints of one key: whether each landed. One row
+        goes as :meth:`record_step`'s own statement."""
+        key = shard_key if isinstance(shard_key, str) else None
+        if len(rows) == 1:
+            r = rows[0]
+            with WorkflowAddress(r.workflow_id, key).routed():
+                q = self.sql.record_step(r.workflow_id, r.function_id, r.function_name,
+                                         r.owner_xid, r.output, r.error, r.started_at_ms,
+                                         r.completed_at_ms, r.child_workflow_id,
+                                         r.child_shard_key, r.serialization)
+            what = f"checkpointing step {r.function_id} of {r.workflow_id}"
+            return [await self._fetchrow(q, what) is not None]
+        with cleared_shard_keys(), shard_key_scope(key):
+            q = self.sql.record_steps(rows)
+        landed = {(r["workflow_uuid"], r["function_id"])
+                  for r in await self._fetch(q, f"checkpointing {len(rows)} steps")}
+        verdicts = []
+        for r in rows:
+            verdicts.append((r.workflow_id, r.function_id) in landed)
+            landed.discard((r.workflow_id, r.function_id))  # a second claim on it did not
+        return verdicts
 
     async def record_outcome(
         self,
@@ -371,8 +411,27 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     ) -> bool:
         """Record SUCCESS (no error) or ERROR; False if this execution no longer owned it."""
         status = ERROR if error is not None else SUCCESS
-        query = self.sql.record_outcome(workflow_id, status, owner_xid, output, error, now_ms())
-        row = await self._fetchrow(query, f"recording the outcome of {workflow_id}")
+        row = FinalOutcome(workflow_id, status, owner_xid, output, error)
+        return await self._outcomes.submit(self.sql.key_hint(workflow_id), row)
+
+    async def _write_outcomes(self, shard_key: Hashable, rows: Sequence[FinalOutcome]
+                              ) -> list[bool]:
+        """One group-commit batch of outcomes of one key: whether each was recorded. One
+        row, or a batch naming a workflow twice, goes row by row."""
+        key = shard_key if isinstance(shard_key, str) else None
+        if len(rows) == 1 or len({r.workflow_id for r in rows}) < len(rows):
+            return [await self._write_outcome(key, r) for r in rows]
+        with cleared_shard_keys(), shard_key_scope(key):
+            q = self.sql.record_outcomes(rows, now_ms())
+        recorded = {r["workflow_uuid"]
+                    for r in await self._fetch(q, f"recording {len(rows)} outcomes")}
+        return [r.workflow_id in recorded for r in rows]
+
+    async def _write_outcome(self, key: str | None, r: FinalOutcome) -> bool:
+        with WorkflowAddress(r.workflow_id, key).routed():
+            query = self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid, r.output,
+                                            r.error, now_ms())
+        row = await self._fetchrow(query, f"recording the outcome of {r.workflow_id}")
         return row is not None and int(row["count"]) > 0
 
     async def get_workflow(

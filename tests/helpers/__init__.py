@@ -171,6 +171,31 @@ async def take_executor_id_away(url: str, dbos: DBOS) -> None:
         await taker.close()
 
 
+@contextlib.asynccontextmanager
+async def pool_statements(dbos: DBOS) -> Any:
+    """The statements (text and arguments) the executor's pool sends inside the block, as
+    a list filled in as they go."""
+    logged: list[tuple[str, tuple[Any, ...]]] = []
+
+    def log(record: Any) -> None:
+        logged.append((record.query, tuple(record.args)))
+
+    pool = dbos.system_database.pool
+    held = [await pool.acquire() for _ in range(pool.get_max_size())]
+    for conn in held:
+        conn.add_query_logger(log)
+    for conn in held:
+        await pool.release(conn)
+    try:
+        yield logged
+    finally:
+        held = [await pool.acquire() for _ in range(pool.get_max_size())]
+        for conn in held:
+            conn.remove_query_logger(log)
+        for conn in held:
+            await pool.release(conn)
+
+
 async def count_workflows(url: str) -> int:
     return int(await fetchval(url, "SELECT count(*) FROM dbos.workflow_status"))
 

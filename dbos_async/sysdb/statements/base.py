@@ -102,6 +102,36 @@ class ParentStep:
     shard_key: str | None = None
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A step's outcome to record, fenced by its execution's owner token (see
+    ``WorkflowStatements.record_steps``), with the keys of its workflow's child if it
+    started one."""
+
+    workflow_id: str
+    function_id: int
+    function_name: str
+    owner_xid: str
+    output: str | None
+    error: str | None
+    started_at_ms: int
+    completed_at_ms: int
+    child_workflow_id: str | None = None
+    child_shard_key: str | None = None
+    serialization: str = PORTABLE_JSON
+
+
+@dataclass(frozen=True)
+class FinalOutcome:
+    """A workflow's terminal status and payload to record, fenced by its owner token."""
+
+    workflow_id: str
+    status: str
+    owner_xid: str
+    output: str | None
+    error: str | None
+
+
 WorkflowRef = tuple[str, str | None]
 """A workflow as a sharded database tells it apart: its ID and shard key (None unsharded)."""
 

@@ -8,6 +8,8 @@ from typing import Any
 from dbos_async.sysdb.statements.base import (
     PENDING,
     PORTABLE_JSON,
+    Checkpoint,
+    FinalOutcome,
     NewWorkflow,
     Params,
     ParentStep,
@@ -298,6 +300,46 @@ class WorkflowStatements(StatementBase):
                                      self._checkpoint_conflict())
         return Query(f"{insert} RETURNING 1", p.values)
 
+    def record_steps(self, rows: Sequence[Checkpoint]) -> Query:
+        """:meth:`record_step` for a batch of checkpoints of one shard key (under the
+        caller's shard_key_scope), in one statement: each lands only while its execution
+        owns its PENDING workflow, judged row by row. The status rows are locked FOR NO KEY
+        UPDATE (no hand-off commits between the check and the insert) in ID order, so
+        statements locking several of them cannot deadlock one another. Where two rows
+        claim one step, the first given lands. RETURNING each landed row's (workflow,
+        step); a row missing from it asks :meth:`fence_verdict` why, as alone."""
+        p = Params()
+        given = [{"workflow_uuid": r.workflow_id, "function_id": r.function_id,
+                  "function_name": r.function_name, "owner_xid": r.owner_xid,
+                  "output": r.output, "error": r.error,
+                  "child_workflow_id": r.child_workflow_id,
+                  **self.child_values(r.child_workflow_id, r.child_shard_key),
+                  "started_at_epoch_ms": r.started_at_ms,
+                  "completed_at_epoch_ms": r.completed_at_ms,
+                  "serialization": r.serialization} for r in rows]
+        names = list(dict.fromkeys(c for g in given for c in g))
+        casts = {"function_id": "integer", "started_at_epoch_ms": "bigint",
+                 "completed_at_epoch_ms": "bigint"}
+        arrays = ", ".join(p([g.get(c) for g in given], f"{casts.get(c, 'text')}[]")
+                           for c in names)
+        stored = [c for c in names if c != "owner_xid"]
+        keys = self._key_values_of("ws")
+        columns = [*keys, *stored, "application_name"]
+        selected = [*keys.values(), *(f"v.{c}" for c in stored), p(self.app_name, "text")]
+        return Query(
+            f"""INSERT INTO {self.table('operation_outputs')} ({', '.join(columns)})
+                SELECT {', '.join(selected)}
+                FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(names)}, ord)
+                JOIN {self.table('workflow_status')} ws
+                  ON {self.scoped('ws', p)} AND ws.workflow_uuid = v.workflow_uuid
+                     AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
+                ORDER BY ws.workflow_uuid, v.ord
+                FOR NO KEY UPDATE OF ws
+                {self._checkpoint_conflict()}
+                RETURNING workflow_uuid, function_id""",
+            p.values,
+        )
+
     def fence_verdict(self, workflow_id: str, owner_xid: str) -> Query:
         """Why a fenced write landed nothing: the workflow's status and whether this execution
         still owns it (``inserted`` is false: a write that lands needs no verdict)."""
@@ -361,6 +403,46 @@ class WorkflowStatements(StatementBase):
                   RETURNING 1
                 )
                 SELECT count(*) AS count FROM updated""",
+            p.values,
+        )
+
+    def record_outcomes(self, rows: Sequence[FinalOutcome], now_ms: int) -> Query:
+        """:meth:`record_outcome` for a batch of workflows of one shard key (under the
+        caller's shard_key_scope; each workflow once), in one statement, judged row by row:
+        a row's status is set only while its execution owns it PENDING, and its payload is
+        written only if it was. RETURNING the IDs whose outcome was recorded."""
+        p = Params()
+        names = {"workflow_uuid": "text", "status": "text", "owner_xid": "text",
+                 "output": "text", "error": "text"}
+        arrays = ", ".join(p([getattr(r, f) for r in rows], f"{cast}[]") for f, cast in zip(
+            ("workflow_id", "status", "owner_xid", "output", "error"), names.values(),
+            strict=True))
+        keys = self._key_values_of("updated")
+        output_columns = [*keys, "workflow_uuid", "output", "error"]
+        return Query(
+            f"""WITH v AS (
+                  SELECT * FROM unnest({arrays}) AS v({', '.join(names)})
+                ), updated AS (
+                  UPDATE {self.table('workflow_status')} ws
+                  SET status = v.status,
+                      -- A finished workflow holds no deduplication ID and has no owner.
+                      deduplication_id = NULL,
+                      owner_xid = NULL,
+                      updated_at = {p(now_ms, 'bigint')},
+                      completed_at = {p(now_ms, 'bigint')}
+                  FROM v
+                  WHERE {self.scoped('ws', p)} AND ws.workflow_uuid = v.workflow_uuid
+                    AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
+                  RETURNING ws.workflow_uuid{self.key_columns('ws')}
+                ), stored AS (
+                  INSERT INTO {self.table('workflow_output')} ({', '.join(output_columns)})
+                  SELECT {', '.join([*keys.values(), 'v.workflow_uuid', 'v.output', 'v.error'])}
+                  FROM v JOIN updated ON updated.workflow_uuid = v.workflow_uuid
+                  ON CONFLICT ({self.key_conflict('workflow_uuid')})
+                    DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error
+                  RETURNING 1
+                )
+                SELECT workflow_uuid FROM updated""",
             p.values,
         )
 

@@ -1,0 +1,176 @@
+"""Group commit: many workflows' checkpoints and outcomes in one statement, each row judged
+on its own, and a lone workflow still one statement per write.
+
+A batch is made deterministic by holding the first write in flight: the test locks that
+workflow's status row, so its checkpoint waits in PostgreSQL while the others' steps finish
+and queue behind it; when the lock goes, everything queued goes as one statement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+from helpers import execute, fetch, new_dbos, pool_statements, step_rows, wait_until, workflow_row
+
+from dbos_async import NondeterminismError, SetWorkflowID, WorkflowCancelledError
+
+BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
+"""Text of the batched checkpoint statement (one row per workflow in its arrays)."""
+
+
+def batches(logged: list[tuple[str, tuple[Any, ...]]]) -> list[list[tuple[str, int]]]:
+    """The (workflow ID, step) rows of each batched checkpoint statement sent."""
+    return [list(zip(args[0], args[1], strict=True))
+            for sql, args in logged if BATCH_MARK in sql]
+
+
+async def lock_waiters(url: str) -> int:
+    rows = await fetch(url, "SELECT count(*) AS n FROM pg_stat_activity "
+                            "WHERE wait_event_type = 'Lock' AND datname = current_database()")
+    return int(rows[0]["n"])
+
+
+async def test_each_row_of_a_batch_gets_its_own_verdict(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    release_lead, release_rest = asyncio.Event(), asyncio.Event()
+    arrived: set[str] = set()
+    everyone_in = asyncio.Event()
+    healthy = [f"healthy-{i}" for i in range(6)]
+    others = [*healthy, "cancelled", "fenced", "nondeterministic"]
+
+    @dbos.step(name="held", cancellable=False)
+    async def held(workflow_id: str) -> str:
+        arrived.add(workflow_id)
+        if arrived >= {"lead", *others}:
+            everyone_in.set()
+        await (release_lead if workflow_id == "lead" else release_rest).wait()
+        return workflow_id
+
+    @dbos.step(name="after")
+    async def after(value: str) -> str:
+        return value + "!"
+
+    @dbos.workflow()
+    async def work(workflow_id: str) -> str:
+        return await after(await held(workflow_id))
+
+    async with dbos:
+        handles = {}
+        for workflow_id in ["lead", *others]:
+            with SetWorkflowID(workflow_id):
+                handles[workflow_id] = await dbos.start_workflow(work, workflow_id)
+        await asyncio.wait_for(everyone_in.wait(), 30)
+        # Three rows an outside writer changes while their steps run.
+        await execute(database_url, "UPDATE dbos.workflow_status SET status = 'CANCELLED' "
+                                    "WHERE workflow_uuid = 'cancelled'")
+        await execute(database_url, "UPDATE dbos.workflow_status SET owner_xid = 'elsewhere' "
+                                    "WHERE workflow_uuid = 'fenced'")
+        await execute(database_url, "INSERT INTO dbos.operation_outputs "
+                                    "(workflow_uuid, function_id, function_name, output) "
+                                    "VALUES ('nondeterministic', 0, 'another_step', 'null')")
+        blocker = await asyncpg.connect(database_url)
+        try:
+            async with pool_statements(dbos) as logged:
+                tx = blocker.transaction()
+                await tx.start()
+                await blocker.execute("SELECT 1 FROM dbos.workflow_status "
+                                      "WHERE workflow_uuid = 'lead' FOR UPDATE")
+                release_lead.set()  # its checkpoint goes alone and waits for the lock
+                await wait_until(lambda: _at_least(lock_waiters(database_url), 1),
+                                 what="the lead's checkpoint waiting for its row")
+                release_rest.set()  # the others finish and queue behind it
+                await tx.rollback()
+                results = {w: await asyncio.wait_for(handles[w].get_result(), 30)
+                           for w in ["lead", *healthy]}
+                with pytest.raises(WorkflowCancelledError):
+                    await asyncio.wait_for(handles["cancelled"].get_result(), 30)
+                with pytest.raises(NondeterminismError):
+                    await asyncio.wait_for(handles["nondeterministic"].get_result(), 30)
+        finally:
+            await blocker.close()
+
+    assert results == {w: w + "!" for w in ["lead", *healthy]}
+    # The nine queued checkpoints went as one statement, the lead's alone before it (its
+    # next step, quick to follow, joined them).
+    assert {(w, 0) for w in others} <= set(batches(logged)[0])
+    for workflow_id in healthy:
+        assert [r.function_name for r in await step_rows(database_url, workflow_id)] \
+            == ["held", "after"]
+    # The refused rows wrote nothing; the fenced-out workflow belongs to its new owner.
+    assert await step_rows(database_url, "cancelled") == []
+    assert await step_rows(database_url, "fenced") == []
+    fenced = await workflow_row(database_url, "fenced")
+    assert fenced is not None and (fenced["status"], fenced["owner_xid"]) \
+        == ("PENDING", "elsewhere")
+    recorded = await step_rows(database_url, "nondeterministic")
+    assert [r.function_name for r in recorded] == ["another_step"]
+    row = await workflow_row(database_url, "nondeterministic")
+    assert row is not None and row["status"] == "ERROR"
+
+
+async def _at_least(count: Any, n: int) -> bool:
+    return int(await count) >= n
+
+
+async def test_concurrent_workflows_share_statements(database_url: str) -> None:
+    """Workflows stepping together send far fewer statements than rows; each result and
+    each checkpoint is still there."""
+    dbos = new_dbos(database_url)
+    go, all_running = asyncio.Event(), asyncio.Event()
+    count = 40
+    running: set[int] = set()
+
+    @dbos.step()
+    async def gated(i: int) -> int:
+        running.add(i)
+        if len(running) == count:
+            all_running.set()
+        await go.wait()
+        return i
+
+    @dbos.step()
+    async def double(i: int) -> int:
+        return 2 * i
+
+    @dbos.workflow()
+    async def work(i: int) -> int:
+        return await double(await gated(i))
+
+    async with dbos:
+        handles = [await dbos.start_workflow(work, i) for i in range(count)]
+        await asyncio.wait_for(all_running.wait(), 30)
+        async with pool_statements(dbos) as logged:
+            go.set()
+            results = [await asyncio.wait_for(h.get_result(), 30) for h in handles]
+    assert results == [2 * i for i in range(count)]
+    checkpoints = [sql for sql, _ in logged if "operation_outputs" in sql]
+    # 80 checkpoints; released together, each step's writes go in a few statements.
+    assert len(checkpoints) < count
+    assert sum(len(b) for b in batches(logged)) > count
+    rows = await fetch(database_url, "SELECT count(*) AS n FROM dbos.operation_outputs")
+    assert rows[0]["n"] == 2 * count
+
+
+async def test_a_lone_workflow_sends_one_statement_per_write(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+
+    @dbos.step()
+    async def one(i: int) -> int:
+        return i + 1
+
+    @dbos.workflow()
+    async def three_steps(i: int) -> int:
+        return await one(await one(await one(i)))
+
+    async with dbos:
+        await (await dbos.start_workflow(three_steps, 0)).get_result()  # warm
+        async with pool_statements(dbos) as logged:
+            handle = await dbos.start_workflow(three_steps, 10)
+            assert await handle.get_result() == 13
+    writes = [sql for sql, _ in logged if "INSERT" in sql or "UPDATE" in sql]
+    # The start, three checkpoints and the outcome: one statement each, none batched.
+    assert len(writes) == 5, writes
+    assert batches(logged) == []
