@@ -11,11 +11,16 @@ workflow runs once under each key, with the same ID; ``recover`` prints ``{key: 
 Every step first inserts its name into ``side_effects(step text)`` in the same database (on
 its own connection, outside the step's checkpoint) and then sleeps, so the test can tell how
 often each step's body really ran.
+
+``KIND`` ``load`` is many workflows at once (``WORKFLOW_ID-0`` ... ``WORKFLOW_ID-N``, spread
+over the keys when sharded), stepping together, so their checkpoints are group-committed;
+``recover`` prints every result.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -32,9 +37,12 @@ APP_VERSION = "crash-test-version"
 SEQUENTIAL_STEPS = 5
 SEQUENTIAL_SLEEP = 0.3
 FAN_WIDTH = 4
+LOAD_WORKFLOWS = 200
+LOAD_STEPS = 6
 
 
-def build(url: str, sharding: bool = False) -> tuple[DBOS, dict[str, Any]]:
+def build(url: str, sharding: bool = False,
+          effects: asyncpg.Pool | None = None) -> tuple[DBOS, dict[str, Any]]:
     dbos = DBOS(
         system_database_url=url,
         sharding=sharding,
@@ -81,11 +89,50 @@ def build(url: str, sharding: bool = False) -> tuple[DBOS, dict[str, Any]]:
         total = await sum_step(list(squares))
         return {"squares": list(squares), "total": total}
 
-    return dbos, {"sequential": sequential, "fanout": fanout}
+    @dbos.step(name="load_step")
+    async def load_step(n: int, i: int) -> int:
+        assert effects is not None
+        await effects.execute("INSERT INTO side_effects (step) VALUES ($1)", f"load-{n}-{i}")
+        await asyncio.sleep(0.05)
+        return n * LOAD_STEPS + i
+
+    @dbos.workflow(name="load")
+    async def load(n: int) -> list[int]:
+        return [await load_step(n, i) for i in range(LOAD_STEPS)]
+
+    return dbos, {"sequential": sequential, "fanout": fanout, "load": load}
+
+
+def load_members(workflow_id: str, shard_keys: list[str]) -> list[tuple[str, str | None, int]]:
+    """The workflows of the ``load`` kind: (ID, key, n)."""
+    return [(f"{workflow_id}-{n}", shard_keys[n % len(shard_keys)] if shard_keys else None, n)
+            for n in range(LOAD_WORKFLOWS)]
+
+
+async def run_load(dbos: DBOS, mode: str, load: Any, workflow_id: str,
+                   shard_keys: list[str]) -> None:
+    if mode == "start":
+        for member_id, key, n in load_members(workflow_id, shard_keys):
+            with SetShardKey(key) if key else contextlib.nullcontext(), \
+                    SetWorkflowID(member_id):
+                await dbos.start_workflow(load, n)
+        print("started", flush=True)
+        await asyncio.Event().wait()  # until SIGKILL
+    results = {}
+    for member_id, key, _ in load_members(workflow_id, shard_keys):
+        handle = await dbos.retrieve_workflow(member_id, shard_key=key)
+        results[member_id] = await handle.get_result()
+    print(json.dumps(results), flush=True)
 
 
 async def main(url: str, mode: str, kind: str, workflow_id: str, keys: str = "") -> None:
     shard_keys = [key for key in keys.split(",") if key]
+    if kind == "load":
+        async with asyncpg.create_pool(url, min_size=1, max_size=4) as effects:
+            dbos, workflows = build(url, sharding=bool(shard_keys), effects=effects)
+            async with dbos:
+                await run_load(dbos, mode, workflows["load"], workflow_id, shard_keys)
+        return
     dbos, workflows = build(url, sharding=bool(shard_keys))
     async with dbos:
         if mode == "start":
