@@ -213,7 +213,7 @@ async def test_a_lost_lock_connection_reacquires_the_same_id(database_url: str) 
 
     async with dbos:
         before = await lock_holder(url)
-        await execute(url, "SELECT pg_terminate_backend($1, 10000)", before["pid"])
+        await execute(url, "SELECT pg_terminate_backend($1::integer, 10000::bigint)", before["pid"])
 
         async def reacquired() -> bool:
             rows = await fetch(url, """SELECT pid FROM pg_locks WHERE locktype = 'advisory'
@@ -258,7 +258,8 @@ async def test_an_id_taken_while_its_connection_was_down_stops_new_work(
                       AND NOT granted AND pid = $1""", taker.get_server_pid()))
 
             await wait_until(queued, patience=PATIENCE, what="the taker to queue on the lock")
-            await execute(url, "SELECT pg_terminate_backend($1, 10000)", holder["pid"])
+            await execute(url, "SELECT pg_terminate_backend($1::integer, 10000::bigint)",
+                          holder["pid"])
             await asyncio.wait_for(waiting, PATIENCE)
 
             async def refused() -> bool:

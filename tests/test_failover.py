@@ -287,7 +287,7 @@ async def test_a_partitioned_zombie_records_nothing_after_the_take_over(
         key = taker.runtime.system_database.sql.executor_lock_key(zombie.executor_id)
         holder = await advisory_lock_holder(url, key)
         assert holder is not None
-        await execute(url, "SELECT pg_terminate_backend($1, 10000)", holder)
+        await execute(url, "SELECT pg_terminate_backend($1::integer, 10000::bigint)", holder)
 
         async def taken_and_done() -> bool:
             row = await workflow_row(url, "z-0")
