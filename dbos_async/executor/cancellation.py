@@ -53,6 +53,7 @@ class Region:
                  cancellable: bool) -> None:
         self._watcher = watcher
         self.ctx = ctx
+        self.waiter = _waiter(ctx)
         self.cancellable = cancellable
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
@@ -113,17 +114,17 @@ class CancellationWatcher:
 
     def _add(self, region: Region) -> None:
         was_idle = not self._regions
-        self._regions.setdefault(_waiter(region.ctx), set()).add(region)
+        self._regions.setdefault(region.waiter, set()).add(region)
         if was_idle:
             # The watcher waits without a timeout while idle: let it start its poll timer.
             self._event.set()
 
     def _remove(self, region: Region) -> None:
-        regions = self._regions.get(_waiter(region.ctx))
+        regions = self._regions.get(region.waiter)
         if regions is not None:
             regions.discard(region)
             if not regions:
-                del self._regions[_waiter(region.ctx)]
+                del self._regions[region.waiter]
 
     def on_notification(self, waiter: str) -> None:
         """A cancel notification (local or from another process)."""
