@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,12 +42,10 @@ class WorkflowContext:
     # Set by the cancellation watcher: no new step or wait of this execution starts.
     cancelled: bool = field(default=False)
 
-    @contextmanager
-    def routed(self) -> Iterator[None]:
+    def routed(self) -> AbstractContextManager[None]:
         """Route the statements of this execution by its own key, whatever its starter had
         bound (workflow IDs repeat across keys)."""
-        with WorkflowAddress(self.workflow_id, self.shard_key).routed():
-            yield
+        return WorkflowAddress(self.workflow_id, self.shard_key).routed()
 
     def allocate_step_id(self) -> int:
         step_id = self.next_step_id
