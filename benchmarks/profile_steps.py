@@ -19,6 +19,7 @@ import io
 import os
 import pstats
 import sys
+import sysconfig
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -102,7 +103,18 @@ def report(profiler: cProfile.Profile, workflows: int, limit: int) -> str:
     for title, sort, restriction in sections:
         out.write(f"==== {title} (top {limit}) ====\n")
         stats.sort_stats(sort).print_stats(*restriction, limit)
-    return out.getvalue()
+    return _without_local_paths(out.getvalue())
+
+
+def _without_local_paths(text: str) -> str:
+    """File names relative to where they are installed (site-packages, the standard
+    library, this checkout), so the report does not depend on the machine."""
+    paths = sysconfig.get_paths()
+    prefixes = {paths["purelib"], paths["platlib"], paths["stdlib"],
+                str(Path(__file__).resolve().parent.parent)}
+    for prefix in sorted(prefixes, key=len, reverse=True):
+        text = text.replace(prefix + os.sep, "")
+    return text
 
 
 async def profile(url: str, *, workflows: int, concurrency: int, pool_size: int,
