@@ -96,7 +96,8 @@ async def _all_connections(pool: asyncpg.Pool) -> list[Any]:
     return [await pool.acquire() for _ in range(pool.get_size())]
 
 
-def _workload(dbos: DBOS) -> Any:
+def workload(dbos: DBOS) -> Any:
+    """The measured workflow: three trivial steps, each checkpointed."""
     @dbos.step()
     async def add_one(x: int) -> int:
         return x + 1
@@ -122,7 +123,7 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
     keys."""
     dbos = DBOS(system_database_url=url, pool_size=pool_size, name="bench_dbos_async",
                 application_version="bench", sharding=shard_keys > 0)
-    three_steps = _workload(dbos)
+    three_steps = workload(dbos)
     counter = QueryCounter()
     profiler = cProfile.Profile() if profile else None
 

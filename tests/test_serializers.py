@@ -228,3 +228,32 @@ async def test_a_recorded_error_in_the_serializer_keeps_its_class(database_url: 
     row = await workflow_row(database_url, "b")
     assert row is not None
     assert row["serialization"] == "tagged_json" and row["stored_error"].startswith("T:")
+
+
+async def test_plain_values_are_stored_as_portable_json_text(database_url: str) -> None:
+    """The text of scalar inputs, step outputs and results, byte for byte as the ``dbos``
+    package and every SDK write portable JSON (compact, non-ASCII kept)."""
+    dbos = new_dbos(database_url)
+
+    @dbos.step(name="echo")
+    async def echo(value: Any) -> Any:
+        return value
+
+    @dbos.workflow(name="echoing")
+    async def echoing(value: Any) -> Any:
+        return await echo(value)
+
+    values = {"none": (None, "null"), "true": (True, "true"), "false": (False, "false"),
+              "zero": (0, "0"), "negative": (-7, "-7"), "big": (2**70, "1180591620717411303424"),
+              "float": (1.5, "1.5"), "text": ('é "q"', '"é \\"q\\""')}
+    async with dbos:
+        for name, (value, _) in values.items():
+            with SetWorkflowID(name):
+                assert await echoing(value) == value
+    rows = await fetch(database_url, "SELECT s.workflow_uuid, s.output AS result, "
+                       "o.output AS step, i.inputs FROM dbos.workflow_output s "
+                       "JOIN dbos.operation_outputs o USING (workflow_uuid) "
+                       "JOIN dbos.workflow_input i USING (workflow_uuid)")
+    stored = {r["workflow_uuid"]: (r["result"], r["step"], r["inputs"]) for r in rows}
+    assert stored == {name: (text, text, f'{{"positionalArgs":[{text}],"namedArgs":{{}}}}')
+                      for name, (_, text) in values.items()}

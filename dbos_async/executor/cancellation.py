@@ -53,6 +53,7 @@ class Region:
                  cancellable: bool) -> None:
         self._watcher = watcher
         self.ctx = ctx
+        self.waiter = _waiter(ctx)
         self.cancellable = cancellable
         self._task: asyncio.Task[object] | None = None
         self._cancelling = 0
@@ -95,6 +96,9 @@ class CancellationWatcher:
         self._contexts: dict[str, list[Execution]] = {}
         self._suspects: set[str] = set()
         self._event = asyncio.Event()
+        # Whether the watcher waits without its poll timer (no regions when it began): the
+        # first region must wake it then, and only then.
+        self._waiting_untimed = False
         self.polls = 0
         """How many status reads the watcher made (for tests and diagnostics)."""
 
@@ -112,18 +116,19 @@ class CancellationWatcher:
                 del self._contexts[_waiter(ctx)]
 
     def _add(self, region: Region) -> None:
-        was_idle = not self._regions
-        self._regions.setdefault(_waiter(region.ctx), set()).add(region)
-        if was_idle:
-            # The watcher waits without a timeout while idle: let it start its poll timer.
+        self._regions.setdefault(region.waiter, set()).add(region)
+        if self._waiting_untimed:
+            # Let it start its poll timer. A watcher already timing its poll is left alone:
+            # waking it at every step would restart the timer, and the poll might never come.
+            self._waiting_untimed = False
             self._event.set()
 
     def _remove(self, region: Region) -> None:
-        regions = self._regions.get(_waiter(region.ctx))
+        regions = self._regions.get(region.waiter)
         if regions is not None:
             regions.discard(region)
             if not regions:
-                del self._regions[_waiter(region.ctx)]
+                del self._regions[region.waiter]
 
     def on_notification(self, waiter: str) -> None:
         """A cancel notification (local or from another process)."""
@@ -167,6 +172,7 @@ class CancellationWatcher:
         while True:
             timed_out = False
             if not self._suspects:
+                self._waiting_untimed = not self._regions
                 try:
                     async with asyncio.timeout(interval if self._regions else None):
                         await self._event.wait()

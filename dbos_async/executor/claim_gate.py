@@ -33,15 +33,21 @@ class ClaimGate:
     async def claiming(self) -> AsyncIterator[None]:
         if self.guard is not None:
             await self.guard()
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._recoveries == 0)
+        # The condition is taken only when a recovery is there to wait for or to wake: a
+        # start is otherwise two counter updates (the event loop runs one task at a time).
+        if self._recoveries:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._recoveries == 0)
+                self._claims += 1
+        else:
             self._claims += 1
         try:
             yield
         finally:
-            async with self._changed:
-                self._claims -= 1
-                self._changed.notify_all()
+            self._claims -= 1
+            if self._recoveries and not self._claims:
+                async with self._changed:
+                    self._changed.notify_all()
 
     @contextlib.asynccontextmanager
     async def recovering(self) -> AsyncIterator[None]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +42,10 @@ class WorkflowContext:
     # Set by the cancellation watcher: no new step or wait of this execution starts.
     cancelled: bool = field(default=False)
 
-    @contextmanager
-    def routed(self) -> Iterator[None]:
+    def routed(self) -> AbstractContextManager[None]:
         """Route the statements of this execution by its own key, whatever its starter had
         bound (workflow IDs repeat across keys)."""
-        with WorkflowAddress(self.workflow_id, self.shard_key).routed():
-            yield
+        return WorkflowAddress(self.workflow_id, self.shard_key).routed()
 
     def allocate_step_id(self) -> int:
         step_id = self.next_step_id
@@ -58,10 +56,21 @@ class WorkflowContext:
 @dataclass
 class StepContext:
     """The step running here: its position in its workflow (None for a step called outside
-    a workflow) and the attempt under way (1 for the first, counting its retries)."""
+    a workflow) and the attempt under way (1 for the first, counting its retries). Entered,
+    it is the current step in the block (a class, not a generator: it is entered at every
+    step)."""
 
     step_id: int | None
     attempt: int = 1
+    _token: Token[StepContext | None] | None = field(default=None, repr=False)
+
+    def __enter__(self) -> StepContext:
+        self._token = _step.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._token is not None
+        _step.reset(self._token)
 
 
 _workflow: ContextVar[WorkflowContext | None] = ContextVar("dbos_workflow", default=None)
@@ -107,19 +116,13 @@ def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
         _workflow.reset(token)
 
 
-@contextmanager
-def running_step(step_id: int | None) -> Iterator[StepContext]:
+def running_step(step_id: int | None) -> StepContext:
     """Mark the block as step ``step_id`` of the current workflow. A step called inside
     another step runs as part of it, so it keeps the enclosing step's position."""
     outer = _step.get()
     if step_id is None and outer is not None:
         step_id = outer.step_id
-    step = StepContext(step_id)
-    token = _step.set(step)
-    try:
-        yield step
-    finally:
-        _step.reset(token)
+    return StepContext(step_id)
 
 
 # ---- Public accessors: what the running code can learn of its workflow and step ----

@@ -38,8 +38,19 @@ PY_PICKLE = "py_pickle"
 """The ``dbos`` package's default format: base64 of a Python pickle."""
 
 
+# Values that are JSON data as they are (what ``to_jsonable_python`` returns unchanged):
+# checked by exact type, as a subclass (an enum, a bool) may serialize otherwise.
+_JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
+# The text of the values whose JSON cannot fail or need checking, as ``json.dumps`` writes it.
+_JSON_CONSTANTS = {None: "null", True: "true", False: "false"}
+# ``json.dumps`` with these options builds this encoder at each call; it keeps no state.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def to_json_value(value: Any, what: str) -> Any:
     """``value`` as plain JSON data; ``what`` names it in the error."""
+    if type(value) in _JSON_SCALARS:
+        return value
     try:
         return to_jsonable_python(value)
     except (PydanticSerializationError, TypeError, ValueError) as error:
@@ -50,7 +61,7 @@ def to_json_value(value: Any, what: str) -> Any:
 
 def dumps(data: Any, what: str) -> str:
     try:
-        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _ENCODER.encode(data)
     except ValueError as error:  # NaN and infinities have no JSON form.
         raise SerializationError(f"Cannot serialize {what} as portable JSON: {error}") from None
     check_serialized(text, what)
@@ -58,6 +69,11 @@ def dumps(data: Any, what: str) -> str:
 
 
 def to_json(value: Any, what: str) -> str:
+    kind = type(value)
+    if kind is int:
+        return int.__repr__(value)  # what the encoder writes for an int
+    if kind is bool or value is None:
+        return _JSON_CONSTANTS[value]
     return dumps(to_json_value(value, what), what)
 
 
@@ -213,6 +229,9 @@ class Formats:
         return list(positional), dict(named)
 
 
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
 class Signature:
     """A function's parameters and return type, for serializing calls and coercing results."""
 
@@ -223,6 +242,13 @@ class Signature:
         parameters = list(self._signature.parameters.values())
         self.parameters = parameters[1:] if skip_first else parameters
         self.skip_first = skip_first
+        self._result_label = f"the result of {self.qualname}"
+        # How many positional arguments bind, when the parameters take nothing else: a call
+        # with only positional arguments is then checked by counting them.
+        self._positional_counts: tuple[int, int] | None = None
+        if all(p.kind in _POSITIONAL for p in self.parameters):
+            required = sum(p.default is inspect.Parameter.empty for p in self.parameters)
+            self._positional_counts = (required, len(self.parameters))
 
     @cached_property
     def _hints(self) -> dict[str, Any]:
@@ -253,10 +279,12 @@ class Signature:
 
     def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                          formats: Formats) -> Payload:
-        try:
-            self._signature.bind(*((None,) if self.skip_first else ()), *args, **kwargs)
-        except TypeError as error:
-            raise TypeError(f"{self.qualname}(): {error}") from None
+        counts = self._positional_counts
+        if kwargs or counts is None or not counts[0] <= len(args) <= counts[1]:
+            try:
+                self._signature.bind(*((None,) if self.skip_first else ()), *args, **kwargs)
+            except TypeError as error:
+                raise TypeError(f"{self.qualname}(): {error}") from None
         return formats.encode_inputs(args, kwargs, self.qualname)
 
     def deserialize_inputs(
@@ -285,9 +313,9 @@ class Signature:
                          serialization: str | None = None) -> Payload:
         """The result in format ``serialization`` (a workflow's: its row's), else the
         peer's own."""
-        return formats.encode_as(serialization, value, f"the result of {self.qualname}")
+        return formats.encode_as(serialization, value, self._result_label)
 
     def deserialize_result(self, text: str | None, serialization: str | None,
                            formats: Formats) -> Any:
-        what = f"the result of {self.qualname}"
+        what = self._result_label
         return self.coerce("return", formats.decode(text, serialization, what), what)

@@ -239,8 +239,11 @@ class Arguments:
 def authorized(call: CallContext, info: WorkflowInfo) -> CallContext:
     """``call`` under the identity ``info`` runs with (its assumed role, the first required
     role the caller holds); raises :class:`NotAuthorizedError` if it holds none."""
-    return replace(call, authentication=authorize("workflow", info.name, info.required_roles,
-                                                  call.authentication))
+    authentication = authorize("workflow", info.name, info.required_roles,
+                               call.authentication)
+    if authentication is call.authentication:  # no role required: the call as it is
+        return call
+    return replace(call, authentication=authentication)
 
 
 def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,

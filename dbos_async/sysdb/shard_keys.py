@@ -27,16 +27,22 @@ def validate_shard_key(shard_key: object) -> None:
     check_identifier(shard_key, "shard key", optional=True)
 
 
-@contextmanager
-def bind_shard_keys(pairs: Mapping[str, str | None]) -> Iterator[None]:
-    """Route statements naming these workflow IDs by these keys, for the duration of the
-    block (None values bind nothing). Every operation naming workflows passes here, so the
-    IDs are checked here too."""
+def _checked_bindings(pairs: Mapping[str, str | None]) -> dict[str, str]:
+    """The workflow IDs and keys of ``pairs`` to bind (those with a key), every one checked."""
     for workflow_id in pairs:
         check_lookup(workflow_id, "workflow ID")
     given = {workflow_id: key for workflow_id, key in pairs.items() if key is not None}
     for key in given.values():
         validate_shard_key(key)
+    return given
+
+
+@contextmanager
+def bind_shard_keys(pairs: Mapping[str, str | None]) -> Iterator[None]:
+    """Route statements naming these workflow IDs by these keys, for the duration of the
+    block (None values bind nothing). Every operation naming workflows passes here, so the
+    IDs are checked here too."""
+    given = _checked_bindings(pairs)
     if not given:
         yield
         return
@@ -90,6 +96,13 @@ class WorkflowAddress(NamedTuple):
     @contextmanager
     def routed(self) -> Iterator[None]:
         """Statements naming this workflow's ID route by its key alone inside the block,
-        whatever the surrounding context bound to the same ID."""
-        with cleared_shard_keys(), bind_shard_keys({self.workflow_id: self.shard_key}):
+        whatever the surrounding context bound to the same ID: cleared, then bound to
+        this workflow's key alone (both at once: a workflow's body runs in this block)."""
+        bound = _bound.set(MappingProxyType(
+            _checked_bindings({self.workflow_id: self.shard_key})))
+        scope = _scope.set(None)
+        try:
             yield
+        finally:
+            _scope.reset(scope)
+            _bound.reset(bound)
