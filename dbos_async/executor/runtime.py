@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol
 
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
+from dbos_async.executor.backoff import IdleBackoff
 from dbos_async.executor.cancellation import CancellationWatcher
 from dbos_async.executor.claim_gate import ClaimGate
 from dbos_async.executor.registry import Registry
@@ -73,7 +74,12 @@ class Runtime:
         # The queues this executor claims from, by name.
         self.claim_loops: dict[str, ClaimLoopState] = {}
         # Interrupts steps and waits of cancelled workflows (one task for all of them).
-        self.cancellation = CancellationWatcher(config.cancellation_poll_interval)
+        self.cancellation = CancellationWatcher(
+            IdleBackoff(config.cancellation_poll_interval, config.idle_poll_max_interval))
+        # The intervals of the queue watcher's and the failover watcher's polls (None until
+        # they start; see dbos_async/executor/backoff.py).
+        self.queue_poll: IdleBackoff | None = None
+        self.failover_poll: IdleBackoff | None = None
         # The lock on the executor ID claimed at entry (None until then).
         self.executor_lock: ExecutorIdLock | None = None
         # Rounds of the failover watcher so far (see dbos_async/executor/failover.py).
