@@ -19,8 +19,10 @@ class IdleBackoff:
         self.fast = fast
         self.cap = max(cap, fast)
         self.interval = fast
+        self.polls = 0
+        """Polls recorded so far (for diagnostics and tests)."""
         self.empty_polls = 0
-        """Polls in a row that found nothing (for diagnostics and tests)."""
+        """Polls in a row that found nothing."""
 
     @property
     def backed_off(self) -> bool:
@@ -29,6 +31,7 @@ class IdleBackoff:
 
     def polled(self, found: bool) -> float:
         """Record a poll's outcome; returns the interval until the next one."""
+        self.polls += 1
         if found:
             self.reset()
         else:
