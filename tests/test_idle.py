@@ -111,10 +111,11 @@ async def test_an_idle_executor_sends_at_most_one_statement_every_five_seconds(
 
 
 async def test_wake_ups_reach_a_backed_off_executor(database_url: str) -> None:
-    """With every poll backed off beyond the patience: a cancel and an enqueue by a client
-    (another process's notifications), an enqueue here (an in-process wake-up) and a
-    DELAYED workflow coming due are each acted upon."""
-    dbos = new_dbos(database_url, idle_poll_max_interval=LONG_CAP)
+    """With every poll backed off beyond the patience: another executor starting work
+    (its failover scans), a cancel and an enqueue by a client (another process's
+    notifications), an enqueue here (an in-process wake-up) and a DELAYED workflow coming
+    due are each acted upon."""
+    dbos = new_dbos(database_url, idle_poll_max_interval=LONG_CAP, failover_after=2.0)
     queue = dbos.queue("jobs", polling_interval=1.0)
     step_started = asyncio.Event()
 
@@ -131,6 +132,12 @@ async def test_wake_ups_reach_a_backed_off_executor(database_url: str) -> None:
     async def job(x: int) -> int:
         return x + 1
 
+    peer = new_dbos(database_url, executor_id="peer")
+
+    @peer.workflow(name="peer_job")
+    async def peer_job() -> str:
+        return "peer"
+
     async with dbos, DBOSClient(system_database_url=database_url) as client:
         runtime = dbos.runtime
         with SetWorkflowID("long-1"):
@@ -141,10 +148,18 @@ async def test_wake_ups_reach_a_backed_off_executor(database_url: str) -> None:
             delayed = await queue.enqueue(job, 0)
 
         async def backed_off() -> bool:
-            polls = (runtime.queue_poll, runtime.cancellation.backoff)
+            polls = (runtime.queue_poll, runtime.cancellation.backoff, runtime.failover_poll)
             return all(poll is not None and poll.interval > PATIENCE for poll in polls)
 
         await wait_until(backed_off, patience=120, what="the polls to back off")
+        scans = runtime.failover_scans
+        async with peer:
+            assert await peer_job() == "peer"
+
+            async def scanned() -> bool:
+                return runtime.failover_scans > scans
+
+            await wait_until(scanned, patience=PATIENCE, what="a failover scan")
         await client.cancel_workflow("long-1")
         with pytest.raises(WorkflowCancelledError):
             await asyncio.wait_for(running.get_result(), PATIENCE)

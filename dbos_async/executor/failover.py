@@ -7,7 +7,8 @@ the watcher lists the other executor IDs with PENDING workflows of this version 
 statement over the partial index of PENDING rows; when nothing is in flight elsewhere, it
 is the only statement) and tries the lock of each. While a scan finds no such ID, the
 next one waits twice as long, up to ``idle_poll_max_interval`` (an idle system stays
-quiet); any ID found brings it back to ``failover_after / 2``. An ID found free on two
+quiet); any ID found, or a notification that an executor which ran nothing started a
+workflow, brings it back to ``failover_after / 2``. An ID found free on two
 scans in a row is dead: the watcher holds its lock, so no process can claim that ID
 meanwhile, and runs recovery for it (:func:`~dbos_async.executor.recovery.recover_pending`):
 its queued workflows go back to their queues, the others are claimed for this executor under fresh
@@ -23,21 +24,24 @@ time to re-acquire its ID (it does so at once) before its work is judged abandon
 The bound: a process that exits or is killed frees its lock when its session ends
 (immediately; a vanished machine or a partition after the lock session's TCP keepalives,
 about 25 s, see :data:`~dbos_async.sysdb.statements.executor_ids.HALF_OPEN_BOUND_SECONDS`),
-and its workflows are claimed within ``failover_after`` seconds of that, plus, for work
-started elsewhere while the scans had backed off, up to ``idle_poll_max_interval``.
+and its workflows are claimed within ``failover_after`` seconds of that (if the notification
+of its first workflow was lost, as while the listener reconnects, the scans may come up to
+``idle_poll_max_interval`` late).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 
 from dbos_async.errors import DBOSError
 from dbos_async.executor import recovery
 from dbos_async.executor.backoff import IdleBackoff
-from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.runtime import EXECUTOR_BUSY_KEY, Runtime
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 
 logger = logging.getLogger("dbos_async")
 
@@ -52,13 +56,26 @@ def start(runtime: Runtime) -> None:
         return
     poll = runtime.failover_poll = IdleBackoff(after / SCANS_PER_BOUND,
                                                runtime.config.idle_poll_max_interval)
-    runtime.background.supervise(functools.partial(_watch, runtime, lock, poll), "failover")
+    busy_elsewhere = asyncio.Event()
+
+    def on_notification(key: str) -> None:
+        if key == EXECUTOR_BUSY_KEY and poll.reset():
+            busy_elsewhere.set()  # the backed-off wait ends now
+
+    notifications = runtime.system_database.notifications
+    if notifications is not None:
+        notifications.subscribe(ENQUEUE_CHANNEL, on_notification)
+    runtime.background.supervise(
+        functools.partial(_watch, runtime, lock, poll, busy_elsewhere), "failover")
 
 
-async def _watch(runtime: Runtime, lock: ExecutorIdLock, poll: IdleBackoff) -> None:
+async def _watch(runtime: Runtime, lock: ExecutorIdLock, poll: IdleBackoff,
+                 busy_elsewhere: asyncio.Event) -> None:
     suspects: set[str] = set()
     while True:
-        await asyncio.sleep(poll.interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(busy_elsewhere.wait(), poll.interval)
+        busy_elsewhere.clear()
         try:
             suspects, busy = await scan(runtime, lock, suspects)
             poll.polled(busy)

@@ -304,11 +304,10 @@ def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
         return
     fast = min(q.polling_interval_sec for q in queues)
     runtime.queue_poll = IdleBackoff(fast, runtime.config.idle_poll_max_interval)
-    watcher = QueueWatcher(runtime, runtime.queue_poll)
+    watcher = QueueWatcher(runtime, runtime.queue_poll, {q.name for q in queues})
     notifications = runtime.system_database.notifications
     assert notifications is not None
-    # Any enqueue or freed slot, here or elsewhere, is activity.
-    notifications.subscribe(ENQUEUE_CHANNEL, watcher.activity)
+    notifications.subscribe(ENQUEUE_CHANNEL, watcher.on_notification)
     for queue in queues:
         state = runtime.claim_loops[queue.name] = ClaimLoopState(queue)
         runtime.queue_tasks.supervise(ClaimLoop(runtime, state, watcher).run,

@@ -29,9 +29,10 @@ logger = logging.getLogger("dbos_async")
 class QueueWatcher:
     """The poll shared by the idle claim loops of one runtime and the delayed promoter."""
 
-    def __init__(self, runtime: Runtime, backoff: IdleBackoff) -> None:
+    def __init__(self, runtime: Runtime, backoff: IdleBackoff, queue_names: set[str]) -> None:
         self.runtime = runtime
         self.backoff = backoff
+        self._queue_names = queue_names
         # Queues whose claim loop sleeps until a notification or this watcher wakes it.
         self._idle: set[str] = set()
         self._waiter: Waiter | None = None
@@ -44,10 +45,16 @@ class QueueWatcher:
         """The claim loop of ``queue_name`` claims again by itself."""
         self._idle.discard(queue_name)
 
-    def activity(self, _key: str = "") -> None:
+    def activity(self) -> None:
         """Work started, or a notification arrived: back to the fast interval, at once."""
         if self.backoff.reset() and self._waiter is not None:
             self._waiter.wake()
+
+    def on_notification(self, key: str) -> None:
+        """A notification on the enqueue channel: activity if it names one of its queues
+        (an enqueue, a freed slot; here or elsewhere)."""
+        if key in self._queue_names:
+            self.activity()
 
     async def run(self) -> None:
         sysdb = self.runtime.system_database
