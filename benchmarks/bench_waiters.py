@@ -125,6 +125,7 @@ async def measure(adapter: Adapter, url: str, waiters: int, concurrency: int,
         "idle_seconds": idle_seconds,
         "idle_statements": idle_statements,
         "idle_statements_per_s": idle_statements / idle_seconds,
+        "idle_statements_per_5s": 5 * idle_statements / idle_seconds,
         "send_to_last_result_s": wake_s,
         "woken_per_s": waiters / wake_s,
     }

@@ -117,6 +117,13 @@ class DBOSConfig(BaseModel):
         description="Longest wait between the cancellation watcher's status reads while "
         "steps or waits run (notifications wake it sooner).",
     )
+    idle_poll_max_interval: float = Field(
+        30.0, gt=0,
+        description="Longest wait of the background polls that find nothing (idle queues "
+        "and delayed workflows, failover scans, the cancellation watcher's reads): each "
+        "empty poll doubles its wait up to this, work or a notification snaps it back. "
+        "Bounds how late work from writers that send no notification is picked up.",
+    )
     schedule_reread_interval: float = Field(
         30.0, gt=0,
         description="Longest wait between the scheduler's reads of the stored schedules "

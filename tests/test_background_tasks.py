@@ -121,7 +121,7 @@ async def test_health_names_every_background_task(database_url: str) -> None:
         names = {task.name for task in health.tasks}
         assert {"notification listener", "notifier", "cancellation watcher",
                 "executor ID keeper", "maintenance jobs", "scheduler",
-                "delayed workflow promoter"} <= names
+                "queue watcher"} <= names
         assert any(name.startswith("queue claim loop ") for name in names)
         assert all(t.restarts == 0 and t.last_error is None for t in health.tasks)
     after = dbos.health()

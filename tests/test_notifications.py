@@ -33,7 +33,7 @@ async def test_register_then_notify_is_never_lost(database_url: str,
         assert dispatcher.wait_cap(events) == dispatcher.listening_poll_interval
         # Messages: the trigger notifies every insert, so no periodic re-read.
         assert dispatcher.wait_cap([(NOTIFICATIONS_CHANNEL, "wf::t")]) is None
-        # The queue dispatchers' own waiters (DBOS's internal queue, the delayed promoter).
+        # The queue dispatchers' own waiters (DBOS's internal queue, the queue watcher).
         background = dispatcher.waiter_count()
         with dispatcher.register(WORKFLOW_EVENTS_CHANNEL, "wf::k") as waiter:
             # A notification landing before the wait (between "read" and "wait").

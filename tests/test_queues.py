@@ -467,17 +467,12 @@ async def test_workflow_without_its_function_stays_enqueued(database_url: str) -
         assert await (await lacking.retrieve_workflow(common.workflow_id)).get_result() \
             == "common"
         dispatcher = lacking.runtime.claim_loops["mixed"]
-        rounds = dispatcher.rounds
-
-        async def more_rounds() -> bool:
-            return dispatcher.rounds >= rounds + 3
-
-        await wait_until(more_rounds, what="three more claim rounds")
+        await more_queue_polls(lacking, 3)
         assert (await statuses(database_url, "mixed"))[orphan.workflow_id] == "ENQUEUED"
         # ... and it says so: one warning naming the queue, the function and the workflow,
         # however many rounds find it, as many enqueues of it as there are.
         await rare_directly(database_url, "mixed", "rare", 3)
-        await wait_until(more_rounds, what="more claim rounds")
+        await more_queue_polls(lacking, 1)
         [warning] = lacking.queue_warnings
         assert isinstance(warning, WorkflowNotRegisteredError)
         assert (warning.queue_name, warning.name, warning.workflow_id) == (
@@ -493,6 +488,19 @@ async def test_workflow_without_its_function_stays_enqueued(database_url: str) -
 
     async with having:
         assert await (await having.retrieve_workflow(orphan.workflow_id)).get_result() == 42
+
+
+async def more_queue_polls(dbos: DBOS, count: int) -> None:
+    """Wait until the queue watcher has looked for startable work ``count`` more times
+    (it polls for every idle queue, and would wake its claim loop)."""
+    watch = dbos.runtime.queue_poll
+    assert watch is not None
+    polls = watch.polls
+
+    async def polled() -> bool:
+        return watch.polls >= polls + count
+
+    await wait_until(polled, what=f"{count} more polls of the queues")
 
 
 async def rare_directly(url: str, queue: str, name: str, count: int) -> None:
@@ -519,13 +527,7 @@ async def test_unversioned_work_goes_to_the_latest_version_only(database_url: st
         # Its own version's work still runs here.
         mine = await queue.enqueue(wfs["echo"], "own-version")
         assert await mine.get_result() == "own-version"
-        dispatcher = old.runtime.claim_loops["versions"]
-        rounds = dispatcher.rounds
-
-        async def more_rounds() -> bool:
-            return dispatcher.rounds >= rounds + 3
-
-        await wait_until(more_rounds, what="three more claim rounds")
+        await more_queue_polls(old, 3)
         assert (await statuses(database_url, "versions"))["u2"] == "ENQUEUED"
         assert "unversioned-2" not in log
     new = new_dbos(database_url, application_version="v-new")

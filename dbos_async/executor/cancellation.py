@@ -11,8 +11,10 @@ interrupted: it finishes, and its result is discarded at the checkpoint.
 The watcher is one task for every running workflow of the executor. It is woken by
 notifications on :data:`~dbos_async.sysdb.notifications.WORKFLOW_CANCEL_CHANNEL` (sent
 after a cancel commits, by any dbos_async executor or client), and while regions exist it
-also polls at ``cancellation_poll_interval`` for cancellations by clients that do not
-notify. An idle executor (no regions) issues no statement.
+also polls for cancellations by clients that do not notify: every
+``cancellation_poll_interval`` while new regions start, doubling after each read that finds
+nothing up to ``idle_poll_max_interval`` (a long step costs little). An idle executor (no
+regions) issues no statement.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from types import TracebackType
 from typing import Protocol
 
 from dbos_async.errors import WorkflowCancelledError
+from dbos_async.executor.backoff import IdleBackoff
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Supervise, keyed
 from dbos_async.sysdb.shard_keys import bind_shard_keys
@@ -88,8 +91,8 @@ class Region:
 class CancellationWatcher:
     """The regions running in this executor, and the task that interrupts cancelled ones."""
 
-    def __init__(self, poll_interval: float) -> None:
-        self._poll_interval = poll_interval
+    def __init__(self, backoff: IdleBackoff) -> None:
+        self.backoff = backoff
         # Both by waiter key (see sysdb.notifications.keyed).
         self._regions: dict[str, set[Region]] = {}
         # Every execution running here, so a cancel marks even one between steps.
@@ -117,9 +120,11 @@ class CancellationWatcher:
 
     def _add(self, region: Region) -> None:
         self._regions.setdefault(region.waiter, set()).add(region)
-        if self._waiting_untimed:
-            # Let it start its poll timer. A watcher already timing its poll is left alone:
-            # waking it at every step would restart the timer, and the poll might never come.
+        # Work: the next read comes at the fast interval. A watcher waiting without a timeout,
+        # or on a backed-off one, starts its timer again; one already timing its poll at the
+        # fast interval is left alone (waking it at every step would restart the timer, and
+        # the poll might never come).
+        if self.backoff.reset() or self._waiting_untimed:
             self._waiting_untimed = False
             self._event.set()
 
@@ -133,6 +138,7 @@ class CancellationWatcher:
     def on_notification(self, waiter: str) -> None:
         """A cancel notification (local or from another process)."""
         if waiter in self._regions:
+            self.backoff.reset()
             self._suspects.add(waiter)
             self._event.set()
 
@@ -168,13 +174,13 @@ class CancellationWatcher:
         supervise(functools.partial(self._run, sysdb), "cancellation watcher")
 
     async def _run(self, sysdb: SystemDatabase) -> None:
-        interval = self._poll_interval
         while True:
             timed_out = False
             if not self._suspects:
                 self._waiting_untimed = not self._regions
                 try:
-                    async with asyncio.timeout(interval if self._regions else None):
+                    async with asyncio.timeout(self.backoff.interval if self._regions
+                                               else None):
                         await self._event.wait()
                 except TimeoutError:
                     timed_out = True
@@ -194,6 +200,8 @@ class CancellationWatcher:
             except Exception as error:  # the database is down: try again next round
                 logger.warning("The cancellation watcher could not read statuses: %r", error)
                 continue
+            if timed_out:
+                self.backoff.polled(bool(cancelled))
             if cancelled:
                 logger.info("Interrupting cancelled workflows: %s", ", ".join(sorted(cancelled)))
                 self.interrupt(cancelled)

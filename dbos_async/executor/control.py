@@ -402,7 +402,7 @@ def delay_until_ms(delay_seconds: float | None, delay_until_epoch_ms: int | None
 
 
 async def set_delay(peer: Peer, workflow_id: str, until_ms: int) -> None:
-    """Make a waiting workflow DELAYED until ``until_ms``, then wake the promoters (here
+    """Make a waiting workflow DELAYED until ``until_ms``, then wake the queue watchers (here
     and elsewhere) so that they pick up its new time."""
     sysdb = peer.system_database
     await sysdb.set_delay(workflow_id, until_ms)

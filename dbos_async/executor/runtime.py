@@ -8,11 +8,13 @@ the exit it is closed for good, and the next entry builds another.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
+from dbos_async.executor.backoff import IdleBackoff
 from dbos_async.executor.cancellation import CancellationWatcher
 from dbos_async.executor.claim_gate import ClaimGate
 from dbos_async.executor.registry import Registry
@@ -20,10 +22,18 @@ from dbos_async.executor.serialization import Formats, Signature
 from dbos_async.executor.tasks import ExecutorHealth, TaskOwner
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
-from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.statements import QueueRecord
 
 State = Literal["starting", "running", "stopping", "closed"]
+
+EXECUTOR_BUSY_KEY = "dbos_async:busy"
+"""ENQUEUE_CHANNEL payload: an executor that ran no workflow started one (it wakes the
+failover watchers, whose scans may have backed off, so its work is watched at once)."""
+
+BUSY_NOTICE_INTERVAL = 2.5
+"""Seconds between two announcements of :data:`EXECUTOR_BUSY_KEY` by one executor at most:
+a watcher reset by the last one has not backed off beyond a few seconds since."""
 
 NOT_RUNNING = "DBOS is not running: enter it first with `async with dbos:`"
 SHUT_DOWN = "DBOS has been shut down; enter it again with `async with dbos:`"
@@ -64,6 +74,7 @@ class Runtime:
         self.state: State = "starting"
         # (Workflow ID, shard key) -> the result of its execution running here.
         self._running: dict[tuple[str, str | None], asyncio.Future[Any]] = {}
+        self._busy_announced: float | None = None  # monotonic seconds
         # Owners, closed in this order: claim loops, then workflows (with the grace period),
         # then the background tasks (listener, notifier, watcher, maintenance).
         self.queue_tasks = TaskOwner("queues")
@@ -73,7 +84,12 @@ class Runtime:
         # The queues this executor claims from, by name.
         self.claim_loops: dict[str, ClaimLoopState] = {}
         # Interrupts steps and waits of cancelled workflows (one task for all of them).
-        self.cancellation = CancellationWatcher(config.cancellation_poll_interval)
+        self.cancellation = CancellationWatcher(
+            IdleBackoff(config.cancellation_poll_interval, config.idle_poll_max_interval))
+        # The intervals of the queue watcher's and the failover watcher's polls (None until
+        # they start; see dbos_async/executor/backoff.py).
+        self.queue_poll: IdleBackoff | None = None
+        self.failover_poll: IdleBackoff | None = None
         # The lock on the executor ID claimed at entry (None until then).
         self.executor_lock: ExecutorIdLock | None = None
         # Rounds of the failover watcher so far (see dbos_async/executor/failover.py).
@@ -129,7 +145,18 @@ class Runtime:
 
     def track(self, workflow_id: str, shard_key: str | None,
               result: asyncio.Future[Any]) -> None:
+        if not self._running:
+            self._announce_busy()
         self._running[(workflow_id, shard_key)] = result
+
+    def _announce_busy(self) -> None:
+        """Running nothing, this executor starts a workflow: tell the failover watchers
+        elsewhere, at most every ``BUSY_NOTICE_INTERVAL`` (so an executor alternating
+        between one workflow and none does not notify for each)."""
+        now = time.monotonic()
+        if self._busy_announced is None or now - self._busy_announced >= BUSY_NOTICE_INTERVAL:
+            self._busy_announced = now
+            self._sysdb.notify(ENQUEUE_CHANNEL, EXECUTOR_BUSY_KEY)
 
     def untrack(self, workflow_id: str, shard_key: str | None,
                 result: asyncio.Future[Any]) -> None:

@@ -60,7 +60,7 @@ class TaskHealth:
 class ExecutorHealth:
     """What :meth:`dbos_async.DBOS.health` reports: the executor's state and each of its
     background tasks (notification listener, notifier, cancellation watcher, executor ID
-    keeper, queue claim loops, delayed workflow promoter, scheduler, maintenance jobs).
+    keeper, queue claim loops, queue watcher, scheduler, maintenance jobs).
     ``healthy`` holds while the executor runs and every one of them runs."""
 
     state: str

@@ -43,9 +43,11 @@ Connect = Callable[[], Awaitable[asyncpg.Connection]]
 MAX_EXECUTOR_IDS = 1000
 """How many IDs (``local`` to ``local-1000``) an executor tries before giving up."""
 
-HEALTH_CHECK_INTERVAL = 10.0
+HEALTH_CHECK_INTERVAL = 30.0
 """Seconds between checks that an idle lock connection still answers (its loss by a
-server restart or a terminated backend is noticed at once, without one)."""
+server restart or a terminated backend is noticed at once, without one). Long, so that an
+idle executor stays quiet; a silently dead session is no danger meanwhile, as owner tokens
+fence off whatever this process writes after another took its workflows over."""
 
 HEALTH_CHECK_TIMEOUT = 5.0
 REACQUIRE_MAX_DELAY = 2.0

@@ -60,6 +60,12 @@ CHANNELS = (
 
 Target = tuple[str, str]
 
+LISTENER_HEALTH_CHECK_INTERVAL = 30.0
+"""Seconds between checks that an idle listener connection still answers. A dropped
+connection is noticed at once without one; a silently dead one costs at most this long of
+notifications from other processes, which every poll covers within its backed-off interval
+anyway. Long, so that an idle executor stays quiet."""
+
 
 class BackgroundTask(Protocol):
     """A background task started by a :data:`Supervise`."""
@@ -117,14 +123,15 @@ class Waiter:
     def woken(self) -> bool:
         return self._event.is_set()
 
-    async def wait(self, timeout: float | None) -> bool:  # noqa: ASYNC109
+    async def wait(self, timeout: float | None, *, polled: bool = False) -> bool:  # noqa: ASYNC109
         """Wait for a notification or ``timeout`` seconds; True if notified.
 
         The wait is capped by the dispatcher (:meth:`NotificationDispatcher.wait_cap`), so the
-        caller re-reads the database at least that often. The flag is cleared on return, so
-        a notification arriving while the caller reads again is not lost.
+        caller re-reads the database at least that often; ``polled``: the caller's work is
+        polled for already (see ``wait_cap``). The flag is cleared on return, so a
+        notification arriving while the caller reads again is not lost.
         """
-        cap = self._dispatcher.wait_cap(self.targets)
+        cap = self._dispatcher.wait_cap(self.targets, polled=polled)
         if cap is not None:
             timeout = cap if timeout is None else min(timeout, cap)
         if timeout is None or timeout > 0:
@@ -247,15 +254,16 @@ class NotificationDispatcher:
         conn = self._connection
         return conn.get_server_pid() if conn is not None and not conn.is_closed() else None
 
-    def wait_cap(self, targets: Iterable[Target]) -> float | None:
+    def wait_cap(self, targets: Iterable[Target], *, polled: bool = False) -> float | None:
         """The longest a waiter on ``targets`` may wait before reading again (None: no limit).
 
         While LISTEN is live: none when every target's channel is fed by a trigger (losing
-        the listener wakes every waiter), else long (for writers that send no notification,
-        such as other SDKs). Short while LISTEN is off or down.
+        the listener wakes every waiter), or when the caller is ``polled`` for writers that
+        send no notification by a poll of its own (the queue watcher); else long (for such
+        writers, e.g. other SDKs). Short while LISTEN is off or down.
         """
         if self.use_listen_notify and self.listening:
-            if all(channel in TRIGGER_FED_CHANNELS for channel, _ in targets):
+            if polled or all(channel in TRIGGER_FED_CHANNELS for channel, _ in targets):
                 return None
             return self.listening_poll_interval
         return self.poll_interval
@@ -376,7 +384,7 @@ class NotificationDispatcher:
         assert conn is not None
         while True:
             try:
-                async with asyncio.timeout(5.0):
+                async with asyncio.timeout(LISTENER_HEALTH_CHECK_INTERVAL):
                     await self._lost.wait()
                 return
             except TimeoutError:

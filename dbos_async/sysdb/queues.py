@@ -25,6 +25,20 @@ class Claim:
 
     rows: list[tuple[WorkflowRow, str | None]]
     retry_at_ms: int | None = None
+    spent: bool = False
+    """Whether a shared limit stopped it (concurrency or rate limit spent): the queue has
+    work in flight, so its claim loop keeps polling at its own interval."""
+
+
+@dataclass(frozen=True)
+class QueuePoll:
+    """What the queue watcher's poll found: the queues of workflows it made ENQUEUED
+    (DELAYED ones now due), the polled queues holding startable work, and when the next
+    DELAYED workflow is due (epoch ms), if any."""
+
+    promoted: list[str]
+    enqueued: list[str]
+    next_due_ms: int | None
 
 
 def _claimed(row: asyncpg.Record) -> tuple[WorkflowRow, str | None]:
@@ -139,7 +153,7 @@ class QueueOperations(DatabaseCore):
                     retry_at = max(retry_at or 0, int(row["oldest"]) + window)
                 limit = left if limit is None else min(limit, left)
             if limit is not None and limit <= 0:
-                return Claim([], retry_at)
+                return Claim([], retry_at, spent=True)
             budgets: list[tuple[int | None, str | None]] = [(queue.concurrency, None)]
             if partition_key is not None:
                 budgets.append((queue.partition_concurrency, partition_key))
@@ -151,7 +165,7 @@ class QueueOperations(DatabaseCore):
                 left = budget - running
                 limit = left if limit is None else min(limit, left)
             if limit is not None and limit <= 0:
-                return Claim([])
+                return Claim([], spent=True)
             q = self.sql.select_startable(queue.name, partition_key, names,
                                           application_version, limit)
             ids = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
@@ -204,12 +218,16 @@ class QueueOperations(DatabaseCore):
         rows = await self._fetch(self.sql.queue_partitions(queue_name, cap), "reading partitions")
         return [row["pk"] for row in rows]
 
-    async def promote_delayed(self) -> tuple[list[str], int | None]:
-        """Make due DELAYED workflows ENQUEUED: (their queues, the next due time in ms)."""
-        row = await self._fetchrow(self.sql.promote_delayed(now_ms()), "promoting delayed")
+    async def poll_queues(self, queue_names: Sequence[str], *, names: Sequence[str],
+                          application_version: str | None) -> QueuePoll:
+        """Promote due DELAYED workflows and look for startable work on ``queue_names``,
+        in one statement (see the statement's builder)."""
+        query = self.sql.poll_queues(now_ms(), queue_names, names, application_version)
+        row = await self._fetchrow(query, "polling the queues")
         if row is None:
-            return [], None
-        return list(row["queues"] or []), row["next_due"]
+            return QueuePoll([], [], None)
+        return QueuePoll(list(row["promoted"] or []), list(row["enqueued"] or []),
+                         row["next_due"])
 
     async def find_deduplicated(self, queue_name: str, deduplication_id: str
                                 ) -> tuple[str, str] | None:

@@ -6,17 +6,18 @@ to PENDING with a fresh owner token each, and their inputs returned; each claime
 then runs as a task of the runtime. A claim loop sleeps until an enqueue notification
 for its queue (``dbos_enqueue_channel``, payload: the queue's name), a completion of one of
 its workflows (it frees a slot; announced on the same channel so other executors wake too),
-the end of a rate-limit window, or its polling interval, whichever is first. A claim that
+the end of a rate-limit window, or, while its queue has work in flight (a shared limit
+is spent, its own workers are busy), its polling interval, whichever is first. A round that
+finds nothing to start makes it idle: then the queue watcher
+(:mod:`dbos_async.executor.queues.watcher`) polls for it, with every other idle queue and
+the DELAYED workflows in one statement, backing off while it finds nothing. A claim that
 loses a race for a shared budget (55P03 lock not available, 40001 serialization failure)
 backs off with jitter and tries again.
-
-A promoter task makes DELAYED workflows ENQUEUED when due, waking at the next due time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import time
@@ -30,7 +31,8 @@ from dbos_async.errors import (
     WorkflowNotRegisteredError,
 )
 from dbos_async.executor import workflows
-from dbos_async.executor.queues.enqueue import DELAYED_KEY
+from dbos_async.executor.backoff import IdleBackoff
+from dbos_async.executor.queues.watcher import QueueWatcher
 from dbos_async.executor.recorded_errors import PORTABLE_ONLY, serialize_error
 from dbos_async.executor.runtime import ClaimLoopState, Runtime
 from dbos_async.sysdb.database import WorkflowRow
@@ -59,9 +61,10 @@ first look is at the first claim round that starts nothing)."""
 class ClaimLoop:
     """Claims and starts the workflows of one queue in this executor."""
 
-    def __init__(self, runtime: Runtime, state: ClaimLoopState) -> None:
+    def __init__(self, runtime: Runtime, state: ClaimLoopState, watcher: QueueWatcher) -> None:
         self.runtime = runtime
         self.state = state
+        self.watcher = watcher
         self.queue = state.queue
         # (workflow ID, shard key) -> partition key
         self.running: dict[tuple[str, str | None], str | None] = {}
@@ -96,7 +99,7 @@ class ClaimLoop:
                     # Until its workflows are launched, recovery must not take them for
                     # crashed ones.
                     async with self.runtime.claim_gate.claiming():
-                        started, retry_at = await self.claim_once()
+                        started, retry_at, spent = await self.claim_once()
                     backoff = 0.0
                 except ExecutorIdLostError:
                     # Another process holds this executor's ID now (logged once, where it
@@ -118,37 +121,50 @@ class ClaimLoop:
                     await asyncio.sleep(poll)
                     continue
                 if started:
+                    self.watcher.activity()
                     continue  # There may be more: claim again before sleeping.
                 await self._report_unregistered()
-                timeout = poll
-                if retry_at is not None:
-                    timeout = min(timeout, max(0.001, retry_at / 1000 - time.time()))
-                await waiter.wait(timeout)
+                if retry_at is not None or spent or self._room() == 0:
+                    # Work in flight: the queue's own polling interval, or the rate limit.
+                    timeout = poll
+                    if retry_at is not None:
+                        timeout = min(timeout, max(0.001, retry_at / 1000 - time.time()))
+                    await waiter.wait(timeout)
+                    continue
+                # Nothing to start: the watcher polls for this queue until it is woken.
+                self.watcher.idle(self.queue.name)
+                try:
+                    await waiter.wait(None, polled=True)
+                finally:
+                    self.watcher.busy(self.queue.name)
 
-    async def claim_once(self) -> tuple[int, int | None]:
-        """One claim round: (workflows started, when a rate limit frees a slot, if known).
+    async def claim_once(self) -> tuple[int, int | None, bool]:
+        """One claim round: (workflows started, when a rate limit frees a slot, if known,
+        whether a shared limit is spent).
 
         On a sharded database a round claims in each dequeue scope (a key with ENQUEUED
         work on the queue) in turn, so every claim statement addresses one key.
         """
         self.state.rounds += 1
-        started, retry_at = await self._claim_in(await self._scopes())
+        started, retry_at, spent = await self._claim_in(await self._scopes())
         if not started and self.runtime.system_database.sharded and not self._fresh_scopes:
             # A key enqueued since the scopes were read: read them again at once.
             self._scopes_due = 0.0
-            started, retry_at = await self._claim_in(await self._scopes())
-        return started, retry_at
+            started, retry_at, spent = await self._claim_in(await self._scopes())
+        return started, retry_at, spent
 
-    async def _claim_in(self, scopes: list[str | None]) -> tuple[int, int | None]:
+    async def _claim_in(self, scopes: list[str | None]) -> tuple[int, int | None, bool]:
         started = 0
         retry_at: int | None = None
+        spent = False
         for scope in scopes:
             with shard_key_scope(scope):
-                count, at = await self._claim_scope()
+                count, at, limited = await self._claim_scope()
             started += count
+            spent = spent or limited
             if at is not None:
                 retry_at = at if retry_at is None else min(retry_at, at)
-        return started, retry_at
+        return started, retry_at, spent
 
     async def _scopes(self) -> list[str | None]:
         """The scopes of a round: one, unsharded; sharded, the keys with ENQUEUED work on
@@ -166,19 +182,19 @@ class ClaimLoop:
         random.shuffle(scopes)
         return scopes
 
-    async def _claim_scope(self) -> tuple[int, int | None]:
+    async def _claim_scope(self) -> tuple[int, int | None, bool]:
         queue, runtime = self.queue, self.runtime
         sysdb = runtime.system_database
         names = list(runtime.registry.workflows)
         room = self._room()
         if room == 0 or not names:
-            return 0, None
+            return 0, None, False
         executor_id, version = runtime.executor_id, runtime.application_version
         if not queue.partition_queue:
             claim = await sysdb.claim_queued(queue, None, room=room, executor_id=executor_id,
                                              application_version=version, names=names)
             await self._start(claim)
-            return len(claim.rows), claim.retry_at_ms
+            return len(claim.rows), claim.retry_at_ms, claim.spent
         # The sweep of every partition's head joins rows across keys: sharded, each
         # partition is claimed in turn instead.
         if queue.head_of_line and not sysdb.sharded:
@@ -186,9 +202,10 @@ class ClaimLoop:
                 queue, cap=min(room, SWEEP_CAP) if room is not None else SWEEP_CAP,
                 executor_id=executor_id, application_version=version, names=names)
             await self._start(claim)
-            return len(claim.rows), None
+            return len(claim.rows), None, False
         started = 0
         retry_at: int | None = None
+        spent = False
         for key in await sysdb.queue_partitions(queue.name, SWEEP_CAP):
             partition_room = self._partition_room(key, room)
             if partition_room == 0:
@@ -198,13 +215,14 @@ class ClaimLoop:
                                              application_version=version, names=names)
             await self._start(claim)
             started += len(claim.rows)
+            spent = spent or claim.spent
             if claim.retry_at_ms is not None:
                 retry_at = min(retry_at or claim.retry_at_ms, claim.retry_at_ms)
             if room is not None:
                 room -= len(claim.rows)
                 if room <= 0:
                     break
-        return started, retry_at
+        return started, retry_at, spent
 
     async def _report_unregistered(self) -> None:
         """Warn, once per function name, about ENQUEUED workflows on this queue that this
@@ -280,34 +298,18 @@ class ClaimLoop:
 
 
 def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
-    """Start a claim loop per queue, and the delayed-workflow promoter, as tasks of the
-    runtime's queue owner (stopped first on exit: nothing new starts while running
-    workflows finish)."""
+    """Start a claim loop per queue, and the queue watcher, as tasks of the runtime's queue
+    owner (stopped first on exit: nothing new starts while running workflows finish)."""
+    if not queues:
+        return
+    fast = min(q.polling_interval_sec for q in queues)
+    runtime.queue_poll = IdleBackoff(fast, runtime.config.idle_poll_max_interval)
+    watcher = QueueWatcher(runtime, runtime.queue_poll, {q.name for q in queues})
+    notifications = runtime.system_database.notifications
+    assert notifications is not None
+    notifications.subscribe(ENQUEUE_CHANNEL, watcher.on_notification)
     for queue in queues:
         state = runtime.claim_loops[queue.name] = ClaimLoopState(queue)
-        runtime.queue_tasks.supervise(ClaimLoop(runtime, state).run,
+        runtime.queue_tasks.supervise(ClaimLoop(runtime, state, watcher).run,
                                       f"queue claim loop {queue.name}")
-    if queues:
-        poll = min(q.polling_interval_sec for q in queues)
-        runtime.queue_tasks.supervise(functools.partial(_promote, runtime, poll),
-                                      "delayed workflow promoter")
-
-
-async def _promote(runtime: Runtime, poll: float) -> None:
-    sysdb = runtime.system_database
-    notifications = sysdb.notifications
-    assert notifications is not None
-    with notifications.register(ENQUEUE_CHANNEL, DELAYED_KEY) as waiter:
-        while True:
-            next_due: int | None = None
-            try:
-                queues, next_due = await sysdb.promote_delayed()
-            except Exception:
-                logger.exception("Promoting delayed workflows failed")
-                queues = []
-            for name in queues:
-                notifications.notify(ENQUEUE_CHANNEL, name)
-            timeout = poll
-            if next_due is not None:
-                timeout = min(timeout, max(0.001, next_due / 1000 - time.time()))
-            await waiter.wait(timeout)
+    runtime.queue_tasks.supervise(watcher.run, "queue watcher")

@@ -109,7 +109,7 @@ class Debouncer(Generic[P, R]):
                 bounced = await sysdb.debounce_existing(queue.name, key, info.name,
                                                         arguments.inputs, until)
             if bounced is not None:
-                # Its start moved: wake the promoters.
+                # Its start moved: wake the queue watchers.
                 sysdb.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
                 return workflow_handle(runtime, bounced, signature=info.signature,
                                        shard_key=call.shard_key)

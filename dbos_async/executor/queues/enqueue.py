@@ -34,7 +34,8 @@ from dbos_async.sysdb.shard_keys import shard_key_scope
 from dbos_async.sysdb.statements import ENQUEUED, NewWorkflow, is_dedup_conflict
 
 DELAYED_KEY = "dbos_async:delayed"
-"""ENQUEUE_CHANNEL payload announcing a new DELAYED workflow (wakes the promoters)."""
+"""ENQUEUE_CHANNEL payload announcing a new DELAYED workflow (wakes the queue watchers,
+which promote DELAYED workflows when due)."""
 
 
 class EnqueueTarget(Protocol):
@@ -64,7 +65,7 @@ def placement_of(queue: EnqueueTarget, options: EnqueueOptions) -> Placement:
 
 def announcement_key(row: NewWorkflow) -> str:
     """What wakes the claimers of a new row: its queue's loops, or for a DELAYED one the
-    promoters."""
+    queue watchers (which promote it when due)."""
     return (row.queue_name or "") if row.status == ENQUEUED else DELAYED_KEY
 
 

@@ -41,7 +41,7 @@ class AdminStatements(StatementBase):
 
     def set_delay(self, workflow_id: str, until_ms: int, now_ms: int) -> Query:
         """The workflow waits (DELAYED) until ``until_ms``: an ENQUEUED one goes back to
-        waiting, and the promoter makes it ENQUEUED when due, as for any delayed enqueue
+        waiting, and the queue watcher makes it ENQUEUED when due, as for any delayed enqueue
         (so a debounced workflow releases its key there, in one place)."""
         p = Params()
         return Query(

@@ -472,10 +472,17 @@ class QueueStatements(StatementBase):
             p.values,
         )
 
-    def promote_delayed(self, now_ms: int) -> Query:
-        """DELAYED workflows whose time has come become ENQUEUED; returns their queues and
-        the next due time. A debounced workflow gives up its debounce key here: its window
-        has closed, so a later call starts a new one."""
+    def poll_queues(self, now_ms: int, queue_names: Sequence[str], names: Sequence[str],
+                    application_version: str | None) -> Query:
+        """The queue watcher's one statement: DELAYED workflows whose time has come become
+        ENQUEUED (returns their queues, and the next due time), and which of
+        ``queue_names`` hold ENQUEUED workflows this executor could start (functions in
+        ``names``, its version rule), as written by writers that send no notification.
+
+        A debounced workflow gives up its debounce key when promoted: its window has
+        closed, so a later call starts a new one. One index probe per queue name (EXISTS),
+        whatever the backlog. No lock is taken: the claim that follows locks what it starts.
+        """
         p = Params()
         table = self.table("workflow_status")
         now = p(now_ms, "bigint")
@@ -490,10 +497,18 @@ class QueueStatements(StatementBase):
                     AND delay_until_epoch_ms <= {now}
                   RETURNING queue_name
                 )
-                SELECT (SELECT array_agg(DISTINCT queue_name) FROM due) AS queues,
+                SELECT (SELECT array_agg(DISTINCT queue_name) FROM due) AS promoted,
                        (SELECT min(delay_until_epoch_ms) FROM {table}
                         WHERE {self.scoped(None, p)} AND status = {delayed}
-                          AND delay_until_epoch_ms > {now}) AS next_due""",
+                          AND delay_until_epoch_ms > {now}) AS next_due,
+                       ARRAY(SELECT q FROM unnest({p(list(queue_names), 'text[]')}) AS q
+                             WHERE EXISTS (
+                               SELECT 1 FROM {table}
+                               WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
+                                 AND queue_name = q
+                                 AND {self._version_clause(application_version, p)}
+                                 AND {self.own_scope(None, p)}
+                                 AND name = ANY({p(list(names), 'text[]')}))) AS enqueued""",
             p.values,
         )
 
