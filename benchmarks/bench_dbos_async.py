@@ -216,9 +216,9 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
             "transactions": transactions,
             "transactions_per_workflow": transactions / workflows,
             "workflow_status_inserts":
-                tuples_after["status_inserts"] - tuples_before["status_inserts"],
+                int(tuples_after["status_inserts"] - tuples_before["status_inserts"]),
             "operation_outputs_inserts":
-                tuples_after["step_inserts"] - tuples_before["step_inserts"],
+                int(tuples_after["step_inserts"] - tuples_before["step_inserts"]),
         },
     }
     if profiler is not None:
