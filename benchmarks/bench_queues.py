@@ -13,6 +13,11 @@ Throughput, per system and executor count, on a fresh scratch database:
    ``workflow_status``: drain rate = N / (last completion - first start); also the delay
    from the enqueue commit to the first start, and how the workflows split between executors.
 
+For dbos_async also a drain of ``zero_step`` workflows (no step) with one executor, and for
+every dbos_async drain the server's transactions from just before the enqueue to the end
+(each executor flushes its pool's statistics on request, see ``common.TransactionReading``).
+Then pgqueuer's enqueue and drain (``bench_pgqueuer.py``), when it is installed.
+
 Latency: see ``queue_child.py`` (``latency`` role).
 """
 

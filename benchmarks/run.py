@@ -12,10 +12,17 @@ One run, one PostgreSQL server, three scratch databases (dropped and recreated e
    over a pool of the same size; once with no pool reset (the floor) and once with asyncpg's
    default reset query on release (what a pool gives unless told otherwise).
 
+Then, unless --burst 0, B (3,000) three-step workflows started at once and their results
+gathered: dbos_async in a child process on uvloop and on asyncio's loop, and the `dbos`
+package with B/4; the burst rate against the one-write-per-commit ceiling (raw inserts/s / 5)
+and against the `dbos` package. Every throughput figure comes with the server's commits per
+workflow (pg_stat_database, see common.TransactionReading) and the statements per step.
+
 Then, unless --skip-queues (--queues-only runs only this part), queues (bench_queues.py,
 queue_child.py): the drain rate of a backlog enqueued by a separate client process through
-the SQL function dbos.enqueue_workflow, with 1 and 2 executor processes, and the enqueue ->
-start latency, beside the `dbos` package's figures.
+the SQL function dbos.enqueue_workflow, with 1 and 2 executor processes (and a 0-step
+workflow with 1), with commits per workflow, and the enqueue -> start latency, beside the
+`dbos` package's figures and pgqueuer's enqueue and drain (bench_pgqueuer.py).
 
 Then, unless --skip-waiters (--waiters-only runs only this part), many workflows waiting at
 once in one process (bench_waiters.py, a child process per system): start time, memory and
@@ -27,7 +34,9 @@ read_stream and start_workflow -> get_result, median and p99, for dbos_async
 (bench_latency_dbos_async.py) and for the `dbos` package in a child process
 (bench_latency_dbos.py), on two more scratch databases; see latency.py.
 
-See benchmarks/README.md for what each figure means.
+The report ends with every targeted ratio of the run in one table. It runs on the event
+loop dbos_async.run picks (uvloop when installed, unless DBOS_UVLOOP=0). See
+benchmarks/README.md for what each figure means.
 """
 
 from __future__ import annotations
