@@ -14,7 +14,7 @@ One run, one PostgreSQL server, three scratch databases (dropped and recreated e
 
 Then, unless --burst 0, B (3,000) three-step workflows started at once and their results
 gathered: dbos_async in a child process on uvloop and on asyncio's loop, and the `dbos`
-package with B/4; the burst rate against the one-write-per-commit ceiling (raw inserts/s / 5)
+package with B/10; the burst rate against the one-write-per-commit ceiling (raw inserts/s / 5)
 and against the `dbos` package. Every throughput figure comes with the server's commits per
 workflow (pg_stat_database, see common.TransactionReading) and the statements per step.
 
@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="dbos_async workflows started at once in the burst rounds, on "
                              "each event loop (default 3000; 0 leaves the burst out)")
     parser.add_argument("--dbos-burst", type=int, default=None,
-                        help="dbos package workflows started at once (default burst/4)")
+                        help="dbos package workflows started at once (default burst/10)")
     parser.add_argument("--pool-size", type=int, default=10,
                         help="connection pool size of all three (default 10, "
                              "dbos_async's default)")
@@ -189,7 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.burst < 0 or (args.dbos_burst is not None and args.dbos_burst < 1):
         parser.error("--burst must be >= 0 and --dbos-burst >= 1")
     if args.dbos_burst is None:
-        args.dbos_burst = max(1, args.burst // 4)
+        args.dbos_burst = max(1, args.burst // 10)
     return args
 
 
@@ -306,7 +306,7 @@ def default_loop() -> str:
 async def run_burst(args: argparse.Namespace) -> dict[str, Any]:
     """B three-step workflows started at once, then their results gathered: dbos_async in a
     child process on each event loop (uvloop when it is installed, asyncio's), and the
-    `dbos` package (B/4 by default); interleaved rounds, medians."""
+    `dbos` package (B/10 by default); interleaved rounds, medians."""
     b, pool = args.burst, args.pool_size
     loops = ["uvloop", "asyncio"] if _uvloop_installed() else ["asyncio"]
     names = {kind: f"{args.db_prefix}_burst_{kind}" for kind in ("dbos_async", "dbos")}
