@@ -7,7 +7,10 @@ The child runs with no OTLP export, no Conductor and no DBOS Cloud settings: eve
 
 Statements are counted on the client with SQLAlchemy engine events during the measured run
 (``before_cursor_execute``, ``begin``, ``commit``, ``rollback``); psycopg sends each of these as
-its own round trip, so their sum approximates the round trips.
+its own round trip, so their sum approximates the round trips. Transactions are read on the
+server as for dbos_async (``common.TransactionReading``), after every idle connection of the
+package's system-database pool has published its statistics; a connection that one of its
+background threads holds at that moment publishes later, so the figure is within a few.
 """
 
 from __future__ import annotations
@@ -17,32 +20,43 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-MARKER = "BENCH_RESULT "
+from common import MARKER
+
 SCRIPT = Path(__file__).resolve()
 
 
 async def run_subprocess(url: str, *, workflows: int, concurrency: int, pool_size: int,
-                         warmup: int, time_limit: float = 300.0) -> dict[str, Any]:
+                         warmup: int, burst: bool = False,
+                         time_limit: float = 300.0) -> dict[str, Any]:
     """Run this file as a child process and return the result it prints."""
     return await run_child(SCRIPT, [
         "--url", url, "--workflows", str(workflows), "--concurrency", str(concurrency),
         "--pool-size", str(pool_size), "--warmup", str(warmup),
+        *(["--burst"] if burst else []),
     ], time_limit)
 
 
-async def run_child(script: Path, argv: list[str], time_limit: float) -> dict[str, Any]:
-    """Run ``script`` with ``argv`` in a child process without any ``DBOS_*``, ``DBOS__*`` or
-    ``OTEL_*`` environment variable; return what it prints after :data:`MARKER`."""
+def child_env() -> dict[str, str]:
+    """This process's environment less every ``DBOS_*``, ``DBOS__*`` and ``OTEL_*`` variable
+    (no Cloud, Conductor or OTLP settings reach a child), except ``DBOS_UVLOOP``, which only
+    dbos_async reads and which picks the children's event loop as it picks this one's."""
     env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("DBOS_", "DBOS__", "OTEL_"))}
+           if key == "DBOS_UVLOOP" or not key.startswith(("DBOS_", "DBOS__", "OTEL_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+async def run_child(script: Path, argv: list[str], time_limit: float) -> dict[str, Any]:
+    """Run ``script`` with ``argv`` in a child process with :func:`child_env`; return what it
+    prints after :data:`MARKER`."""
     child = await asyncio.create_subprocess_exec(
         sys.executable, str(script), *argv,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=child_env(),
     )
     try:
         stdout, stderr = await asyncio.wait_for(child.communicate(), time_limit)
@@ -121,20 +135,34 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     async def three_steps(x: int) -> int:
         return await subtract_two(await double(await add_one(x)))
 
-    # Imported here: the parent process never imports `dbos`.
     from common import drive
 
-    async def one(i: int) -> None:
-        handle = await DBOS.start_workflow_async(three_steps, i)
+    async def check(i: int, handle: Any) -> None:
         result = await handle.get_result()
         if result != (i + 1) * 2 - 2:
             raise RuntimeError(f"workflow {i} returned {result!r}")
 
+    async def one(i: int) -> None:
+        await check(i, await DBOS.start_workflow_async(three_steps, i))
+
+    async def measured(count: int) -> float:
+        if not args.burst:
+            return await drive(count, args.concurrency, one)
+        began = time.perf_counter()
+        handles = await asyncio.gather(
+            *(DBOS.start_workflow_async(three_steps, i) for i in range(count)))
+        await asyncio.gather(*(check(i, h) for i, h in enumerate(handles)))
+        return time.perf_counter() - began
+
+    readings: list[Any] = []
+
     async def main() -> float:
-        await drive(args.warmup, args.concurrency, one)
+        await measured(args.warmup)
+        readings.append(await asyncio.to_thread(_read_transactions, instance))
         counts.active = True
-        elapsed = await drive(args.workflows, args.concurrency, one)
+        elapsed = await measured(args.workflows)
         counts.active = False
+        readings.append(await asyncio.to_thread(_read_transactions, instance))
         return elapsed
 
     DBOS.launch()
@@ -150,9 +178,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         DBOS.destroy()
     import dbos as dbos_package
+    from common import transactions_between
 
     steps = args.workflows * 3
     round_trips = sum(counts.counts.values())
+    transactions = transactions_between(*readings)
     return {
         "dbos_version": getattr(dbos_package, "__version__", None) or _version("dbos"),
         "workflows": args.workflows,
@@ -164,8 +194,34 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         "pool_size": args.pool_size,
         "client_counts": dict(counts.counts),
         "round_trips_per_workflow": round_trips / args.workflows,
+        "burst": args.burst,
+        "concurrency": args.workflows if args.burst else args.concurrency,
+        "server": {"transactions": transactions,
+                   "transactions_per_workflow": transactions / args.workflows},
         **extras,
     }
+
+
+def _read_transactions(instance: Any) -> Any:
+    """``common.read_transactions`` for the package's SQLAlchemy pool (psycopg, in a
+    thread): flush each idle pooled connection, then read on the first."""
+    from common import FLUSH_SQL, TRANSACTIONS_SQL, TransactionReading
+
+    engine = instance._sys_db.engine
+    conns = [engine.raw_connection() for _ in range(max(1, engine.pool.checkedin()))]
+    try:
+        for conn in conns:
+            with conn.cursor() as cursor:
+                cursor.execute(FLUSH_SQL)
+            conn.commit()
+        with conns[0].cursor() as cursor:
+            cursor.execute(TRANSACTIONS_SQL)
+            published = cursor.fetchone()[0]
+        conns[0].commit()
+    finally:
+        for conn in conns:
+            conn.close()  # back to the pool; its rollback sends nothing outside a transaction
+    return TransactionReading(int(published), len(conns), 1)
 
 
 def _version(package: str) -> str | None:
@@ -184,6 +240,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--pool-size", type=int, required=True)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--burst", action="store_true",
+                        help="start all workflows at once, then gather their results")
     result = _child(parser.parse_args())
     print(MARKER + json.dumps(result), flush=True)
 

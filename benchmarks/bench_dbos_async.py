@@ -1,45 +1,57 @@
-"""dbos_async: N three-step workflows started concurrently, with every statement counted.
+"""dbos_async: N three-step workflows, with every statement counted.
+
+Two ways to start them: ``concurrency`` workers that each start a workflow and await its
+result before the next (at most C in flight), or ``burst``: all N started with
+``start_workflow`` at once, then every result gathered.
 
 Two independent counts of what the measured run sends to PostgreSQL:
 
 - client side: a query logger (``Connection.add_query_logger``) on every connection of the
   executor's pool, classifying each statement (workflow start, step checkpoint, workflow
   finish, asyncpg's pool reset, anything else);
-- server side: ``pg_stat_database.xact_commit`` of the benchmark database (every autocommit
-  statement is one committed transaction) and ``pg_stat_user_tables.n_tup_ins`` of
-  ``workflow_status`` and ``operation_outputs``.
+- server side: transactions ended (``xact_commit + xact_rollback`` of ``pg_stat_database``)
+  in the benchmark database, and ``pg_stat_user_tables.n_tup_ins`` of ``workflow_status``
+  and ``operation_outputs``, read after every pool connection has published its statistics
+  (``common.read_pool_transactions``), the readings' own transactions taken off.
 
-Server statistics are flushed lazily by each backend, so both readings are taken right after
-``pg_stat_force_next_flush()`` has run on every pool connection. The statements the benchmark
-itself sends for that (flushes, the readings, the resets after it releases the connections)
-are logged too, outside the measured window, and subtracted from the server's count.
+``python benchmarks/bench_dbos_async.py --url URL ...`` runs one measured round in a child
+process (on the event loop ``dbos_async.run`` picks, or the one ``--loop`` names) and prints
+``BENCH_RESULT {json}``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import cProfile
 import io
+import json
 import pstats
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
-from common import drive
+from common import (
+    MARKER,
+    drive,
+    read_pool_transactions,
+    transactions_between,
+)
 
+import dbos_async
 from dbos_async import DBOS, SetShardKey
 
-STATS_QUERY = """
-SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
-         AS xact_commit,
-       (SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables
+TUPLES_QUERY = """
+SELECT (SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables
          WHERE relname = 'workflow_status') AS status_inserts,
        (SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables
          WHERE relname = 'operation_outputs') AS step_inserts"""
 
-FLUSH = "SELECT pg_stat_force_next_flush()"
+SCRIPT = Path(__file__).resolve()
 
 _START = re.compile(r"INSERT\s+INTO\s+\S*workflow_status\b", re.IGNORECASE)
 _STEP = re.compile(r"INSERT\s+INTO\s+\S*operation_outputs\b", re.IGNORECASE)
@@ -85,13 +97,13 @@ class QueryCounter:
         return sum(self.texts.get(phase, Counter()).values())
 
 
-async def _settle() -> None:
+async def settle_loggers() -> None:
     """Let query-logger callbacks (scheduled with call_soon) run."""
     for _ in range(3):
         await asyncio.sleep(0)
 
 
-async def _all_connections(pool: asyncpg.Pool) -> list[Any]:
+async def all_connections(pool: asyncpg.Pool) -> list[Any]:
     """Check out every open connection of an idle pool."""
     return [await pool.acquire() for _ in range(pool.get_size())]
 
@@ -118,71 +130,83 @@ def workload(dbos: DBOS) -> Any:
 
 
 async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, warmup: int,
-              profile: bool = False, shard_keys: int = 0) -> dict[str, Any]:
+              profile: bool = False, shard_keys: int = 0, burst: bool = False,
+              ) -> dict[str, Any]:
     """With ``shard_keys``, the sharded system schema, workflows spread over that many
-    keys."""
+    keys; with ``burst``, all ``workflows`` started at once (``concurrency`` unused)."""
     dbos = DBOS(system_database_url=url, pool_size=pool_size, name="bench_dbos_async",
                 application_version="bench", sharding=shard_keys > 0)
     three_steps = workload(dbos)
     counter = QueryCounter()
     profiler = cProfile.Profile() if profile else None
 
-    async def one(i: int) -> None:
+    async def start(i: int) -> Any:
         if shard_keys:
             with SetShardKey(f"tenant-{i % shard_keys}"):
-                handle = await dbos.start_workflow(three_steps, i)
-        else:
-            handle = await dbos.start_workflow(three_steps, i)
+                return await dbos.start_workflow(three_steps, i)
+        return await dbos.start_workflow(three_steps, i)
+
+    async def check(i: int, handle: Any) -> None:
         result = await handle.get_result()
         if result != (i + 1) * 2 - 2:
             raise RuntimeError(f"workflow {i} returned {result!r}")
 
+    async def one(i: int) -> None:
+        await check(i, await start(i))
+
+    async def all_at_once(count: int) -> float:
+        began = time.perf_counter()
+        handles = await asyncio.gather(*(start(i) for i in range(count)))
+        await asyncio.gather(*(check(i, h) for i, h in enumerate(handles)))
+        return time.perf_counter() - began
+
+    async def measured(count: int) -> float:
+        if burst:
+            return await all_at_once(count)
+        return await drive(count, concurrency, one)
+
     async with dbos:
-        await drive(warmup, concurrency, one)
+        await measured(warmup)
         pool = dbos.system_database.pool
         size_before = pool.get_size()
 
-        conns = await _all_connections(pool)
-        for conn in conns:
-            await conn.execute(FLUSH)
-        counter.phase = "pre"
+        before = await read_pool_transactions(pool)
+        tuples_before = await pool.fetchrow(TUPLES_QUERY)  # one more transaction, below
+        conns = await all_connections(pool)
         for conn in conns:
             conn.add_query_logger(counter)
-        before = await conns[0].fetchrow(STATS_QUERY)
         for conn in conns:
             await pool.release(conn)
-        await _settle()
+        await settle_loggers()
 
         counter.phase = "run"
         if profiler is not None:
             profiler.enable()
-        elapsed = await drive(workflows, concurrency, one)
+        elapsed = await measured(workflows)
         if profiler is not None:
             profiler.disable()
-        await _settle()
+        await settle_loggers()
 
         counter.phase = "post"
         size_after = pool.get_size()
-        conns = await _all_connections(pool)
-        for conn in conns:
-            conn.add_query_logger(counter)  # a no-op unless it was opened during the run
-            await conn.execute(FLUSH)
-        after = await conns[0].fetchrow(STATS_QUERY)
-        await _settle()
+        conns = await all_connections(pool)
         for conn in conns:
             conn.remove_query_logger(counter)
             await pool.release(conn)
+        after = await read_pool_transactions(pool)
+        tuples_after = await pool.fetchrow(TUPLES_QUERY)
+        loop = type(asyncio.get_running_loop())
 
     run_counts = counter.by_kind("run")
-    # The benchmark's own statements: pre (the reading, the resets of the release) and post
-    # (the flushes; the final reading commits after it reads, so it is not in `after`).
-    own = counter.total("pre") + counter.total("post") - 1
-    commits = after["xact_commit"] - before["xact_commit"] - own
+    transactions = transactions_between(before, after) - 1  # tuples_before's
 
     result: dict[str, Any] = {
         "workflows": workflows,
         "warmup": warmup,
         "steps": workflows * 3,
+        "burst": burst,
+        "concurrency": workflows if burst else concurrency,
+        "event_loop": f"{loop.__module__}.{loop.__qualname__}",
         "seconds": elapsed,
         "workflows_per_s": workflows / elapsed,
         "steps_per_s": workflows * 3 / elapsed,
@@ -190,15 +214,30 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
         "pool_connections": [size_before, size_after],
         "statements": statement_figures(run_counts, workflows, workflows * 3),
         "server": {
-            "xact_commits": commits,
-            "commits_per_workflow": commits / workflows,
-            "workflow_status_inserts": after["status_inserts"] - before["status_inserts"],
-            "operation_outputs_inserts": after["step_inserts"] - before["step_inserts"],
+            "transactions": transactions,
+            "transactions_per_workflow": transactions / workflows,
+            "workflow_status_inserts":
+                int(tuples_after["status_inserts"] - tuples_before["status_inserts"]),
+            "operation_outputs_inserts":
+                int(tuples_after["step_inserts"] - tuples_before["step_inserts"]),
         },
     }
     if profiler is not None:
         result["profile"] = _profile_report(profiler)
     return result
+
+
+async def run_subprocess(url: str, *, workflows: int, pool_size: int, warmup: int,
+                         loop: str, burst: bool = True, concurrency: int = 100,
+                         time_limit: float = 300.0) -> dict[str, Any]:
+    """One measured round in a child process on the event loop ``loop`` names."""
+    from bench_dbos import run_child
+
+    return await run_child(SCRIPT, [
+        "--url", url, "--workflows", str(workflows), "--pool-size", str(pool_size),
+        "--warmup", str(warmup), "--loop", loop, "--concurrency", str(concurrency),
+        *(["--burst"] if burst else []),
+    ], time_limit)
 
 
 def statement_figures(kinds: Counter[str], workflows: int, steps: int) -> dict[str, Any]:
@@ -242,3 +281,26 @@ def _profile_report(profiler: cProfile.Profile, limit: int = 25) -> dict[str, st
             stats.print_stats(restriction)
         report[title] = out.getvalue()
     return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--workflows", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--pool-size", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--burst", action="store_true")
+    parser.add_argument("--loop", choices=("default", "asyncio", "uvloop"), default="default",
+                        help="default: what dbos_async.run picks (uvloop when installed, "
+                             "unless DBOS_UVLOOP is false)")
+    args = parser.parse_args()
+    choice = {"default": None, "asyncio": False, "uvloop": True}[args.loop]
+    result = dbos_async.run(run(args.url, workflows=args.workflows,
+                                concurrency=args.concurrency, pool_size=args.pool_size,
+                                warmup=args.warmup, burst=args.burst), uvloop=choice)
+    print(MARKER + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

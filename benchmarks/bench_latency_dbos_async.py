@@ -9,6 +9,10 @@
   ``notifications`` for messages; the coalescing notifier, ``notification_coalesce_ms``, for
   events and streams), as between two processes. ``start_workflow -> get_result`` is not
   measured this way (the starting instance runs the workflow).
+
+Then the round trips of a workflow alone: L one-step workflows, one at a time (start, then
+its result), with the query logger of ``bench_dbos_async`` on every connection of the
+runner's pool; statements per workflow and per step as in the throughput section.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import latency
+from bench_dbos_async import QueryCounter, all_connections, settle_loggers, statement_figures
 
 from dbos_async import DBOS
 
@@ -99,4 +104,29 @@ async def run(url: str, *, samples: int, other_samples: int, warmup: int,
         result["other_executor"] = await latency.measure(
             Adapter(runner, client, workflows), other_samples, warmup,
             operations=("send_recv", "event", "stream"))
+        result["alone"] = await alone(runner, workflows["one_step"], LONE_WORKFLOWS)
     return result
+
+
+LONE_WORKFLOWS = 50
+
+
+async def alone(runner: DBOS, one_step: Any, count: int) -> dict[str, Any]:
+    """Statements of ``count`` one-step workflows run one at a time."""
+    counter = QueryCounter(phase="run")
+    pool = runner.system_database.pool
+    conns = await all_connections(pool)
+    for conn in conns:
+        conn.add_query_logger(counter)
+        await pool.release(conn)
+    for i in range(count):
+        handle = await runner.start_workflow(one_step, i)
+        if await handle.get_result() != i + 1:
+            raise RuntimeError(f"lone workflow {i}: wrong result")
+    await settle_loggers()
+    conns = await all_connections(pool)
+    for conn in conns:
+        conn.remove_query_logger(counter)
+        await pool.release(conn)
+    return {"workflows": count, "steps_per_workflow": 1,
+            "statements": statement_figures(counter.by_kind("run"), count, count)}

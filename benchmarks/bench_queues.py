@@ -13,6 +13,11 @@ Throughput, per system and executor count, on a fresh scratch database:
    ``workflow_status``: drain rate = N / (last completion - first start); also the delay
    from the enqueue commit to the first start, and how the workflows split between executors.
 
+For dbos_async also a drain of ``zero_step`` workflows (no step) with one executor, and for
+every dbos_async drain the server's transactions from just before the enqueue to the end
+(each executor flushes its pool's statistics on request, see ``common.TransactionReading``).
+Then pgqueuer's enqueue and drain (``bench_pgqueuer.py``), when it is installed.
+
 Latency: see ``queue_child.py`` (``latency`` role).
 """
 
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import importlib.util
 import sys
 import tempfile
 import time
@@ -28,18 +33,19 @@ from pathlib import Path
 from typing import IO, Any
 
 import asyncpg
-from bench_dbos import MARKER
-from common import drop_database, recreate_database
+import bench_pgqueuer
+from bench_dbos import child_env
+from common import (
+    MARKER,
+    TransactionReading,
+    drop_database,
+    read_transactions,
+    recreate_database,
+    transactions_between,
+)
 
 SCRIPT = Path(__file__).resolve().parent / "queue_child.py"
 QUEUE = "bench_queue"
-
-
-def _env() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("DBOS_", "DBOS__", "OTEL_"))}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 class Executor:
@@ -58,7 +64,7 @@ class Executor:
     async def start(self, ready_within: float = 60.0) -> None:
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, *self.argv, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=self.stderr, env=_env())
+            stdout=asyncio.subprocess.PIPE, stderr=self.stderr, env=child_env())
         assert self.process.stdout is not None
         try:
             async with asyncio.timeout(ready_within):
@@ -70,6 +76,18 @@ class Executor:
                         return
         except TimeoutError:
             raise RuntimeError("executor not READY in time\n" + self.tail()) from None
+
+    async def flush(self) -> int:
+        """Have the executor's pool publish its statistics; return the statements it took."""
+        process = self.process
+        assert process is not None and process.stdin is not None
+        assert process.stdout is not None
+        process.stdin.write(b"flush\n")
+        await process.stdin.drain()
+        line = (await asyncio.wait_for(process.stdout.readline(), 30.0)).decode().split()
+        if not line or line[0] != "FLUSHED":
+            raise RuntimeError(f"executor did not flush: {line}\n" + self.tail())
+        return int(line[1])
 
     def tail(self) -> str:
         self.stderr.seek(0)
@@ -99,7 +117,7 @@ async def run_child(argv: list[str], time_limit: float = 300.0) -> dict[str, Any
 
     child = await asyncio.create_subprocess_exec(
         sys.executable, str(SCRIPT), *argv, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=_env())
+        stderr=asyncio.subprocess.PIPE, env=child_env())
     try:
         stdout, stderr = await asyncio.wait_for(child.communicate(), time_limit)
     except TimeoutError:
@@ -115,10 +133,21 @@ async def run_child(argv: list[str], time_limit: float = 300.0) -> dict[str, Any
                        f"{stderr.decode(errors='replace')[-3000:]}")
 
 
+async def published(conn: asyncpg.Connection, executors: list[Executor]) -> TransactionReading:
+    """A transaction reading once every dbos_async executor's pool has published its
+    statistics; their flushes, like the reader's, are among the reading's own."""
+    flushes = sum([await executor.flush() for executor in executors])
+    reading = await read_transactions([conn])
+    return TransactionReading(reading.published, reading.flushes + flushes,
+                              reading.trailing)
+
+
 async def drain(admin_url: str, database: str, system: str, *, processes: int,
                 workflows: int, worker_concurrency: int, polling_interval: float,
-                pool_size: int, time_limit: float = 180.0) -> dict[str, Any]:
-    """One throughput run on a fresh database; see the module docstring."""
+                pool_size: int, workflow: str = "one_step",
+                time_limit: float = 180.0) -> dict[str, Any]:
+    """One throughput run on a fresh database; see the module docstring. For dbos_async,
+    also the transactions the server ended over the drain (the enqueue's included)."""
     url = await recreate_database(admin_url, database)
     executors = [Executor(system, url, f"bench-{system}-{i}",
                           worker_concurrency=worker_concurrency,
@@ -127,12 +156,17 @@ async def drain(admin_url: str, database: str, system: str, *, processes: int,
     try:
         for executor in executors:  # one at a time: the first one creates the schema
             await executor.start()
-        enqueue = await run_child(["enqueue", "--url", url, "--queue", QUEUE,
-                                   "--count", str(workflows)])
+        counted = system == "dbos_async"
         conn = await asyncpg.connect(url)
         try:
+            if counted:
+                before = await published(conn, executors)
+            enqueue = await run_child(["enqueue", "--url", url, "--queue", QUEUE,
+                                       "--count", str(workflows), "--workflow", workflow])
             deadline = time.monotonic() + time_limit
+            reads = 2  # the reader's own transactions in the window: these polls, 2 reads
             while True:
+                reads += 1
                 done = await conn.fetchval(
                     "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = $1 "
                     "AND status NOT IN ('ENQUEUED', 'PENDING', 'DELAYED')", QUEUE)
@@ -150,6 +184,8 @@ async def drain(admin_url: str, database: str, system: str, *, processes: int,
             split = await conn.fetch(
                 """SELECT executor_id, count(*) AS n FROM dbos.workflow_status
                    WHERE queue_name = $1 GROUP BY executor_id ORDER BY executor_id""", QUEUE)
+            transactions = (transactions_between(before, await published(conn, executors))
+                            - reads if counted else None)
         finally:
             await conn.close()
     finally:
@@ -163,6 +199,7 @@ async def drain(admin_url: str, database: str, system: str, *, processes: int,
     return {
         "system": system,
         "processes": processes,
+        "workflow": workflow,
         "workflows": workflows,
         "succeeded": row["succeeded"],
         "drain_seconds": seconds,
@@ -172,7 +209,33 @@ async def drain(admin_url: str, database: str, system: str, *, processes: int,
         "enqueue": enqueue,
         "worker_concurrency": worker_concurrency,
         "polling_interval": polling_interval,
+        "server": None if transactions is None else {
+            "transactions": transactions,
+            "transactions_per_workflow": transactions / workflows},
     }
+
+
+PGQUEUER_BATCH_SIZES = [10, 100]
+
+
+async def run_pgqueuer(admin_url: str, database: str, jobs: int,
+                       progress: Any) -> dict[str, Any]:
+    """pgqueuer's enqueue and drain (``bench_pgqueuer.py``, a child process), or why not."""
+    if importlib.util.find_spec("pgqueuer") is None:
+        reason = "pgqueuer is not installed (pip install pgqueuer==1.6.0; the dev extra has it)"
+        progress(f"queues: pgqueuer skipped: {reason}")
+        return {"skipped": reason}
+    progress(f"queues: pgqueuer, enqueue and drain {jobs} jobs at batch sizes "
+             f"{PGQUEUER_BATCH_SIZES} (child process)")
+    url = await recreate_database(admin_url, database)
+    try:
+        return await bench_pgqueuer.run_subprocess(url, jobs=jobs,
+                                                   batch_sizes=PGQUEUER_BATCH_SIZES)
+    except RuntimeError as error:
+        progress(f"pgqueuer run failed: {error}")
+        return {"error": str(error)}
+    finally:
+        await drop_database(admin_url, database)
 
 
 async def run(admin_url: str, prefix: str, *, workflows: int, dbos_workflows: int,
@@ -185,20 +248,24 @@ async def run(admin_url: str, prefix: str, *, workflows: int, dbos_workflows: in
                        "polling_interval": polling_interval, "pool_size": pool_size},
         "throughput": {},
     }
-    systems = [("dbos_async", workflows)] + ([] if skip_dbos else [("dbos", dbos_workflows)])
-    for system, count in systems:
-        for processes in (1, 2):
-            progress(f"queues: {system}, drain {count} workflows with {processes} "
-                     f"executor process(es)")
-            key = f"{system}_{processes}"
-            try:
-                out["throughput"][key] = await drain(
-                    admin_url, f"{prefix}_queues_{system}", system, processes=processes,
-                    workflows=count, worker_concurrency=worker_concurrency,
-                    polling_interval=polling_interval, pool_size=pool_size)
-            except RuntimeError as error:
-                progress(f"queue run {key} failed: {error}")
-                out.setdefault("errors", []).append(f"{key}: {error}")
+    runs = [("dbos_async", workflows, 1, "one_step"), ("dbos_async", workflows, 2, "one_step"),
+            ("dbos_async", workflows, 1, "zero_step")]
+    if not skip_dbos:
+        runs += [("dbos", dbos_workflows, 1, "one_step"), ("dbos", dbos_workflows, 2, "one_step")]
+    for system, count, processes, workflow in runs:
+        progress(f"queues: {system}, drain {count} {workflow} workflows with {processes} "
+                 f"executor process(es)")
+        key = f"{system}_{processes}" if workflow == "one_step" else f"{system}_0step_{processes}"
+        try:
+            out["throughput"][key] = await drain(
+                admin_url, f"{prefix}_queues_{system}", system, processes=processes,
+                workflows=count, worker_concurrency=worker_concurrency,
+                polling_interval=polling_interval, pool_size=pool_size, workflow=workflow)
+        except RuntimeError as error:
+            progress(f"queue run {key} failed: {error}")
+            out.setdefault("errors", []).append(f"{key}: {error}")
+    out["pgqueuer"] = await run_pgqueuer(admin_url, f"{prefix}_queues_pgqueuer", workflows,
+                                         progress)
     ratios = {}
     for processes in (1, 2):
         fast = out["throughput"].get(f"dbos_async_{processes}")

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 import asyncpg
-from common import drive
+from common import drive, read_pool_transactions, transactions_between
 
 TABLE = """
 CREATE TABLE operation_outputs (
@@ -61,7 +61,9 @@ async def run(url: str, *, inserts: int, concurrency: int, pool_size: int,
                                '"x"', 0, 0, "portable_json")
 
         await drive(warmup, concurrency, lambda i: insert(i, "warm"))
+        before = await read_pool_transactions(pool, resets_on_release=default_reset)
         elapsed = await drive(inserts, concurrency, lambda i: insert(i, "run"))
+        after = await read_pool_transactions(pool, resets_on_release=default_reset)
         count = await pool.fetchval("SELECT count(*) FROM operation_outputs")
     finally:
         await pool.close()
@@ -72,6 +74,8 @@ async def run(url: str, *, inserts: int, concurrency: int, pool_size: int,
         "warmup": warmup,
         "seconds": elapsed,
         "inserts_per_s": inserts / elapsed,
+        "server": {"transactions": transactions_between(before, after),
+                   "transactions_per_insert": transactions_between(before, after) / inserts},
         "pool_size": pool_size,
         "pool_reset": "asyncpg default" if default_reset else "none",
     }

@@ -30,6 +30,8 @@ import asyncpg
 from bench_dbos import MARKER, run_child
 from common import drive
 
+import dbos_async
+
 SCRIPT = Path(__file__).resolve()
 RECV_TIMEOUT = 600.0
 DEADLINES_SQL = ("SELECT count(*) FROM dbos.operation_outputs "
@@ -238,7 +240,8 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=10)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     args = parser.parse_args()
-    result = asyncio.run(_dbos_async(args)) if args.system == "dbos_async" else _dbos(args)
+    result = (dbos_async.run(_dbos_async(args)) if args.system == "dbos_async"
+              else _dbos(args))
     print(MARKER + json.dumps(result), flush=True)
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+MARKER = "BENCH_RESULT "
+"""What a child process prints before its result's JSON, on one line."""
 
 
 def with_database(url: str, database: str) -> str:
@@ -70,3 +74,78 @@ async def drive(total: int, concurrency: int, job: Callable[[int], Awaitable[Non
         for _ in range(min(concurrency, total)):
             group.create_task(worker())
     return time.perf_counter() - started
+
+
+# ---- transactions per unit of work, from the server's statistics ----
+
+FLUSH_SQL = "SELECT pg_stat_force_next_flush()"
+TRANSACTIONS_SQL = ("SELECT xact_commit + xact_rollback FROM pg_stat_database "
+                    "WHERE datname = current_database()")
+
+
+@dataclass(frozen=True)
+class TransactionReading:
+    """``xact_commit + xact_rollback`` of one database, read once every connection given
+    had published its statistics, and what the reading itself added around it.
+
+    A backend publishes its counts lazily (at most once a second while busy, ten seconds
+    after it goes idle, and at exit); ``pg_stat_force_next_flush()`` makes it publish at the
+    end of that statement's own transaction, before the statement returns. So a reading
+    flushes every connection it is given, then reads on the first: the flushes (one
+    transaction each) are in the figure; the reading's own transaction and the pool's reset
+    on release are not, and count in the next reading.
+    """
+
+    published: int
+    flushes: int
+    trailing: int
+
+
+def transactions_between(before: TransactionReading, after: TransactionReading) -> int:
+    """Transactions the workload ended between two readings, the readings' own taken off."""
+    return after.published - before.published - before.trailing - after.flushes
+
+
+async def flush_statistics(connections: Sequence[Any]) -> None:
+    """Make each connection's backend publish its statistics now (one transaction each;
+    idle connections, none in a transaction)."""
+    for conn in connections:
+        await conn.execute(FLUSH_SQL)
+
+
+async def read_transactions(connections: Sequence[Any]) -> TransactionReading:
+    """Flush every connection's statistics, then read on the first."""
+    await flush_statistics(connections)
+    published = await connections[0].fetchval(TRANSACTIONS_SQL)
+    return TransactionReading(int(published), len(connections), 1)
+
+
+async def read_pool_transactions(pool: asyncpg.Pool, *,
+                                 resets_on_release: bool = False) -> TransactionReading:
+    """:func:`read_transactions` on every connection of an idle pool, holding them all so
+    none is busy elsewhere. ``resets_on_release``: the pool sends a reset query (one
+    transaction) as each goes back, which trails the reading."""
+    conns = [await pool.acquire() for _ in range(pool.get_size())]
+    try:
+        reading = await read_transactions(conns)
+    finally:
+        for conn in conns:
+            await pool.release(conn)
+    return TransactionReading(reading.published, reading.flushes,
+                              reading.trailing + (len(conns) if resets_on_release else 0))
+
+
+async def backends_gone(url: str, application_name: str, within: float = 30.0) -> None:
+    """Wait until no backend of ``application_name`` is connected to ``url``'s database: a
+    backend publishes its statistics as it exits."""
+    conn = await asyncpg.connect(url)
+    try:
+        deadline = time.monotonic() + within
+        while await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = $1", application_name):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"backends of {application_name} still connected")
+            await asyncio.sleep(0.02)
+    finally:
+        await conn.close()

@@ -9,8 +9,11 @@
   (``executemany``) in ONE transaction, so the whole backlog becomes visible at one commit.
   Prints ``BENCH_RESULT {"seconds": ..., "enqueued": N}``.
 - ``serve``: an executor of ``system`` that declares queue Q (``worker_concurrency``,
-  ``polling_interval``) and registers ``one_step`` (a workflow of one trivial step), prints
-  ``READY`` once it dequeues, and serves until a line (or EOF) arrives on stdin.
+  ``polling_interval``) and registers ``one_step`` (a workflow of one trivial step) and
+  ``zero_step`` (a workflow of none), prints ``READY`` once it dequeues, and serves until
+  EOF or a line other than ``flush`` arrives on stdin. On ``flush`` (dbos_async) it makes
+  every connection of its pool publish its statistics (``pg_stat_force_next_flush()``) and
+  answers ``FLUSHED k``, k being the statements that took.
 - ``latency``: an executor that also enqueues, one workflow at a time, through the SQL
   function on its own asyncpg connection, so both ends share ``time.time_ns()``: the sample
   is from the enqueue statement's return (its commit is done) to the first line of the
@@ -38,9 +41,13 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MARKER = "BENCH_RESULT "
+from common import MARKER, flush_statistics
+
+import dbos_async
+
 READY = "READY"
 WORKFLOW = "one_step"
+ZERO_STEP = "zero_step"
 STAMP = "stamp"
 ENQUEUE_SQL = "SELECT dbos.enqueue_workflow($1, $2, ARRAY[$3::json])"
 # What dbos_async's own enqueue (and its client) sends with the insert: a wake-up for the
@@ -54,7 +61,7 @@ ENQUEUE_NOTIFY_SQL = ("SELECT dbos.enqueue_workflow($1, $2, ARRAY[$3::json]), "
 async def enqueue(args: argparse.Namespace) -> dict[str, Any]:
     conn = await asyncpg.connect(args.url)
     try:
-        rows = [(WORKFLOW, args.queue, json.dumps(i)) for i in range(args.count)]
+        rows = [(args.workflow, args.queue, json.dumps(i)) for i in range(args.count)]
         started = time.perf_counter()
         async with conn.transaction():
             await conn.executemany(ENQUEUE_SQL, rows)
@@ -153,6 +160,10 @@ def _dbos_async_workflows(dbos: Any, starts: dict[str, int]) -> None:
     async def one_step(x: int) -> int:
         return await add_one(x)
 
+    @dbos.workflow(name=ZERO_STEP)
+    async def zero_step(x: int) -> int:
+        return x
+
     @dbos.workflow(name=STAMP)
     async def stamp(x: int) -> int:
         at = time.time_ns()
@@ -168,9 +179,18 @@ async def serve_dbos_async(args: argparse.Namespace) -> None:
     dbos.queue(args.queue, worker_concurrency=args.worker_concurrency,
                polling_interval=args.polling_interval)
     _dbos_async_workflows(dbos, {})
+    loop = asyncio.get_running_loop()
     async with dbos:
         print(READY, flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        while (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "flush":
+            pool = dbos.system_database.pool
+            conns = [await pool.acquire() for _ in range(pool.get_size())]
+            try:
+                await flush_statistics(conns)
+            finally:
+                for conn in conns:
+                    await pool.release(conn)
+            print(f"FLUSHED {len(conns)}", flush=True)
 
 
 async def latency_dbos_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -313,6 +333,7 @@ def main() -> None:
     parser.add_argument("--url", required=True)
     parser.add_argument("--queue", default="bench_queue")
     parser.add_argument("--count", type=int, default=0)
+    parser.add_argument("--workflow", choices=(WORKFLOW, ZERO_STEP), default=WORKFLOW)
     parser.add_argument("--executor-id", default="bench-executor")
     parser.add_argument("--pool-size", type=int, default=10)
     parser.add_argument("--worker-concurrency", type=int, default=None)
@@ -328,11 +349,11 @@ def main() -> None:
         result = asyncio.run(enqueue(args))
     elif args.role == "serve":
         if args.system == "dbos_async":
-            asyncio.run(serve_dbos_async(args))
+            dbos_async.run(serve_dbos_async(args))
         else:
             serve_dbos(args)
     elif args.system == "dbos_async":
-        result = asyncio.run(latency_dbos_async(args))
+        result = dbos_async.run(latency_dbos_async(args))
     else:
         result = latency_dbos(args)
     if result is not None:

@@ -12,10 +12,17 @@ One run, one PostgreSQL server, three scratch databases (dropped and recreated e
    over a pool of the same size; once with no pool reset (the floor) and once with asyncpg's
    default reset query on release (what a pool gives unless told otherwise).
 
+Then, unless --burst 0, B (3,000) three-step workflows started at once and their results
+gathered: dbos_async in a child process on uvloop and on asyncio's loop, and the `dbos`
+package with B/10; the burst rate against the one-write-per-commit ceiling (raw inserts/s / 5)
+and against the `dbos` package. Every throughput figure comes with the server's commits per
+workflow (pg_stat_database, see common.TransactionReading) and the statements per step.
+
 Then, unless --skip-queues (--queues-only runs only this part), queues (bench_queues.py,
 queue_child.py): the drain rate of a backlog enqueued by a separate client process through
-the SQL function dbos.enqueue_workflow, with 1 and 2 executor processes, and the enqueue ->
-start latency, beside the `dbos` package's figures.
+the SQL function dbos.enqueue_workflow, with 1 and 2 executor processes (and a 0-step
+workflow with 1), with commits per workflow, and the enqueue -> start latency, beside the
+`dbos` package's figures and pgqueuer's enqueue and drain (bench_pgqueuer.py).
 
 Then, unless --skip-waiters (--waiters-only runs only this part), many workflows waiting at
 once in one process (bench_waiters.py, a child process per system): start time, memory and
@@ -27,13 +34,14 @@ read_stream and start_workflow -> get_result, median and p99, for dbos_async
 (bench_latency_dbos_async.py) and for the `dbos` package in a child process
 (bench_latency_dbos.py), on two more scratch databases; see latency.py.
 
-See benchmarks/README.md for what each figure means.
+The report ends with every targeted ratio of the run in one table. It runs on the event
+loop dbos_async.run picks (uvloop when installed, unless DBOS_UVLOOP=0). See
+benchmarks/README.md for what each figure means.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -55,6 +63,9 @@ import bench_waiters
 import latency
 from common import DEFAULT_URL, drop_database, recreate_database, server_facts
 
+import dbos_async
+from dbos_async import ConfigurationError, eventloop
+
 WORKFLOW_RATIO_TARGET = 5.0
 WORKFLOW_RATIO_DESIGN = 10.0
 RAW_FRACTION_TARGET = 0.70
@@ -65,7 +76,15 @@ EXPECTED_PER_STEP = 1.0
 COUNT_TOLERANCE = 1.05
 LATENCY_MEDIAN_TARGET_MS = 10.0
 QUEUE_RATIO_TARGET = 5.0
-QUEUE_LATENCY_TARGET_MS = 20.0
+QUEUE_LATENCY_TARGET_MS = 5.0
+# The burst of 3-step workflows against one write per commit: the raw autocommit insert
+# rate spread over a workflow's five writes (start, three steps, finish).
+WRITES_PER_WORKFLOW = 5
+BURST_CEILING_TARGET = 1.5
+BURST_DBOS_TARGET = 25.0
+QUEUE_PGQUEUER_TARGET = 1.0
+QUEUE_COMMITS_TARGET = 0.5
+ZERO_STEP_DRAIN_TARGET = 5000.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,6 +97,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="dbos_async workflows per measured round (default 2000)")
     parser.add_argument("--concurrency", "-c", type=int, default=100,
                         help="workflows (or inserts) in flight at once (default 100)")
+    parser.add_argument("--burst", type=int, default=3000,
+                        help="dbos_async workflows started at once in the burst rounds, on "
+                             "each event loop (default 3000; 0 leaves the burst out)")
+    parser.add_argument("--dbos-burst", type=int, default=None,
+                        help="dbos package workflows started at once (default burst/10)")
     parser.add_argument("--pool-size", type=int, default=10,
                         help="connection pool size of all three (default 10, "
                              "dbos_async's default)")
@@ -162,6 +186,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rounds = 1
     if args.dbos_workflows is None:
         args.dbos_workflows = max(1, args.workflows // 4)
+    if args.burst < 0 or (args.dbos_burst is not None and args.dbos_burst < 1):
+        parser.error("--burst must be >= 0 and --dbos-burst >= 1")
+    if args.dbos_burst is None:
+        args.dbos_burst = max(1, args.burst // 10)
     return args
 
 
@@ -265,7 +293,70 @@ async def run_throughput(args: argparse.Namespace, results: dict[str, Any]) -> N
         if runs:
             results[key] = aggregate(key, runs)
     results["rounds"] = rounds
+    if args.burst:
+        results["burst"] = await run_burst(args)
     results["summary"] = summarize(results)
+
+
+def default_loop() -> str:
+    """The loop dbos_async.run picks here: "uvloop" or "asyncio"."""
+    return "asyncio" if eventloop.loop_factory() is None else "uvloop"
+
+
+async def run_burst(args: argparse.Namespace) -> dict[str, Any]:
+    """B three-step workflows started at once, then their results gathered: dbos_async in a
+    child process on each event loop (uvloop when it is installed, asyncio's), and the
+    `dbos` package (B/10 by default); interleaved rounds, medians."""
+    b, pool = args.burst, args.pool_size
+    loops = ["uvloop", "asyncio"] if _uvloop_installed() else ["asyncio"]
+    names = {kind: f"{args.db_prefix}_burst_{kind}" for kind in ("dbos_async", "dbos")}
+    if args.skip_dbos:
+        del names["dbos"]
+    urls = {kind: await recreate_database(args.url, name) for kind, name in names.items()}
+    rounds: dict[str, list[dict[str, Any]]] = {f"dbos_async_{loop}": [] for loop in loops}
+    rounds["dbos"] = []
+    out: dict[str, Any] = {"workflows": b, "dbos_workflows": args.dbos_burst,
+                           "default_loop": default_loop(), "loops": loops}
+    try:
+        for number in range(1, args.rounds + 1):
+            for loop in loops:
+                _progress(f"burst {number}/{args.rounds}: dbos_async on {loop}, {b} "
+                          "workflows at once (child process)")
+                try:
+                    rounds[f"dbos_async_{loop}"].append(await bench_dbos_async.run_subprocess(
+                        urls["dbos_async"], workflows=b, pool_size=pool,
+                        warmup=min(b, 200), loop=loop))
+                except RuntimeError as error:
+                    _progress(f"dbos_async burst on {loop} failed: {error}")
+                    out.setdefault("errors", []).append(f"dbos_async {loop}: {error}")
+            if "dbos" in urls:
+                m = args.dbos_burst
+                _progress(f"burst {number}/{args.rounds}: dbos, {m} workflows at once "
+                          "(child process)")
+                try:
+                    rounds["dbos"].append(await bench_dbos.run_subprocess(
+                        urls["dbos"], workflows=m, concurrency=m, pool_size=pool,
+                        warmup=min(m, 50), burst=True))
+                except RuntimeError as error:
+                    _progress(f"dbos burst failed: {error}")
+                    out.setdefault("errors", []).append(f"dbos: {error}")
+    finally:
+        if not args.keep:
+            for name in names.values():
+                await drop_database(args.url, name)
+    for key, runs in rounds.items():
+        if runs:
+            out[key] = aggregate(key, runs)
+    out["rounds"] = rounds
+    return out
+
+
+def _uvloop_installed() -> bool:
+    try:
+        eventloop.loop_factory(True)
+    except ConfigurationError:
+        return False
+    return True
 
 
 async def run_latency(args: argparse.Namespace) -> dict[str, Any]:
@@ -332,20 +423,24 @@ def aggregate(key: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             values = [r[rate] for r in runs]
             merged[rate] = statistics.median(values)
             merged[rate + "_range"] = [min(values), max(values)]
-    if key in ("dbos_async", "dbos_async_sharded"):
+    if "server" in runs[0]:
+        unit = "workflows" if "workflows" in runs[0] else "inserts"
+        transactions = sum(r["server"]["transactions"] for r in runs)
+        merged["server"] = {"transactions": transactions,
+                            f"transactions_per_{unit[:-1]}":
+                                transactions / sum(r[unit] for r in runs)}
+    if key.startswith("dbos_async"):
         merged["statements"] = _merge_statements(runs)
-        commits = sum(r["server"]["xact_commits"] for r in runs)
         total_wf = sum(r["workflows"] for r in runs)
-        merged["server"] = {
-            "xact_commits": commits,
-            "commits_per_workflow": commits / total_wf,
+        merged["server"].update({
             "workflow_status_inserts":
                 sum(r["server"]["workflow_status_inserts"] for r in runs),
             "operation_outputs_inserts":
                 sum(r["server"]["operation_outputs_inserts"] for r in runs),
-        }
+        })
         merged["measured_workflows_total"] = total_wf
         merged["pool_connections"] = [r["pool_connections"] for r in runs]
+        merged["event_loop"] = runs[0]["event_loop"]
         if "profile" in runs[0]:
             merged["profile"] = runs[0]["profile"]
     if key == "dbos":
@@ -381,11 +476,23 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         "statements_per_step": statements["per_step"],
         "round_trips_per_workflow": statements["round_trips_per_workflow"],
         "round_trips_per_step": statements["round_trips_per_step"],
-        "server_commits_per_workflow": fast["server"]["commits_per_workflow"],
+        "server_commits_per_workflow": fast["server"]["transactions_per_workflow"],
     }
     if "dbos" in results:
         summary["workflow_ratio_vs_dbos"] = (
             fast["workflows_per_s"] / results["dbos"]["workflows_per_s"])
+    burst = results.get("burst", {})
+    fast_burst = burst.get(f"dbos_async_{burst.get('default_loop')}")
+    if fast_burst:
+        ceiling = results["raw"]["inserts_per_s"] / WRITES_PER_WORKFLOW
+        summary["burst_one_write_per_commit_ceiling"] = ceiling
+        summary["burst_over_ceiling"] = fast_burst["workflows_per_s"] / ceiling
+        if "dbos" in burst:
+            summary["burst_over_dbos"] = (fast_burst["workflows_per_s"]
+                                          / burst["dbos"]["workflows_per_s"])
+    if "dbos_async_uvloop" in burst and "dbos_async_asyncio" in burst:
+        summary["burst_uvloop_over_asyncio"] = (burst["dbos_async_uvloop"]["workflows_per_s"]
+                                                / burst["dbos_async_asyncio"]["workflows_per_s"])
     if "dbos_async_sharded" in results:
         keyed = results["dbos_async_sharded"]
         summary["sharded_fraction_of_unsharded"] = (
@@ -431,7 +538,84 @@ def report(results: dict[str, Any], profiled: bool) -> str:
         out += waiters_report(results["waiters"])
     if "latency" in results:
         out += latency_report(results["latency"])
+    out += targets_report(results)
     return "\n".join(out)
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
+    """(figure, measured, target, met) for each target this run measured."""
+    rows: list[tuple[str, str, str, bool | None]] = []
+    s = results.get("summary", {})
+    if "burst_over_ceiling" in s:
+        rows.append(("burst wf/s / one-write-per-commit ceiling "
+                     f"({s['burst_one_write_per_commit_ceiling']:,.0f} wf/s = raw inserts/s / "
+                     f"{WRITES_PER_WORKFLOW})", f"{s['burst_over_ceiling']:.2f}x",
+                     f">= {BURST_CEILING_TARGET}x",
+                     s["burst_over_ceiling"] >= BURST_CEILING_TARGET))
+    if "burst_over_dbos" in s:
+        rows.append(("burst wf/s, dbos_async / dbos", f"{s['burst_over_dbos']:.1f}x",
+                     f">= {BURST_DBOS_TARGET:.0f}x", s["burst_over_dbos"] >= BURST_DBOS_TARGET))
+    if "burst_uvloop_over_asyncio" in s:
+        rows.append(("burst wf/s, uvloop / asyncio loop",
+                     f"{s['burst_uvloop_over_asyncio']:.2f}x", "", None))
+    q = results.get("queues", {})
+    drains = q.get("throughput", {})
+    one, zero = drains.get("dbos_async_1"), drains.get("dbos_async_0step_1")
+    pgq = q.get("pgqueuer", {}).get("runs", {}).get("10")
+    if one and pgq:
+        ratio = one["workflows_per_s"] / pgq["jobs_per_s"]
+        rows.append(("1-step drain wf/s, dbos_async / pgqueuer at batch size 10",
+                     f"{ratio:.2f}x", f">= {QUEUE_PGQUEUER_TARGET:.0f}x",
+                     ratio >= QUEUE_PGQUEUER_TARGET))
+    for label, r in (("1-step", one), ("0-step", zero)):
+        if r and r.get("server"):
+            per = r["server"]["transactions_per_workflow"]
+            rows.append((f"{label} drain commits per workflow", f"{per:.2f}",
+                         f"<= {QUEUE_COMMITS_TARGET}", per <= QUEUE_COMMITS_TARGET))
+    if zero:
+        rows.append(("0-step drain wf/s", f"{zero['workflows_per_s']:,.0f}",
+                     f">= {ZERO_STEP_DRAIN_TARGET:,.0f}",
+                     zero["workflows_per_s"] >= ZERO_STEP_DRAIN_TARGET))
+    lone = results.get("latency", {}).get("dbos_async", {}).get("alone")
+    start_result = (results.get("latency", {}).get("dbos_async", {})
+                    .get("same_executor", {}).get("start_result", {}))
+    if lone:
+        per_step = (lone["statements"]["by_kind"].get("step checkpoint", 0)
+                    / (lone["workflows"] * lone["steps_per_workflow"]))
+        rows.append(("workflow alone: step checkpoint round trips per step", f"{per_step:.2f}",
+                     f"{EXPECTED_PER_STEP:.0f}", per_step <= EXPECTED_PER_STEP * COUNT_TOLERANCE))
+    if "median_ms" in start_result:
+        rows.append(("workflow alone: start -> result median",
+                     f"{start_result['median_ms']:.1f} ms",
+                     f"< {LATENCY_MEDIAN_TARGET_MS:.0f} ms",
+                     start_result["median_ms"] < LATENCY_MEDIAN_TARGET_MS))
+    notify = q.get("latency", {}).get("dbos_async", {}).get("notify", {})
+    if "median_ms" in notify:
+        rows.append(("enqueue -> start median (notified)", f"{notify['median_ms']:.1f} ms",
+                     f"< {QUEUE_LATENCY_TARGET_MS:.0f} ms",
+                     notify["median_ms"] < QUEUE_LATENCY_TARGET_MS))
+    return rows
+
+
+def targets_report(results: dict[str, Any]) -> list[str]:
+    rows = targets(results)
+    if not rows:
+        return []
+    table: list[tuple[str, ...]] = [("figure", "measured", "target", "")]
+    for figure, measured, target, met in rows:
+        table.append((figure, measured, target, "" if met is None else _verdict(met)))
+    return ["", "Targets, all from this run", *_table(table, "<><<")]
+
+
+def _commits(result: dict[str, Any]) -> str:
+    """Transactions per workflow (or insert) from pg_stat_database, for a table cell."""
+    server = result.get("server") or {}
+    value = server.get("transactions_per_workflow", server.get("transactions_per_insert"))
+    return f"{value:.2f}" if value is not None else ""
+
+
+def _per_step(result: dict[str, Any]) -> str:
+    return f"{result['statements']['per_step']:.2f}" if "statements" in result else ""
 
 
 def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
@@ -439,14 +623,18 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
     fast = results["dbos_async"]
     out = [
         "",
-        "Throughput: three-step workflows started concurrently",
+        "Throughput: three-step workflows, at most C started-and-awaited at a time",
         f"  N={p['workflows']} workflows for dbos_async, {p['dbos_workflows']} for dbos; "
         f"concurrency C={p['concurrency']}; pool size {p['pool_size']} for all three",
-        f"  {p['rounds']} interleaved round(s) per system; rates are medians (min-max)",
+        f"  {p['rounds']} interleaved round(s) per system; rates are medians (min-max); "
+        "commits/wf: xact_commit + xact_rollback per workflow (per insert for raw), "
+        "pg_stat_database; stmts/step: the client's query logger",
+        f"  dbos_async here runs on {fast['event_loop']}",
         "",
     ]
     rows: list[tuple[str, ...]] = [
-        ("system", "per round", "seconds", "workflows/s", "steps or inserts/s", "min-max")]
+        ("system", "per round", "seconds", "workflows/s", "steps or inserts/s", "min-max",
+         "commits/wf", "stmts/step")]
 
     def spread(result: dict[str, Any], rate: str) -> str:
         low, high = result[rate + "_range"]
@@ -455,25 +643,28 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
     rows.append(("dbos_async" + (" (PROFILED)" if profiled else ""),
                  f"{fast['workflows']} wf", f"{fast['seconds']:.2f}",
                  f"{fast['workflows_per_s']:,.0f}", f"{fast['steps_per_s']:,.0f}",
-                 spread(fast, "steps_per_s")))
+                 spread(fast, "steps_per_s"), _commits(fast), _per_step(fast)))
     if "dbos_async_sharded" in results:
         keyed = results["dbos_async_sharded"]
         rows.append((f"dbos_async, sharded schema, {SHARD_KEYS} keys",
                      f"{keyed['workflows']} wf", f"{keyed['seconds']:.2f}",
                      f"{keyed['workflows_per_s']:,.0f}", f"{keyed['steps_per_s']:,.0f}",
-                     spread(keyed, "steps_per_s")))
+                     spread(keyed, "steps_per_s"), _commits(keyed), _per_step(keyed)))
     if "dbos" in results:
         peer = results["dbos"]
         rows.append((f"dbos {peer.get('dbos_version') or ''} (child process)".replace("  ", " "),
                      f"{peer['workflows']} wf", f"{peer['seconds']:.2f}",
                      f"{peer['workflows_per_s']:,.1f}", f"{peer['steps_per_s']:,.0f}",
-                     spread(peer, "steps_per_s")))
+                     spread(peer, "steps_per_s"), _commits(peer), ""))
     for key, label in (("raw", "raw asyncpg INSERT, no pool reset"),
                        ("raw_default_reset", "raw asyncpg INSERT, default pool reset")):
         raw = results[key]
         rows.append((label, f"{raw['inserts']} rows", f"{raw['seconds']:.2f}", "",
-                     f"{raw['inserts_per_s']:,.0f}", spread(raw, "inserts_per_s")))
-    out += _table(rows, "<>>>>>")
+                     f"{raw['inserts_per_s']:,.0f}", spread(raw, "inserts_per_s"),
+                     _commits(raw), ""))
+    out += _table(rows, "<>>>>>>>")
+    if "burst" in results:
+        out += burst_report(results["burst"], s)
 
     out += ["", "Targets"]
     rows = [("figure", "measured", "target", "")]
@@ -519,7 +710,8 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
     out += [
         "",
         "dbos_async, server side (pg_stat_database / pg_stat_user_tables deltas)",
-        f"  commits {srv['xact_commits']} ({srv['commits_per_workflow']:.2f} per workflow), "
+        f"  commits {srv['transactions']} ({srv['transactions_per_workflow']:.2f} per "
+        "workflow), "
         f"workflow_status inserts {srv['workflow_status_inserts']}, "
         f"operation_outputs inserts {srv['operation_outputs_inserts']}",
         f"  pool connections before/after the run: {fast['pool_connections']}",
@@ -543,6 +735,58 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
     return out
 
 
+def burst_report(burst: dict[str, Any], s: dict[str, Any]) -> list[str]:
+    out = [
+        "",
+        f"Burst: {burst['workflows']} three-step workflows started at once with start_workflow,"
+        f" then every result gathered ({burst['dbos_workflows']} for dbos); each round a child"
+        " process per system and event loop",
+        "",
+    ]
+    rows: list[tuple[str, ...]] = [("system", "event loop", "workflows", "seconds",
+                                    "workflows/s", "min-max", "commits/wf", "stmts/step")]
+    for key in [f"dbos_async_{loop}" for loop in burst["loops"]] + ["dbos"]:
+        r = burst.get(key)
+        if r is None:
+            continue
+        low, high = r["workflows_per_s_range"]
+        system = "dbos_async" if key != "dbos" else f"dbos {r.get('dbos_version') or ''}"
+        loop = key.removeprefix("dbos_async_") if key != "dbos" else "asyncio (its own)"
+        if key == f"dbos_async_{burst['default_loop']}":
+            loop += " (dbos_async.run's choice)"
+        rows.append((system.rstrip(), loop, str(r["workflows"]), f"{r['seconds']:.2f}",
+                     f"{r['workflows_per_s']:,.0f}",
+                     f"{low:,.0f}-{high:,.0f}" if r["rounds"] > 1 else "",
+                     _commits(r), _per_step(r)))
+    out += _table(rows, "<<>>>>>>")
+    if "burst_uvloop_over_asyncio" in s:
+        out.append(f"  uvloop / asyncio loop, dbos_async burst workflows/s: "
+                   f"{s['burst_uvloop_over_asyncio']:.2f}x")
+    elif len(burst["loops"]) == 1:
+        out.append("  uvloop is not installed (the speed extra): no loop comparison")
+    for error in burst.get("errors", []):
+        out.append("  FAILED: " + error.splitlines()[0])
+    return out
+
+
+def pgqueuer_report(pgq: dict[str, Any]) -> list[str]:
+    if "skipped" in pgq or "error" in pgq:
+        return ["", "pgqueuer: " + ("skipped: " + pgq["skipped"] if "skipped" in pgq
+                                    else "FAILED: " + pgq["error"].splitlines()[0])]
+    if not pgq:
+        return []
+    out = ["", f"pgqueuer {pgq['pgqueuer_version']} (child process, {pgq['event_loop']}): "
+           "trivial jobs enqueued in one batched call, then drained by a QueueManager in "
+           "drain mode", ""]
+    rows: list[tuple[str, ...]] = [("batch size", "jobs", "enqueue s", "enqueue/s", "drain s",
+                                    "jobs/s", "commits/job")]
+    for r in pgq["runs"].values():
+        rows.append((str(r["batch_size"]), str(r["jobs"]), f"{r['enqueue_seconds']:.2f}",
+                     f"{r['enqueue_per_s']:,.0f}", f"{r['drain_seconds']:.2f}",
+                     f"{r['jobs_per_s']:,.0f}", f"{r['transactions_per_job']:.2f}"))
+    return out + _table(rows, ">>>>>>>")
+
+
 def queue_report(q: dict[str, Any]) -> list[str]:
     p = q["parameters"]
     out = [
@@ -555,18 +799,23 @@ def queue_report(q: dict[str, Any]) -> list[str]:
         "  drain = first start to last completion (workflow_status timestamps)",
         "",
     ]
-    rows: list[tuple[str, ...]] = [("system", "executors", "workflows", "drain s",
-                                    "workflows/s", "commit->1st start", "split",
-                                    "enqueue/s")]
+    rows: list[tuple[str, ...]] = [("system", "workflow", "executors", "workflows", "drain s",
+                                    "workflows/s", "commits/wf", "commit->1st start",
+                                    "split", "enqueue/s")]
     for r in q["throughput"].values():
-        rows.append((r["system"], str(r["processes"]), str(r["workflows"]),
-                     f"{r['drain_seconds']:.2f}", f"{r['workflows_per_s']:,.0f}",
+        rows.append((r["system"], r.get("workflow", "one_step"), str(r["processes"]),
+                     str(r["workflows"]), f"{r['drain_seconds']:.2f}",
+                     f"{r['workflows_per_s']:,.0f}", _commits(r),
                      f"{r['commit_to_first_start_ms']:.0f} ms",
                      "/".join(str(n) for n in r["per_executor"].values()),
                      f"{r['enqueue']['per_s']:,.0f}"))
         if r["succeeded"] != r["workflows"]:
-            rows.append(("", "", f"only {r['succeeded']} succeeded", "", "", "", "", ""))
-    out += _table(rows, "<>>>>>><")
+            rows.append(("", "", "", f"only {r['succeeded']} succeeded", "", "", "", "", "",
+                         ""))
+    out += _table(rows, "<<>>>>>><>")
+    out += ["  commits/wf: xact_commit + xact_rollback over the drain per workflow "
+            "(pg_stat_database; dbos_async only; the enqueue's one transaction included)"]
+    out += pgqueuer_report(q.get("pgqueuer", {}))
     for processes, ratio in q["ratio_dbos_async_over_dbos"].items():
         out.append(f"  drain rate dbos_async / dbos, {processes} executor process(es): "
                    f"{ratio:.1f}x (target >= {QUEUE_RATIO_TARGET:.0f}x: "
@@ -697,6 +946,16 @@ def latency_report(lat: dict[str, Any]) -> list[str]:
                          str(figures["not_waiting"]) if figures["not_waiting"] else "",
                          f"{ratio:.1f}x" if ratio is not None else "", target))
     out += _table(rows, "<<>>>>>><")
+    lone = fast.get("alone")
+    if lone:
+        kinds, count = lone["statements"]["by_kind"], lone["workflows"]
+        others = ", ".join(f"{kind.removeprefix('other: ')[:50]} {n / count:.2f}"
+                           for kind, n in kinds.items() if kind.startswith("other"))
+        out.append(f"  a workflow alone ({count} one-step workflows, one at a time), "
+                   f"statements per workflow: start {kinds.get('workflow start', 0) / count:.2f}"
+                   f", step checkpoint {kinds.get('step checkpoint', 0) / count:.2f}, finish "
+                   f"{kinds.get('workflow finish', 0) / count:.2f}"
+                   + (f"; other: {others}" if others else ""))
     if peer:
         out.append(f"  {dbos_label}: conductor connected: {peer['conductor']}, "
                    f"OTLP export: {peer['otlp']}")
@@ -716,7 +975,7 @@ def _without_profile(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    results = asyncio.run(run(args))
+    results = dbos_async.run(run(args))
     print(report(results, args.profile))
     if args.json is not None:
         data = _without_profile(results)

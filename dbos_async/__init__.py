@@ -32,6 +32,7 @@ from dbos_async.errors import (
     WorkflowNotRegisteredError,
     WorkflowStateError,
 )
+from dbos_async.eventloop import run
 from dbos_async.executor.authentication import (
     Authentication,
     SetAuthentication,
@@ -164,4 +165,5 @@ __all__ = [
     "holds_sharded_schema",
     "log_to_stderr",
     "migrate",
+    "run",
 ]

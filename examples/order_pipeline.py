@@ -8,9 +8,9 @@ sent with an idempotency key, so it is delivered once).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+import dbos_async
 from dbos_async import DBOS, SetWorkflowID
 
 dbos = DBOS(name="order_pipeline")
@@ -54,4 +54,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    asyncio.run(main())
+    dbos_async.run(main())  # uvloop when installed; DBOS_UVLOOP=0 turns it off

@@ -10,11 +10,11 @@ With no DBOS_SYSTEM_DATABASE_URL set, it uses an embedded PostgreSQL kept under 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from pydantic import BaseModel
 
+import dbos_async
 from dbos_async import DBOS, SetWorkflowID
 
 dbos = DBOS(name="quickstart")
@@ -71,4 +71,4 @@ async def main() -> None:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("dbos_async").setLevel(logging.INFO)
-    asyncio.run(main())
+    dbos_async.run(main())  # uvloop when installed; DBOS_UVLOOP=0 turns it off

@@ -8,13 +8,12 @@ finds the workflow finished and returns its recorded result: nothing runs, nothi
 
 from __future__ import annotations
 
-import asyncio
-
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import dbos_async
 from dbos_async import DBOS, SetWorkflowID
 
 exporter = InMemorySpanExporter()
@@ -79,4 +78,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    dbos_async.run(main())  # uvloop when installed; DBOS_UVLOOP=0 turns it off

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from dbos_async.cli.target import Target, one_line, target_options
+from dbos_async.cli.target import Target, one_line, run, target_options
 from dbos_async.client import DBOSClient
 from dbos_async.errors import ConfigurationError
 
@@ -57,4 +57,9 @@ def console(target: Target, host: str, port: int, allow_actions: bool) -> None:
                         auth=auth, lifespan=connect)
     click.echo(f"Console on http://{host}:{port}/ "
                f"({'actions allowed' if allow_actions else 'read-only'})")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # Served on the loop dbos_async.run picks (uvloop unless DBOS_UVLOOP turns it off),
+    # not on uvicorn's own choice, so that one setting decides for every command.
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    run(server.serve())
+    if not server.started:  # uvicorn has logged why (the port in use, say)
+        raise click.ClickException(f"the console could not listen on {host}:{port}")

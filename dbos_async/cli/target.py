@@ -8,7 +8,6 @@ is sharded (:func:`dbos_async.sysdb.setup.sharded`).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -21,6 +20,7 @@ import click
 from dbos_async.client import DBOSClient
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError, DBOSError
+from dbos_async.eventloop import run as run_loop
 from dbos_async.sysdb.setup import sharded
 
 T = TypeVar("T")
@@ -70,10 +70,11 @@ def one_line(error: BaseException) -> str:
 
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine; a dbos_async error becomes a one-line message and exit
-    status 1 (click's usage errors exit with 2)."""
+    """Run a command's coroutine on the event loop :func:`dbos_async.run` picks; a
+    dbos_async error becomes a one-line message and exit status 1 (click's usage errors exit
+    with 2)."""
     try:
-        return asyncio.run(coroutine)
+        return run_loop(coroutine)
     except DBOSError as error:
         raise click.ClickException(one_line(error)) from None
 
