@@ -40,6 +40,7 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.retry import is_connection_loss
+from dbos_async.sysdb.routed import RoutedWrites, Verdict
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
@@ -98,7 +99,7 @@ class _NotRecorded(Exception):
     """The parent's checkpoint of a batch did not land: roll the batch back."""
 
 
-class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
+class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, ScheduleOperations,
                      AdminOperations, ExportOperations, ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
@@ -112,6 +113,8 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         Safe to retry: a row carrying our creator token is ours even if the first attempt's
         reply was lost.
         """
+        if self.routes_single_tables:
+            return await self._start_routed(wf, creator_xid, parent)
         if parent is not None and self.sharded and parent.shard_key != wf.shard_key:
             return await self._start_child_across(wf, creator_xid, parent)
         query = self.sql.insert_workflow(wf, creator_xid, parent)
@@ -267,6 +270,20 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
             await conn.execute(q.sql, *q.params)
         return started
 
+    async def _start_routed(self, wf: NewWorkflow, creator_xid: str,
+                            parent: ParentStep | None) -> StartResult:
+        """:meth:`start_workflow` on a database that routes single-table statements: the
+        row and its inputs one table per statement, in one transaction; a child's with its
+        parent's fenced checkpoint (see :meth:`_start_child_across`), under any key."""
+        if parent is not None:
+            return await self._start_child_across(wf, creator_xid, parent)
+
+        async def attempt() -> StartResult:
+            async with self.locking_transaction() as conn:
+                return await self._start_on(conn, wf, creator_xid)
+
+        return await self._retried(f"starting workflow {wf.workflow_id}", attempt)
+
     async def _start_child_across(self, wf: NewWorkflow, creator_xid: str,
                                   parent: ParentStep) -> StartResult:
         """A child under another shard key than its parent's: the parent's checkpoint of the
@@ -371,6 +388,9 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     ) -> bool:
         """Record SUCCESS (no error) or ERROR; False if this execution no longer owned it."""
         status = ERROR if error is not None else SUCCESS
+        if self.routes_single_tables:
+            return await self._record_outcome_routed(workflow_id, status, owner_xid, output,
+                                                     error, now_ms())
         query = self.sql.record_outcome(workflow_id, status, owner_xid, output, error, now_ms())
         row = await self._fetchrow(query, f"recording the outcome of {workflow_id}")
         return row is not None and int(row["count"]) > 0
@@ -431,7 +451,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     # ---- Fenced writes (steps too), messages, events and streams ----
 
-    def _check_fence(self, row: asyncpg.Record | None, workflow_id: str) -> bool:
+    def _check_fence(self, row: Verdict | None, workflow_id: str) -> bool:
         """Raise if the fenced write found the workflow gone, cancelled or owned elsewhere."""
         if row is None:
             raise NonExistentWorkflowError(workflow_id)
@@ -442,7 +462,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         return bool(row["inserted"])
 
     async def _recorded_or_existing(
-        self, row: asyncpg.Record | None, workflow_id: str, function_id: int, function_name: str
+        self, row: Verdict | None, workflow_id: str, function_id: int, function_name: str
     ) -> StepRecord | None:
         """None if this statement recorded the step; else the record already there."""
         if self._check_fence(row, workflow_id):
@@ -483,6 +503,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
                           message_uuid: str, topic: str, message: Payload) -> None:
+        if self.routes_single_tables:
+            sent = self.sql.send_message(destination_id, message_uuid, topic, message)
+            try:
+                row = await self._send_fenced_routed(workflow_id, owner_xid, sent)
+            except asyncpg.ForeignKeyViolationError:
+                raise NonExistentWorkflowError(destination_id) from None
+            self._check_fence(row, workflow_id)
+            return
         query = self.sql.send_message_fenced(workflow_id, owner_xid, destination_id,
                                              message_uuid, topic, message)
         row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
@@ -491,6 +519,11 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     async def send_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
                             destination_id: str, message_uuid: str, topic: str, message: Payload
                             ) -> StepRecord | None:
+        if self.routes_single_tables:
+            return await self.send_recorded_across(
+                WorkflowAddress(workflow_id, self.sql.key_hint(workflow_id)), function_id,
+                owner_xid, WorkflowAddress(destination_id, self.sql.key_hint(destination_id)),
+                message_uuid, topic, message)
         query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
                                                destination_id, message_uuid, topic, message,
                                                now_ms())
@@ -544,6 +577,32 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         groups: dict[str | None, list[OutgoingMessage]] = {}
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
+        attempt: Callable[[], Awaitable[Verdict | None]] = (
+            self._send_many_routed(groups, sender, owner_xid, function_id, now_ms())
+            if self.routes_single_tables
+            else self._send_many_attempt(groups, sender, owner_xid, function_id))
+
+        destinations = sorted({m.destination_id for m in messages})
+        what = f"sending to {', '.join(destinations)}"
+        try:
+            verdict = await self._retried(what, attempt)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if sender is None:
+            return None
+        with sender.routed():
+            if function_id is None:
+                self._check_fence(verdict, sender.workflow_id)
+                return None
+            return await self._recorded_or_existing(verdict, sender.workflow_id,
+                                                    function_id, SEND_BULK)
+
+    def _send_many_attempt(self, groups: dict[str | None, list[OutgoingMessage]],
+                           sender: WorkflowAddress | None, owner_xid: str | None,
+                           function_id: int | None
+                           ) -> Callable[[], Awaitable[asyncpg.Record | None]]:
+        """:meth:`send_many`'s attempt: one statement per key, the sender's key's fenced
+        (and, from a workflow, recording the checkpoint)."""
         head: Query | None = None
         if sender is not None:
             own = groups.pop(sender.shard_key, [])
@@ -570,20 +629,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
                     await conn.execute(q.sql, *q.params)
                 return verdict
 
-        destinations = sorted({m.destination_id for m in messages})
-        what = f"sending to {', '.join(destinations)}"
-        try:
-            verdict = await self._retried(what, attempt)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(await self._missing(messages)) from None
-        if sender is None:
-            return None
-        with sender.routed():
-            if function_id is None:
-                self._check_fence(verdict, sender.workflow_id)
-                return None
-            return await self._recorded_or_existing(verdict, sender.workflow_id,
-                                                    function_id, SEND_BULK)
+        return attempt
 
     async def send_many_on(self, conn: asyncpg.Connection,
                            messages: Sequence[OutgoingMessage]) -> None:
@@ -594,8 +640,10 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
         try:
+            batches = (self.sql.send_messages_values if self.routes_single_tables
+                       else self.sql.send_messages)
             for key, batch in groups.items():
-                q = self.sql.send_messages(batch, key)
+                q = batches(batch, key)
                 await conn.execute(q.sql, *q.params)
         except asyncpg.ForeignKeyViolationError:
             raise NonExistentWorkflowError(await self._missing(messages)) from None
@@ -622,8 +670,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
                               topic: str) -> tuple[bool, str | None, str | None]:
         """recv's consuming write: (found, message, serialization); found is False if none."""
-        query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic, now_ms())
-        row = await self._fetchrow(query, f"receiving for {workflow_id}")
+        row: Verdict | None
+        if self.routes_single_tables:
+            row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
+                                                     topic, now_ms())
+        else:
+            query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic,
+                                             now_ms())
+            row = await self._fetchrow(query, f"receiving for {workflow_id}")
         self._check_fence(row, workflow_id)
         assert row is not None
         if row["inserted"]:
@@ -636,13 +690,22 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
                                  key: str, value: Payload) -> StepRecord | None:
-        query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key, value,
-                                            now_ms())
-        row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
+        row: Verdict | None
+        if self.routes_single_tables:
+            row = await self._set_event_routed(workflow_id, owner_xid, key, value,
+                                               function_id, now_ms())
+        else:
+            query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key,
+                                                value, now_ms())
+            row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
         return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
 
     async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload
                                ) -> None:
+        if self.routes_single_tables:
+            self._check_fence(await self._set_event_routed(workflow_id, owner_xid, key, value,
+                                                           None, now_ms()), workflow_id)
+            return
         query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
         self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
 
@@ -668,13 +731,22 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     async def write_stream_recorded(self, workflow_id: str, function_id: int,
                                     function_name: str, owner_xid: str, key: str, value: Payload
                                     ) -> StepRecord | None:
-        query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
-                                               owner_xid, key, value, now_ms())
-        row = await self._write_stream(query, workflow_id, key)
+        row: Verdict | None
+        if self.routes_single_tables:
+            row = await self._write_stream_routed(workflow_id, owner_xid, key, value,
+                                                  function_id, function_name, now_ms())
+        else:
+            query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
+                                                   owner_xid, key, value, now_ms())
+            row = await self._write_stream(query, workflow_id, key)
         return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
 
     async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
                                   function_id: int = 0) -> None:
+        if self.routes_single_tables:
+            self._check_fence(await self._write_stream_routed(
+                workflow_id, owner_xid, key, value, function_id, None, now_ms()), workflow_id)
+            return
         query = self.sql.write_stream_fenced(workflow_id, owner_xid, key, value, function_id)
         self._check_fence(await self._write_stream(query, workflow_id, key), workflow_id)
 

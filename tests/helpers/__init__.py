@@ -158,7 +158,7 @@ async def take_executor_id_away(url: str, dbos: DBOS) -> None:
                 taker.get_server_pid()))
 
         await wait_until(queued, what="the taker to queue on the executor ID's lock")
-        await execute(url, "SELECT pg_terminate_backend($1, 10000)", holder)
+        await execute(url, "SELECT pg_terminate_backend($1::integer, 10000)", holder)
         await asyncio.wait_for(waiting, 30)
         lock = dbos.runtime.executor_lock
         assert lock is not None
