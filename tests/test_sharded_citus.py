@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from helpers import new_dbos
 
-from dbos_async import SendMessage, SetShardKey, SetWorkflowID
+from dbos_async import EnqueueRequest, SendMessage, SetShardKey, SetWorkflowID
 from dbos_async.errors import ConfigurationError
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.migrations import LATEST_VERSION, migrate, verify
@@ -205,6 +205,8 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         first = await note(text)
         await aside(text)
         await dbos.send_bulk([SendMessage("peer", first, "bulk", shard_key="acme")])
+        [batched] = await dbos.enqueue_many(queue, [EnqueueRequest(child, (text,),
+                                                                   shard_key="acme")])
         await dbos.set_event("progress", first)
         await dbos.write_stream("out", first)
         await dbos.close_stream("out")
@@ -215,7 +217,8 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         await dbos.sleep(0.01)
         await dbos.send("peer", "hi", "hello", shard_key="acme")
         reply = await dbos.recv("go", timeout=30)
-        return f"{first}{await same.get_result()}{await other.get_result()}{reply}"
+        return (f"{first}{await same.get_result()}{await other.get_result()}"
+                f"{await batched.handle.get_result()}{reply}")
 
     async with dbos:
         pool = dbos.runtime.system_database.pool
@@ -232,11 +235,15 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         assert await dbos.get_event("w", "progress", timeout=30, shard_key="acme") == "x"
         assert [v async for v in dbos.read_stream("w", "out", shard_key="acme")] == ["x"]
         await dbos.send("w", 1, "go", shard_key="acme")
-        assert await handle.get_result() == "xxx1"
+        assert await handle.get_result() == "xxxx1"
         assert await peer_handle.get_result() == "hi"
         with SetShardKey("acme"):
             queued = await queue.enqueue(child, "q")
         assert await queued.get_result() == "q"
+        batch = await dbos.enqueue_many(queue, [
+            EnqueueRequest(child, ("m",), shard_key="acme", deduplication_id="once"),
+            EnqueueRequest(child, ("n",), shard_key="acme")])
+        assert sorted([await r.handle.get_result() for r in batch]) == ["m", "n"]
         with SetShardKey("acme"), SetWorkflowID("blocked"):
             await dbos.start_workflow(peer)
         await dbos.cancel_workflow("blocked", shard_key="acme")

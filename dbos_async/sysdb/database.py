@@ -74,25 +74,18 @@ __all__ = [
 ]
 
 
+KeyGroup = tuple[list[int], str | None]
+"""Rows of a batch (their indexes) under one shard key, and the key: one statement's rows."""
+
+
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
-                      found: Sequence[asyncpg.Record]) -> None:
+                      found: Sequence[Verdict]) -> None:
     """Raise if a row's ID belongs to another workflow name (the statement then inserted
     nothing)."""
     for i, r in zip(indexes, found, strict=True):
         wf = rows[i][0]
         if r["existing_name"] is not None and r["existing_name"] != wf.name and not r["ours"]:
             raise workflow_id_taken(wf.workflow_id, r["existing_name"], wf.name)
-
-
-async def _insert_on(conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
-                     queries: Sequence[tuple[list[int], Query]]) -> list[list[asyncpg.Record]]:
-    """Run a batch's statements on the caller's transaction; a taken ID rolls it back."""
-    batches = []
-    for indexes, q in queries:
-        found = await conn.fetch(q.sql, *q.params)
-        _refuse_taken_ids(rows, indexes, found)
-        batches.append(found)
-    return batches
 
 
 class _NotRecorded(Exception):
@@ -137,10 +130,9 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         the batch took reports that row as its holder; one whose holder finished before it
         could be read is inserted again."""
 
-        async def run(queries: Sequence[tuple[list[int], Query]]
-                      ) -> list[list[asyncpg.Record]]:
+        async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
             return await self._retried("enqueueing workflows",
-                                       functools.partial(self._insert_batches, rows, queries))
+                                       functools.partial(self._insert_batches, rows, groups))
 
         return await self._classified(rows, run)
 
@@ -158,9 +150,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         async def attempt() -> list[BatchStart]:
             async with self.locking_transaction() as conn:
 
-                async def run(queries: Sequence[tuple[list[int], Query]]
-                              ) -> list[list[asyncpg.Record]]:
-                    return await _insert_on(conn, rows, queries)
+                async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
+                    return await self._insert_on(conn, rows, groups)
 
                 # The rows name their parent, whose key is the parent's own.
                 with bind_shard_keys({parent.workflow_id: parent.shard_key}):
@@ -189,9 +180,9 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _classified(
         self, rows: Sequence[tuple[NewWorkflow, str]],
-        run: Callable[[Sequence[tuple[list[int], Query]]], Awaitable[list[list[asyncpg.Record]]]],
+        run: Callable[[Sequence[KeyGroup]], Awaitable[list[Sequence[Verdict]]]],
     ) -> list[BatchStart]:
-        """Insert the rows (``run`` runs the statements, one per key) and tell what became
+        """Insert the rows (``run`` inserts each key's group) and tell what became
         of each; rows whose deduplication holder finished before it could be read are
         inserted again."""
         results: list[BatchStart | None] = [None] * len(rows)
@@ -203,14 +194,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             groups: dict[str | None, list[int]] = {}
             for i in pending:
                 groups.setdefault(rows[i][0].shard_key, []).append(i)
-            queries = []
-            for key, indexes in groups.items():
-                with shard_key_scope(key):
-                    queries.append((indexes, self.sql.insert_workflows(
-                        [rows[i] for i in indexes], key)))
-            fetched = await run(queries)
+            keyed = [(indexes, key) for key, indexes in groups.items()]
+            fetched = await run(keyed)
             pending = []
-            for (indexes, _), found in zip(queries, fetched, strict=True):
+            for (indexes, _), found in zip(keyed, fetched, strict=True):
                 for i, r in zip(indexes, found, strict=True):
                     wf = rows[i][0]
                     dedup = (wf.shard_key, wf.deduplication_id or "")
@@ -232,16 +219,38 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                         "finished; retry it")
 
     async def _insert_batches(self, rows: Sequence[tuple[NewWorkflow, str]],
-                              queries: Sequence[tuple[list[int], Query]]
-                              ) -> list[list[asyncpg.Record]]:
-        """Run the batch's statements (one per key; several in one transaction)."""
-        if len(queries) == 1:
-            indexes, q = queries[0]
+                              groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
+        """Insert the batch's groups (one statement per key; several in one transaction)."""
+        if len(groups) == 1 and not self.routes_single_tables:
+            indexes, key = groups[0]
+            q = self._insert_statement(rows, indexes, key)
             found = await self.pool.fetch(q.sql, *q.params)
             _refuse_taken_ids(rows, indexes, found)
             return [found]
         async with self.locking_transaction() as conn:
-            return await _insert_on(conn, rows, queries)
+            return await self._insert_on(conn, rows, groups)
+
+    async def _insert_on(self, conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
+                         groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
+        """Insert a batch's groups in the caller's transaction; a taken ID rolls it back."""
+        batches: list[Sequence[Verdict]] = []
+        for indexes, key in groups:
+            found: Sequence[Verdict]
+            if self.routes_single_tables:
+                found = await self._insert_workflows_routed(conn, [rows[i] for i in indexes],
+                                                            key)
+            else:
+                q = self._insert_statement(rows, indexes, key)
+                found = await conn.fetch(q.sql, *q.params)
+            _refuse_taken_ids(rows, indexes, found)
+            batches.append(found)
+        return batches
+
+    def _insert_statement(self, rows: Sequence[tuple[NewWorkflow, str]], indexes: list[int],
+                          key: str | None) -> Query:
+        """The one statement inserting a key's rows."""
+        with shard_key_scope(key):
+            return self.sql.insert_workflows([rows[i] for i in indexes], key)
 
     async def start_workflow_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
@@ -640,10 +649,9 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
         try:
-            batches = (self.sql.send_messages_values if self.routes_single_tables
-                       else self.sql.send_messages)
-            for key, batch in groups.items():
-                q = batches(batch, key)
+            batches = (self._message_batches(groups) if self.routes_single_tables
+                       else [self.sql.send_messages(batch, key) for key, batch in groups.items()])
+            for q in batches:
                 await conn.execute(q.sql, *q.params)
         except asyncpg.ForeignKeyViolationError:
             raise NonExistentWorkflowError(await self._missing(messages)) from None

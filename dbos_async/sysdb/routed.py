@@ -20,12 +20,23 @@ from typing import Any, TypeAlias
 import asyncpg
 
 from dbos_async.sysdb.core import DatabaseCore, PooledConnection
-from dbos_async.sysdb.shard_keys import WorkflowAddress
-from dbos_async.sysdb.statements import PENDING, SEND_BULK, OutgoingMessage, Payload, Query
+from dbos_async.sysdb.shard_keys import WorkflowAddress, shard_key_scope
+from dbos_async.sysdb.statements import (
+    PENDING,
+    SEND_BULK,
+    NewWorkflow,
+    OutgoingMessage,
+    Payload,
+    Query,
+)
 
 Verdict: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
 """What a fenced write tells: the workflow's status, whether this execution owns it, whether
 the write (or its checkpoint) landed."""
+
+BATCH_ROWS = 500
+"""Rows per statement of a batch written as rows of VALUES: one parameter per column, and a
+statement takes at most 32,767."""
 
 Write = Callable[[PooledConnection], Awaitable[None]]
 """The writes of a fenced transaction, run once the fence (and checkpoint) let them."""
@@ -166,6 +177,13 @@ class RoutedWrites(DatabaseCore):
 
         return await self._retried(f"recording the outcome of {workflow_id}", attempt)
 
+    def _message_batches(self, groups: Mapping[str | None, Sequence[OutgoingMessage]]
+                         ) -> list[Query]:
+        """A batch send's statements: each key's messages as rows of VALUES, at most
+        :data:`BATCH_ROWS` a statement."""
+        return [self.sql.send_messages_values(batch[start:start + BATCH_ROWS], key)
+                for key, batch in groups.items() for start in range(0, len(batch), BATCH_ROWS)]
+
     def _send_many_routed(self, groups: dict[str | None, list[OutgoingMessage]],
                           sender: WorkflowAddress | None, owner_xid: str | None,
                           function_id: int | None, now_ms: int
@@ -181,8 +199,7 @@ class RoutedWrites(DatabaseCore):
                 if function_id is not None:
                     checkpoint = self.sql.insert_checkpoint(sender.workflow_id, function_id,
                                                             SEND_BULK, now_ms)
-        batches: Sequence[Query] = [self.sql.send_messages_values(batch, key)
-                                    for key, batch in groups.items()]
+        batches = self._message_batches(groups)
 
         async def attempt() -> Verdict | None:
             if fence is None and len(batches) == 1:  # one key: one autocommit statement
@@ -197,3 +214,41 @@ class RoutedWrites(DatabaseCore):
                 return verdict
 
         return attempt
+
+    async def _insert_workflows_routed(self, conn: PooledConnection,
+                                       rows: Sequence[tuple[NewWorkflow, str]],
+                                       key: str | None) -> list[Verdict]:
+        """A batch of one key (see :meth:`~dbos_async.sysdb.statements.WorkflowStatements.
+        insert_workflows`) in the caller's transaction: the rows it meets read first, then
+        the status rows and the inputs of those inserted, a statement per table (and per
+        :data:`BATCH_ROWS` rows); nothing if an ID belongs to another workflow name. One
+        row per row given, as that statement returns them."""
+        ids = [wf.workflow_id for wf, _ in rows]
+        with shard_key_scope(key):
+            met = self.sql.batch_conflicts(ids, [wf.deduplication_id for wf, _ in rows
+                                                 if wf.deduplication_id is not None])
+        found = await conn.fetch(met.sql, *met.params)
+        existing = {r["workflow_uuid"]: r for r in found if r["workflow_uuid"] in set(ids)}
+        holders = {(r["queue_name"], r["deduplication_id"]): r for r in found
+                   if r["deduplication_id"] is not None}
+        inserted: set[str] = set()
+        if all(existing[i]["name"] == wf.name for i, (wf, _) in zip(ids, rows, strict=True)
+               if i in existing):
+            for start in range(0, len(rows), BATCH_ROWS):
+                q = self.sql.insert_statuses(rows[start:start + BATCH_ROWS])
+                inserted |= {r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)}
+            new = [wf for wf, _ in rows if wf.workflow_id in inserted]
+            for start in range(0, len(new), BATCH_ROWS):
+                await _run(conn, self.sql.insert_batch_inputs(new[start:start + BATCH_ROWS]))
+        results: list[Verdict] = []
+        for wf, creator_xid in rows:
+            ex = existing.get(wf.workflow_id)
+            holder = holders.get((wf.queue_name, wf.deduplication_id))
+            results.append({
+                "workflow_uuid": wf.workflow_id, "inserted": wf.workflow_id in inserted,
+                "existing_name": ex["name"] if ex is not None else None,
+                "ours": ex["creator_xid"] == creator_xid if ex is not None else None,
+                "holder_id": holder["workflow_uuid"] if holder is not None else None,
+                "holder_name": holder["name"] if holder is not None else None,
+            })
+        return results

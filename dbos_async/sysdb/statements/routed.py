@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from dbos_async.sysdb.statements.base import (
     PORTABLE_JSON,
+    NewWorkflow,
     Params,
     Payload,
     Query,
@@ -145,5 +146,52 @@ class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):
             f"""INSERT INTO {self.table('notifications')} ({', '.join(rows[0])})
                 VALUES {', '.join(f"({', '.join(r.values())})" for r in rows)}
                 ON CONFLICT ({self.key_conflict('message_uuid')}) DO NOTHING""",
+            p.values,
+        )
+
+    def batch_conflicts(self, workflow_ids: Sequence[str],
+                        deduplication_ids: Sequence[str]) -> Query:
+        """What a batch of the current shard-key scope meets before it inserts: the rows
+        already under its IDs (their names and creator tokens) and the holders of its
+        deduplication IDs."""
+        p = Params()
+        return Query(
+            f"""SELECT workflow_uuid, name, creator_xid, queue_name, deduplication_id
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)}
+                  AND (workflow_uuid = ANY({p(list(workflow_ids), 'text[]')})
+                       OR deduplication_id = ANY({p(list(deduplication_ids), 'text[]')}))""",
+            p.values,
+        )
+
+    def insert_statuses(self, rows: Sequence[tuple[NewWorkflow, str]]) -> Query:
+        """The status rows of a batch of one key (each with its creator token), as rows of
+        VALUES (see :meth:`send_messages_values`); a row whose ID or deduplication ID is
+        taken is skipped. Returns the IDs inserted."""
+        p = Params()
+        given = [self._status_columns(wf, xid) for wf, xid in rows]
+        columns = list(dict.fromkeys(c for g in given for c in g))
+        tuples = ", ".join(
+            "(" + ", ".join(p(g.get(c), self.STATUS_CASTS.get(c, "text")) for c in columns) + ")"
+            for g in given)
+        return Query(
+            f"""INSERT INTO {self.table('workflow_status')} ({', '.join(columns)})
+                VALUES {tuples}
+                ON CONFLICT DO NOTHING
+                RETURNING workflow_uuid""",
+            p.values,
+        )
+
+    def insert_batch_inputs(self, workflows: Sequence[NewWorkflow]) -> Query:
+        """The inputs of a batch's workflows of one key that :meth:`insert_statuses`
+        inserted."""
+        p = Params()
+        rows = [{**self.wf_values(wf.workflow_id, wf.shard_key), "workflow_uuid": wf.workflow_id,
+                 "inputs": wf.inputs} for wf in workflows]
+        tuples = ", ".join("(" + ", ".join(p(v, "text") for v in r.values()) + ")" for r in rows)
+        return Query(
+            f"""INSERT INTO {self.table('workflow_input')} ({', '.join(rows[0])})
+                VALUES {tuples}
+                ON CONFLICT ({self.key_conflict('workflow_uuid')}) DO NOTHING""",
             p.values,
         )
