@@ -40,7 +40,7 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.retry import is_connection_loss
-from dbos_async.sysdb.routed import RoutedWrites, Verdict
+from dbos_async.sysdb.routed import RoutedWrites, Row
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
@@ -79,7 +79,7 @@ KeyGroup = tuple[list[int], str | None]
 
 
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
-                      found: Sequence[Verdict]) -> None:
+                      found: Sequence[Row]) -> None:
     """Raise if a row's ID belongs to another workflow name (the statement then inserted
     nothing)."""
     for i, r in zip(indexes, found, strict=True):
@@ -130,7 +130,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         the batch took reports that row as its holder; one whose holder finished before it
         could be read is inserted again."""
 
-        async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
+        async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
             return await self._retried("enqueueing workflows",
                                        functools.partial(self._insert_batches, rows, groups))
 
@@ -150,7 +150,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         async def attempt() -> list[BatchStart]:
             async with self.locking_transaction() as conn:
 
-                async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
+                async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
                     return await self._insert_on(conn, rows, groups)
 
                 # The rows name their parent, whose key is the parent's own.
@@ -180,7 +180,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _classified(
         self, rows: Sequence[tuple[NewWorkflow, str]],
-        run: Callable[[Sequence[KeyGroup]], Awaitable[list[Sequence[Verdict]]]],
+        run: Callable[[Sequence[KeyGroup]], Awaitable[list[Sequence[Row]]]],
     ) -> list[BatchStart]:
         """Insert the rows (``run`` inserts each key's group) and tell what became
         of each; rows whose deduplication holder finished before it could be read are
@@ -219,7 +219,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                         "finished; retry it")
 
     async def _insert_batches(self, rows: Sequence[tuple[NewWorkflow, str]],
-                              groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
+                              groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
         """Insert the batch's groups (one statement per key; several in one transaction)."""
         if len(groups) == 1 and not self.routes_single_tables:
             indexes, key = groups[0]
@@ -231,11 +231,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             return await self._insert_on(conn, rows, groups)
 
     async def _insert_on(self, conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
-                         groups: Sequence[KeyGroup]) -> list[Sequence[Verdict]]:
+                         groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
         """Insert a batch's groups in the caller's transaction; a taken ID rolls it back."""
-        batches: list[Sequence[Verdict]] = []
+        batches: list[Sequence[Row]] = []
         for indexes, key in groups:
-            found: Sequence[Verdict]
+            found: Sequence[Row]
             if self.routes_single_tables:
                 found = await self._insert_workflows_routed(conn, [rows[i] for i in indexes],
                                                             key)
@@ -460,7 +460,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     # ---- Fenced writes (steps too), messages, events and streams ----
 
-    def _check_fence(self, row: Verdict | None, workflow_id: str) -> bool:
+    def _check_fence(self, row: Row | None, workflow_id: str) -> bool:
         """Raise if the fenced write found the workflow gone, cancelled or owned elsewhere."""
         if row is None:
             raise NonExistentWorkflowError(workflow_id)
@@ -471,7 +471,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         return bool(row["inserted"])
 
     async def _recorded_or_existing(
-        self, row: Verdict | None, workflow_id: str, function_id: int, function_name: str
+        self, row: Row | None, workflow_id: str, function_id: int, function_name: str
     ) -> StepRecord | None:
         """None if this statement recorded the step; else the record already there."""
         if self._check_fence(row, workflow_id):
@@ -586,7 +586,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         groups: dict[str | None, list[OutgoingMessage]] = {}
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
-        attempt: Callable[[], Awaitable[Verdict | None]] = (
+        attempt: Callable[[], Awaitable[Row | None]] = (
             self._send_many_routed(groups, sender, owner_xid, function_id, now_ms())
             if self.routes_single_tables
             else self._send_many_attempt(groups, sender, owner_xid, function_id))
@@ -678,7 +678,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
                               topic: str) -> tuple[bool, str | None, str | None]:
         """recv's consuming write: (found, message, serialization); found is False if none."""
-        row: Verdict | None
+        row: Row | None
         if self.routes_single_tables:
             row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
                                                      topic, now_ms())
@@ -698,7 +698,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
                                  key: str, value: Payload) -> StepRecord | None:
-        row: Verdict | None
+        row: Row | None
         if self.routes_single_tables:
             row = await self._set_event_routed(workflow_id, owner_xid, key, value,
                                                function_id, now_ms())
@@ -739,7 +739,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     async def write_stream_recorded(self, workflow_id: str, function_id: int,
                                     function_name: str, owner_xid: str, key: str, value: Payload
                                     ) -> StepRecord | None:
-        row: Verdict | None
+        row: Row | None
         if self.routes_single_tables:
             row = await self._write_stream_routed(workflow_id, owner_xid, key, value,
                                                   function_id, function_name, now_ms())

@@ -30,9 +30,10 @@ from dbos_async.sysdb.statements import (
     Query,
 )
 
-Verdict: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
-"""What a fenced write tells: the workflow's status, whether this execution owns it, whether
-the write (or its checkpoint) landed."""
+Row: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
+"""A row as the one statement returns it, or as a transaction of single-table statements
+composes the same columns (a fenced write's verdict: the workflow's status, whether this
+execution owns it, whether the write or its checkpoint landed)."""
 
 BATCH_ROWS = 500
 """Rows per statement of a batch written as rows of VALUES: one parameter per column, and a
@@ -66,11 +67,11 @@ class RoutedWrites(DatabaseCore):
 
     async def _fenced_routed(self, what: str, workflow_id: str, owner_xid: str,
                              write: Write, checkpoint: Query | None = None
-                             ) -> Verdict | None:
+                             ) -> Row | None:
         """:func:`_fence`, then ``write`` if it may follow, in one transaction."""
         fence = self.sql.lock_owner(workflow_id, owner_xid)
 
-        async def attempt() -> Verdict | None:
+        async def attempt() -> Row | None:
             async with self.locking_transaction() as conn:
                 verdict = await _fence(conn, fence, checkpoint)
                 if verdict is not None and verdict["inserted"]:
@@ -81,7 +82,7 @@ class RoutedWrites(DatabaseCore):
 
     async def _set_event_routed(self, workflow_id: str, owner_xid: str, key: str,
                                 value: Payload, function_id: int | None, now_ms: int
-                                ) -> Verdict | None:
+                                ) -> Row | None:
         """set_event: from the workflow (``function_id``) its checkpoint, the latest value
         and the history row; from a step, the latest value alone."""
         latest = self.sql.set_event_value(workflow_id, key, value)
@@ -102,7 +103,7 @@ class RoutedWrites(DatabaseCore):
     async def _write_stream_routed(self, workflow_id: str, owner_xid: str, key: str,
                                    value: Payload, function_id: int,
                                    function_name: str | None, now_ms: int
-                                   ) -> Verdict | None:
+                                   ) -> Row | None:
         """A stream write: its offset read first (Citus refuses the subquery in VALUES),
         free while the status row lock is held, which every writer of the workflow's
         streams takes first. With ``function_name``, the workflow's own write, recorded."""
@@ -119,7 +120,7 @@ class RoutedWrites(DatabaseCore):
                                          workflow_id, owner_xid, write, checkpoint)
 
     async def _send_fenced_routed(self, workflow_id: str, owner_xid: str, message: Query
-                                  ) -> Verdict | None:
+                                  ) -> Row | None:
         """A message from a step of ``workflow_id``: only while the caller owns it."""
 
         async def write(conn: PooledConnection) -> None:
@@ -130,7 +131,7 @@ class RoutedWrites(DatabaseCore):
 
     async def _consume_message_routed(self, workflow_id: str, function_id: int,
                                       owner_xid: str, topic: str, now_ms: int
-                                      ) -> Verdict | None:
+                                      ) -> Row | None:
         """recv's consuming write: the oldest message, its checkpoint (carrying it), then
         the message marked consumed; nothing consumed if the step is recorded already
         (``recorded``: a retry whose first reply was lost)."""
@@ -138,7 +139,7 @@ class RoutedWrites(DatabaseCore):
         oldest = self.sql.oldest_message(workflow_id, topic)
         recorded = self.sql.get_checkpoint(workflow_id, function_id)
 
-        async def attempt() -> Verdict | None:
+        async def attempt() -> Row | None:
             async with self.locking_transaction() as conn:
                 fenced = await _fence(conn, fence, None)
                 if fenced is None or not fenced["inserted"]:
@@ -187,7 +188,7 @@ class RoutedWrites(DatabaseCore):
     def _send_many_routed(self, groups: dict[str | None, list[OutgoingMessage]],
                           sender: WorkflowAddress | None, owner_xid: str | None,
                           function_id: int | None, now_ms: int
-                          ) -> Callable[[], Awaitable[Verdict | None]]:
+                          ) -> Callable[[], Awaitable[Row | None]]:
         """A batch send's attempt: one multi-row VALUES per key; from a workflow or a step
         (``sender``) fenced by the sender's row lock first, and from a workflow
         (``function_id``) only with the batch's checkpoint."""
@@ -201,7 +202,7 @@ class RoutedWrites(DatabaseCore):
                                                             SEND_BULK, now_ms)
         batches = self._message_batches(groups)
 
-        async def attempt() -> Verdict | None:
+        async def attempt() -> Row | None:
             if fence is None and len(batches) == 1:  # one key: one autocommit statement
                 await self.pool.execute(batches[0].sql, *batches[0].params)
                 return None
@@ -217,7 +218,7 @@ class RoutedWrites(DatabaseCore):
 
     async def _insert_workflows_routed(self, conn: PooledConnection,
                                        rows: Sequence[tuple[NewWorkflow, str]],
-                                       key: str | None) -> list[Verdict]:
+                                       key: str | None) -> list[Row]:
         """A batch of one key (see :meth:`~dbos_async.sysdb.statements.WorkflowStatements.
         insert_workflows`) in the caller's transaction: the rows it meets read first, then
         the status rows and the inputs of those inserted, a statement per table (and per
@@ -240,7 +241,7 @@ class RoutedWrites(DatabaseCore):
             new = [wf for wf, _ in rows if wf.workflow_id in inserted]
             for start in range(0, len(new), BATCH_ROWS):
                 await _run(conn, self.sql.insert_batch_inputs(new[start:start + BATCH_ROWS]))
-        results: list[Verdict] = []
+        results: list[Row] = []
         for wf, creator_xid in rows:
             ex = existing.get(wf.workflow_id)
             holder = holders.get((wf.queue_name, wf.deduplication_id))
