@@ -79,6 +79,9 @@ class DatabaseCore:
         self.observability_query_timeout_ms = observability_query_timeout_ms
         # Set by the executor once started; None means every wait polls.
         self.notifications: NotificationDispatcher | None = None
+        # Whether the multi-table writes run as transactions of single-table statements
+        # (a sharded schema on Citus, read at open; see dbos_async/sysdb/routed.py).
+        self.routes_single_tables = False
 
     def waiter_key(self, workflow_id: str, name: str | None = None) -> str:
         """What notifications about ``workflow_id`` (and its topic or key ``name``) carry:
@@ -115,6 +118,10 @@ class DatabaseCore:
         self._pool = await run("opening the connection pool", lambda: (
             connection.create_pool(self.url, self._pool_size, self._connect_timeout,
                                    self._connection_name)))
+        if self.sharded:
+            citus = self.sql.routes_single_tables()
+            self.routes_single_tables = bool(await run(
+                "reading the database's extensions", lambda: self.pool.fetchval(citus.sql)))
 
     async def close(self) -> None:
         self._closing = True

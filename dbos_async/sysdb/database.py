@@ -42,6 +42,7 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.retry import is_connection_loss
+from dbos_async.sysdb.routed import RoutedWrites, Row
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
@@ -77,8 +78,12 @@ __all__ = [
 ]
 
 
+KeyGroup = tuple[list[int], str | None]
+"""Rows of a batch (their indexes) under one shard key, and the key: one statement's rows."""
+
+
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
-                      found: Sequence[asyncpg.Record]) -> None:
+                      found: Sequence[Row]) -> None:
     """Raise if a row's ID belongs to another workflow name (the statement then inserted
     nothing)."""
     for i, r in zip(indexes, found, strict=True):
@@ -87,22 +92,11 @@ def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence
             raise workflow_id_taken(wf.workflow_id, r["existing_name"], wf.name)
 
 
-async def _insert_on(conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
-                     queries: Sequence[tuple[list[int], Query]]) -> list[list[asyncpg.Record]]:
-    """Run a batch's statements on the caller's transaction; a taken ID rolls it back."""
-    batches = []
-    for indexes, q in queries:
-        found = await conn.fetch(q.sql, *q.params)
-        _refuse_taken_ids(rows, indexes, found)
-        batches.append(found)
-    return batches
-
-
 class _NotRecorded(Exception):
     """The parent's checkpoint of a batch did not land: roll the batch back."""
 
 
-class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
+class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, ScheduleOperations,
                      AdminOperations, ExportOperations, ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
@@ -128,6 +122,8 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         Safe to retry: a row carrying our creator token is ours even if the first attempt's
         reply was lost.
         """
+        if self.routes_single_tables:
+            return await self._start_routed(wf, creator_xid, parent)
         if parent is not None and self.sharded and parent.shard_key != wf.shard_key:
             return await self._start_child_across(wf, creator_xid, parent)
         query = self.sql.insert_workflow(wf, creator_xid, parent)
@@ -150,10 +146,9 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         the batch took reports that row as its holder; one whose holder finished before it
         could be read is inserted again."""
 
-        async def run(queries: Sequence[tuple[list[int], Query]]
-                      ) -> list[list[asyncpg.Record]]:
+        async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
             return await self._retried("enqueueing workflows",
-                                       functools.partial(self._insert_batches, rows, queries))
+                                       functools.partial(self._insert_batches, rows, groups))
 
         return await self._classified(rows, run)
 
@@ -171,9 +166,8 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         async def attempt() -> list[BatchStart]:
             async with self.locking_transaction() as conn:
 
-                async def run(queries: Sequence[tuple[list[int], Query]]
-                              ) -> list[list[asyncpg.Record]]:
-                    return await _insert_on(conn, rows, queries)
+                async def run(groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
+                    return await self._insert_on(conn, rows, groups)
 
                 # The rows name their parent, whose key is the parent's own.
                 with bind_shard_keys({parent.workflow_id: parent.shard_key}):
@@ -202,9 +196,9 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     async def _classified(
         self, rows: Sequence[tuple[NewWorkflow, str]],
-        run: Callable[[Sequence[tuple[list[int], Query]]], Awaitable[list[list[asyncpg.Record]]]],
+        run: Callable[[Sequence[KeyGroup]], Awaitable[list[Sequence[Row]]]],
     ) -> list[BatchStart]:
-        """Insert the rows (``run`` runs the statements, one per key) and tell what became
+        """Insert the rows (``run`` inserts each key's group) and tell what became
         of each; rows whose deduplication holder finished before it could be read are
         inserted again."""
         results: list[BatchStart | None] = [None] * len(rows)
@@ -216,14 +210,10 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
             groups: dict[str | None, list[int]] = {}
             for i in pending:
                 groups.setdefault(rows[i][0].shard_key, []).append(i)
-            queries = []
-            for key, indexes in groups.items():
-                with shard_key_scope(key):
-                    queries.append((indexes, self.sql.insert_workflows(
-                        [rows[i] for i in indexes], key)))
-            fetched = await run(queries)
+            keyed = [(indexes, key) for key, indexes in groups.items()]
+            fetched = await run(keyed)
             pending = []
-            for (indexes, _), found in zip(queries, fetched, strict=True):
+            for (indexes, _), found in zip(keyed, fetched, strict=True):
                 for i, r in zip(indexes, found, strict=True):
                     wf = rows[i][0]
                     dedup = (wf.shard_key, wf.deduplication_id or "")
@@ -245,16 +235,38 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
                         "finished; retry it")
 
     async def _insert_batches(self, rows: Sequence[tuple[NewWorkflow, str]],
-                              queries: Sequence[tuple[list[int], Query]]
-                              ) -> list[list[asyncpg.Record]]:
-        """Run the batch's statements (one per key; several in one transaction)."""
-        if len(queries) == 1:
-            indexes, q = queries[0]
+                              groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
+        """Insert the batch's groups (one statement per key; several in one transaction)."""
+        if len(groups) == 1 and not self.routes_single_tables:
+            indexes, key = groups[0]
+            q = self._insert_statement(rows, indexes, key)
             found = await self.pool.fetch(q.sql, *q.params)
             _refuse_taken_ids(rows, indexes, found)
             return [found]
         async with self.locking_transaction() as conn:
-            return await _insert_on(conn, rows, queries)
+            return await self._insert_on(conn, rows, groups)
+
+    async def _insert_on(self, conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
+                         groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
+        """Insert a batch's groups in the caller's transaction; a taken ID rolls it back."""
+        batches: list[Sequence[Row]] = []
+        for indexes, key in groups:
+            found: Sequence[Row]
+            if self.routes_single_tables:
+                found = await self._insert_workflows_routed(conn, [rows[i] for i in indexes],
+                                                            key)
+            else:
+                q = self._insert_statement(rows, indexes, key)
+                found = await conn.fetch(q.sql, *q.params)
+            _refuse_taken_ids(rows, indexes, found)
+            batches.append(found)
+        return batches
+
+    def _insert_statement(self, rows: Sequence[tuple[NewWorkflow, str]], indexes: list[int],
+                          key: str | None) -> Query:
+        """The one statement inserting a key's rows."""
+        with shard_key_scope(key):
+            return self.sql.insert_workflows([rows[i] for i in indexes], key)
 
     async def start_workflow_on(self, conn: asyncpg.Connection | JobConnection, wf: NewWorkflow,
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
@@ -282,6 +294,20 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
             q = self.sql.insert_inputs(wf)
             await conn.execute(q.sql, *q.params)
         return started
+
+    async def _start_routed(self, wf: NewWorkflow, creator_xid: str,
+                            parent: ParentStep | None) -> StartResult:
+        """:meth:`start_workflow` on a database that routes single-table statements: the
+        row and its inputs one table per statement, in one transaction; a child's with its
+        parent's fenced checkpoint (see :meth:`_start_child_across`), under any key."""
+        if parent is not None:
+            return await self._start_child_across(wf, creator_xid, parent)
+
+        async def attempt() -> StartResult:
+            async with self.locking_transaction() as conn:
+                return await self._start_on(conn, wf, creator_xid)
+
+        return await self._retried(f"starting workflow {wf.workflow_id}", attempt)
 
     async def _start_child_across(self, wf: NewWorkflow, creator_xid: str,
                                   parent: ParentStep) -> StartResult:
@@ -417,9 +443,11 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     async def _write_outcomes(self, shard_key: Hashable, rows: Sequence[FinalOutcome]
                               ) -> list[bool]:
         """One group-commit batch of outcomes of one key: whether each was recorded. One
-        row, or a batch naming a workflow twice, goes row by row."""
+        row, a batch naming a workflow twice, or any batch on Citus (whose outcome is two
+        router statements, see routed), goes row by row."""
         key = shard_key if isinstance(shard_key, str) else None
-        if len(rows) == 1 or len({r.workflow_id for r in rows}) < len(rows):
+        if len(rows) == 1 or len({r.workflow_id for r in rows}) < len(rows) \
+                or self.routes_single_tables:
             return [await self._write_outcome(key, r) for r in rows]
         with cleared_shard_keys(), shard_key_scope(key):
             q = self.sql.record_outcomes(rows, now_ms())
@@ -429,6 +457,9 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     async def _write_outcome(self, key: str | None, r: FinalOutcome) -> bool:
         with WorkflowAddress(r.workflow_id, key).routed():
+            if self.routes_single_tables:
+                return await self._record_outcome_routed(r.workflow_id, r.status, r.owner_xid,
+                                                         r.output, r.error, now_ms())
             query = self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid, r.output,
                                             r.error, now_ms())
         row = await self._fetchrow(query, f"recording the outcome of {r.workflow_id}")
@@ -490,7 +521,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     # ---- Fenced writes (steps too), messages, events and streams ----
 
-    def _check_fence(self, row: asyncpg.Record | None, workflow_id: str) -> bool:
+    def _check_fence(self, row: Row | None, workflow_id: str) -> bool:
         """Raise if the fenced write found the workflow gone, cancelled or owned elsewhere."""
         if row is None:
             raise NonExistentWorkflowError(workflow_id)
@@ -501,7 +532,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         return bool(row["inserted"])
 
     async def _recorded_or_existing(
-        self, row: asyncpg.Record | None, workflow_id: str, function_id: int, function_name: str
+        self, row: Row | None, workflow_id: str, function_id: int, function_name: str
     ) -> StepRecord | None:
         """None if this statement recorded the step; else the record already there."""
         if self._check_fence(row, workflow_id):
@@ -542,6 +573,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
                           message_uuid: str, topic: str, message: Payload) -> None:
+        if self.routes_single_tables:
+            sent = self.sql.send_message(destination_id, message_uuid, topic, message)
+            try:
+                row = await self._send_fenced_routed(workflow_id, owner_xid, sent)
+            except asyncpg.ForeignKeyViolationError:
+                raise NonExistentWorkflowError(destination_id) from None
+            self._check_fence(row, workflow_id)
+            return
         query = self.sql.send_message_fenced(workflow_id, owner_xid, destination_id,
                                              message_uuid, topic, message)
         row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
@@ -550,6 +589,11 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     async def send_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
                             destination_id: str, message_uuid: str, topic: str, message: Payload
                             ) -> StepRecord | None:
+        if self.routes_single_tables:
+            return await self.send_recorded_across(
+                WorkflowAddress(workflow_id, self.sql.key_hint(workflow_id)), function_id,
+                owner_xid, WorkflowAddress(destination_id, self.sql.key_hint(destination_id)),
+                message_uuid, topic, message)
         query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
                                                destination_id, message_uuid, topic, message,
                                                now_ms())
@@ -603,6 +647,32 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         groups: dict[str | None, list[OutgoingMessage]] = {}
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
+        attempt: Callable[[], Awaitable[Row | None]] = (
+            self._send_many_routed(groups, sender, owner_xid, function_id, now_ms())
+            if self.routes_single_tables
+            else self._send_many_attempt(groups, sender, owner_xid, function_id))
+
+        destinations = sorted({m.destination_id for m in messages})
+        what = f"sending to {', '.join(destinations)}"
+        try:
+            verdict = await self._retried(what, attempt)
+        except asyncpg.ForeignKeyViolationError:
+            raise NonExistentWorkflowError(await self._missing(messages)) from None
+        if sender is None:
+            return None
+        with sender.routed():
+            if function_id is None:
+                self._check_fence(verdict, sender.workflow_id)
+                return None
+            return await self._recorded_or_existing(verdict, sender.workflow_id,
+                                                    function_id, SEND_BULK)
+
+    def _send_many_attempt(self, groups: dict[str | None, list[OutgoingMessage]],
+                           sender: WorkflowAddress | None, owner_xid: str | None,
+                           function_id: int | None
+                           ) -> Callable[[], Awaitable[asyncpg.Record | None]]:
+        """:meth:`send_many`'s attempt: one statement per key, the sender's key's fenced
+        (and, from a workflow, recording the checkpoint)."""
         head: Query | None = None
         if sender is not None:
             own = groups.pop(sender.shard_key, [])
@@ -629,20 +699,7 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
                     await conn.execute(q.sql, *q.params)
                 return verdict
 
-        destinations = sorted({m.destination_id for m in messages})
-        what = f"sending to {', '.join(destinations)}"
-        try:
-            verdict = await self._retried(what, attempt)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(await self._missing(messages)) from None
-        if sender is None:
-            return None
-        with sender.routed():
-            if function_id is None:
-                self._check_fence(verdict, sender.workflow_id)
-                return None
-            return await self._recorded_or_existing(verdict, sender.workflow_id,
-                                                    function_id, SEND_BULK)
+        return attempt
 
     async def send_many_on(self, conn: asyncpg.Connection,
                            messages: Sequence[OutgoingMessage]) -> None:
@@ -653,8 +710,9 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
         try:
-            for key, batch in groups.items():
-                q = self.sql.send_messages(batch, key)
+            batches = (self._message_batches(groups) if self.routes_single_tables
+                       else [self.sql.send_messages(batch, key) for key, batch in groups.items()])
+            for q in batches:
                 await conn.execute(q.sql, *q.params)
         except asyncpg.ForeignKeyViolationError:
             raise NonExistentWorkflowError(await self._missing(messages)) from None
@@ -681,8 +739,14 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
                               topic: str) -> tuple[bool, str | None, str | None]:
         """recv's consuming write: (found, message, serialization); found is False if none."""
-        query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic, now_ms())
-        row = await self._fetchrow(query, f"receiving for {workflow_id}")
+        row: Row | None
+        if self.routes_single_tables:
+            row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
+                                                     topic, now_ms())
+        else:
+            query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic,
+                                             now_ms())
+            row = await self._fetchrow(query, f"receiving for {workflow_id}")
         self._check_fence(row, workflow_id)
         assert row is not None
         if row["inserted"]:
@@ -695,13 +759,22 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
 
     async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
                                  key: str, value: Payload) -> StepRecord | None:
-        query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key, value,
-                                            now_ms())
-        row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
+        row: Row | None
+        if self.routes_single_tables:
+            row = await self._set_event_routed(workflow_id, owner_xid, key, value,
+                                               function_id, now_ms())
+        else:
+            query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key,
+                                                value, now_ms())
+            row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
         return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
 
     async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload
                                ) -> None:
+        if self.routes_single_tables:
+            self._check_fence(await self._set_event_routed(workflow_id, owner_xid, key, value,
+                                                           None, now_ms()), workflow_id)
+            return
         query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
         self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
 
@@ -727,13 +800,22 @@ class SystemDatabase(WorkflowOperations, QueueOperations, ScheduleOperations,
     async def write_stream_recorded(self, workflow_id: str, function_id: int,
                                     function_name: str, owner_xid: str, key: str, value: Payload
                                     ) -> StepRecord | None:
-        query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
-                                               owner_xid, key, value, now_ms())
-        row = await self._write_stream(query, workflow_id, key)
+        row: Row | None
+        if self.routes_single_tables:
+            row = await self._write_stream_routed(workflow_id, owner_xid, key, value,
+                                                  function_id, function_name, now_ms())
+        else:
+            query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
+                                                   owner_xid, key, value, now_ms())
+            row = await self._write_stream(query, workflow_id, key)
         return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
 
     async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
                                   function_id: int = 0) -> None:
+        if self.routes_single_tables:
+            self._check_fence(await self._write_stream_routed(
+                workflow_id, owner_xid, key, value, function_id, None, now_ms()), workflow_id)
+            return
         query = self.sql.write_stream_fenced(workflow_id, owner_xid, key, value, function_id)
         self._check_fence(await self._write_stream(query, workflow_id, key), workflow_id)
 

@@ -52,15 +52,16 @@ from dbos_async.sysdb.statements.queues import (
     is_dedup_conflict,
 )
 from dbos_async.sysdb.statements.recovery import RecoveryStatements
+from dbos_async.sysdb.statements.routed import RoutedStatements
 from dbos_async.sysdb.statements.schedules import ScheduleStatements
 from dbos_async.sysdb.statements.versions import VersionRecord, VersionStatements
 from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
 
-class Statements(WorkflowStatements, RecoveryStatements, MessagingStatements, QueueStatements,
-                 VersionStatements, ExportStatements, ControlStatements, ExecutorIdStatements,
-                 ScheduleStatements, PermissionStatements, AdminStatements,
-                 ObservabilityStatements):
+class Statements(RoutedStatements, WorkflowStatements, RecoveryStatements,
+                 MessagingStatements, QueueStatements, VersionStatements, ExportStatements,
+                 ControlStatements, ExecutorIdStatements, ScheduleStatements,
+                 PermissionStatements, AdminStatements, ObservabilityStatements):
     """Every statement of the system database, for one schema."""
 
 

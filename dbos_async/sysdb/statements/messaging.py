@@ -19,6 +19,11 @@ from dbos_async.sysdb.statements.base import (
 SEND_BULK = "DBOS.send_bulk"
 """The checkpoint name of a workflow's batch send (the `dbos` package's)."""
 
+# The order recv consumes a workflow's messages in: created_at has millisecond resolution;
+# within one millisecond the inserting transaction's ID keeps one sender's messages in the
+# order it sent them.
+MESSAGE_ORDER = "n.created_at_epoch_ms, n.xmin::text::bigint, n.message_uuid"
+
 
 @dataclass(frozen=True)
 class OutgoingMessage:
@@ -159,9 +164,7 @@ class MessagingStatements(StatementBase):
                     AND NOT EXISTS (
                       SELECT 1 FROM {self.table('operation_outputs')} oo
                       WHERE {self.wf('oo', workflow_id, p)} AND oo.function_id = {fid})
-                  -- created_at has millisecond resolution; within one millisecond the inserting
-                  -- transaction's ID keeps one sender's messages in the order it sent them.
-                  ORDER BY n.created_at_epoch_ms, n.xmin::text::bigint, n.message_uuid
+                  ORDER BY {MESSAGE_ORDER}
                   LIMIT 1
                   FOR UPDATE SKIP LOCKED
                 ), consumed AS (
@@ -185,11 +188,12 @@ class MessagingStatements(StatementBase):
 
     def _event_writes(
         self, workflow_id: str, key: str, value: Payload, function_id: int | None,
-        source: str,
+        source: str | None,
         p: Params,
     ) -> list[tuple[str, str]]:
         """The event's latest value and, for a workflow's own set_event (``function_id``),
-        its history row; each replaces what an earlier write to the same place left."""
+        its history row; each replaces what an earlier write to the same place left. No
+        ``source``: rows of VALUES, for a transaction that checked the fence itself."""
         replace = "DO UPDATE SET value = EXCLUDED.value, serialization = EXCLUDED.serialization"
         latest = self._key_values(workflow_id, p)
         latest.update({"workflow_uuid": p(workflow_id, "text"), "key": p(key, "text"),
@@ -240,10 +244,26 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
+    def _next_offset(self, workflow_id: str, key_ref: str, p: Params) -> str:
+        """The offset after the last value of a stream (0 for a new one)."""
+        return f"""COALESCE((SELECT max(s."offset") FROM {self.table('streams')} s
+                             WHERE {self.wf('s', workflow_id, p)} AND s.key = {key_ref}),
+                            -1) + 1"""
+
+    def next_stream_offset(self, workflow_id: str, key: str) -> Query:
+        """The offset a stream's next value takes, read before an INSERT ... VALUES of it
+        (Citus refuses a subquery in VALUES). The caller holds the workflow's status row
+        lock, which every writer of its streams takes first, so the offset stays free."""
+        p = Params()
+        return Query(f"SELECT {self._next_offset(workflow_id, p(key, 'text'), p)} AS next_offset",
+                     p.values)
+
     def _stream_write(
-        self, workflow_id: str, key: str, value: Payload, function_id: int, source: str,
-        p: Params,
+        self, workflow_id: str, key: str, value: Payload, function_id: int,
+        source: str | None, p: Params, offset: int | None = None,
     ) -> list[tuple[str, str]]:
+        """The stream's next value; with ``offset`` (read by :meth:`next_stream_offset`)
+        at that offset, else at the one derived in the insert."""
         key_ref = p(key, "text")
         values = self._key_values(workflow_id, p)
         values.update({
@@ -252,9 +272,8 @@ class MessagingStatements(StatementBase):
             "value": p(value.text, "text"),
             # The next offset, derived in the insert; a concurrent writer that took the same
             # one fails the primary key and the caller retries.
-            '"offset"': f"""COALESCE((SELECT max(s."offset") FROM {self.table('streams')} s
-                                WHERE {self.wf('s', workflow_id, p)} AND s.key = {key_ref}),
-                               -1) + 1""",
+            '"offset"': (p(offset, "integer") if offset is not None
+                         else self._next_offset(workflow_id, key_ref, p)),
             "function_id": p(function_id, "integer"),
             "serialization": p(value.serialization, "text"),
         })

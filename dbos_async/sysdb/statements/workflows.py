@@ -379,32 +379,46 @@ class WorkflowStatements(StatementBase):
         written only if the UPDATE was, so a stale execution leaves no payload behind.
         """
         p = Params()
-        target = self.wf(None, workflow_id, p)
-        output_values = self._key_values(workflow_id, p)
-        output_values.update({"workflow_uuid": p(workflow_id, "text"),
-                              "output": p(output, "text"), "error": p(error, "text")})
+        output_values = self._output_values(workflow_id, output, error, p)
         return Query(
             f"""WITH updated AS (
-                  UPDATE {self.table('workflow_status')}
+                  {self._finish_update(workflow_id, status, owner_xid, now_ms, p)}
+                ), stored AS (
+                  INSERT INTO {self.table('workflow_output')} ({', '.join(output_values)})
+                  SELECT {', '.join(output_values.values())}
+                  WHERE EXISTS (SELECT 1 FROM updated)
+                  {self._output_conflict()}
+                  RETURNING 1
+                )
+                SELECT count(*) AS count FROM updated""",
+            p.values,
+        )
+
+    def _finish_update(self, workflow_id: str, status: str, owner_xid: str, now_ms: int,
+                       p: Params) -> str:
+        """The UPDATE of a terminal outcome, applied only to a PENDING row this execution
+        still owns; RETURNING 1 when it was."""
+        return f"""UPDATE {self.table('workflow_status')}
                   SET status = {p(status)},
                       -- A finished workflow holds no deduplication ID and has no owner.
                       deduplication_id = NULL,
                       owner_xid = NULL,
                       updated_at = {p(now_ms, 'bigint')},
                       completed_at = {p(now_ms, 'bigint')}
-                  WHERE {target} AND status = {p(PENDING)} AND owner_xid = {p(owner_xid)}
-                  RETURNING 1
-                ), stored AS (
-                  INSERT INTO {self.table('workflow_output')} ({', '.join(output_values)})
-                  SELECT {', '.join(output_values.values())}
-                  WHERE EXISTS (SELECT 1 FROM updated)
-                  ON CONFLICT ({self.key_conflict('workflow_uuid')})
-                    DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error
-                  RETURNING 1
-                )
-                SELECT count(*) AS count FROM updated""",
-            p.values,
-        )
+                  WHERE {self.wf(None, workflow_id, p)} AND status = {p(PENDING)}
+                    AND owner_xid = {p(owner_xid)}
+                  RETURNING 1"""
+
+    def _output_values(self, workflow_id: str, output: str | None, error: str | None,
+                       p: Params) -> dict[str, str]:
+        values = self._key_values(workflow_id, p)
+        values.update({"workflow_uuid": p(workflow_id, "text"),
+                       "output": p(output, "text"), "error": p(error, "text")})
+        return values
+
+    def _output_conflict(self) -> str:
+        return (f"ON CONFLICT ({self.key_conflict('workflow_uuid')}) "
+                "DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error")
 
     def record_outcomes(self, rows: Sequence[FinalOutcome], now_ms: int) -> Query:
         """:meth:`record_outcome` for a batch of workflows of one shard key (under the
