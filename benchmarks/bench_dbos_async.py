@@ -104,8 +104,10 @@ async def settle_loggers() -> None:
 
 
 async def all_connections(pool: asyncpg.Pool) -> list[Any]:
-    """Check out every open connection of an idle pool."""
-    return [await pool.acquire() for _ in range(pool.get_size())]
+    """Check out every connection an idle pool can have, opening the ones it has not opened
+    yet: a query logger added to them all then sees every statement, even when the pool
+    grows during the measured run."""
+    return [await pool.acquire() for _ in range(pool.get_max_size())]
 
 
 def workload(dbos: DBOS) -> Any:

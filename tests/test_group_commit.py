@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 from helpers import execute, fetch, new_dbos, pool_statements, step_rows, wait_until, workflow_row
 
-from dbos_async import NondeterminismError, SetWorkflowID, WorkflowCancelledError
+from dbos_async import DBOSError, NondeterminismError, SetWorkflowID, WorkflowCancelledError
 
 BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
 """Text of the batched checkpoint statement (one row per workflow in its arrays)."""
@@ -174,3 +174,100 @@ async def test_a_lone_workflow_sends_one_statement_per_write(database_url: str) 
     # The start, three checkpoints and the outcome: one statement each, none batched.
     assert len(writes) == 5, writes
     assert batches(logged) == []
+
+
+START_MARK = "SELECT status.* FROM v JOIN status"
+"""Text of the batched start statement."""
+
+
+async def _starts_behind_a_held_one(dbos: Any, database_url: str, work: Any,
+                                    workflow_ids: list[str]) -> list[Any]:
+    """Start ``workflow_ids`` together while the start of the existing workflow "lead"
+    waits for its row lock, so they queue behind it and go as one batch; the outcome of
+    each start (its handle or its error), in order."""
+
+    async def start(workflow_id: str) -> Any:
+        with SetWorkflowID(workflow_id):
+            return await dbos.start_workflow(work, workflow_id)
+
+    blocker = await asyncpg.connect(database_url)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM dbos.workflow_status "
+                              "WHERE workflow_uuid = 'lead' FOR UPDATE")
+        lead = asyncio.create_task(start("lead"))
+        await wait_until(lambda: _at_least(lock_waiters(database_url), 1),
+                         what="the lead's start waiting for its row")
+        rest = [asyncio.create_task(start(w)) for w in workflow_ids]
+        await tx.rollback()  # the others have queued behind the lead meanwhile
+        await lead
+        return list(await asyncio.gather(*rest, return_exceptions=True))
+    finally:
+        await blocker.close()
+
+
+async def test_concurrent_starts_go_as_one_statement(database_url: str) -> None:
+    """Starts queued behind one in flight go together; each gets its own verdict: a new
+    workflow runs once, a second start of the same ID gets the same workflow, an ID taken
+    by another function is refused for that caller only."""
+    dbos = new_dbos(database_url)
+    runs: list[str] = []
+
+    @dbos.workflow()
+    async def work(workflow_id: str) -> str:
+        runs.append(workflow_id)
+        return workflow_id + "!"
+
+    @dbos.workflow()
+    async def other() -> None:
+        return None
+
+    fresh = [f"fresh-{i}" for i in range(8)]
+    async with dbos:
+        with SetWorkflowID("lead"):
+            await (await dbos.start_workflow(work, "lead")).get_result()
+        with SetWorkflowID("taken"):
+            await (await dbos.start_workflow(other)).get_result()
+        async with pool_statements(dbos) as logged:
+            outcomes = await _starts_behind_a_held_one(
+                dbos, database_url, work, [*fresh, "fresh-0", "taken"])
+            results = [await asyncio.wait_for(h.get_result(), 30) for h in outcomes[:9]]
+    assert results == [w + "!" for w in [*fresh, "fresh-0"]]
+    assert isinstance(outcomes[9], DBOSError) and "already used by workflow" in str(outcomes[9])
+    assert sorted(runs) == sorted(["lead", *fresh])  # "fresh-0" ran once
+    started = [args for sql, args in logged if START_MARK in sql]
+    # The queued starts went as one statement (the repeated ID alone after it).
+    assert len(started) == 1 and set(started[0][0]) == {*fresh, "taken"}
+    rows = await fetch(database_url, "SELECT count(*) AS n FROM dbos.workflow_input")
+    assert rows[0]["n"] == 2 + len(fresh)
+
+
+async def test_a_start_the_database_refuses_fails_alone(database_url: str) -> None:
+    """A batch PostgreSQL refuses because of one row goes again row by row: that row's
+    caller gets the error, the others start, and the refused row leaves nothing behind."""
+    dbos = new_dbos(database_url)
+
+    @dbos.workflow()
+    async def work(workflow_id: str) -> str:
+        return workflow_id + "!"
+
+    async with dbos:
+        with SetWorkflowID("lead"):
+            await (await dbos.start_workflow(work, "lead")).get_result()
+        await execute(database_url, """
+            CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+              IF NEW.workflow_uuid = 'poison' THEN RAISE EXCEPTION 'poison refused'; END IF;
+              RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_poison BEFORE INSERT ON dbos.workflow_status
+              FOR EACH ROW EXECUTE FUNCTION refuse_poison();""")
+        healthy = [f"healthy-{i}" for i in range(5)]
+        outcomes = await _starts_behind_a_held_one(dbos, database_url, work,
+                                                   [*healthy, "poison"])
+        results = [await asyncio.wait_for(h.get_result(), 30) for h in outcomes[:5]]
+    assert results == [w + "!" for w in healthy]
+    assert isinstance(outcomes[5], DBOSError) and "poison refused" in str(outcomes[5])
+    assert "'poison'" in str(outcomes[5])
+    assert await workflow_row(database_url, "poison") is None

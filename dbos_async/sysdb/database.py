@@ -106,8 +106,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         # kind and shard key.
         self._checkpoints = GroupCommit[Checkpoint, bool](self._write_checkpoints)
         self._outcomes = GroupCommit[FinalOutcome, bool](self._write_outcomes)
+        self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
 
     async def close(self) -> None:
+        await self._starts.aclose()
         await self._checkpoints.aclose()
         await self._outcomes.aclose()
         await super().close()
@@ -124,8 +126,15 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         """
         if self.routes_single_tables:
             return await self._start_routed(wf, creator_xid, parent)
+        if parent is None and wf.deduplication_id is None:
+            return await self._starts.submit((wf.shard_key, self.sql.status_shape(wf)),
+                                             (wf, creator_xid))
         if parent is not None and self.sharded and parent.shard_key != wf.shard_key:
             return await self._start_child_across(wf, creator_xid, parent)
+        return await self._start_one(wf, creator_xid, parent)
+
+    async def _start_one(self, wf: NewWorkflow, creator_xid: str,
+                         parent: ParentStep | None = None) -> StartResult:
         query = self.sql.insert_workflow(wf, creator_xid, parent)
         row = await self._fetchrow(query, f"starting workflow {wf.workflow_id}")
         if row is None:
@@ -136,6 +145,46 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 raise WorkflowCancelledError(parent.workflow_id)
             raise WorkflowConflictError(parent.workflow_id)
         return StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
+
+    async def _write_starts(self, lane: Hashable, rows: Sequence[tuple[NewWorkflow, str]]
+                           ) -> list[StartResult | BaseException]:
+        """One group-commit batch of parentless starts of one key and shape (see
+        :meth:`start_workflow`). One row, and every row whose ID an earlier row of the batch
+        names, goes alone with :meth:`_start_one`; so does every row of a batch the
+        database refuses, so one bad row is the only one to fail."""
+        firsts: dict[str, int] = {}
+        for i, (wf, _) in enumerate(rows):
+            firsts.setdefault(wf.workflow_id, i)
+        if len(firsts) < 2:
+            return [await self._start_alone(wf, xid) for wf, xid in rows]
+        batch = [rows[i] for i in firsts.values()]
+        shard_key = batch[0][0].shard_key
+        with cleared_shard_keys():
+            q = self.sql.start_batch(batch, shard_key)
+        try:
+            found = await self._fetch(q, f"starting {len(batch)} workflows")
+        except asyncpg.PostgresError:
+            return [await self._start_alone(wf, xid) for wf, xid in rows]
+        results: list[StartResult | BaseException] = [
+            StartResult(workflow_row(r), r["creator_xid"] == xid)
+            for r, (_, xid) in zip(found, batch, strict=True)]
+        for i, (wf, xid) in enumerate(rows):
+            if firsts[wf.workflow_id] != i:
+                results.insert(i, await self._start_alone(wf, xid))
+        return results
+
+    async def _start_alone(self, wf: NewWorkflow, creator_xid: str
+                           ) -> StartResult | BaseException:
+        """:meth:`_start_one` for one row of a batch: its error is its own verdict."""
+        try:
+            return await self._start_one(wf, creator_xid)
+        except asyncpg.PostgresError as error:
+            refused = DBOSError(f"The system database refused to start workflow "
+                                f"{wf.workflow_id!r}: {error}")
+            refused.__cause__ = error
+            return refused
+        except Exception as error:
+            return error
 
     async def start_workflows(self, rows: Sequence[tuple[NewWorkflow, str]]
                               ) -> list[BatchStart]:

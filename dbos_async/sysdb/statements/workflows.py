@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dbos_async.sysdb.statements.base import (
@@ -21,6 +22,17 @@ from dbos_async.sysdb.statements.base import (
 _STARTED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, queue_name,
                       executor_id, creator_xid, owner_xid, serialization,
                       workflow_deadline_epoch_ms, recovery_attempts"""
+
+
+@dataclass(frozen=True)
+class _UnnestedStarts:
+    """SQL fragments of a batch of new workflows (see ``_unnested_starts``)."""
+
+    rows: str
+    stored: str
+    selected: str
+    key_names: str
+    key_values: str
 
 
 class WorkflowStatements(StatementBase):
@@ -204,32 +216,17 @@ class WorkflowStatements(StatementBase):
         reads see the rows as they were before the statement (its snapshot), so a holder
         inserted by this same batch is not among them."""
         p = Params()
-        first = rows[0][0]
-        keys = {col: p(val, "text") for col, val in
-                self.wf_values(first.workflow_id, shard_key).items()}
-        given = [self._status_columns(wf, xid) for wf, xid in rows]
-        columns = [c for c in dict.fromkeys(c for g in given for c in g) if c not in keys]
-        columns.append("inputs")
-        values = [{**g, "inputs": wf.inputs} for g, (wf, _) in zip(given, rows, strict=True)]
-        casts = {c: ("text" if c == "attributes" else self.STATUS_CASTS.get(c, "text"))
-                 for c in columns}
-        arrays = ", ".join(p([v.get(c) for v in values], f"{casts[c]}[]") for c in columns)
-        stored = [c for c in columns if c != "inputs"]
-        selected = [f"v.{c}::jsonb" if c == "attributes" else f"v.{c}" for c in stored]
-        key_names = "".join(f"{c}, " for c in keys)
-        key_values = "".join(f"{v}, " for v in keys.values())
+        v = self._unnested_starts(rows, shard_key, p)
         status = self.table("workflow_status")
         # Under the caller's shard_key_scope: each join stays within the batch's key.
         existing = f"{self.scoped('ex', p)} AND ex.workflow_uuid = v.workflow_uuid"
+        key_names, key_values = v.key_names, v.key_values
         return Query(
-            f"""WITH v AS (
-                  SELECT * FROM unnest({arrays}) WITH ORDINALITY
-                    AS v({', '.join(columns)}, ord)
-                ), clash AS (
+            f"""WITH v AS ({v.rows}), clash AS (
                   SELECT 1 FROM v JOIN {status} ex ON {existing} WHERE ex.name <> v.name
                 ), inserted AS (
-                  INSERT INTO {status} ({key_names}{', '.join(stored)})
-                  SELECT {key_values}{', '.join(selected)} FROM v
+                  INSERT INTO {status} ({key_names}{v.stored})
+                  SELECT {key_values}{v.selected} FROM v
                   WHERE NOT EXISTS (SELECT 1 FROM clash)
                   ON CONFLICT DO NOTHING
                   RETURNING workflow_uuid
@@ -251,6 +248,68 @@ class WorkflowStatements(StatementBase):
                      AND holder.deduplication_id = v.deduplication_id
                 ORDER BY v.ord""",
             p.values,
+        )
+
+    def start_batch(self, rows: Sequence[tuple[NewWorkflow, str]],
+                    shard_key: str | None) -> Query:
+        """:meth:`insert_workflow` (without a parent) for a group-commit batch: workflows of
+        one shard key and one :meth:`status_shape`, with distinct IDs and no deduplication
+        ID (a taken one would fail the whole statement). One row comes back per row given,
+        in order, as :meth:`insert_workflow` returns it: the new row, or the existing one
+        unchanged, whose ``creator_xid`` tells which."""
+        p = Params()
+        v = self._unnested_starts(rows, shard_key, p)
+        status = self.table("workflow_status")
+        key_names, key_values = v.key_names, v.key_values
+        # The rows go in ID order, so two batches meeting the same IDs lock them in the
+        # same order and cannot deadlock.
+        return Query(
+            f"""WITH v AS ({v.rows}), status AS (
+                  INSERT INTO {status} ({key_names}{v.stored})
+                  SELECT {key_values}{v.selected} FROM v ORDER BY v.workflow_uuid
+                  ON CONFLICT ({self.key_conflict('workflow_uuid')})
+                    DO UPDATE SET creator_xid = workflow_status.creator_xid
+                  RETURNING {_STARTED_COLUMNS}{self.key_columns()}
+                ), input AS (
+                  INSERT INTO {self.table('workflow_input')} ({key_names}workflow_uuid, inputs)
+                  SELECT {key_values}v.workflow_uuid, v.inputs
+                  FROM v JOIN status ON status.workflow_uuid = v.workflow_uuid
+                                    AND status.creator_xid = v.creator_xid
+                  ON CONFLICT ({self.key_conflict('workflow_uuid')}) DO NOTHING
+                  RETURNING 1
+                )
+                SELECT status.* FROM v JOIN status ON status.workflow_uuid = v.workflow_uuid
+                ORDER BY v.ord""",
+            p.values,
+        )
+
+    @staticmethod
+    def status_shape(wf: NewWorkflow) -> tuple[bool, bool]:
+        """Which optional columns :meth:`_status_columns` writes for ``wf``: rows of one
+        shape share a batch statement's column list (a column left out keeps its default)."""
+        return wf.queue_name is not None, wf.attributes is not None
+
+    def _unnested_starts(self, rows: Sequence[tuple[NewWorkflow, str]],
+                         shard_key: str | None, p: Params) -> _UnnestedStarts:
+        """New workflows of one key as a row source: the columns go as arrays, so the
+        statement's size does not grow with the batch."""
+        keys = {col: p(val, "text") for col, val in
+                self.wf_values(rows[0][0].workflow_id, shard_key).items()}
+        given = [self._status_columns(wf, xid) for wf, xid in rows]
+        columns = [c for c in dict.fromkeys(c for g in given for c in g) if c not in keys]
+        columns.append("inputs")
+        values = [{**g, "inputs": wf.inputs} for g, (wf, _) in zip(given, rows, strict=True)]
+        casts = {c: ("text" if c == "attributes" else self.STATUS_CASTS.get(c, "text"))
+                 for c in columns}
+        arrays = ", ".join(p([v.get(c) for v in values], f"{casts[c]}[]") for c in columns)
+        stored = [c for c in columns if c != "inputs"]
+        return _UnnestedStarts(
+            rows=f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(columns)}, ord)",
+            stored=", ".join(stored),
+            selected=", ".join(f"v.{c}::jsonb" if c == "attributes" else f"v.{c}"
+                               for c in stored),
+            key_names="".join(f"{c}, " for c in keys),
+            key_values="".join(f"{v}, " for v in keys.values()),
         )
 
     # ---- Steps ----
