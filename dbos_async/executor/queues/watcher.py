@@ -9,8 +9,10 @@ are woken. It wakes at the next due time, on a notification of a delayed enqueue
 its interval runs out: the fastest polling interval of the queues while it finds work,
 doubling after each round that finds nothing, up to ``idle_poll_max_interval``. Work
 started by a claim loop, or a notification on the enqueue channel, snaps it back to the
-fast interval. So an idle executor sends one statement per ``idle_poll_max_interval`` for
-all of its queues, and nothing written is left unclaimed for longer than that.
+fast interval (waking it at once, unless it polled less than that interval ago: under load
+it polls once per fast interval, not once per claim). So an idle executor sends one
+statement per ``idle_poll_max_interval`` for all of its queues, and nothing written is left
+unclaimed for longer than that.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class QueueWatcher:
         # Queues whose claim loop sleeps until a notification or this watcher wakes it.
         self._idle: set[str] = set()
         self._waiter: Waiter | None = None
+        self._last_poll = float("-inf")
+        """When the latest poll began (monotonic seconds)."""
 
     def idle(self, queue_name: str) -> None:
         """The claim loop of ``queue_name`` found nothing: poll for it from now on."""
@@ -46,8 +50,12 @@ class QueueWatcher:
         self._idle.discard(queue_name)
 
     def activity(self) -> None:
-        """Work started, or a notification arrived: back to the fast interval, at once."""
-        if self.backoff.reset() and self._waiter is not None:
+        """Work started, or a notification arrived: back to the fast interval, at once.
+        Under load every claim is activity, so a watcher that polled less than a fast
+        interval ago is not woken again: it polls at most once per fast interval."""
+        if not self.backoff.reset() or self._waiter is None:
+            return
+        if time.monotonic() - self._last_poll >= self.backoff.fast:
             self._waiter.wake()
 
     def on_notification(self, key: str) -> None:
@@ -79,6 +87,7 @@ class QueueWatcher:
         sysdb = runtime.system_database
         notifications = sysdb.notifications
         assert notifications is not None
+        self._last_poll = time.monotonic()
         try:
             poll = await sysdb.poll_queues(sorted(self._idle),
                                            names=list(runtime.registry.workflows),
