@@ -491,6 +491,20 @@ class QueueStatements(StatementBase):
         table = self.table("workflow_status")
         now = p(now_ms, "bigint")
         delayed = p(DELAYED)
+        # One uncorrelated EXISTS per queue name: Citus refuses a subquery correlated with
+        # a row of unnest().
+        probes = []
+        for queue_name in queue_names:
+            queue = p(queue_name)
+            probes.append(
+                f"""CASE WHEN EXISTS (
+                      SELECT 1 FROM {table}
+                      WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
+                        AND queue_name = {queue}
+                        AND {self._version_clause(application_version, p)}
+                        AND {self.own_scope(None, p)}
+                        AND name = ANY({p(list(names), 'text[]')})) THEN {queue} END""")
+        enqueued = f"array_remove(ARRAY[{', '.join(probes)}]::text[], NULL)"
         return Query(
             f"""WITH due AS (
                   UPDATE {table}
@@ -505,14 +519,7 @@ class QueueStatements(StatementBase):
                        (SELECT min(delay_until_epoch_ms) FROM {table}
                         WHERE {self.scoped(None, p)} AND status = {delayed}
                           AND delay_until_epoch_ms > {now}) AS next_due,
-                       ARRAY(SELECT q FROM unnest({p(list(queue_names), 'text[]')}) AS q
-                             WHERE EXISTS (
-                               SELECT 1 FROM {table}
-                               WHERE {self.scoped(None, p)} AND status = {p(ENQUEUED)}
-                                 AND queue_name = q
-                                 AND {self._version_clause(application_version, p)}
-                                 AND {self.own_scope(None, p)}
-                                 AND name = ANY({p(list(names), 'text[]')}))) AS enqueued""",
+                       {enqueued} AS enqueued""",
             p.values,
         )
 
