@@ -4,6 +4,7 @@ runs on: uvloop when installed unless DBOS_UVLOOP turns it off."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 
 import pytest
@@ -11,7 +12,7 @@ import uvloop
 
 import dbos_async
 from dbos_async import DBOS, ConfigurationError
-from dbos_async.eventloop import UVLOOP_ENV
+from dbos_async.eventloop import DEFAULT_GC_THRESHOLD, GC_THRESHOLD_ENV, UVLOOP_ENV
 
 
 def run_one_workflow(database_url: str, **options: bool) -> type:
@@ -88,4 +89,39 @@ def test_uvloop_required_but_missing_says_which_extra(monkeypatch: pytest.Monkey
         coroutine = loop_type()
         with pytest.raises(ConfigurationError, match=r"dbos_async\[speed\]"):
             dbos_async.run(coroutine, **required)
+        coroutine.close()
+
+
+async def _threshold() -> int:
+    return gc.get_threshold()[0]
+
+
+def test_run_raises_the_gc_threshold_for_the_run_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(GC_THRESHOLD_ENV, raising=False)
+    before = gc.get_threshold()
+    assert dbos_async.run(_threshold()) == DEFAULT_GC_THRESHOLD
+    assert gc.get_threshold() == before
+    assert dbos_async.run(_threshold(), gc_threshold=5000) == 5000
+    assert dbos_async.run(_threshold(), gc_threshold=0) == before[0]  # left alone
+    monkeypatch.setenv(GC_THRESHOLD_ENV, "12345")
+    assert dbos_async.run(_threshold()) == 12345
+    assert dbos_async.run(_threshold(), gc_threshold=0) == before[0]  # the call decides
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("bad", ["lots", "1.5", "-3"])
+def test_a_bad_gc_threshold_is_refused_before_anything_runs(
+        monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    monkeypatch.setenv(GC_THRESHOLD_ENV, bad)
+    before = gc.get_threshold()
+    coroutine = _threshold()
+    with pytest.raises(ConfigurationError, match=GC_THRESHOLD_ENV if bad != "-3" else ">= 0"):
+        dbos_async.run(coroutine)
+    coroutine.close()
+    assert gc.get_threshold() == before
+    for value in (-1, True):
+        coroutine = _threshold()
+        with pytest.raises(ConfigurationError, match="gc_threshold"):
+            dbos_async.run(coroutine, gc_threshold=value)
         coroutine.close()
