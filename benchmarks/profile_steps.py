@@ -13,7 +13,6 @@ by own and by cumulative time, overall and within dbos_async.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import io
 import os
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dbos_async import workload
 from common import DEFAULT_URL, drive, drop_database, recreate_database
 
+import dbos_async
 from dbos_async import DBOS
 
 GROUPS = ("dbos_async executor", "dbos_async sysdb", "dbos_async other", "asyncpg", "asyncio",
@@ -166,4 +166,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    dbos_async.run(main())
