@@ -366,7 +366,10 @@ class QueueStatements(StatementBase):
                     -- leaves ownership untouched.
                     application_name = COALESCE(ws.application_name, {p(self.app_name)}),
                     recovery_attempts = recovery_attempts + 1,
-                    updated_at = {now},
+                    -- Never earlier than the write that enqueued it: a claimer whose clock
+                    -- was read before a resume committed must not make the retry of that
+                    -- resume (which finds its work by updated_at) take the claim for undone.
+                    updated_at = GREATEST(ws.updated_at, {now}),
                     -- The start-to-close timeout starts now, when the workflow starts.
                     workflow_deadline_epoch_ms = CASE
                       WHEN workflow_timeout_ms IS NOT NULL AND workflow_deadline_epoch_ms IS NULL
