@@ -111,7 +111,6 @@ class DBOSClient(Operator, Peer):
         sysdb = system_database_for(self.config, url)
         self._sysdb = sysdb
         try:
-            await self._background.open()
             await sysdb.open(run_migrations=False)
             await start_notifications(sysdb, url, self.config, self._background.supervise)
         except BaseException:

@@ -1,9 +1,10 @@
 """Group commit: many workflows' checkpoints and outcomes in one statement, each row judged
 on its own, and a lone workflow still one statement per write.
 
-A batch is made deterministic by holding the first write in flight: the test locks that
-workflow's status row, so its checkpoint waits in PostgreSQL while the others' steps finish
-and queue behind it; when the lock goes, everything queued goes as one statement.
+The writes made in one turn of the event loop go together; beyond that, a batch is made
+deterministic by holding the first write in flight: the test locks that workflow's status
+row, so its checkpoint waits in PostgreSQL while the others' steps finish and queue behind
+it; when the lock goes, everything queued goes as one statement.
 """
 
 from __future__ import annotations
@@ -152,6 +153,38 @@ async def test_concurrent_workflows_share_statements(database_url: str) -> None:
     assert sum(len(b) for b in batches(logged)) > count
     rows = await fetch(database_url, "SELECT count(*) AS n FROM dbos.operation_outputs")
     assert rows[0]["n"] == 2 * count
+
+
+async def test_the_writes_of_one_loop_turn_go_as_one_statement(database_url: str) -> None:
+    """Steps that end in the same turn of the event loop (released by one event) send one
+    checkpoint statement between them: the first does not go alone ahead of the rest."""
+    dbos = new_dbos(database_url)
+    go, all_waiting = asyncio.Event(), asyncio.Event()
+    count = 10
+    waiting: set[int] = set()
+
+    @dbos.step()
+    async def gated(i: int) -> int:
+        waiting.add(i)
+        if len(waiting) == count:
+            all_waiting.set()
+        await go.wait()
+        return i
+
+    @dbos.workflow()
+    async def work(i: int) -> int:
+        return await gated(i)
+
+    async with dbos:
+        handles = [await dbos.start_workflow(work, i) for i in range(count)]
+        await asyncio.wait_for(all_waiting.wait(), 30)
+        async with pool_statements(dbos) as logged:
+            go.set()
+            results = [await asyncio.wait_for(h.get_result(), 30) for h in handles]
+    assert results == list(range(count))
+    checkpoints = [sql for sql, _ in logged if "operation_outputs" in sql]
+    assert len(checkpoints) == 1, checkpoints
+    assert sorted(batches(logged)[0]) == sorted((h.workflow_id, 0) for h in handles)
 
 
 async def test_a_lone_workflow_sends_one_statement_per_write(database_url: str) -> None:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
+import anyio
 import pytest
 from helpers import (
     connections_named,
@@ -960,6 +961,42 @@ async def test_exit_lets_running_workflows_finish_within_the_grace_period(
     for workflow_id in ("finishing", "finishing-1"):
         row = await workflow_row(database_url, workflow_id)
         assert row is not None and row["status"] == "SUCCESS", workflow_id
+
+
+async def test_exit_cancels_a_workflow_until_it_ends_and_honours_its_shield(
+    database_url: str,
+) -> None:
+    """Shutdown's cancellation is anyio's: a shielded section finishes first, and a body that
+    swallows the cancellation is cancelled again at its next await, until it ends."""
+    dbos = new_dbos(database_url, shutdown_grace_period=0)
+    started = asyncio.Event()
+    shielded_section_done = False
+    swallowed = 0
+
+    @dbos.workflow(name="stubborn")
+    async def stubborn() -> None:
+        nonlocal shielded_section_done, swallowed
+        started.set()
+        with anyio.CancelScope(shield=True):
+            await asyncio.sleep(0.2)
+        shielded_section_done = True
+        while True:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                swallowed += 1
+                if swallowed == 3:
+                    raise
+
+    async with asyncio.timeout(30):
+        async with dbos:
+            with SetWorkflowID("stubborn"):
+                await dbos.start_workflow(stubborn)
+            await started.wait()
+    assert other_tasks() == set()
+    assert shielded_section_done and swallowed == 3
+    row = await workflow_row(database_url, "stubborn")
+    assert row is not None and row["status"] == "PENDING"  # it resumes on recovery
 
 
 async def test_misuse_outside_the_lifecycle(database_url: str) -> None:

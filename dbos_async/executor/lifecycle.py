@@ -52,8 +52,6 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
     retried through connection losses for up to ``db_retry_timeout``."""
     config, sysdb = runtime.config, runtime.system_database
     try:
-        for owner in (runtime.background, runtime.workflows, runtime.queue_tasks):
-            await owner.open()
         await sysdb.open(run_migrations=config.run_migrations, patient=True)
         await _hold_executor_id(runtime)
         await start_notifications(sysdb, sysdb.url, config, runtime.background.supervise)

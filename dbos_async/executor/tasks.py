@@ -1,15 +1,15 @@
 """Task owners: every task the executor starts has one, which waits for it or cancels it.
 
-Each owner is an anyio task group. The group runs in a host task of its own rather than in
-the task that enters the executor, because ``async with dbos:`` may be entered in one task
-and left in another (a pytest fixture's set-up and tear-down, a framework's lifespan), and
-a task group must be left by the task that entered it.
-
-What anyio guarantees here: a task spawned into an owner is cancelled and awaited before
-:meth:`TaskOwner.close` returns (no task outlives its executor), the grace period is a
-cancel scope (``move_on_after``), and the reaping is shielded, so a closer that is itself
-cancelled still leaves nothing running. A task that fails is logged and does not take its
-siblings down: the owner is a supervisor, not an all-or-nothing group.
+Each task an owner spawns runs inside a cancel scope of its own, which the owner holds.
+What that guarantees: a task spawned into an owner is cancelled and awaited before
+:meth:`TaskOwner.close` returns (no task outlives its executor); cancellation is anyio's,
+level-triggered (a task that swallows it is cancelled again at its next await) and stopped
+by the shields the task sets up itself; the grace period is a cancel scope
+(``move_on_after``), and the reaping is shielded, so a closer that is itself cancelled still
+leaves nothing running. A task that fails is logged and does not take its siblings down:
+the owner is a supervisor, not an all-or-nothing group. The tasks are plain asyncio tasks
+of the loop, so any task may close the owner, whichever task spawned into it, and spawning
+costs a workflow no more than a task and a scope.
 
 A background task (listener, notifier, watcher, claim loop...) runs through
 :meth:`TaskOwner.supervise`: on any unexpected error it is logged and started again, with
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
-from anyio.abc import TaskGroup
 
 logger = logging.getLogger("dbos_async")
 
@@ -123,43 +122,28 @@ class SupervisedTask:
 
 
 class TaskOwner:
-    """Starts tasks in one task group; on close, a grace period, then cancellation."""
+    """Starts tasks, each in a cancel scope it holds; on close, a grace period, then
+    cancellation."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._group: TaskGroup | None = None
-        self._host: asyncio.Task[None] | None = None
-        self._stop = anyio.Event()
-        self._count = 0
-        self._drained = anyio.Event()
+        self._scopes: dict[asyncio.Task[None], anyio.CancelScope] = {}
+        self._drained = asyncio.Event()
         self._drained.set()
         self.closed = False
         self._supervised_tasks: list[SupervisedTask] = []
 
-    async def open(self) -> None:
-        """Start the host task and wait until its group accepts tasks."""
-        ready = anyio.Event()
-        self._host = asyncio.get_running_loop().create_task(self._host_group(ready),
-                                                            name=f"{self.name} (task owner)")
-        await ready.wait()
-
-    async def _host_group(self, ready: anyio.Event) -> None:
-        async with anyio.create_task_group() as group:
-            self._group = group
-            ready.set()
-            await self._stop.wait()
-            group.cancel_scope.cancel()
-        self._group = None
-
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         """Run ``coro`` as a task of this owner (it inherits the caller's context)."""
-        if self.closed or self._group is None:
+        if self.closed:
             coro.close()
             raise RuntimeError("This executor is shutting down and starts no new tasks")
-        if self._count == 0:
-            self._drained = anyio.Event()
-        self._count += 1
-        self._group.start_soon(self._supervised, coro, name, name=name)
+        scope = anyio.CancelScope()
+        task = asyncio.get_running_loop().create_task(self._owned(coro, scope, name),
+                                                      name=name)
+        self._scopes[task] = scope
+        self._drained.clear()
+        task.add_done_callback(self._forget)
 
     def supervise(self, factory: Callable[[], Coroutine[Any, Any, None]],
                   name: str) -> SupervisedTask:
@@ -175,18 +159,22 @@ class TaskOwner:
         """The health of every background task started with :meth:`supervise`."""
         return [task.health for task in self._supervised_tasks]
 
-    async def _supervised(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+    @staticmethod
+    async def _owned(coro: Coroutine[Any, Any, None], scope: anyio.CancelScope,
+                     name: str) -> None:
         try:
-            await coro
+            with scope:
+                await coro
         except Exception:
             logger.exception("Task %s failed", name)
-        finally:
-            self._count -= 1
-            if self._count == 0:
-                self._drained.set()
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        del self._scopes[task]
+        if not self._scopes:
+            self._drained.set()
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._scopes)
 
     async def close(self, grace_period: float) -> None:
         """Give the tasks up to ``grace_period`` seconds, then cancel and reap the rest.
@@ -196,12 +184,13 @@ class TaskOwner:
         """
         try:
             with anyio.move_on_after(grace_period):
-                while self._count:
+                while self._scopes:
                     await self._drained.wait()
         finally:
             # Even when the closer is cancelled while it waits, nothing is left running.
             self.closed = True
-            self._stop.set()
-            if self._host is not None:
-                with anyio.CancelScope(shield=True):
-                    await self._host
+            for scope in self._scopes.values():
+                scope.cancel()
+            with anyio.CancelScope(shield=True):
+                while self._scopes:
+                    await self._drained.wait()

@@ -1,10 +1,12 @@
 """Group commit: the durable writes of one kind from many workflows, sent as one statement.
 
-A write that finds its lane idle goes at once, in its caller's task, so a lone workflow's
-latency stays one round trip. While it is in flight, the next writes of that kind queue up;
-when it returns, every write queued meanwhile goes together as one statement, in a flusher
-task the lane owns, and so on until the queue is empty. There is no timer: the batch is
-whatever arrived during one round trip.
+A write that finds its lane idle goes in its caller's task as soon as the event loop has run
+what was already ready: the writes that the same turn of the loop makes (the workflows one
+claim started, finishing together) join it, and a lone workflow's latency stays one round
+trip. While it is in flight, the next writes of that kind queue up; when it returns, every
+write queued meanwhile goes together as one statement, in a flusher task the lane owns, and
+so on until the queue is empty. There is no timer: the batch is whatever arrived during one
+turn of the loop, then during one round trip.
 
 Each caller waits for its own row's verdict (a batch statement judges every row on its
 own), so a workflow continues only after its write has committed, exactly as alone.
@@ -58,12 +60,21 @@ class GroupCommit(Generic[Item, Result]):
             lane = self._lanes[lane_key] = _Lane()
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         entry = _Entry(item, future)
+        lane.waiting.append(entry)
         if lane.busy:
-            lane.waiting.append(entry)
             return await future
         lane.busy = True
         try:
-            await self._run(lane_key, [entry])
+            try:
+                # One turn of the loop: the writes already due in it join this one.
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                future.cancel()  # not written: the batch skips it
+                raise
+            batch = [e for e in lane.waiting[:self._max_batch] if not e.future.done()]
+            del lane.waiting[:self._max_batch]
+            if batch:
+                await self._run(lane_key, batch)
         finally:
             self._hand_on(lane_key, lane)
         return future.result()
