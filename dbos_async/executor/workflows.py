@@ -115,9 +115,7 @@ async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_
     text, recorded = recorded_error(refused, runtime.formats,
                                     row.serialization or PORTABLE_JSON)
     with bind_shard_keys({row.workflow_id: row.shard_key}):
-        if await runtime.system_database.record_outcome(row.workflow_id, owner_xid,
-                                                        error=text):
-            runtime.notify_completion(row.workflow_id, row.shard_key)
+        await runtime.system_database.record_outcome(row.workflow_id, owner_xid, error=text)
     execution = Execution(info)
     execution.result.set_exception(recorded)
     return execution
@@ -146,7 +144,7 @@ async def _execute(ctx: WorkflowContext, execution: Execution, args: tuple[Any, 
     except _DeadlineExceeded:
         with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
             await runtime.system_database.cancel([workflow_id], children=False)
-        runtime.notify_completion(workflow_id)
+        runtime.notify_completion(workflow_id, ctx.shard_key)
         future.set_exception(WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
     except Exception as error:
         await _finish(ctx, execution, error=error)
@@ -194,9 +192,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
             else:
                 recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid,
                                                       output=output.text)
-        if recorded:
-            # Handles waiting elsewhere wake on this (sent after the outcome committed).
-            runtime.notify_completion(workflow_id)
+        if recorded:  # (and announced: handles waiting elsewhere wake on it)
             if error is not None:
                 future.set_exception(error)
             else:

@@ -27,7 +27,11 @@ from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.group_commit import GroupCommit
-from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL, WORKFLOW_COMPLETION_CHANNEL
+from dbos_async.sysdb.notifications import (
+    NOTIFICATIONS_CHANNEL,
+    WORKFLOW_COMPLETION_CHANNEL,
+    keyed,
+)
 from dbos_async.sysdb.observability import ObservabilityOperations
 from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
@@ -259,10 +263,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             groups: dict[str | None, list[int]] = {}
             for i in pending:
                 groups.setdefault(rows[i][0].shard_key, []).append(i)
-            keyed = [(indexes, key) for key, indexes in groups.items()]
-            fetched = await run(keyed)
+            per_key = [(indexes, key) for key, indexes in groups.items()]
+            fetched = await run(per_key)
             pending = []
-            for (indexes, _), found in zip(keyed, fetched, strict=True):
+            for (indexes, _), found in zip(per_key, fetched, strict=True):
                 for i, r in zip(indexes, found, strict=True):
                     wf = rows[i][0]
                     dedup = (wf.shard_key, wf.deduplication_id or "")
@@ -484,7 +488,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         output: str | None = None,
         error: str | None = None,
     ) -> bool:
-        """Record SUCCESS (no error) or ERROR; False if this execution no longer owned it."""
+        """Record SUCCESS (no error) or ERROR; False if this execution no longer owned it.
+
+        A recorded outcome is announced on the completion channel as soon as its batch has
+        committed, before any caller of the batch continues: a queue's claim loop reuses the
+        slot while those workflows are still winding down."""
         status = ERROR if error is not None else SUCCESS
         row = FinalOutcome(workflow_id, status, owner_xid, output, error)
         return await self._outcomes.submit(self.sql.key_hint(workflow_id), row)
@@ -497,12 +505,17 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         key = shard_key if isinstance(shard_key, str) else None
         if len(rows) == 1 or len({r.workflow_id for r in rows}) < len(rows) \
                 or self.routes_single_tables:
-            return [await self._write_outcome(key, r) for r in rows]
-        with cleared_shard_keys(), shard_key_scope(key):
-            q = self.sql.record_outcomes(rows, now_ms())
-        recorded = {r["workflow_uuid"]
-                    for r in await self._fetch(q, f"recording {len(rows)} outcomes")}
-        return [r.workflow_id in recorded for r in rows]
+            verdicts = [await self._write_outcome(key, r) for r in rows]
+        else:
+            with cleared_shard_keys(), shard_key_scope(key):
+                q = self.sql.record_outcomes(rows, now_ms())
+            recorded = {r["workflow_uuid"]
+                        for r in await self._fetch(q, f"recording {len(rows)} outcomes")}
+            verdicts = [r.workflow_id in recorded for r in rows]
+        for row, landed in zip(rows, verdicts, strict=True):
+            if landed:
+                self.notify(WORKFLOW_COMPLETION_CHANNEL, keyed(row.workflow_id, key))
+        return verdicts
 
     async def _write_outcome(self, key: str | None, r: FinalOutcome) -> bool:
         with WorkflowAddress(r.workflow_id, key).routed():

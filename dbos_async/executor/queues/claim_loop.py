@@ -36,7 +36,7 @@ from dbos_async.executor.queues.watcher import QueueWatcher
 from dbos_async.executor.recorded_errors import PORTABLE_ONLY, serialize_error
 from dbos_async.executor.runtime import ClaimLoopState, Runtime
 from dbos_async.sysdb.database import WorkflowRow
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.queues import Claim
 from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
@@ -66,8 +66,8 @@ class ClaimLoop:
         self.state = state
         self.watcher = watcher
         self.queue = state.queue
-        # (workflow ID, shard key) -> partition key
-        self.running: dict[tuple[str, str | None], str | None] = {}
+        # The running workflows (as notifications name them) -> partition key
+        self.running: dict[str, str | None] = {}
         self._next_unregistered_check = 0.0
         # Sharded: the keys with work on the queue, and when to read them again.
         self._scope_keys: list[str] = []
@@ -279,18 +279,20 @@ class ClaimLoop:
             except SerializationError:
                 text = serialize_error(error, PORTABLE_ONLY)
             with bind_shard_keys({workflow_id: row.shard_key}):
-                recorded = await sysdb.record_outcome(workflow_id, row.owner_xid, error=text)
-            if recorded:
-                runtime.notify_completion(workflow_id, row.shard_key)
+                await sysdb.record_outcome(workflow_id, row.owner_xid, error=text)
             self._freed()
             return
-        running = (workflow_id, row.shard_key)
+        running = keyed(workflow_id, row.shard_key)
         self.running[running] = partition_key
-        execution.result.add_done_callback(lambda _: self._finished(running))
+        execution.result.add_done_callback(lambda _: self.finished(running))
 
-    def _finished(self, running: tuple[str, str | None]) -> None:
-        self.running.pop(running, None)
-        self._freed()
+    def finished(self, running: str) -> None:
+        """A workflow of this loop ended (its completion was announced, or its execution
+        stopped): its slot is free. The announcement comes as the outcome commits, so the
+        next claim is on its way while the finished workflows wind down."""
+        if running in self.running:
+            del self.running[running]
+            self._freed()
 
     def _freed(self) -> None:
         # A slot is free: wake this claim loop, and the queue's claim loops elsewhere.
@@ -310,6 +312,7 @@ def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
     notifications.subscribe(ENQUEUE_CHANNEL, watcher.on_notification)
     for queue in queues:
         state = runtime.claim_loops[queue.name] = ClaimLoopState(queue)
-        runtime.queue_tasks.supervise(ClaimLoop(runtime, state, watcher).run,
-                                      f"queue claim loop {queue.name}")
+        loop = ClaimLoop(runtime, state, watcher)
+        notifications.subscribe(WORKFLOW_COMPLETION_CHANNEL, loop.finished)
+        runtime.queue_tasks.supervise(loop.run, f"queue claim loop {queue.name}")
     runtime.queue_tasks.supervise(watcher.run, "queue watcher")
