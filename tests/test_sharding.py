@@ -243,6 +243,31 @@ async def test_queues_and_deduplication_per_key(database_url: str) -> None:
         assert [await h.get_result() for h in handles] == ["acme:child", "globex:child"]
 
 
+async def test_a_finished_workflow_is_announced_under_its_key(database_url: str) -> None:
+    """Another process waiting on a keyed workflow hears its completion under the key, for
+    workflows run directly and from a queue, whose IDs repeat across keys."""
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(database_url)
+    try:
+        await listener.add_listener("dbos_workflow_completion_channel",
+                                    lambda *args: heard.put_nowait(args[-1]))
+        app = Tenants(database_url)
+        async with app.dbos as dbos:
+            for key in ("acme", "globex"):
+                with SetShardKey(key), SetWorkflowID("direct"):
+                    await (await dbos.start_workflow(app.child, key)).get_result()
+                with SetShardKey(key), SetWorkflowID("queued"):
+                    await (await app.queue.enqueue(app.child, key)).get_result()
+            expected = {f"{len(key)}:{key}:{workflow_id}" for key in ("acme", "globex")
+                        for workflow_id in ("direct", "queued")}
+            payloads: set[str] = set()
+            while not expected <= payloads:
+                payloads.add(await asyncio.wait_for(heard.get(), PATIENCE))
+        assert not any(p in {"direct", "queued"} for p in payloads), payloads
+    finally:
+        await listener.close()
+
+
 async def test_queue_limits_and_partitions_per_key(database_url: str) -> None:
     """``concurrency`` and ``limiter`` hold per key (each claim counts within its key);
     ``worker_concurrency`` holds across every key of the executor."""
