@@ -23,6 +23,7 @@ from helpers import (
     execute,
     fetch,
     new_dbos,
+    pool_statements,
     take_executor_id_away,
     unique_name,
     wait_until,
@@ -32,11 +33,14 @@ from dbos_async import (
     DBOS,
     DBOSClient,
     DBOSError,
+    NondeterminismError,
     QueueDeduplicatedError,
     SetEnqueueOptions,
     SetShardKey,
     SetWorkflowID,
     WorkflowCancelledError,
+    current_shard_key,
+    current_workflow_id,
 )
 
 PATIENCE = 15.0
@@ -588,6 +592,158 @@ async def test_a_stale_execution_under_a_key_is_fenced(database_url: str) -> Non
         gate_c.set()
         assert await handle_c.get_result() == ["C-0", "C-1", "C-2", "C-3"]
     assert runs["B", 0] == runs["C", 0] - 1 == 0
+
+
+async def test_a_batch_across_keys_judges_each_row(database_url: str) -> None:
+    """Checkpoints of workflows under many keys queued behind one in flight go together
+    (on plain PostgreSQL one statement per key, all in one round trip), and each row gets
+    its own verdict: a cancelled, a fenced-out and a nondeterministic workflow under one
+    key fail alone, while the workflows with the same IDs under the other keys commit."""
+    url = database_url
+    dbos = sharded(url)
+    release_lead, release_rest, everyone_in = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    keys = ["acme", "globex", "initech"]
+    ids = ["healthy", "cancelled", "fenced", "nondeterministic"]
+    others = {(key, workflow_id) for key in keys for workflow_id in ids}
+    arrived: set[tuple[str, str]] = set()
+
+    @dbos.step(name="held", cancellable=False)
+    async def held(key: str, workflow_id: str) -> str:
+        arrived.add((key, workflow_id))
+        if arrived >= {("lead", "lead"), *others}:
+            everyone_in.set()
+        await (release_lead if key == "lead" else release_rest).wait()
+        return f"{key}/{workflow_id}"
+
+    @dbos.step(name="after")
+    async def after(value: str) -> str:
+        return value + "!"
+
+    @dbos.workflow(name="work")
+    async def work(key: str, workflow_id: str) -> str:
+        return await after(await held(key, workflow_id))
+
+    async with dbos:
+        handles = {}
+        for key, workflow_id in [("lead", "lead"), *sorted(others)]:
+            with SetShardKey(key), SetWorkflowID(workflow_id):
+                handles[key, workflow_id] = await dbos.start_workflow(work, key, workflow_id)
+        await asyncio.wait_for(everyone_in.wait(), PATIENCE)
+        # Under acme only, three rows an outside writer changes while their steps run.
+        await execute(url, "UPDATE dbos.workflow_status SET status = 'CANCELLED' "
+                           "WHERE shard_key = 'acme' AND workflow_uuid = 'cancelled'")
+        await execute(url, "UPDATE dbos.workflow_status SET owner_xid = 'elsewhere' "
+                           "WHERE shard_key = 'acme' AND workflow_uuid = 'fenced'")
+        await execute(url, "INSERT INTO dbos.operation_outputs (shard_key, workflow_uuid, "
+                           "function_id, function_name, output) "
+                           "VALUES ('acme', 'nondeterministic', 0, 'another_step', 'null')")
+        blocker = await asyncpg.connect(url)
+        try:
+            async with pool_statements(dbos) as logged:
+                tx = blocker.transaction()
+                await tx.start()
+                await blocker.execute("SELECT 1 FROM dbos.workflow_status WHERE shard_key = "
+                                      "'lead' AND workflow_uuid = 'lead' FOR UPDATE")
+                release_lead.set()  # its checkpoint goes alone and waits for the lock
+                await wait_until(lambda: _lock_waiters(url), what="the lead's checkpoint "
+                                                                  "waiting for its row")
+                release_rest.set()  # the others finish and queue behind it
+                await tx.rollback()
+                refused = {("acme", "cancelled"), ("acme", "fenced"),
+                           ("acme", "nondeterministic")}
+                results = {ref: await asyncio.wait_for(h.get_result(), PATIENCE)
+                           for ref, h in handles.items() if ref not in refused}
+                with pytest.raises(WorkflowCancelledError):
+                    await asyncio.wait_for(handles["acme", "cancelled"].get_result(), PATIENCE)
+                with pytest.raises(NondeterminismError):
+                    await asyncio.wait_for(handles["acme", "nondeterministic"].get_result(),
+                                           PATIENCE)
+        finally:
+            await blocker.close()
+        assert results == {(k, w): f"{k}/{w}!" for k, w in results}
+        assert len(results) == 1 + len(others) - 3
+        for key, workflow_id in results:
+            steps = await dbos.list_workflow_steps(workflow_id, shard_key=key)
+            assert [s.name for s in steps] == ["held", "after"]
+        assert await dbos.list_workflow_steps("cancelled", shard_key="acme") == []
+        assert await dbos.list_workflow_steps("fenced", shard_key="acme") == []
+        fenced = await dbos.get_workflow_status("fenced", shard_key="acme")
+        assert fenced is not None and fenced.status == "PENDING"
+        steps = await dbos.list_workflow_steps("nondeterministic", shard_key="acme")
+        assert [s.name for s in steps] == ["another_step"]
+    if "citus" not in database_url:
+        # The queued first checkpoints went as one round trip: one statement per key, each
+        # naming only its key's workflows (the lead's next step, quick to follow, joined).
+        rounds = [args for sql, args in logged if CHECKPOINTS in sql
+                  and args and isinstance(args[0], (list, tuple))
+                  and isinstance(args[0][0], (list, tuple))]
+        assert rounds, "no checkpoints of several keys went in one round trip"
+        first = [sorted(zip(params[0], params[1], strict=True)) for params in rounds[0]]
+        per_key = [(w, 0) for w in sorted(ids)]
+        assert first.count(per_key) == len(keys), first
+        assert all(rows in (per_key, [("lead", 1)]) for rows in first), first
+
+
+async def test_starts_across_keys_go_together(database_url: str) -> None:
+    """Starts of one ID under several keys, queued behind a start in flight, go together
+    (on plain PostgreSQL in one round trip) and start one workflow per key, each once; a
+    second start of one of them in the same batch gets that workflow."""
+    url = database_url
+    dbos = sharded(url)
+    runs: Counter[tuple[str, str]] = Counter()
+
+    @dbos.workflow(name="work")
+    async def work(key: str) -> str:
+        runs[current_shard_key() or "", current_workflow_id() or ""] += 1
+        return key + "!"
+
+    async def start(key: str, workflow_id: str) -> Any:
+        with SetShardKey(key), SetWorkflowID(workflow_id):
+            return await dbos.start_workflow(work, key)
+
+    keys = ["acme", "globex", "initech"]
+    async with dbos:
+        await (await start("lead", "lead")).get_result()
+        blocker = await asyncpg.connect(url)
+        try:
+            async with pool_statements(dbos) as logged:
+                tx = blocker.transaction()
+                await tx.start()
+                await blocker.execute("SELECT 1 FROM dbos.workflow_status WHERE shard_key = "
+                                      "'lead' AND workflow_uuid = 'lead' FOR UPDATE")
+                lead = asyncio.create_task(start("lead", "lead"))
+                await wait_until(lambda: _lock_waiters(url), what="the lead's start waiting "
+                                                                  "for its row")
+                rest = [asyncio.create_task(start(key, "same")) for key in [*keys, "acme"]]
+                await tx.rollback()  # the others have queued behind the lead meanwhile
+                await lead
+                handles = await asyncio.gather(*rest)
+                results = [await asyncio.wait_for(h.get_result(), PATIENCE) for h in handles]
+        finally:
+            await blocker.close()
+    assert results == [key + "!" for key in [*keys, "acme"]]
+    assert runs == Counter({("lead", "lead"): 1, **{(key, "same"): 1 for key in keys}})
+    assert [h.shard_key for h in handles] == [*keys, "acme"]
+    if "citus" not in database_url:
+        # One statement per key, in one round trip (its arguments one list per key, each
+        # led by its key); the repeated start of ("same", acme) went alone after it.
+        rounds = [args for sql, args in logged if STARTS in sql
+                  and isinstance(args[0], (list, tuple))]
+        assert len(rounds) == 1 and sorted(p[0] for p in rounds[0]) == keys, rounds
+
+
+STARTS = "SELECT status.* FROM v JOIN status"
+"""Text of the batched start statement."""
+
+
+CHECKPOINTS = "WITH ORDINALITY AS v(workflow_uuid, function_id"
+"""Text of the batched checkpoint statement."""
+
+
+async def _lock_waiters(url: str) -> bool:
+    rows = await fetch(url, "SELECT count(*) AS n FROM pg_stat_activity "
+                            "WHERE wait_event_type = 'Lock' AND datname = current_database()")
+    return int(rows[0]["n"]) >= 1
 
 
 async def test_a_stale_execution_cannot_send_or_set_events(database_url: str) -> None:

@@ -7,8 +7,9 @@ statements for the schema and the owner of the rows it writes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Literal, TypeAlias, TypeVar
 
 import asyncpg
@@ -179,6 +180,29 @@ class DatabaseCore:
 
     async def _fetchrow(self, query: Query, what: str) -> asyncpg.Record | None:
         return await self._retried(what, lambda: self.pool.fetchrow(query.sql, *query.params))
+
+    async def _fetch_per_key(self, statements: Sequence[tuple[str | None, Query]], what: str
+                             ) -> dict[str | None, list[asyncpg.Record]]:
+        """One statement per shard key, all in one round trip (each statement stays on its
+        key's shard); the rows each returned, by key, told apart by the ``shard_key``
+        column each must read back (see ``key_columns``).
+
+        The statements of one text go as one prepared statement executed once per key
+        before a single Sync (asyncpg's ``fetchmany``), which PostgreSQL runs as one
+        implicit transaction: they commit together or not at all. The keys go in sorted
+        order, so two such batches lock their rows in one order and cannot deadlock."""
+        if len(statements) == 1:
+            key, query = statements[0]
+            return {key: await self._fetch(query, what)}
+        texts: dict[str, list[Sequence[object]]] = {}
+        for _, query in sorted(statements, key=lambda statement: statement[0] or ""):
+            texts.setdefault(query.sql, []).append(query.params)
+        rows: dict[str | None, list[asyncpg.Record]] = {key: [] for key, _ in statements}
+        for sql, params in texts.items():
+            run = functools.partial(self.pool.fetchmany, sql, params)
+            for row in await self._retried(what, run):
+                rows[row["shard_key"]].append(row)
+        return rows
 
     @contextlib.asynccontextmanager
     async def locking_transaction(self, isolation: Literal["serializable"] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -82,8 +82,21 @@ __all__ = [
 ]
 
 
+T = TypeVar("T")
+
 KeyGroup = tuple[list[int], str | None]
 """Rows of a batch (their indexes) under one shard key, and the key: one statement's rows."""
+
+Keyed = tuple[str | None, T]
+"""A row to write and the shard key of its workflow (None unsharded)."""
+
+
+def _by_key(keys: Sequence[str | None]) -> list[KeyGroup]:
+    """The indexes of a batch's rows grouped by their keys, in order of first appearance."""
+    groups: dict[str | None, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return [(indexes, key) for key, indexes in groups.items()]
 
 
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
@@ -107,10 +120,16 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Group commit of the writes every workflow makes (see group_commit): one lane per
-        # kind and shard key.
-        self._checkpoints = GroupCommit[Checkpoint, bool](self._write_checkpoints)
-        self._outcomes = GroupCommit[FinalOutcome, bool](self._write_outcomes)
+        # kind (and per shard key on Citus, see _lane).
+        self._checkpoints = GroupCommit[Keyed[Checkpoint], bool](self._write_checkpoints)
+        self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
+
+    def _lane(self, shard_key: str | None) -> str | None:
+        """The group-commit lane of a write under ``shard_key``. On Citus one per key: a
+        batch is one router statement. Elsewhere one for every key: a batch holding several
+        goes as one statement per key, all in one round trip (see _fetch_per_key)."""
+        return shard_key if self.routes_single_tables else None
 
     async def close(self) -> None:
         await self._starts.aclose()
@@ -131,8 +150,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         if self.routes_single_tables:
             return await self._start_routed(wf, creator_xid, parent)
         if parent is None and wf.deduplication_id is None:
-            return await self._starts.submit((wf.shard_key, self.sql.status_shape(wf)),
-                                             (wf, creator_xid))
+            return await self._starts.submit((self._lane(wf.shard_key),
+                                              self.sql.status_shape(wf)), (wf, creator_xid))
         if parent is not None and self.sharded and parent.shard_key != wf.shard_key:
             return await self._start_child_across(wf, creator_xid, parent)
         return await self._start_one(wf, creator_xid, parent)
@@ -152,28 +171,33 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _write_starts(self, lane: Hashable, rows: Sequence[tuple[NewWorkflow, str]]
                            ) -> list[StartResult | BaseException]:
-        """One group-commit batch of parentless starts of one key and shape (see
-        :meth:`start_workflow`). One row, and every row whose ID an earlier row of the batch
-        names, goes alone with :meth:`_start_one`; so does every row of a batch the
-        database refuses, so one bad row is the only one to fail."""
-        firsts: dict[str, int] = {}
+        """One group-commit batch of parentless starts of one shape (see
+        :meth:`start_workflow`): one statement per key. One row, and every row whose
+        workflow an earlier row of the batch names, goes alone with :meth:`_start_one`; so
+        does every row of a batch the database refuses, so one bad row is the only one to
+        fail."""
+        firsts: dict[WorkflowRef, int] = {}
         for i, (wf, _) in enumerate(rows):
-            firsts.setdefault(wf.workflow_id, i)
+            firsts.setdefault((wf.workflow_id, wf.shard_key), i)
         if len(firsts) < 2:
             return [await self._start_alone(wf, xid) for wf, xid in rows]
         batch = [rows[i] for i in firsts.values()]
-        shard_key = batch[0][0].shard_key
-        with cleared_shard_keys():
-            q = self.sql.start_batch(batch, shard_key)
+        groups = _by_key([wf.shard_key for wf, _ in batch])
+        statements = []
+        for indexes, key in groups:
+            with cleared_shard_keys():
+                statements.append((key, self.sql.start_batch([batch[i] for i in indexes], key)))
         try:
-            found = await self._fetch(q, f"starting {len(batch)} workflows")
+            found = await self._fetch_per_key(statements, f"starting {len(batch)} workflows")
         except asyncpg.PostgresError:
             return [await self._start_alone(wf, xid) for wf, xid in rows]
-        results: list[StartResult | BaseException] = [
-            StartResult(workflow_row(r), r["creator_xid"] == xid)
-            for r, (_, xid) in zip(found, batch, strict=True)]
+        started: dict[int, StartResult] = {}
+        for indexes, key in groups:
+            for i, r in zip(indexes, found[key], strict=True):
+                started[i] = StartResult(workflow_row(r), r["creator_xid"] == batch[i][1])
+        results: list[StartResult | BaseException] = [started[i] for i in range(len(batch))]
         for i, (wf, xid) in enumerate(rows):
-            if firsts[wf.workflow_id] != i:
+            if firsts[wf.workflow_id, wf.shard_key] != i:
                 results.insert(i, await self._start_alone(wf, xid))
         return results
 
@@ -450,19 +474,19 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         row = Checkpoint(workflow_id, function_id, function_name, owner_xid, output, error,
                          started_at_ms, completed_at_ms, child_workflow_id, child_key,
                          serialization)
-        if await self._checkpoints.submit(self.sql.key_hint(workflow_id), row):
+        key = self.sql.key_hint(workflow_id)
+        if await self._checkpoints.submit(self._lane(key), (key, row)):
             return None
         what = f"checkpointing step {function_id} of {workflow_id}"
         verdict = await self._fetchrow(self.sql.fence_verdict(workflow_id, owner_xid), what)
         return await self._recorded_or_existing(verdict, workflow_id, function_id, function_name)
 
-    async def _write_checkpoints(self, shard_key: Hashable, rows: Sequence[Checkpoint]
+    async def _write_checkpoints(self, lane: Hashable, rows: Sequence[Keyed[Checkpoint]]
                                  ) -> list[bool]:
-        """One group-commit batch of checkpoints of one key: whether each landed. One row
-        goes as :meth:`record_step`'s own statement."""
-        key = shard_key if isinstance(shard_key, str) else None
+        """One group-commit batch of checkpoints: whether each landed. One row goes as
+        :meth:`record_step`'s own statement; more as one statement per key."""
         if len(rows) == 1:
-            r = rows[0]
+            key, r = rows[0]
             with WorkflowAddress(r.workflow_id, key).routed():
                 q = self.sql.record_step(r.workflow_id, r.function_id, r.function_name,
                                          r.owner_xid, r.output, r.error, r.started_at_ms,
@@ -470,14 +494,17 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                                          r.child_shard_key, r.serialization)
             what = f"checkpointing step {r.function_id} of {r.workflow_id}"
             return [await self._fetchrow(q, what) is not None]
-        with cleared_shard_keys(), shard_key_scope(key):
-            q = self.sql.record_steps(rows)
-        landed = {(r["workflow_uuid"], r["function_id"])
-                  for r in await self._fetch(q, f"checkpointing {len(rows)} steps")}
+        statements = []
+        for indexes, key in _by_key([key for key, _ in rows]):
+            with cleared_shard_keys(), shard_key_scope(key):
+                statements.append((key, self.sql.record_steps([rows[i][1] for i in indexes])))
+        found = await self._fetch_per_key(statements, f"checkpointing {len(rows)} steps")
+        landed = {(r.get("shard_key"), r["workflow_uuid"], r["function_id"])
+                  for key_rows in found.values() for r in key_rows}
         verdicts = []
-        for r in rows:
-            verdicts.append((r.workflow_id, r.function_id) in landed)
-            landed.discard((r.workflow_id, r.function_id))  # a second claim on it did not
+        for key, r in rows:
+            verdicts.append((key, r.workflow_id, r.function_id) in landed)
+            landed.discard((key, r.workflow_id, r.function_id))  # a second claim did not land
         return verdicts
 
     async def record_outcome(
@@ -495,24 +522,29 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         slot while those workflows are still winding down."""
         status = ERROR if error is not None else SUCCESS
         row = FinalOutcome(workflow_id, status, owner_xid, output, error)
-        return await self._outcomes.submit(self.sql.key_hint(workflow_id), row)
+        key = self.sql.key_hint(workflow_id)
+        return await self._outcomes.submit(self._lane(key), (key, row))
 
-    async def _write_outcomes(self, shard_key: Hashable, rows: Sequence[FinalOutcome]
+    async def _write_outcomes(self, lane: Hashable, rows: Sequence[Keyed[FinalOutcome]]
                               ) -> list[bool]:
-        """One group-commit batch of outcomes of one key: whether each was recorded. One
-        row, a batch naming a workflow twice, or any batch on Citus (whose outcome is two
-        router statements, see routed), goes row by row."""
-        key = shard_key if isinstance(shard_key, str) else None
-        if len(rows) == 1 or len({r.workflow_id for r in rows}) < len(rows) \
+        """One group-commit batch of outcomes: whether each was recorded, as one statement
+        per key. One row, a batch naming a workflow twice, or any batch on Citus (whose
+        outcome is two router statements, see routed), goes row by row."""
+        if len(rows) == 1 or len({(key, r.workflow_id) for key, r in rows}) < len(rows) \
                 or self.routes_single_tables:
-            verdicts = [await self._write_outcome(key, r) for r in rows]
+            verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
-            with cleared_shard_keys(), shard_key_scope(key):
-                q = self.sql.record_outcomes(rows, now_ms())
-            recorded = {r["workflow_uuid"]
-                        for r in await self._fetch(q, f"recording {len(rows)} outcomes")}
-            verdicts = [r.workflow_id in recorded for r in rows]
-        for row, landed in zip(rows, verdicts, strict=True):
+            at = now_ms()
+            statements = []
+            for indexes, key in _by_key([key for key, _ in rows]):
+                with cleared_shard_keys(), shard_key_scope(key):
+                    q = self.sql.record_outcomes([rows[i][1] for i in indexes], at)
+                statements.append((key, q))
+            found = await self._fetch_per_key(statements, f"recording {len(rows)} outcomes")
+            recorded = {(r.get("shard_key"), r["workflow_uuid"])
+                        for key_rows in found.values() for r in key_rows}
+            verdicts = [(key, r.workflow_id) in recorded for key, r in rows]
+        for (key, row), landed in zip(rows, verdicts, strict=True):
             if landed:
                 self.notify(WORKFLOW_COMPLETION_CHANNEL, keyed(row.workflow_id, key))
         return verdicts

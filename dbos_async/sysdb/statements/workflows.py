@@ -366,7 +366,7 @@ class WorkflowStatements(StatementBase):
         UPDATE (no hand-off commits between the check and the insert) in ID order, so
         statements locking several of them cannot deadlock one another. Where two rows
         claim one step, the first given lands. RETURNING each landed row's (workflow,
-        step); a row missing from it asks :meth:`fence_verdict` why, as alone."""
+        step) and key; a row missing from it asks :meth:`fence_verdict` why, as alone."""
         p = Params()
         given = [{"workflow_uuid": r.workflow_id, "function_id": r.function_id,
                   "function_name": r.function_name, "owner_xid": r.owner_xid,
@@ -395,7 +395,7 @@ class WorkflowStatements(StatementBase):
                 ORDER BY ws.workflow_uuid, v.ord
                 FOR NO KEY UPDATE OF ws
                 {self._checkpoint_conflict()}
-                RETURNING workflow_uuid, function_id""",
+                RETURNING workflow_uuid, function_id{self.key_columns()}""",
             p.values,
         )
 
@@ -483,7 +483,7 @@ class WorkflowStatements(StatementBase):
         """:meth:`record_outcome` for a batch of workflows of one shard key (under the
         caller's shard_key_scope; each workflow once), in one statement, judged row by row:
         a row's status is set only while its execution owns it PENDING, and its payload is
-        written only if it was. RETURNING the IDs whose outcome was recorded."""
+        written only if it was. RETURNING the IDs (and key) whose outcome was recorded."""
         p = Params()
         names = {"workflow_uuid": "text", "status": "text", "owner_xid": "text",
                  "output": "text", "error": "text"}
@@ -515,7 +515,7 @@ class WorkflowStatements(StatementBase):
                     DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error
                   RETURNING 1
                 )
-                SELECT workflow_uuid FROM updated""",
+                SELECT workflow_uuid{self.key_columns()} FROM updated""",
             p.values,
         )
 
