@@ -8,12 +8,14 @@ other. Everything a workflow does routes by its own key; callers outside name th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import sys
 import time
 import warnings
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -637,29 +639,19 @@ async def test_a_batch_across_keys_judges_each_row(database_url: str) -> None:
         await execute(url, "INSERT INTO dbos.operation_outputs (shard_key, workflow_uuid, "
                            "function_id, function_name, output) "
                            "VALUES ('acme', 'nondeterministic', 0, 'another_step', 'null')")
-        blocker = await asyncpg.connect(url)
-        try:
-            async with pool_statements(dbos) as logged:
-                tx = blocker.transaction()
-                await tx.start()
-                await blocker.execute("SELECT 1 FROM dbos.workflow_status WHERE shard_key = "
-                                      "'lead' AND workflow_uuid = 'lead' FOR UPDATE")
-                release_lead.set()  # its checkpoint goes alone and waits for the lock
-                await wait_until(lambda: _lock_waiters(url), what="the lead's checkpoint "
-                                                                  "waiting for its row")
-                release_rest.set()  # the others finish and queue behind it
-                await tx.rollback()
-                refused = {("acme", "cancelled"), ("acme", "fenced"),
-                           ("acme", "nondeterministic")}
-                results = {ref: await asyncio.wait_for(h.get_result(), PATIENCE)
-                           for ref, h in handles.items() if ref not in refused}
-                with pytest.raises(WorkflowCancelledError):
-                    await asyncio.wait_for(handles["acme", "cancelled"].get_result(), PATIENCE)
-                with pytest.raises(NondeterminismError):
-                    await asyncio.wait_for(handles["acme", "nondeterministic"].get_result(),
-                                           PATIENCE)
-        finally:
-            await blocker.close()
+        async with pool_statements(dbos) as logged:
+            # The lead's checkpoint goes alone and waits for its row; meanwhile the others
+            # finish and queue behind it.
+            async with _lead_held(url, lambda: release_lead.set()):
+                release_rest.set()
+            refused = {("acme", "cancelled"), ("acme", "fenced"), ("acme", "nondeterministic")}
+            results = {ref: await asyncio.wait_for(h.get_result(), PATIENCE)
+                       for ref, h in handles.items() if ref not in refused}
+            with pytest.raises(WorkflowCancelledError):
+                await asyncio.wait_for(handles["acme", "cancelled"].get_result(), PATIENCE)
+            with pytest.raises(NondeterminismError):
+                await asyncio.wait_for(handles["acme", "nondeterministic"].get_result(),
+                                       PATIENCE)
         assert results == {(k, w): f"{k}/{w}!" for k, w in results}
         assert len(results) == 1 + len(others) - 3
         for key, workflow_id in results:
@@ -671,7 +663,7 @@ async def test_a_batch_across_keys_judges_each_row(database_url: str) -> None:
         assert fenced is not None and fenced.status == "PENDING"
         steps = await dbos.list_workflow_steps("nondeterministic", shard_key="acme")
         assert [s.name for s in steps] == ["another_step"]
-    if "citus" not in database_url:
+    if not await _on_citus(url):
         # The queued first checkpoints went as one round trip: one statement per key, each
         # naming only its key's workflows (the lead's next step, quick to follow, joined).
         rounds = [args for sql, args in logged if CHECKPOINTS in sql
@@ -704,27 +696,19 @@ async def test_starts_across_keys_go_together(database_url: str) -> None:
     keys = ["acme", "globex", "initech"]
     async with dbos:
         await (await start("lead", "lead")).get_result()
-        blocker = await asyncpg.connect(url)
-        try:
-            async with pool_statements(dbos) as logged:
-                tx = blocker.transaction()
-                await tx.start()
-                await blocker.execute("SELECT 1 FROM dbos.workflow_status WHERE shard_key = "
-                                      "'lead' AND workflow_uuid = 'lead' FOR UPDATE")
-                lead = asyncio.create_task(start("lead", "lead"))
-                await wait_until(lambda: _lock_waiters(url), what="the lead's start waiting "
-                                                                  "for its row")
+        leads: list[asyncio.Task[Any]] = []
+        async with pool_statements(dbos) as logged:
+            # The lead's second start waits for its row; the others queue behind it.
+            async with _lead_held(url, lambda: leads.append(
+                    asyncio.create_task(start("lead", "lead")))):
                 rest = [asyncio.create_task(start(key, "same")) for key in [*keys, "acme"]]
-                await tx.rollback()  # the others have queued behind the lead meanwhile
-                await lead
-                handles = await asyncio.gather(*rest)
-                results = [await asyncio.wait_for(h.get_result(), PATIENCE) for h in handles]
-        finally:
-            await blocker.close()
+            await leads[0]
+            handles = await asyncio.gather(*rest)
+            results = [await asyncio.wait_for(h.get_result(), PATIENCE) for h in handles]
     assert results == [key + "!" for key in [*keys, "acme"]]
     assert runs == Counter({("lead", "lead"): 1, **{(key, "same"): 1 for key in keys}})
     assert [h.shard_key for h in handles] == [*keys, "acme"]
-    if "citus" not in database_url:
+    if not await _on_citus(url):
         # One statement per key, in one round trip (its arguments one list per key, each
         # led by its key); the repeated start of ("same", acme) went alone after it.
         rounds = [args for sql, args in logged if STARTS in sql
@@ -740,10 +724,35 @@ CHECKPOINTS = "WITH ORDINALITY AS v(workflow_uuid, function_id"
 """Text of the batched checkpoint statement."""
 
 
+@contextlib.asynccontextmanager
+async def _lead_held(url: str, write: Callable[[], None]) -> AsyncIterator[None]:
+    """Lock the status row of ("lead", lead), then ``write`` to it: the block runs once that
+    write waits for the lock, which goes when the block ends."""
+    blocker = await asyncpg.connect(url)
+    try:
+        async with blocker.transaction():
+            await blocker.execute("SELECT 1 FROM dbos.workflow_status WHERE shard_key = "
+                                  "'lead' AND workflow_uuid = 'lead' FOR UPDATE")
+            write()
+            await wait_until(lambda: _lock_waiters(url), what="a write waiting for the lead")
+            yield
+    finally:
+        await blocker.close()
+
+
 async def _lock_waiters(url: str) -> bool:
-    rows = await fetch(url, "SELECT count(*) AS n FROM pg_stat_activity "
-                            "WHERE wait_event_type = 'Lock' AND datname = current_database()")
+    """Whether a statement waits for a row lock (on Citus, on the worker holding the row)."""
+    if await _on_citus(url):
+        rows = await fetch(url, "SELECT count(*) AS n FROM citus_lock_waits")
+    else:
+        rows = await fetch(url, "SELECT count(*) AS n FROM pg_stat_activity WHERE "
+                                "wait_event_type = 'Lock' AND datname = current_database()")
     return int(rows[0]["n"]) >= 1
+
+
+async def _on_citus(url: str) -> bool:
+    rows = await fetch(url, "SELECT count(*) AS n FROM pg_extension WHERE extname = 'citus'")
+    return int(rows[0]["n"]) > 0
 
 
 async def test_a_stale_execution_cannot_send_or_set_events(database_url: str) -> None:
