@@ -182,11 +182,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         if len(firsts) < 2:
             return [await self._start_alone(wf, xid) for wf, xid in rows]
         batch = [rows[i] for i in firsts.values()]
-        groups = _by_key([wf.shard_key for wf, _ in batch])
-        statements = []
-        for indexes, key in groups:
-            with cleared_shard_keys():
-                statements.append((key, self.sql.start_batch([batch[i] for i in indexes], key)))
+        groups, statements = self._per_key(
+            [(wf.shard_key, (wf, xid)) for wf, xid in batch],
+            lambda key, row: self.sql.insert_workflow(*row),
+            lambda key, group: self.sql.start_batch(group, key))
         try:
             found = await self._fetch_per_key(statements, f"starting {len(batch)} workflows")
         except asyncpg.PostgresError:
@@ -483,22 +482,20 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _write_checkpoints(self, lane: Hashable, rows: Sequence[Keyed[Checkpoint]]
                                  ) -> list[bool]:
-        """One group-commit batch of checkpoints: whether each landed. One row goes as
-        :meth:`record_step`'s own statement; more as one statement per key."""
-        if len(rows) == 1:
-            key, r = rows[0]
+        """One group-commit batch of checkpoints, one statement per key: whether each
+        landed."""
+
+        def one(key: str | None, r: Checkpoint) -> Query:
             with WorkflowAddress(r.workflow_id, key).routed():
-                q = self.sql.record_step(r.workflow_id, r.function_id, r.function_name,
-                                         r.owner_xid, r.output, r.error, r.started_at_ms,
-                                         r.completed_at_ms, r.child_workflow_id,
-                                         r.child_shard_key, r.serialization)
-            what = f"checkpointing step {r.function_id} of {r.workflow_id}"
-            return [await self._fetchrow(q, what) is not None]
-        statements = []
-        for indexes, key in _by_key([key for key, _ in rows]):
-            with cleared_shard_keys(), shard_key_scope(key):
-                statements.append((key, self.sql.record_steps([rows[i][1] for i in indexes])))
-        found = await self._fetch_per_key(statements, f"checkpointing {len(rows)} steps")
+                return self.sql.record_step(r.workflow_id, r.function_id, r.function_name,
+                                            r.owner_xid, r.output, r.error, r.started_at_ms,
+                                            r.completed_at_ms, r.child_workflow_id,
+                                            r.child_shard_key, r.serialization)
+
+        _, statements = self._per_key(rows, one, lambda key, group: self.sql.record_steps(group))
+        what = (f"checkpointing step {rows[0][1].function_id} of {rows[0][1].workflow_id}"
+                if len(rows) == 1 else f"checkpointing {len(rows)} steps")
+        found = await self._fetch_per_key(statements, what)
         landed = {(r.get("shard_key"), r["workflow_uuid"], r["function_id"])
                   for key_rows in found.values() for r in key_rows}
         verdicts = []
@@ -527,20 +524,25 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _write_outcomes(self, lane: Hashable, rows: Sequence[Keyed[FinalOutcome]]
                               ) -> list[bool]:
-        """One group-commit batch of outcomes: whether each was recorded, as one statement
-        per key. One row, a batch naming a workflow twice, or any batch on Citus (whose
-        outcome is two router statements, see routed), goes row by row."""
-        if len(rows) == 1 or len({(key, r.workflow_id) for key, r in rows}) < len(rows) \
+        """One group-commit batch of outcomes, one statement per key: whether each was
+        recorded. A batch naming a workflow twice, or any batch on Citus (whose outcome is
+        two router statements, see routed), goes row by row."""
+        if len({(key, r.workflow_id) for key, r in rows}) < len(rows) \
                 or self.routes_single_tables:
             verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
             at = now_ms()
-            statements = []
-            for indexes, key in _by_key([key for key, _ in rows]):
-                with cleared_shard_keys(), shard_key_scope(key):
-                    q = self.sql.record_outcomes([rows[i][1] for i in indexes], at)
-                statements.append((key, q))
-            found = await self._fetch_per_key(statements, f"recording {len(rows)} outcomes")
+
+            def one(key: str | None, r: FinalOutcome) -> Query:
+                with WorkflowAddress(r.workflow_id, key).routed():
+                    return self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid,
+                                                   r.output, r.error, at)
+
+            _, statements = self._per_key(
+                rows, one, lambda key, group: self.sql.record_outcomes(group, at))
+            what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
+                    else f"recording {len(rows)} outcomes")
+            found = await self._fetch_per_key(statements, what)
             recorded = {(r.get("shard_key"), r["workflow_uuid"])
                         for key_rows in found.values() for r in key_rows}
             verdicts = [(key, r.workflow_id) in recorded for key, r in rows]
@@ -557,7 +559,25 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             query = self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid, r.output,
                                             r.error, now_ms())
         row = await self._fetchrow(query, f"recording the outcome of {r.workflow_id}")
-        return row is not None and int(row["count"]) > 0
+        return row is not None
+
+    def _per_key(self, rows: Sequence[Keyed[T]], one: Callable[[str | None, T], Query],
+                 batch: Callable[[str | None, list[T]], Query]
+                 ) -> tuple[list[KeyGroup], list[tuple[str | None, Query]]]:
+        """The statements of a group-commit batch, one per key, and the rows (indexes) each
+        writes: where every key holds one row (a lone write, or workflows spread over many
+        keys), each row's single-row statement ``one``, which costs the server less to run
+        than the array form ``batch`` takes for several rows of a key. Every statement
+        reads back each written row's ID and key, whatever its form."""
+        groups = _by_key([key for key, _ in rows])
+        statements = []
+        for indexes, key in groups:
+            if len(groups) == len(rows):
+                statements.append((key, one(*rows[indexes[0]])))
+                continue
+            with cleared_shard_keys(), shard_key_scope(key):
+                statements.append((key, batch(key, [rows[i][1] for i in indexes])))
+        return groups, statements
 
     async def get_workflow(
         self, workflow_id: str, *, load_input: bool = False, load_output: bool = False

@@ -343,8 +343,9 @@ class WorkflowStatements(StatementBase):
         checkpoint is selected from the workflow's status row, locked FOR NO KEY UPDATE so no
         hand-off (recovery, cancel, resume) commits between the ownership check and the
         insert, and it lands only while this execution owns a PENDING workflow. The row's own
-        key feeds the insert, so Citus runs it as one task on that key's shard. RETURNING 1
-        when it landed; when nothing did, :meth:`fence_verdict` says why."""
+        key feeds the insert, so Citus runs it as one task on that key's shard. RETURNING
+        its (workflow, step) and key, as :meth:`record_steps` does, when it landed; when
+        nothing did, :meth:`fence_verdict` says why."""
         p = Params()
         values = self._checkpoint_values(
             self._key_values_of("ws"), workflow_id, function_id, function_name, p,
@@ -357,7 +358,8 @@ class WorkflowStatements(StatementBase):
                      FOR NO KEY UPDATE"""
         insert = self._insert_select("operation_outputs", values, source,
                                      self._checkpoint_conflict())
-        return Query(f"{insert} RETURNING 1", p.values)
+        return Query(f"{insert} RETURNING workflow_uuid, function_id{self.key_columns()}",
+                     p.values)
 
     def record_steps(self, rows: Sequence[Checkpoint]) -> Query:
         """:meth:`record_step` for a batch of checkpoints of one shard key (under the
@@ -436,6 +438,7 @@ class WorkflowStatements(StatementBase):
 
         The UPDATE applies only to a PENDING row this execution still owns; the output is
         written only if the UPDATE was, so a stale execution leaves no payload behind.
+        RETURNING the ID and key, as :meth:`record_outcomes` does, when it was recorded.
         """
         p = Params()
         output_values = self._output_values(workflow_id, output, error, p)
@@ -449,14 +452,14 @@ class WorkflowStatements(StatementBase):
                   {self._output_conflict()}
                   RETURNING 1
                 )
-                SELECT count(*) AS count FROM updated""",
+                SELECT workflow_uuid{self.key_columns()} FROM updated""",
             p.values,
         )
 
     def _finish_update(self, workflow_id: str, status: str, owner_xid: str, now_ms: int,
                        p: Params) -> str:
         """The UPDATE of a terminal outcome, applied only to a PENDING row this execution
-        still owns; RETURNING 1 when it was."""
+        still owns; RETURNING its ID (and key) when it was."""
         return f"""UPDATE {self.table('workflow_status')}
                   SET status = {p(status)},
                       -- A finished workflow holds no deduplication ID and has no owner.
@@ -466,7 +469,7 @@ class WorkflowStatements(StatementBase):
                       completed_at = {p(now_ms, 'bigint')}
                   WHERE {self.wf(None, workflow_id, p)} AND status = {p(PENDING)}
                     AND owner_xid = {p(owner_xid)}
-                  RETURNING 1"""
+                  RETURNING workflow_uuid{self.key_columns()}"""
 
     def _output_values(self, workflow_id: str, output: str | None, error: str | None,
                        p: Params) -> dict[str, str]:
