@@ -44,6 +44,7 @@ from dbos_async import (
     current_shard_key,
     current_workflow_id,
 )
+from dbos_async.sysdb.core import MIN_KEYS_PER_ROUND_TRIP
 
 PATIENCE = 15.0
 
@@ -605,6 +606,10 @@ BATCH_LAYOUTS = {
     # One row per key (each in the single-row form), one ID under every key.
     "one row per key": ([(key, "w") for key in ("acme", "globex", "initech", "umbrella")],
                         ("acme", "w"), ("globex", "w"), ("initech", "w")),
+    # Enough keys that the statements go as two transactions at once, the refused rows in
+    # both halves.
+    "keys over two round trips": ([(f"key-{n:02}", "w") for n in range(24)],
+                                  ("key-00", "w"), ("key-13", "w"), ("key-23", "w")),
 }
 
 
@@ -675,17 +680,81 @@ async def test_a_batch_across_keys_judges_each_row(database_url: str, layout: st
                                                shard_key=nondeterministic[0])
         assert [s.name for s in steps] == ["another_step"]
     if not await _on_citus(url):
-        # The queued first checkpoints went as one round trip: one statement per key (its
-        # arguments one list per key), each naming one key; the lead's next step, quick to
-        # follow, may have joined.
+        # The queued first checkpoints went as one round trip (two at once for many keys):
+        # one statement per key (its arguments one list per key), each naming one key; the
+        # lead's next step, quick to follow, may have joined.
         keys = {key for key, _ in others}
         rounds = [args for sql, args in logged if "operation_outputs" in sql
                   and args and all(isinstance(a, (list, tuple)) for a in args)]
         assert rounds, "no checkpoints of several keys went in one round trip"
-        named = [{key for key in [*keys, "lead"] if key in params} for params in rounds[0]]
+        first = rounds[:2 if len(keys) >= 2 * MIN_KEYS_PER_ROUND_TRIP else 1]
+        named = [{key for key in [*keys, "lead"] if key in params}
+                 for statements in first for params in statements]
         assert all(len(k) == 1 for k in named), named
         assert set().union(*named) - {"lead"} == keys
-        assert len(rounds[0]) in (len(keys), len(keys) + 1)
+        assert len(named) in (len(keys), len(keys) + 1)
+
+
+async def test_a_refused_statement_fails_only_its_own_key(plain_database_url: str) -> None:
+    """The statements of a batch over many keys go as two transactions at once; when the
+    database refuses one, its statements run again key by key, so the refused key's
+    workflow alone fails and every other commits, in both halves."""
+    url = plain_database_url
+    dbos = sharded(url)
+    keys = [f"key-{n:02}" for n in range(2 * MIN_KEYS_PER_ROUND_TRIP)]
+    release_lead, release_rest, everyone_in = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    arrived: set[str] = set()
+
+    @dbos.step(name="held", cancellable=False)
+    async def held(key: str) -> str:
+        arrived.add(key)
+        if arrived >= {"lead", *keys}:
+            everyone_in.set()
+        await (release_lead if key == "lead" else release_rest).wait()
+        return key
+
+    @dbos.workflow(name="work")
+    async def work(key: str) -> str:
+        return await held(key) + "!"
+
+    async with dbos:
+        # A real refusal by the server (not a lost connection) of key-03's checkpoint.
+        await execute(url, """
+            CREATE FUNCTION refuse_key_03() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+              IF NEW.shard_key = 'key-03' AND NEW.function_name = 'held' THEN
+                RAISE EXCEPTION 'refused for %', NEW.shard_key;
+              END IF;
+              RETURN NEW;
+            END $$""")
+        await execute(url, "CREATE TRIGGER refuse_key_03 BEFORE INSERT ON "
+                           "dbos.operation_outputs FOR EACH ROW EXECUTE FUNCTION refuse_key_03()")
+        handles = {}
+        for key in ["lead", *keys]:
+            with SetShardKey(key), SetWorkflowID("lead" if key == "lead" else "w"):
+                handles[key] = await dbos.start_workflow(work, key)
+        await asyncio.wait_for(everyone_in.wait(), PATIENCE)
+        async with pool_statements(dbos) as logged:
+            # The lead's checkpoint waits for its row; meanwhile the others queue behind it.
+            async with _lead_held(url, lambda: release_lead.set()):
+                release_rest.set()
+            outcomes = await asyncio.gather(
+                *(asyncio.wait_for(h.get_result(), PATIENCE) for h in handles.values()),
+                return_exceptions=True)
+        results = dict(zip(handles, outcomes, strict=True))
+        refused = results.pop("key-03")
+        assert isinstance(refused, DBOSError) and "refused for key-03" in str(refused)
+        assert results == {key: key + "!" for key in results}
+        for key in keys:
+            steps = await dbos.list_workflow_steps("w", shard_key=key)
+            assert [s.name for s in steps] == ([] if key == "key-03" else ["held"])
+    # Two transactions at once, then key-03's half again key by key.
+    rounds = [args for sql, args in logged if "operation_outputs" in sql
+              and args and all(isinstance(a, (list, tuple)) for a in args)]
+    sizes = [len(statements) for statements in rounds]
+    assert sizes[:2] == [MIN_KEYS_PER_ROUND_TRIP] * 2 or \
+        sorted(sizes[:2]) == [MIN_KEYS_PER_ROUND_TRIP, MIN_KEYS_PER_ROUND_TRIP + 1], sizes
+    assert sizes[2:2 + MIN_KEYS_PER_ROUND_TRIP] == [1] * MIN_KEYS_PER_ROUND_TRIP, sizes
 
 
 async def test_starts_across_keys_go_together(database_url: str) -> None:

@@ -6,6 +6,7 @@ statements for the schema and the owner of the rows it writes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import time
@@ -21,6 +22,7 @@ from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payloa
 from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
+from dbos_async.sysdb.statements.templates import StatementTemplates
 
 T = TypeVar("T")
 
@@ -34,6 +36,14 @@ DEFAULT_IDLE_TRANSACTION_TIMEOUT_MS = 60_000
 DEFAULT_OBSERVABILITY_QUERY_TIMEOUT_MS = 30_000
 """How long one statement of an observability read may run (the ``dbos`` package's
 default)."""
+
+
+PER_KEY_ROUND_TRIPS = 2
+"""Into how many transactions, sent at once, a batch of per-key statements is split."""
+
+MIN_KEYS_PER_ROUND_TRIP = 8
+"""Fewer per-key statements than this go in one round trip: another would cost more than
+the server's time it saves."""
 
 
 def now_ms() -> int:
@@ -67,6 +77,7 @@ class DatabaseCore:
         # StatementBase.app_scope); None leaves everything unscoped.
         self.application_name = application_name
         self.sql.app_name = application_name
+        self.templates = StatementTemplates()
         self._pool_size = pool_size
         self._connect_timeout = connect_timeout
         self._connection_name = connection_name
@@ -182,27 +193,61 @@ class DatabaseCore:
         return await self._retried(what, lambda: self.pool.fetchrow(query.sql, *query.params))
 
     async def _fetch_per_key(self, statements: Sequence[tuple[str | None, Query]], what: str
-                             ) -> dict[str | None, list[asyncpg.Record]]:
-        """One statement per shard key, all in one round trip (each statement stays on its
-        key's shard); the rows each returned, by key, told apart by the ``shard_key``
-        column each must read back (see ``key_columns``).
+                             ) -> dict[str | None, list[asyncpg.Record] | Exception]:
+        """One statement per shard key, in one round trip or a few at once (each statement
+        stays on its key's shard); by key, the rows it returned (told apart by the
+        ``shard_key`` column each must read back, see ``key_columns``) or the error that
+        refused it, which wrote none of its rows.
 
         The statements of one text go as one prepared statement executed once per key
         before a single Sync (asyncpg's ``fetchmany``), which PostgreSQL runs as one
-        implicit transaction: they commit together or not at all. The keys go in sorted
-        order, so two such batches lock their rows in one order and cannot deadlock."""
+        implicit transaction. The server runs them one after another, so many keys are
+        split into :data:`PER_KEY_ROUND_TRIPS` such transactions sent at once on as many
+        connections, which it runs side by side: each row's write is judged on its own, so
+        they need not commit together. The keys go in sorted order, so any two such
+        transactions lock their rows in one order and cannot deadlock."""
         if len(statements) == 1:
             key, query = statements[0]
-            return {key: await self._fetch(query, what)}
-        texts: dict[str, list[Sequence[object]]] = {}
-        for _, query in sorted(statements, key=lambda statement: statement[0] or ""):
-            texts.setdefault(query.sql, []).append(query.params)
-        rows: dict[str | None, list[asyncpg.Record]] = {key: [] for key, _ in statements}
-        for sql, params in texts.items():
-            run = functools.partial(self.pool.fetchmany, sql, params)
-            for row in await self._retried(what, run):
-                rows[row["shard_key"]].append(row)
-        return rows
+            try:
+                return {key: await self._fetch(query, what)}
+            except Exception as error:
+                return {key: error}
+        texts: dict[str, list[tuple[str | None, Sequence[object]]]] = {}
+        for key, query in sorted(statements, key=lambda statement: statement[0] or ""):
+            texts.setdefault(query.sql, []).append((key, query.params))
+        parts: list[tuple[str, list[tuple[str | None, Sequence[object]]]]] = []
+        for sql, of_text in texts.items():
+            count = max(1, min(PER_KEY_ROUND_TRIPS, len(of_text) // MIN_KEYS_PER_ROUND_TRIP))
+            size = -(-len(of_text) // count)
+            parts += ((sql, of_text[start:start + size]) for start in range(0, len(of_text), size))
+        # Every part's transaction is awaited, failed or not: each writes its own rows.
+        results: dict[str | None, list[asyncpg.Record] | Exception] = {}
+        for found in await asyncio.gather(*(self._fetch_many(sql, of_text, what)
+                                            for sql, of_text in parts)):
+            results.update(found)
+        return results
+
+    async def _fetch_many(self, sql: str, of_text: Sequence[tuple[str | None, Sequence[object]]],
+                          what: str) -> dict[str | None, list[asyncpg.Record] | Exception]:
+        """One statement text executed once per key in one implicit transaction: the rows
+        by key, or the error that ended it. A transaction the database refuses is run
+        again key by key, so one key's bad row fails only that key's statement."""
+        try:
+            found = await self._retried(what, functools.partial(
+                self.pool.fetchmany, sql, [params for _, params in of_text]))
+        except asyncpg.PostgresError as error:
+            if len(of_text) == 1:
+                return {of_text[0][0]: error}
+            results: dict[str | None, list[asyncpg.Record] | Exception] = {}
+            for one in of_text:
+                results.update(await self._fetch_many(sql, [one], what))
+            return results
+        except Exception as error:
+            return {key: error for key, _ in of_text}
+        rows: dict[str | None, list[asyncpg.Record]] = {key: [] for key, _ in of_text}
+        for row in found:
+            rows[row["shard_key"]].append(row)
+        return {**rows}
 
     @contextlib.asynccontextmanager
     async def locking_transaction(self, isolation: Literal["serializable"] | None = None

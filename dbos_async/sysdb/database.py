@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -99,6 +99,27 @@ def _by_key(keys: Sequence[str | None]) -> list[KeyGroup]:
     return [(indexes, key) for key, indexes in groups.items()]
 
 
+def _verdicts(rows: Sequence[Keyed[T]],
+              found: Mapping[str | None, list[asyncpg.Record] | Exception],
+              of_row: Callable[[str | None, T], Hashable],
+              of_record: Callable[[asyncpg.Record], Hashable]) -> list[bool | BaseException]:
+    """Per row of a group-commit batch: whether its write landed (its identity is among
+    the rows its key's statement read back), or the error that ended that key's
+    transaction. Of two rows claiming one write, the first landed."""
+    landed = {of_record(r) for outcome in found.values()
+              if not isinstance(outcome, Exception) for r in outcome}
+    verdicts: list[bool | BaseException] = []
+    for key, row in rows:
+        outcome = found[key]
+        if isinstance(outcome, Exception):
+            verdicts.append(outcome)
+            continue
+        identity = of_row(key, row)
+        verdicts.append(identity in landed)
+        landed.discard(identity)
+    return verdicts
+
+
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
                       found: Sequence[Row]) -> None:
     """Raise if a row's ID belongs to another workflow name (the statement then inserted
@@ -184,17 +205,22 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         batch = [rows[i] for i in firsts.values()]
         groups, statements = self._per_key(
             [(wf.shard_key, (wf, xid)) for wf, xid in batch],
-            lambda key, row: self.sql.insert_workflow(*row),
+            lambda key, row: self.templates.query("insert_workflow", self.sql.insert_workflow,
+                                                  *row, exact=("status",)),
             lambda key, group: self.sql.start_batch(group, key))
-        try:
-            found = await self._fetch_per_key(statements, f"starting {len(batch)} workflows")
-        except asyncpg.PostgresError:
-            return [await self._start_alone(wf, xid) for wf, xid in rows]
-        started: dict[int, StartResult] = {}
+        found = await self._fetch_per_key(statements, f"starting {len(batch)} workflows")
+        started: dict[int, StartResult | BaseException] = {}
         for indexes, key in groups:
-            for i, r in zip(indexes, found[key], strict=True):
-                started[i] = StartResult(workflow_row(r), r["creator_xid"] == batch[i][1])
-        results: list[StartResult | BaseException] = [started[i] for i in range(len(batch))]
+            outcome = found[key]
+            if isinstance(outcome, asyncpg.PostgresError):
+                for i in indexes:  # refused: each alone, so a bad row fails alone
+                    started[i] = await self._start_alone(*batch[i])
+            elif isinstance(outcome, Exception):
+                started.update((i, outcome) for i in indexes)
+            else:
+                for i, r in zip(indexes, outcome, strict=True):
+                    started[i] = StartResult(workflow_row(r), r["creator_xid"] == batch[i][1])
+        results = [started[i] for i in range(len(batch))]
         for i, (wf, xid) in enumerate(rows):
             if firsts[wf.workflow_id, wf.shard_key] != i:
                 results.insert(i, await self._start_alone(wf, xid))
@@ -481,7 +507,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         return await self._recorded_or_existing(verdict, workflow_id, function_id, function_name)
 
     async def _write_checkpoints(self, lane: Hashable, rows: Sequence[Keyed[Checkpoint]]
-                                 ) -> list[bool]:
+                                 ) -> list[bool | BaseException]:
         """One group-commit batch of checkpoints, one statement per key: whether each
         landed."""
 
@@ -492,17 +518,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                                             r.completed_at_ms, r.child_workflow_id,
                                             r.child_shard_key, r.serialization)
 
-        _, statements = self._per_key(rows, one, lambda key, group: self.sql.record_steps(group))
+        _, statements = self._per_key(
+            rows, lambda key, r: self.templates.query("record_step", one, key, r),
+            lambda key, group: self.sql.record_steps(group))
         what = (f"checkpointing step {rows[0][1].function_id} of {rows[0][1].workflow_id}"
                 if len(rows) == 1 else f"checkpointing {len(rows)} steps")
         found = await self._fetch_per_key(statements, what)
-        landed = {(r.get("shard_key"), r["workflow_uuid"], r["function_id"])
-                  for key_rows in found.values() for r in key_rows}
-        verdicts = []
-        for key, r in rows:
-            verdicts.append((key, r.workflow_id, r.function_id) in landed)
-            landed.discard((key, r.workflow_id, r.function_id))  # a second claim did not land
-        return verdicts
+        return _verdicts(rows, found, lambda key, r: (key, r.workflow_id, r.function_id),
+                         lambda r: (r.get("shard_key"), r["workflow_uuid"], r["function_id"]))
 
     async def record_outcome(
         self,
@@ -523,31 +546,32 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         return await self._outcomes.submit(self._lane(key), (key, row))
 
     async def _write_outcomes(self, lane: Hashable, rows: Sequence[Keyed[FinalOutcome]]
-                              ) -> list[bool]:
+                              ) -> list[bool | BaseException]:
         """One group-commit batch of outcomes, one statement per key: whether each was
         recorded. A batch naming a workflow twice, or any batch on Citus (whose outcome is
         two router statements, see routed), goes row by row."""
         if len({(key, r.workflow_id) for key, r in rows}) < len(rows) \
                 or self.routes_single_tables:
-            verdicts = [await self._write_outcome(key, r) for key, r in rows]
+            verdicts: list[bool | BaseException] = [await self._write_outcome(key, r)
+                                                    for key, r in rows]
         else:
             at = now_ms()
 
-            def one(key: str | None, r: FinalOutcome) -> Query:
+            def one(key: str | None, r: FinalOutcome, at: int) -> Query:
                 with WorkflowAddress(r.workflow_id, key).routed():
                     return self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid,
                                                    r.output, r.error, at)
 
             _, statements = self._per_key(
-                rows, one, lambda key, group: self.sql.record_outcomes(group, at))
+                rows, lambda key, r: self.templates.query("record_outcome", one, key, r, at),
+                lambda key, group: self.sql.record_outcomes(group, at))
             what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
                     else f"recording {len(rows)} outcomes")
             found = await self._fetch_per_key(statements, what)
-            recorded = {(r.get("shard_key"), r["workflow_uuid"])
-                        for key_rows in found.values() for r in key_rows}
-            verdicts = [(key, r.workflow_id) in recorded for key, r in rows]
+            verdicts = _verdicts(rows, found, lambda key, r: (key, r.workflow_id),
+                                 lambda r: (r.get("shard_key"), r["workflow_uuid"]))
         for (key, row), landed in zip(rows, verdicts, strict=True):
-            if landed:
+            if landed is True:
                 self.notify(WORKFLOW_COMPLETION_CHANNEL, keyed(row.workflow_id, key))
         return verdicts
 
