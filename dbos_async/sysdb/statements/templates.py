@@ -53,22 +53,29 @@ class _Layout:
     getters: tuple[Callable[[Any], tuple[Any, ...]] | None, ...]
     replaceable: tuple[bool, ...]
     """Per value: whether a stand-in may take its place (it is not exact)."""
-    exact: tuple[int, ...]
+    exact: Callable[[list[Any]], Any]
+    """The exact values among a row's values: they are part of its shape."""
 
     @classmethod
     def of(cls, args: tuple[Any, ...], exact: Collection[str]) -> _Layout:
         getters: list[Callable[[Any], tuple[Any, ...]] | None] = []
         names: list[str] = []
+        values: list[Any] = []
         for position, arg in enumerate(args):
             if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
                 fields = [f.name for f in dataclasses.fields(arg)]
                 getters.append(operator.attrgetter(*fields))
                 names += fields
+                values += (getattr(arg, name) for name in fields)
             else:
                 getters.append(None)
                 names.append(f"#{position}")
-        return cls(tuple(getters), tuple(n not in exact for n in names),
-                   tuple(i for i, n in enumerate(names) if n in exact))
+                values.append(arg)
+        # A boolean cannot be stood in for: its value is part of the shape.
+        exact_at = [i for i, (n, v) in enumerate(zip(names, values, strict=True))
+                    if n in exact or type(v) is bool]
+        return cls(tuple(getters), tuple(i not in exact_at for i in range(len(names))),
+                   operator.itemgetter(*exact_at) if exact_at else lambda values: ())
 
     def values(self, args: tuple[Any, ...]) -> list[Any]:
         values: list[Any] = []
@@ -80,18 +87,17 @@ class _Layout:
         return values
 
 
-def _shape_of(value: Any) -> Any:
-    """What of a value the text may depend on: a string's or integer's type (a stand-in
-    takes its place), any other value itself (None, a boolean)."""
-    kind = type(value)
-    return kind if kind is str or kind is int else value
-
-
-def _stand_in(value: Any, index: int) -> Any:
+def _stand_in(value: Any, index: int, name: str) -> Any:
+    """What takes the place of a row's value while its template is built."""
     kind = type(value)
     if kind is str:
         return f"{_TEXT_MARK}{index}"
-    return _INT_BASE + index if kind is int else value
+    if kind is int:
+        return _INT_BASE + index
+    if value is not None:
+        raise RuntimeError(f"Statement {name!r}: a {kind.__name__} cannot be stood in for; "
+                           "name its field as exact")
+    return None
 
 
 class StatementTemplates:
@@ -114,7 +120,8 @@ class StatementTemplates:
         if layout is None:
             layout = self._layouts[name] = _Layout.of(args, exact)
         values = layout.values(args)
-        shape = (name, *map(_shape_of, values), *(values[i] for i in layout.exact))
+        # A value's type (None's included) and the exact values: what the text depends on.
+        shape = (name, *map(type, values), layout.exact(values))
         template = self._templates.get(shape)
         if template is None:
             template = self._templates[shape] = _built(name, build, args, layout, values)
@@ -123,7 +130,7 @@ class StatementTemplates:
 
 def _built(name: str, build: Callable[..., Query], args: tuple[Any, ...], layout: _Layout,
            values: list[Any]) -> _Template:
-    stand_ins = iter([_stand_in(v, i) if layout.replaceable[i] else v
+    stand_ins = iter([_stand_in(v, i, name) if layout.replaceable[i] else v
                       for i, v in enumerate(values)])
     stood = tuple(
         next(stand_ins) if getter is None
