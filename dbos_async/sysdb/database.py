@@ -195,8 +195,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         """One group-commit batch of parentless starts of one shape (see
         :meth:`start_workflow`): one statement per key. One row, and every row whose
         workflow an earlier row of the batch names, goes alone with :meth:`_start_one`; so
-        does every row of a batch the database refuses, so one bad row is the only one to
-        fail."""
+        does every row of a key's statement the database refuses, so one bad row is the
+        only one to fail."""
         firsts: dict[WorkflowRef, int] = {}
         for i, (wf, _) in enumerate(rows):
             firsts.setdefault((wf.workflow_id, wf.shard_key), i)
