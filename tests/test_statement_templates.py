@@ -13,7 +13,7 @@ from dbos_async.sysdb.shard_keys import WorkflowAddress
 from dbos_async.sysdb.statements import Statements
 from dbos_async.sysdb.statements.base import Checkpoint, NewWorkflow, Query
 from dbos_async.sysdb.statements.sharded import ShardedStatements
-from dbos_async.sysdb.statements.templates import StatementTemplates
+from dbos_async.sysdb.statements.templates import MAX_TEMPLATES, StatementTemplates
 
 KINDS = {"unsharded": Statements, "sharded": ShardedStatements}
 
@@ -119,3 +119,26 @@ class Flag:
 def _listed(query: Query) -> Query:
     """A built query with its parameters as the templates give them (a tuple)."""
     return Query(query.sql, tuple(query.params))
+
+
+def test_the_oldest_shapes_make_way_past_the_bound() -> None:
+    """Shapes beyond the bound replace the oldest, which is built again when it returns."""
+    templates = StatementTemplates()
+    builds: list[int] = []
+
+    def shaped(row: Shaped) -> Query:
+        builds.append(row.width)
+        return Query(f"SELECT {row.width}, $1", [row.name])
+
+    for width in [*range(MAX_TEMPLATES + 1), 0, MAX_TEMPLATES]:
+        assert templates.query("shaped", shaped, Shaped("x", width),
+                               exact=("width",)).sql == f"SELECT {width}, $1"
+    # Each new shape is built twice (stand-ins, then checked directly); the first shape
+    # again after it was dropped, the newest not.
+    assert len(builds) == 2 * (MAX_TEMPLATES + 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shaped:
+    name: str
+    width: int

@@ -30,6 +30,11 @@ _INT_BASE = -(2**62)
 """Stand-in integers count up from here, far from any constant or real value."""
 
 
+MAX_TEMPLATES = 1024
+"""The most shapes kept: far more than a workload's starts and steps take (optional fields
+present or not), a bound on what an unusual one can grow."""
+
+
 class _Template:
     """A statement's text and each parameter's origin: an index into the row's values
     followed by ``constants``."""
@@ -124,6 +129,8 @@ class StatementTemplates:
         shape = (name, *map(type, values), layout.exact(values))
         template = self._templates.get(shape)
         if template is None:
+            if len(self._templates) >= MAX_TEMPLATES:
+                del self._templates[next(iter(self._templates))]  # the oldest
             template = self._templates[shape] = _built(name, build, args, layout, values)
         return template.fill(values)
 
