@@ -53,6 +53,7 @@ from dbos_async.testing import (
     run_sync,
     with_database,
 )
+from tests.helpers.cluster import Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -241,3 +242,14 @@ def citus_url() -> Iterator[str]:
         yield with_database(admin_url, name)
     finally:
         run_sync(_drop_citus(admin_url, name))
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A private server of the test's own, which it may stop and start (skipped where the
+    machine has no PostgreSQL binaries)."""
+    made = Cluster()
+    try:
+        yield made
+    finally:
+        made.remove()

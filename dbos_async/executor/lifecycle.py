@@ -52,6 +52,8 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
     retried through connection losses for up to ``db_retry_timeout``."""
     config, sysdb = runtime.config, runtime.system_database
     try:
+        # First, so that an entry waiting on the database says on what.
+        runtime.background.supervise(sysdb.watch_health, "database health watch")
         await sysdb.open(run_migrations=config.run_migrations, patient=True)
         await _hold_executor_id(runtime)
         await start_notifications(sysdb, sysdb.url, config, runtime.background.supervise)

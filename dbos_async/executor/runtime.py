@@ -111,7 +111,9 @@ class Runtime:
         executor_id = self.executor_lock.executor_id if self.executor_lock is not None \
             else self.config.executor_id
         tasks = (*self.background.health(), *self.queue_tasks.health())
-        return ExecutorHealth(self.state, executor_id, tasks)
+        notifications = self._sysdb.notifications
+        listener = None if notifications is None else notifications.not_listening()
+        return ExecutorHealth(self.state, executor_id, tasks, self._sysdb.health(), listener)
 
     def require_running(self) -> None:
         if self.state != "running":

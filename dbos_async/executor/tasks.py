@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import anyio
 
+from dbos_async.sysdb.health import DatabaseHealth
+
 logger = logging.getLogger("dbos_async")
 
 TaskState = Literal["running", "restarting", "stopped"]
@@ -57,14 +59,24 @@ class TaskHealth:
 
 @dataclass(frozen=True)
 class ExecutorHealth:
-    """What :meth:`dbos_async.DBOS.health` reports: the executor's state and each of its
+    """What :meth:`dbos_async.DBOS.health` reports: the executor's state, how its system
+    database answers, whether its notification listener is connected, and each of its
     background tasks (notification listener, notifier, cancellation watcher, executor ID
     keeper, queue claim loops, queue watcher, scheduler, maintenance jobs).
-    ``healthy`` holds while the executor runs and every one of them runs."""
+
+    ``problems`` says in sentences what is wrong; ``healthy`` holds while the executor runs
+    and nothing is; ``degraded`` while it runs with problems (it still serves what it can:
+    workflows pause through an outage, waits poll without the listener).
+    """
 
     state: str
     executor_id: str | None
     tasks: tuple[TaskHealth, ...]
+    database: DatabaseHealth | None = None
+    """None outside ``async with dbos:``."""
+    listener: str | None = None
+    """Why the notification listener is not connected (waits poll meanwhile); None while
+    it is, or where LISTEN/NOTIFY is turned off."""
 
     @property
     def down(self) -> list[TaskHealth]:
@@ -72,8 +84,23 @@ class ExecutorHealth:
         return [task for task in self.tasks if task.state != "running"]
 
     @property
+    def problems(self) -> list[str]:
+        """What is wrong, one sentence each (empty when nothing is)."""
+        found = [] if self.database is None or self.database.problem is None \
+            else [self.database.problem]
+        if self.listener is not None:
+            found.append(self.listener)
+        found += [f"background task {task.name} is {task.state}"
+                  + (f" ({task.last_error})" if task.last_error else "") for task in self.down]
+        return found
+
+    @property
     def healthy(self) -> bool:
-        return self.state == "running" and not self.down
+        return self.state == "running" and not self.problems
+
+    @property
+    def degraded(self) -> bool:
+        return self.state == "running" and bool(self.problems)
 
 
 class SupervisedTask:

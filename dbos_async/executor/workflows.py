@@ -33,6 +33,7 @@ from dbos_async.executor.recorded_errors import recorded_error
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.database import StepRecord, WorkflowRow, now_ms
+from dbos_async.sysdb.retry import outlasting_outages
 from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import PORTABLE_JSON
 
@@ -123,8 +124,10 @@ async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
                kwargs: dict[str, Any], attributes: str | None) -> None:
-    with ctx.routed(), observe.workflow_run(ctx, execution.info.name, execution.result,
-                                            attributes):
+    # Everything the workflow writes, its outcome included, waits out a database outage:
+    # an infrastructure error is never its outcome (see dbos_async/sysdb/retry.py).
+    with ctx.routed(), outlasting_outages(), observe.workflow_run(
+            ctx, execution.info.name, execution.result, attributes):
         await _execute(ctx, execution, args, kwargs)
 
 

@@ -18,6 +18,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
 from dbos_async.sysdb import connection, migrations, setup
+from dbos_async.sysdb.health import DatabaseHealth, DatabaseWatch, describe_waits
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
@@ -84,7 +85,10 @@ class DatabaseCore:
         self._pool: asyncpg.Pool | None = None
         self._closing = False
         self._retry_timeout = retry_timeout
-        self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
+        # Which operations wait on the database, and whether it answers (see health()).
+        self.watch = DatabaseWatch(connection.describe_target(url))
+        self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing,
+                                  watch=self.watch, on_standby=self._replace_connections)
         # Safety limits (0 leaves the server's setting): see locking_transaction and
         # _observed_fetch.
         self.idle_transaction_timeout_ms = idle_transaction_timeout_ms
@@ -134,6 +138,33 @@ class DatabaseCore:
             citus = self.sql.routes_single_tables()
             self.routes_single_tables = bool(await run(
                 "reading the database's extensions", lambda: self.pool.fetchval(citus.sql)))
+
+    async def _replace_connections(self) -> None:
+        """Close the pool's connections as they come back (a server under them became a
+        standby): the next ones connect afresh, to the primary a multi-host URL names."""
+        if self._pool is not None:
+            await self._pool.expire_connections()
+
+    def health(self) -> DatabaseHealth:
+        """Whether the database answers, and what waits on it (see :class:`DatabaseHealth`)."""
+        return self.watch.snapshot()
+
+    async def watch_health(self) -> None:
+        """Log outages and slow waits of this database while they last (a background task
+        of the executor, from the start of its entry)."""
+        await self.watch.watch(self._diagnose)
+
+    async def _diagnose(self) -> str:
+        """What this process's sessions wait on, read on a connection of its own (the
+        pool's may all be stuck)."""
+        conn = await connection.connect(self.url, self._connect_timeout,
+                                        f"{self._connection_name} health")
+        try:
+            query = self.sql.session_waits(self._connection_name)
+            rows = await conn.fetch(query.sql, *query.params)
+        finally:
+            await conn.close()
+        return describe_waits([(row["wait_event_type"], row["wait_event"]) for row in rows])
 
     async def close(self) -> None:
         self._closing = True

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from typing import Literal
@@ -34,6 +35,7 @@ import asyncpg
 
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError, ExecutorIdLostError
 from dbos_async.sysdb.notifications import Supervise
+from dbos_async.sysdb.retry import outlasts_outages
 from dbos_async.sysdb.statements import Query, Statements
 
 logger = logging.getLogger("dbos_async")
@@ -81,6 +83,8 @@ class ExecutorIdLock:
         self._session: tuple[int, datetime] | None = None
         self._lost = asyncio.Event()
         self._settled = asyncio.Event()
+        # Why the latest attempt to re-acquire the ID failed (for the error new work gets).
+        self.last_error: str | None = None
         # One statement at a time on the lock's connection (health checks, failover probes).
         self._using = asyncio.Lock()
 
@@ -134,19 +138,26 @@ class ExecutorIdLock:
         supervise(self._watch, "executor ID keeper")
 
     async def ensure_held(self) -> None:
-        """Return once this process holds its ID; while it is being re-acquired, wait up to
-        the patience given. Raises :class:`ExecutorIdLostError` if another process took
-        it, :class:`DatabaseUnavailableError` if it is not back in time."""
+        """Return once this process holds its ID; while it is being re-acquired (the
+        database was lost), wait up to the patience given, or for as long as it takes in
+        code that outlasts outages (a workflow starting a child). Raises
+        :class:`ExecutorIdLostError` if another process took it,
+        :class:`DatabaseUnavailableError` if the database is not back in time."""
         if self.state == "reacquiring":
-            with anyio.move_on_after(self._patience):
+            with anyio.move_on_after(math.inf if outlasts_outages() else self._patience):
                 await self._settled.wait()
         if self.state == "held":
             return
         if self.state == "lost":
             raise ExecutorIdLostError(self.executor_id)
+        if self.state == "closed":
+            raise DatabaseUnavailableError(
+                f"Executor ID {self.executor_id!r} is released: the executor is shutting down")
+        cause = f": {self.last_error}" if self.last_error else ""
         raise DatabaseUnavailableError(
-            f"Executor ID {self.executor_id!r} is not held: the connection holding its lock "
-            "on the system database is being re-established")
+            f"The system database is unreachable{cause}; executor {self.executor_id!r} "
+            f"waited {self._patience:g}s (db_retry_timeout) to hold its ID on it again and "
+            "starts nothing meanwhile (workflows already running here pause and continue)")
 
     async def _watch(self) -> None:
         # Restarted after a failure mid-way through re-acquiring: finish that first.
@@ -250,6 +261,7 @@ class ExecutorIdLock:
                         self.executor_id, holder["pid"], holder["application_name"])
                     return False
             except Exception as error:
+                self.last_error = f"{type(error).__name__}: {error}"
                 logger.debug("Re-acquiring executor ID %s failed, retrying: %r",
                              self.executor_id, error)
             finally:

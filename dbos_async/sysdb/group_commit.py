@@ -10,6 +10,10 @@ turn of the loop, then during one round trip.
 
 Each caller waits for its own row's verdict (a batch statement judges every row on its
 own), so a workflow continues only after its write has committed, exactly as alone.
+
+Workflows wait out an outage and other callers do not (see
+:func:`~dbos_async.sysdb.retry.outlasting_outages`), so the two never share a batch: each
+has lanes of its own, and a batch is written as patiently as its writers.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from dbos_async.sysdb.retry import outlasts_outages
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -50,14 +56,16 @@ class GroupCommit(Generic[Item, Result]):
                  *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         self._write = write
         self._max_batch = max_batch
-        self._lanes: dict[Hashable, _Lane[Item, Result]] = {}
+        # By (lane key, whether its writers outlast outages).
+        self._lanes: dict[tuple[Hashable, bool], _Lane[Item, Result]] = {}
         self._flushers: set[asyncio.Task[None]] = set()
 
     async def submit(self, lane_key: Hashable, item: Item) -> Result:
         """Write ``item`` with the others of its lane; its verdict once its batch committed."""
-        lane = self._lanes.get(lane_key)
+        key = (lane_key, outlasts_outages())
+        lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[lane_key] = _Lane()
+            lane = self._lanes[key] = _Lane()
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         entry = _Entry(item, future)
         lane.waiting.append(entry)
@@ -74,13 +82,14 @@ class GroupCommit(Generic[Item, Result]):
             batch = [e for e in lane.waiting[:self._max_batch] if not e.future.done()]
             del lane.waiting[:self._max_batch]
             if batch:
-                await self._run(lane_key, batch)
+                await self._run(key, batch)
         finally:
-            self._hand_on(lane_key, lane)
+            self._hand_on(key, lane)
         return future.result()
 
-    def _hand_on(self, lane_key: Hashable, lane: _Lane[Item, Result]) -> None:
-        """After a batch: the writes that queued behind it go next, in a flusher task."""
+    def _hand_on(self, lane_key: tuple[Hashable, bool], lane: _Lane[Item, Result]) -> None:
+        """After a batch: the writes that queued behind it go next, in a flusher task (it
+        inherits this writer's context, and so its patience: the lane's)."""
         if not lane.waiting:
             lane.busy = False
             if lane_key in self._lanes and self._lanes[lane_key] is lane:
@@ -91,7 +100,7 @@ class GroupCommit(Generic[Item, Result]):
         self._flushers.add(task)
         task.add_done_callback(self._flushers.discard)
 
-    async def _flush(self, lane_key: Hashable, lane: _Lane[Item, Result]) -> None:
+    async def _flush(self, lane_key: tuple[Hashable, bool], lane: _Lane[Item, Result]) -> None:
         try:
             while lane.waiting:
                 # A caller cancelled while waiting has left: its row is not written.
@@ -108,9 +117,10 @@ class GroupCommit(Generic[Item, Result]):
             if self._lanes.get(lane_key) is lane:
                 del self._lanes[lane_key]
 
-    async def _run(self, lane_key: Hashable, batch: list[_Entry[Item, Result]]) -> None:
+    async def _run(self, lane_key: tuple[Hashable, bool], batch: list[_Entry[Item, Result]]
+                   ) -> None:
         try:
-            verdicts = await self._write(lane_key, [e.item for e in batch])
+            verdicts = await self._write(lane_key[0], [e.item for e in batch])
         except asyncio.CancelledError:
             for entry in batch:
                 entry.future.cancel()

@@ -196,6 +196,8 @@ class NotificationDispatcher:
         self._tasks: list[BackgroundTask] = []
         self.reconnects = 0
         """How many times the listener reconnected after losing its connection."""
+        self.listener_error: str | None = None
+        """Why the listener's latest attempt to connect or LISTEN failed (None once it did)."""
         self.notifications_sent = 0
         """How many payloads the notifier sent (after coalescing)."""
         self.batches_sent = 0
@@ -247,6 +249,15 @@ class NotificationDispatcher:
     @property
     def listening(self) -> bool:
         return self._connection is not None and not self._connection.is_closed()
+
+    def not_listening(self) -> str | None:
+        """Why notifications do not arrive (waits poll meanwhile), or None while the
+        listener is connected or LISTEN/NOTIFY is turned off."""
+        if not self.use_listen_notify or self.listening:
+            return None
+        cause = f" ({self.listener_error})" if self.listener_error else ""
+        return ("the notification listener is not connected" + cause
+                + f"; waits poll every {self.poll_interval:g}s meanwhile")
 
     @property
     def listener_pid(self) -> int | None:
@@ -338,6 +349,7 @@ class NotificationDispatcher:
             conn = await self._connect()
         except Exception as error:  # any failure means: retry later
             logger.warning("The notification listener could not connect: %r", error)
+            self.listener_error = f"{type(error).__name__}: {error}"
             return False
         try:
             for channel in CHANNELS:
@@ -345,8 +357,10 @@ class NotificationDispatcher:
             conn.add_termination_listener(self._on_termination)
         except Exception as error:
             logger.warning("The notification listener could not LISTEN: %r", error)
+            self.listener_error = f"{type(error).__name__}: {error}"
             conn.terminate()
             return False
+        self.listener_error = None
         self._lost.clear()
         self._connection = conn
         return True

@@ -3,20 +3,30 @@
 Only operations that are safe to run twice go through here: reads, and writes made idempotent
 by a key, a creator token or an ownership fence. A statement timeout or a constraint violation
 is not transient and is raised at once.
+
+How long to retry depends on who waits. A caller outside workflows (a request handler, a
+client, the command line) gets :class:`UnavailableAfterRetries` once ``db_retry_timeout``
+has passed, so it can answer its own caller. A workflow retries for as long as the outage
+lasts (:func:`outlasting_outages`): an infrastructure error must never become its outcome,
+so it pauses at its next write, holding no connection, and continues from there when the
+database answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from typing import TypeVar
 
 import asyncpg
 
 from dbos_async.errors import DatabaseUnavailableError
+from dbos_async.sysdb.health import DatabaseWatch
 
 logger = logging.getLogger("dbos_async")
 
@@ -24,8 +34,33 @@ T = TypeVar("T")
 
 # Admin shutdown, crash shutdown, cannot connect now, too many connections, out of resources,
 # serialization failure and deadlock: the statement can be run again as it is.
-_TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "53400", "40001", "40P01"})
+_TRANSIENT_SQLSTATES = frozenset({"57P01", "57P02", "57P03", "53300", "53400", "40001", "40P01",
+                                  "25006"})
 _CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
+
+# read_only_sql_transaction: the server under a pooled connection is (now) a standby, as
+# after a failover demoted it. The pool's connections are replaced, so the next attempt
+# connects afresh and a multi-host URL's target_session_attrs finds the primary.
+_STANDBY_SQLSTATE = "25006"
+
+_outlasting: ContextVar[bool] = ContextVar("dbos_async_outlasting_outages", default=False)
+
+
+@contextlib.contextmanager
+def outlasting_outages() -> Iterator[None]:
+    """Within the block (and the tasks it starts), operations retry through a lost database
+    for as long as it stays lost, instead of for ``db_retry_timeout``: what a workflow
+    does pauses during an outage, and never fails for it. Shutdown still stops them."""
+    token = _outlasting.set(True)
+    try:
+        yield
+    finally:
+        _outlasting.reset(token)
+
+
+def outlasts_outages() -> bool:
+    """Whether the running code waits out outages (see :func:`outlasting_outages`)."""
+    return _outlasting.get()
 
 
 # How asyncpg's InterfaceError says the connection under an operation died (its other
@@ -89,11 +124,15 @@ class RetryPolicy:
         initial_delay: float = 0.05,
         max_delay: float = 2.0,
         stopping: Callable[[], bool] = lambda: False,
+        watch: DatabaseWatch | None = None,
+        on_standby: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.max_elapsed = max_elapsed
         self.initial_delay = initial_delay
         self.max_delay = max_delay
         self.stopping = stopping
+        self.watch = watch or DatabaseWatch("")
+        self.on_standby = on_standby
 
     async def run(self, operation: Callable[[], Awaitable[T]], what: str) -> T:
         return await self.run_again(lambda _again: operation(), what)
@@ -102,19 +141,38 @@ class RetryPolicy:
         """:meth:`run`, telling ``operation`` whether an earlier attempt failed (``True``):
         that attempt may have committed before its reply was lost, so an operation whose
         outcome it reports (a cancel's changed rows, a fork's new row) looks for what that
-        attempt did."""
-        deadline = time.monotonic() + self.max_elapsed
+        attempt did.
+
+        Retries end after ``max_elapsed`` seconds, or never within
+        :func:`outlasting_outages`; the first retry of an operation is logged (the
+        :class:`DatabaseWatch` logs an outage as a whole)."""
+        started = time.monotonic()
+        deadline = float("inf") if _outlasting.get() else started + self.max_elapsed
         delay = self.initial_delay
         again = False
-        while True:
-            try:
-                return await operation(again)
-            except Exception as error:
-                if not is_transient(error) or self.stopping():
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise
-                logger.warning("Retrying %s after a transient database error: %r", what, error)
-            again = True
-            await asyncio.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, self.max_delay)
+        watch = self.watch
+        token = watch.begin(what, started)
+        try:
+            while True:
+                try:
+                    result = await operation(again)
+                except Exception as error:
+                    if not is_transient(error) or self.stopping():
+                        raise
+                    if is_connection_loss(error):
+                        watch.lost(error)
+                    if isinstance(error, asyncpg.PostgresError) \
+                            and error.sqlstate == _STANDBY_SQLSTATE and self.on_standby:
+                        await self.on_standby()
+                    if time.monotonic() + delay > deadline:
+                        raise
+                    log = logger.debug if again else logger.warning
+                    log("Retrying %s after a transient database error: %r", what, error)
+                else:
+                    watch.answered()
+                    return result
+                again = True
+                await asyncio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, self.max_delay)
+        finally:
+            watch.end(token)

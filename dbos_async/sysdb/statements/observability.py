@@ -123,3 +123,17 @@ class ObservabilityStatements(StatementBase):
                   AND created_at >= {p(since_ms, 'bigint')} AND executor_id IS NOT NULL""",
             p.values,
         )
+
+    @staticmethod
+    def session_waits(connection_name: str) -> Query:
+        """What each busy session of this process (its ``application_name``) waits on: how
+        the executor says why its operations are slow (a commit held by a synchronous
+        standby, a lock). ``pg_stat_activity`` shows another role's sessions' wait events
+        only to privileged roles, and every session here is this executor's own role."""
+        p = Params()
+        return Query(
+            f"""SELECT wait_event_type, wait_event FROM pg_stat_activity
+                WHERE application_name = {p(connection_name)} AND state = 'active'
+                  AND pid <> pg_backend_pid()""",
+            p.values,
+        )

@@ -1,0 +1,156 @@
+"""Database outages shorter and longer than ``db_retry_timeout``: workflows pause and
+continue, in the same process, when the server comes back.
+
+The server is a private cluster stopped and started on its port. Each outage catches
+workflows at every kind of database write: a step's checkpoint (the step body returns while
+the server is down), a workflow's outcome, a ``recv`` waiting for its message, a queue whose
+claim loop must claim the rest, and a child start. None may fail for the outage, and no step
+body may run twice, however long the outage lasts relative to ``db_retry_timeout``; a
+caller outside workflows waiting past that deadline gets :class:`DatabaseUnavailableError`
+of its own, and the workflow still finishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from dbos_async import DBOS, DatabaseUnavailableError, Queue
+from tests.helpers import fetch, new_dbos, wait_until
+from tests.helpers.cluster import Cluster
+
+pytestmark = pytest.mark.chaos
+
+RETRY_TIMEOUT = 1.0
+
+
+class Outage:
+    """The gate that step bodies and workflow bodies wait at: opened once the server is
+    down, so what they do next (a checkpoint, an outcome) meets the outage."""
+
+    def __init__(self) -> None:
+        self.down = asyncio.Event()
+        self.arrived = Counter[str]()
+        self.runs = Counter[str]()
+
+
+def register(dbos: DBOS, outage: Outage) -> tuple[Queue, dict[str, Any]]:
+    queue = dbos.register_queue(Queue("outage_queue", concurrency=2))
+
+    @dbos.step()
+    async def record(workflow_id: str, n: int) -> int:
+        outage.runs[f"{workflow_id}:{n}"] += 1
+        return n
+
+    @dbos.step()
+    async def blocking(workflow_id: str) -> str:
+        outage.runs[f"{workflow_id}:blocking"] += 1
+        outage.arrived["blocking"] += 1
+        await outage.down.wait()
+        return "after"
+
+    @dbos.workflow()
+    async def stepper(workflow_id: str) -> list[object]:
+        first = await record(workflow_id, 1)
+        middle = await blocking(workflow_id)  # its checkpoint is written during the outage
+        last = await record(workflow_id, 3)
+        return [first, middle, last]
+
+    @dbos.workflow()
+    async def finisher(workflow_id: str) -> str:
+        await record(workflow_id, 1)
+        outage.arrived["finisher"] += 1
+        await outage.down.wait()
+        return "finished"  # its outcome is written during the outage
+
+    @dbos.workflow()
+    async def receiver() -> object:
+        outage.arrived["receiver"] += 1
+        return await dbos.recv("go", timeout=300)
+
+    @dbos.workflow()
+    async def child(workflow_id: str) -> int:
+        return await record(workflow_id, 7)
+
+    @dbos.workflow()
+    async def parent(workflow_id: str) -> int:
+        outage.arrived["parent"] += 1
+        await outage.down.wait()
+        return await child(workflow_id)  # the child's start is written during the outage
+
+    return queue, {"stepper": stepper, "finisher": finisher, "receiver": receiver,
+                   "parent": parent}
+
+
+@pytest.mark.parametrize("multiple", [0.5, 1.5, 3.0])
+async def test_an_outage_pauses_workflows_which_continue_when_the_database_returns(
+        cluster: Cluster, multiple: float, scale: int, chaos_figures: Counter[str]) -> None:
+    outage = Outage()
+    dbos = new_dbos(cluster.url(f"outage_{int(multiple * 10)}"),
+                    db_retry_timeout=RETRY_TIMEOUT, connect_timeout=1.0)
+    queue, workflows = register(dbos, outage)
+    each = 3 * scale
+    async with dbos:
+        handles = []
+        for i in range(each):
+            handles.append(await dbos.start_workflow(workflows["stepper"], f"s{i}"))
+            handles.append(await dbos.start_workflow(workflows["finisher"], f"f{i}"))
+            handles.append(await dbos.start_workflow(workflows["parent"], f"p{i}"))
+        receivers = [await dbos.start_workflow(workflows["receiver"]) for _ in range(each)]
+        # Two run at once; the others wait on the queue through the outage.
+        queued = [await queue.enqueue(workflows["stepper"], f"q{i}") for i in range(each + 2)]
+
+        await wait_until(lambda: _arrived(outage, each), patience=60,
+                         what="every workflow to reach its place")
+        cluster.stop()
+        stopped = time.monotonic()
+        outage.down.set()  # blocked bodies go on: their writes meet the outage
+        await wait_until(lambda: _state(dbos, "unreachable"), patience=30,
+                         what="health() to report the database unreachable")
+        assert not dbos.health().healthy
+
+        # A caller outside workflows gives up after db_retry_timeout, clearly.
+        if multiple > 1:
+            with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{cluster.port}"):
+                await dbos.get_workflow_status(handles[0].workflow_id)
+
+        await asyncio.sleep(max(0.0, multiple * RETRY_TIMEOUT - (time.monotonic() - stopped)))
+        cluster.start()
+        chaos_figures["restarts"] += 1
+        for handle in receivers:
+            await dbos.send(handle.workflow_id, "message", topic="go")
+
+        results = [await h.get_result() for h in (*handles, *receivers, *queued)]
+        assert results.count("finished") == each
+        assert results.count("message") == each
+        assert results.count([1, "after", 3]) == 2 * each + 2
+        assert results.count(7) == each
+        await wait_until(lambda: _state(dbos, "reachable"), patience=30,
+                         what="health() to report the database reachable again")
+        await wait_until(lambda: _healthy(dbos), patience=30, what="the executor healthy again")
+
+    # Not one step body ran twice, and nothing ended for the outage.
+    assert {name: runs for name, runs in outage.runs.items() if runs != 1} == {}
+    statuses = await fetch(cluster.url(f"outage_{int(multiple * 10)}"),
+                           "SELECT status, count(*) FROM dbos.workflow_status GROUP BY status")
+    assert {r["status"]: r["count"] for r in statuses} == {"SUCCESS": 6 * each + 2}
+    chaos_figures["workflows_checked"] += 6 * each + 2
+    chaos_figures["steps_rerun_after_checkpoint"] += sum(r - 1 for r in outage.runs.values())
+
+
+async def _arrived(outage: Outage, each: int) -> bool:
+    return (outage.arrived["finisher"] >= each and outage.arrived["parent"] >= each
+            and outage.arrived["receiver"] >= each and outage.arrived["blocking"] >= each + 2)
+
+
+async def _state(dbos: DBOS, state: str) -> bool:
+    database = dbos.health().database
+    return database is not None and database.state == state
+
+
+async def _healthy(dbos: DBOS) -> bool:
+    return dbos.health().healthy
