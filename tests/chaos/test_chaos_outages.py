@@ -154,3 +154,48 @@ async def _state(dbos: DBOS, state: str) -> bool:
 
 async def _healthy(dbos: DBOS) -> bool:
     return dbos.health().healthy
+
+
+@pytest.mark.parametrize("multiple", [0.5, 3.0])
+async def test_an_outage_while_entering_is_waited_out_or_said_clearly(
+        cluster: Cluster, multiple: float) -> None:
+    """Entering waits out an outage shorter than db_retry_timeout; a longer one is a clear
+    DatabaseUnavailableError (entering is a caller outside workflows), and nothing is left
+    behind: entering again once the database is back recovers every workflow, and no
+    checkpointed step runs again."""
+    outage = Outage()
+    url = cluster.url(f"entry_outage_{int(multiple * 10)}")
+    dbos = new_dbos(url, db_retry_timeout=RETRY_TIMEOUT, connect_timeout=1.0,
+                    shutdown_grace_period=0)
+    _, workflows = register(dbos, outage)
+    async with dbos:
+        handles = [await dbos.start_workflow(workflows["stepper"], f"e{i}") for i in range(3)]
+        await wait_until(lambda: _true(outage.arrived["blocking"] >= 3), patience=60,
+                         what="the workflows to reach their blocking step")
+    # Left PENDING, with their first step checkpointed; the next entry recovers them.
+    outage.down.set()
+    cluster.stop()
+    entry = asyncio.create_task(dbos.__aenter__())
+    await asyncio.sleep(multiple * RETRY_TIMEOUT)
+    cluster.start()
+    if multiple < 1:
+        await entry
+    else:
+        with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{cluster.port}"):
+            await entry
+        assert dbos.health().state == "closed"
+        await dbos.__aenter__()
+    try:
+        for handle in handles:
+            recovered = await dbos.retrieve_workflow(handle.workflow_id)
+            assert await recovered.get_result() == [1, "after", 3]
+    finally:
+        await dbos.__aexit__(None, None, None)
+    # The first step's checkpoint held: it ran once; the blocking step ran again only
+    # because its first run was cut off before its checkpoint (at least once).
+    assert {name: runs for name, runs in outage.runs.items()
+            if runs != 1 and not name.endswith(":blocking")} == {}
+
+
+async def _true(value: bool) -> bool:
+    return value
