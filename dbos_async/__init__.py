@@ -82,6 +82,7 @@ from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.serialization import Serializer
 from dbos_async.executor.steps import RetryOn
 from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
+from dbos_async.sysdb.health import DatabaseHealth
 from dbos_async.sysdb.migrations import holds_sharded_schema
 from dbos_async.sysdb.setup import migrate
 
@@ -97,6 +98,7 @@ __all__ = [
     "DBOSConfig",
     "DBOSError",
     "DatabaseAuthenticationError",
+    "DatabaseHealth",
     "DatabaseUnavailableError",
     "DeadLetteredError",
     "Debouncer",
