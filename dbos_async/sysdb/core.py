@@ -16,7 +16,12 @@ from typing import Literal, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
+from dbos_async.database_url import redact
+from dbos_async.errors import (
+    ApplicationOwnershipError,
+    QueryTimeoutError,
+    StatementCanceledError,
+)
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
@@ -164,6 +169,9 @@ class DatabaseCore:
         try:
             return await self._retry.run_again(operation, what)
         except Exception as error:
+            canceled = connection.canceled_statement(error, what)
+            if canceled is not None:
+                raise canceled from error
             if not is_connection_loss(error):
                 raise
             raise self.unavailable(what, error) from error
@@ -173,6 +181,9 @@ class DatabaseCore:
         try:
             return await operation()
         except Exception as error:
+            canceled = connection.canceled_statement(error, what)
+            if canceled is not None:
+                raise canceled from error
             if not is_connection_loss(error):
                 raise
             raise self.unavailable(what, error, retried=False) from error
@@ -183,7 +194,7 @@ class DatabaseCore:
         :class:`~dbos_async.errors.DatabaseUnavailableError`)."""
         how_long = f" (retried for up to {self._retry_timeout:g}s)" if retried else ""
         return UnavailableAfterRetries(
-            f"The system database at {connection.redact(self.url)} was unavailable while "
+            f"The system database at {redact(self.url)} was unavailable while "
             f"{what}{how_long}: {type(error).__name__}: {error}")
 
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
@@ -279,8 +290,8 @@ class DatabaseCore:
 
         try:
             return await self._retried(what, run)
-        except asyncpg.QueryCanceledError as error:
-            if "statement timeout" not in str(error):
+        except StatementCanceledError as error:
+            if not error.timed_out:
                 raise
             raise QueryTimeoutError(what, timeout_ms / 1000) from None
 
