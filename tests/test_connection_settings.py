@@ -253,9 +253,9 @@ async def test_a_dead_server_listed_first_is_skipped_in_both_forms(database_url:
         assert (await workflow_row(database_url, handle.workflow_id))["status"] == "ENQUEUED"
         assert await (await dbos.start_workflow(work, 21)).get_result() == 42
     # The command line too: it migrates and prints the URL (no password to hide here).
-    done = subprocess.run([str(Path(sys.executable).with_name("dbos-async")), "migrate",
-                           "--url", comma], capture_output=True, text=True, timeout=60,
-                          check=False)
+    done = await asyncio.to_thread(
+        subprocess.run, [str(Path(sys.executable).with_name("dbos-async")), "migrate", "--url",
+                         comma], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert f"at {comma} is at version" in done.stdout
 
