@@ -144,7 +144,8 @@ class DBOSConfig(BaseModel):
         300.0, gt=0, description="Seconds between runs of the retention and timeout jobs."
     )
 
-    # Safety limits on the system database (0 leaves the server's own setting in place).
+    # Safety limits on the system database (0: none; the sessions' own are off, see
+    # dbos_async/sysdb/connection.py).
     idle_transaction_timeout: float = Field(
         60.0, ge=0, le=_MAX_TIMEOUT_SECONDS,
         description="Seconds a transaction holding row locks (cancel, resume, fork, rewind, "

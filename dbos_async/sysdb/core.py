@@ -90,8 +90,8 @@ class DatabaseCore:
         self._closing = False
         self._retry_timeout = retry_timeout
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing)
-        # Safety limits (0 leaves the server's setting): see locking_transaction and
-        # _observed_fetch.
+        # Safety limits (0: the session's own, off unless the URL sets them): see
+        # locking_transaction and _observed_fetch.
         self.idle_transaction_timeout_ms = idle_transaction_timeout_ms
         self.observability_query_timeout_ms = observability_query_timeout_ms
         # Set by the executor once started; None means every wait polls.
