@@ -199,11 +199,12 @@ def _hosts(server_list: str, query: dict[str, str]) -> tuple[Host, ...]:
     ports = [_port(p) for p in query["port"].split(",")] if "port" in query else []
     if ports and any(port is not None for _, port in entries):
         raise ValueError("gives ports both in host= and in port=; use one")
-    if len(ports) > 1 and len(ports) != len(entries):
+    if len(ports) == 1:
+        ports *= len(entries)
+    if ports and len(ports) != len(entries):
         raise ValueError(f"has {len(ports)} ports for {len(entries)} hosts")
-    return tuple(
-        Host(address, (ports[i if len(ports) > 1 else 0] if ports else port) or DEFAULT_PORT)
-        for i, (address, port) in enumerate(entries))
+    return tuple(Host(address, (ports[i] if ports else port) or DEFAULT_PORT)
+                 for i, (address, port) in enumerate(entries))
 
 
 def _entry(spec: str, *, quoted: bool) -> tuple[str, int | None]:

@@ -24,6 +24,7 @@ import pytest
 from helpers import execute, fetchval, new_dbos, unique_name, wait_until, workflow_row
 
 from dbos_async import (
+    ConfigurationError,
     DatabaseUnavailableError,
     DBOSClient,
     StatementCanceledError,
@@ -170,6 +171,19 @@ async def test_a_url_chooses_its_own_session_settings(database_url: str) -> None
                  in_query=False, options="statement_timeout=45s&lock_timeout=5s")
     await run_everything(url, database_url,
                          expect={**OURS, "statement_timeout": "45s", "lock_timeout": "5s"})
+
+
+@pytest.mark.parametrize("option", ["no_such_setting=1", "statement_timeout=soon"])
+async def test_a_setting_the_server_refuses_is_a_configuration_error(
+        database_url: str, option: str) -> None:
+    parsed = trusting(database_url)
+    url = url_of(parsed.hosts, parsed.database_name, parsed.user or "postgres",
+                 in_query=False, options=option)
+    with pytest.raises(ConfigurationError) as caught:
+        async with DBOSClient(system_database_url=url):
+            pytest.fail("connected with a setting the server refuses")
+    assert "refused a setting of the system database URL" in str(caught.value)
+    assert option.split("=")[0] in str(caught.value)
 
 
 @contextlib.asynccontextmanager

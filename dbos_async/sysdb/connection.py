@@ -50,7 +50,7 @@ in the startup packet fails the connection, so these are set once connected inst
 a long import or export is one transaction."""
 
 
-def database_url(url: str) -> DatabaseUrl:
+def parsed_url(url: str) -> DatabaseUrl:
     """``url`` parsed; a malformed one is a :class:`ConfigurationError`."""
     try:
         return parse_database_url(url)
@@ -88,7 +88,7 @@ def connection_failure(url: str, error: BaseException, what: str) -> DBOSError:
     """The error a failed connection attempt raises: naming the database, every server and
     the cause; a refused login is a :class:`DatabaseAuthenticationError`, a malformed
     connection option or a session setting the server refuses a :class:`ConfigurationError`."""
-    target = database_url(url).describe()
+    target = parsed_url(url).describe()
     cause = f"{type(error).__name__}: {error}"
     # 28000 and its 28P01 (a wrong password).
     if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):
@@ -113,7 +113,7 @@ async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connec
         return await _connect_or_missing(url, connect_timeout, name)
     except asyncpg.InvalidCatalogNameError as error:
         raise DatabaseUnavailableError(
-            f"The system database {database_url(url).describe()} does not exist "
+            f"The system database {parsed_url(url).describe()} does not exist "
             "(`dbos-async migrate` creates it, as an executor does on entering)"
         ) from error
 
@@ -122,7 +122,7 @@ async def _connect_or_missing(url: str, connect_timeout: float,
                               name: str) -> asyncpg.Connection:
     """:func:`connect`, but a missing database raises asyncpg's InvalidCatalogNameError,
     for :func:`ensure_database` to create it."""
-    parsed = database_url(url)
+    parsed = parsed_url(url)
     try:
         conn = await asyncpg.connect(parsed.text, timeout=connect_timeout,
                                      server_settings=session_settings(parsed, name))
@@ -148,7 +148,7 @@ async def ensure_database(url: str, connect_timeout: float, name: str) -> None:
     else:
         await conn.close()
         return
-    parsed = database_url(url)
+    parsed = parsed_url(url)
     database = parsed.database_name
     admin = await connect(parsed.with_database("postgres"), connect_timeout, name)
     try:
@@ -177,7 +177,7 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
 
 
 async def create_pool(url: str, size: int, connect_timeout: float, name: str) -> asyncpg.Pool:
-    parsed = database_url(url)
+    parsed = parsed_url(url)
 
     async def set_up(conn: asyncpg.Connection) -> None:
         await _set_later_settings(conn, parsed)
