@@ -21,7 +21,6 @@ from dbos_async.errors import (
     DBOSError,
     StatementCanceledError,
 )
-from dbos_async.sysdb.statements.session import session_setting
 
 DEFAULT_CONNECTION_NAME = "dbos_async"
 
@@ -45,9 +44,13 @@ SESSION_SETTINGS = {
 defaults), whatever the role or database sets."""
 
 LATER_SESSION_SETTINGS = {"transaction_timeout": ("0", 17)}
-"""Limits only newer servers know, by name: (value, first major version). An unknown name
-in the startup packet fails the connection, so these are set once connected instead. Off:
-a long import or export is one transaction."""
+"""Limits only newer servers know, by name: (value, first major version); off: an import or
+an export is one long transaction. An unknown name in the startup packet fails the
+connection, so they are sent only to a server known to have them (see :func:`_open`)."""
+
+_server_versions: dict[str, int] = {}
+"""By URL, the major version of the server its last connection reached: which
+:data:`LATER_SESSION_SETTINGS` the next one sends."""
 
 
 def parsed_url(url: str) -> DatabaseUrl:
@@ -65,13 +68,40 @@ def session_settings(url: DatabaseUrl, name: str) -> dict[str, str]:
     return {**ours, "application_name": name}
 
 
-async def _set_later_settings(conn: asyncpg.Connection, url: DatabaseUrl) -> None:
-    """Set :data:`LATER_SESSION_SETTINGS` the server knows (and the URL does not set)."""
-    major = conn.get_server_version().major
-    for name, (value, since) in LATER_SESSION_SETTINGS.items():
-        if major >= since and name not in url.options:
-            q = session_setting(name, value)
-            await conn.execute(q.sql, *q.params)
+def _later_settings(url: DatabaseUrl, major: int) -> dict[str, str]:
+    """The :data:`LATER_SESSION_SETTINGS` for a server of version ``major`` (but those the
+    URL sets itself)."""
+    return {name: value for name, (value, since) in LATER_SESSION_SETTINGS.items()
+            if major >= since and name not in url.options}
+
+
+async def _open(url: DatabaseUrl, connect_timeout: float, name: str) -> asyncpg.Connection:
+    """A connection with every session setting in its startup packet, where they take
+    precedence over the role's and the database's.
+
+    Which server a URL leads to, and so which settings it knows, shows only once
+    connected: the first connection to a newer server (or to an older one, after a
+    failover) is made again with the settings that server takes. That costs one more
+    connection per process and URL, and needs no SET afterwards, which a role's own tiny
+    ``transaction_timeout`` could end."""
+    for _attempt in range(2):
+        expected = _server_versions.get(url.text, 0)
+        later = _later_settings(url, expected)
+        try:
+            conn = await asyncpg.connect(url.text, timeout=connect_timeout,
+                                         server_settings={**session_settings(url, name), **later})
+        except asyncpg.UndefinedObjectError as error:
+            if not any(setting in str(error) for setting in later):
+                raise
+            _server_versions[url.text] = 0  # an older server than the last one
+            continue
+        major = conn.get_server_version().major
+        _server_versions[url.text] = major
+        if _later_settings(url, major) == later:
+            return conn
+        await conn.close()
+    raise DatabaseUnavailableError(
+        f"The servers of {url.describe()} changed version while connecting; try again")
 
 
 def canceled_statement(error: BaseException, what: str) -> StatementCanceledError | None:
@@ -122,20 +152,12 @@ async def _connect_or_missing(url: str, connect_timeout: float,
                               name: str) -> asyncpg.Connection:
     """:func:`connect`, but a missing database raises asyncpg's InvalidCatalogNameError,
     for :func:`ensure_database` to create it."""
-    parsed = parsed_url(url)
     try:
-        conn = await asyncpg.connect(parsed.text, timeout=connect_timeout,
-                                     server_settings=session_settings(parsed, name))
+        return await _open(parsed_url(url), connect_timeout, name)
     except asyncpg.InvalidCatalogNameError:
         raise
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise connection_failure(url, error, "Cannot connect to the system database") from error
-    try:
-        await _set_later_settings(conn, parsed)
-    except BaseException:
-        conn.terminate()
-        raise
-    return conn
 
 
 async def ensure_database(url: str, connect_timeout: float, name: str) -> None:
@@ -179,18 +201,15 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
 async def create_pool(url: str, size: int, connect_timeout: float, name: str) -> asyncpg.Pool:
     parsed = parsed_url(url)
 
-    async def set_up(conn: asyncpg.Connection) -> None:
-        await _set_later_settings(conn, parsed)
+    async def open_one(*_pool_arguments: object, **_pool_options: object) -> asyncpg.Connection:
+        return await _open(parsed, connect_timeout, name)
 
     try:
         pool = await asyncpg.create_pool(
-            parsed.text,
             min_size=1,
             max_size=size,
-            timeout=connect_timeout,
+            connect=open_one,
             reset=_keep_session,
-            init=set_up,
-            server_settings=session_settings(parsed, name),
         )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise connection_failure(url, error,
