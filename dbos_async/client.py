@@ -24,6 +24,7 @@ import anyio
 import asyncpg
 
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
+from dbos_async.database_url import redact
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor import messaging
 from dbos_async.executor.authentication import Authentication
@@ -55,7 +56,6 @@ from dbos_async.executor.start import (
 )
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.executor.tracing import traced_attributes
-from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key

@@ -12,7 +12,6 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -23,6 +22,7 @@ from pydantic import (
     field_validator,
 )
 
+from dbos_async.database_url import parse_database_url
 from dbos_async.errors import ConfigurationError
 from dbos_async.validation import check_identifier
 
@@ -144,7 +144,8 @@ class DBOSConfig(BaseModel):
         300.0, gt=0, description="Seconds between runs of the retention and timeout jobs."
     )
 
-    # Safety limits on the system database (0 leaves the server's own setting in place).
+    # Safety limits on the system database (0: none; the sessions' own are off, see
+    # dbos_async/sysdb/connection.py).
     idle_transaction_timeout: float = Field(
         60.0, ge=0, le=_MAX_TIMEOUT_SECONDS,
         description="Seconds a transaction holding row locks (cancel, resume, fork, rewind, "
@@ -307,19 +308,9 @@ def file_settings(path: str | Path | None = None) -> dict[str, Any]:
 
 
 def normalize_database_url(url: str) -> str:
-    """Check a PostgreSQL URL and drop a SQLAlchemy driver suffix (``postgresql+psycopg``)."""
-    parts = urlsplit(url.strip())
-    scheme = parts.scheme.split("+", 1)[0]
-    if scheme not in ("postgresql", "postgres"):
-        raise ValueError(
-            f"system_database_url must be a postgresql:// URL, got scheme {parts.scheme!r}"
-        )
+    """Check a PostgreSQL URL (see :mod:`dbos_async.database_url`) and drop a SQLAlchemy
+    driver suffix (``postgresql+psycopg``)."""
     try:
-        port = parts.port
+        return parse_database_url(url).text
     except ValueError as error:
-        raise ValueError(f"system_database_url has an invalid port: {error}") from None
-    if not parts.hostname and "host=" not in parts.query:
-        raise ValueError("system_database_url names no host")
-    if port == 0:
-        raise ValueError("system_database_url has port 0")
-    return parts._replace(scheme=scheme).geturl()
+        raise ValueError(f"system_database_url {error}") from None

@@ -249,6 +249,26 @@ class NotAuthorizedError(DBOSError):
         )
         self.function_name = function_name
         self.user = user
+class StatementCanceledError(DBOSError):
+    """The database server canceled a statement of the system database: a
+    ``statement_timeout`` or ``lock_timeout`` the system database URL sets, or an
+    administrator's ``pg_cancel_backend``. (The settings of the role or database are not
+    used: see the README's Configuration section.)"""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(
+            f"The system database canceled a statement while {what}: {reason} (a "
+            "statement_timeout or lock_timeout set in the system database URL, or "
+            "pg_cancel_backend)")
+        self.what = what
+        self.reason = reason
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether ``statement_timeout`` stopped it."""
+        return "statement timeout" in self.reason
+
+
 class QueryTimeoutError(DBOSError):
     """An observability read (a workflow or step listing, a queue count, an export) ran
     longer than the ``observability_query_timeout`` setting and was stopped."""

@@ -12,7 +12,7 @@ from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.versions import version
 from dbos_async.cli.workflows import workflow
-from dbos_async.sysdb.connection import redact
+from dbos_async.database_url import redact
 from dbos_async.sysdb.setup import migrate as migrate_database
 
 

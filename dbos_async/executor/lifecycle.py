@@ -19,6 +19,7 @@ from collections.abc import Mapping, Set
 import anyio
 
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
+from dbos_async.database_url import redact
 from dbos_async.errors import QueueNotFoundError
 from dbos_async.executor import failover, maintenance, recovery
 from dbos_async.executor.peer import start_notifications, system_database_for
@@ -28,7 +29,6 @@ from dbos_async.executor.registry import Registry
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.scheduler import Scheduler
 from dbos_async.sysdb import connection
-from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 
 logger = logging.getLogger("dbos_async")

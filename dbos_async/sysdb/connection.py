@@ -1,66 +1,146 @@
-"""Opening connections to the system database, and creating it when it is missing."""
+"""Opening connections to the system database, with the session settings every one of
+them runs under, and creating the database when it is missing.
+
+Every connection this package opens (the pool, the LISTEN connection, the executor-ID
+lock, set-up and migrations, the sharded-schema probe) runs under :data:`SESSION_SETTINGS`,
+sent in the startup packet. Those take precedence over what ``ALTER ROLE ... SET`` or
+``ALTER DATABASE ... SET`` give an application's role or database, so a role's 5 ms
+``statement_timeout`` does not fail checkpoints. A URL that names one of these settings
+itself (``?statement_timeout=30s``) keeps its own value: that is the way to choose others.
+"""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 import asyncpg
 
+from dbos_async.database_url import DatabaseUrl, parse_database_url
 from dbos_async.errors import (
     ConfigurationError,
     DatabaseAuthenticationError,
     DatabaseUnavailableError,
     DBOSError,
+    StatementCanceledError,
 )
+from dbos_async.sysdb.retry import is_canceled
+
+DEFAULT_CONNECTION_NAME = "dbos_async"
+
+SESSION_SETTINGS = {
+    # Off: the statements here are short, but a migration or an import on a large database
+    # may take minutes, and the bounds that matter are set per transaction where they
+    # apply (observability_query_timeout with SET LOCAL on listings and exports).
+    "statement_timeout": "0",
+    # Off: claims take their row locks with NOWAIT or SKIP LOCKED; other waits for a row
+    # lock end when its holder commits, or when idle_transaction_timeout ends a holder
+    # that stalled.
+    "lock_timeout": "0",
+    # Off for the session: idle_transaction_timeout bounds the transactions that take row
+    # locks (SET LOCAL), while an export's snapshot may rightly wait on its reader.
+    "idle_in_transaction_session_timeout": "0",
+    # Off: the LISTEN connection and the executor-ID lock idle for as long as the
+    # executor lives, and the pool keeps idle connections on purpose.
+    "idle_session_timeout": "0",
+}
+"""The server's limits on each session, as this package runs them (PostgreSQL's own
+defaults), whatever the role or database sets."""
+
+LATER_SESSION_SETTINGS = {"transaction_timeout": ("0", 17)}
+"""Limits only newer servers know, by name: (value, first major version); off: an import or
+an export is one long transaction. An unknown name in the startup packet fails the
+connection, so they are sent only to a server known to have them (see :func:`_open`)."""
+
+_server_versions: dict[str, int] = {}
+"""By URL, the major version of the server its last connection reached: which
+:data:`LATER_SESSION_SETTINGS` the next one sends."""
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urlsplit(url)
-    if not parts.password:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+def parsed_url(url: str) -> DatabaseUrl:
+    """``url`` parsed; a malformed one is a :class:`ConfigurationError`."""
+    try:
+        return parse_database_url(url)
+    except ValueError as error:
+        raise ConfigurationError(f"The system database URL {error}") from None
 
 
-def database_name(url: str) -> str:
-    return urlsplit(url).path.lstrip("/") or "postgres"
+def session_settings(url: DatabaseUrl, name: str) -> dict[str, str]:
+    """The startup settings of a connection to ``url``: ``name`` as its application_name,
+    and :data:`SESSION_SETTINGS` but those the URL sets itself."""
+    ours = {k: v for k, v in SESSION_SETTINGS.items() if k not in url.options}
+    return {**ours, "application_name": name}
 
 
-def with_database(url: str, database: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + database))
+def _later_settings(url: DatabaseUrl, major: int) -> dict[str, str]:
+    """The :data:`LATER_SESSION_SETTINGS` for a server of version ``major`` (but those the
+    URL sets itself)."""
+    return {name: value for name, (value, since) in LATER_SESSION_SETTINGS.items()
+            if major >= since and name not in url.options}
 
 
-def describe_target(url: str) -> str:
-    """Database, server and user of ``url``, for messages (never the password)."""
-    parts = urlsplit(url)
-    host = parts.hostname or "the default host"
-    user = f" as user {parts.username!r}" if parts.username else ""
-    return f"{database_name(url)!r} at {host}:{parts.port or 5432}{user}"
+async def _open(url: DatabaseUrl, connect_timeout: float, name: str) -> asyncpg.Connection:
+    """A connection with every session setting in its startup packet, where they take
+    precedence over the role's and the database's.
+
+    Which server a URL leads to, and so which settings it knows, shows only once
+    connected: the first connection to a newer server (or to an older one, after a
+    failover) is made again with the settings that server takes. That costs one more
+    connection per process and URL, and needs no SET afterwards, which a role's own tiny
+    ``transaction_timeout`` could end."""
+    for _attempt in range(2):
+        expected = _server_versions.get(url.text, 0)
+        later = _later_settings(url, expected)
+        try:
+            conn = await asyncpg.connect(url.text, timeout=connect_timeout,
+                                         server_settings={**session_settings(url, name), **later})
+        except asyncpg.UndefinedObjectError as error:
+            if not any(setting in str(error) for setting in later):
+                raise
+            _server_versions[url.text] = 0  # an older server than the last one
+            continue
+        major = conn.get_server_version().major
+        _server_versions[url.text] = major
+        if _later_settings(url, major) == later:
+            return conn
+        await conn.close()
+    raise DatabaseUnavailableError(
+        f"The servers of {url.describe()} changed version while connecting; try again")
+
+
+def canceled_statement(error: BaseException, what: str) -> StatementCanceledError | None:
+    """The error a statement the server canceled raises instead of asyncpg's (None: it was
+    not canceled): a statement or lock timeout, or ``pg_cancel_backend``."""
+    return StatementCanceledError(what, str(error)) if is_canceled(error) else None
 
 
 def connection_failure(url: str, error: BaseException, what: str) -> DBOSError:
-    """The error a failed connection attempt raises: naming the database, the server and
+    """The error a failed connection attempt raises: naming the database, every server and
     the cause; a refused login is a :class:`DatabaseAuthenticationError`, a malformed
-    connection option a :class:`ConfigurationError`."""
+    connection option or a session setting the server refuses a :class:`ConfigurationError`."""
+    target = parsed_url(url).describe()
     cause = f"{type(error).__name__}: {error}"
     # 28000 and its 28P01 (a wrong password).
     if isinstance(error, asyncpg.InvalidAuthorizationSpecificationError):
         return DatabaseAuthenticationError(
-            f"{what} {describe_target(url)}: the server refused the login ({cause}); check "
+            f"{what} {target}: the server refused the login ({cause}); check "
             "the user and password of the system database URL")
+    # An unknown setting, a bad value, or one that cannot be set per session, in the URL.
+    if isinstance(error, asyncpg.UndefinedObjectError | asyncpg.InvalidParameterValueError
+                  | asyncpg.CantChangeRuntimeParamError):
+        return ConfigurationError(
+            f"{what} {target}: the server refused a setting of the system database URL "
+            f"({cause})")
     if isinstance(error, asyncpg.ClientConfigurationError):
-        return ConfigurationError(f"{what} {describe_target(url)}: {cause}")
-    return DatabaseUnavailableError(f"{what} {describe_target(url)}: {cause}")
+        return ConfigurationError(f"{what} {target}: {cause}")
+    return DatabaseUnavailableError(f"{what} {target}: {cause}")
 
 
 async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connection:
-    """One connection, failing with a message that names the server instead of a socket error."""
+    """One connection, failing with a message that names the servers instead of a socket
+    error."""
     try:
         return await _connect_or_missing(url, connect_timeout, name)
     except asyncpg.InvalidCatalogNameError as error:
         raise DatabaseUnavailableError(
-            f"The system database {database_name(url)!r} does not exist at {redact(url)} "
+            f"The system database {parsed_url(url).describe()} does not exist "
             "(`dbos-async migrate` creates it, as an executor does on entering)"
         ) from error
 
@@ -70,35 +150,35 @@ async def _connect_or_missing(url: str, connect_timeout: float,
     """:func:`connect`, but a missing database raises asyncpg's InvalidCatalogNameError,
     for :func:`ensure_database` to create it."""
     try:
-        return await asyncpg.connect(
-            url, timeout=connect_timeout, server_settings={"application_name": name}
-        )
+        return await _open(parsed_url(url), connect_timeout, name)
     except asyncpg.InvalidCatalogNameError:
         raise
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise connection_failure(url, error, "Cannot connect to the system database") from error
 
 
-async def ensure_database(url: str, connect_timeout: float) -> None:
-    """Create the URL's database if it does not exist and we may create databases."""
+async def ensure_database(url: str, connect_timeout: float, name: str) -> None:
+    """Create the URL's database if it does not exist and we may create databases (from
+    the server's ``postgres`` database)."""
     try:
-        conn = await _connect_or_missing(url, connect_timeout, "dbos_async")
+        conn = await _connect_or_missing(url, connect_timeout, name)
     except asyncpg.InvalidCatalogNameError:
         pass
     else:
         await conn.close()
         return
-    name = database_name(url)
-    admin = await connect(with_database(url, "postgres"), connect_timeout, "dbos_async")
+    parsed = parsed_url(url)
+    database = parsed.database_name
+    admin = await connect(parsed.with_database("postgres"), connect_timeout, name)
     try:
-        quoted = '"' + name.replace('"', '""') + '"'
+        quoted = '"' + database.replace('"', '""') + '"'
         await admin.execute(f"CREATE DATABASE {quoted}")
     except asyncpg.DuplicateDatabaseError:
         pass  # Another starter created it first.
     except asyncpg.InsufficientPrivilegeError as error:
         raise DatabaseUnavailableError(
-            f"The system database {name!r} does not exist and this user may not create it: "
-            f"{error}"
+            f"The system database {parsed.describe()} does not exist and this user may not "
+            f"create it: {error}"
         ) from error
     finally:
         await admin.close()
@@ -108,21 +188,25 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     """Skip asyncpg's reset query on release.
 
     The default reset (UNLISTEN, RESET ALL, advisory unlock, CLOSE ALL) is a round trip per
-    statement, doubling the cost of a checkpoint. Pool connections here carry no session state:
-    LISTEN uses its own connection, locks are transaction-scoped, and nothing SETs a session
-    variable. asyncpg still rolls back a transaction left open on release.
+    statement, doubling the cost of a checkpoint. Pool connections here carry no session
+    state but their settings (which must stay): LISTEN uses its own connection, locks are
+    transaction-scoped, and nothing else SETs a session variable. asyncpg still rolls back
+    a transaction left open on release.
     """
 
 
 async def create_pool(url: str, size: int, connect_timeout: float, name: str) -> asyncpg.Pool:
+    parsed = parsed_url(url)
+
+    async def open_one(*_pool_arguments: object, **_pool_options: object) -> asyncpg.Connection:
+        return await _open(parsed, connect_timeout, name)
+
     try:
         pool = await asyncpg.create_pool(
-            url,
             min_size=1,
             max_size=size,
-            timeout=connect_timeout,
+            connect=open_one,
             reset=_keep_session,
-            server_settings={"application_name": name},
         )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise connection_failure(url, error,

@@ -16,7 +16,11 @@ from typing import Literal, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
+from dbos_async.database_url import redact
+from dbos_async.errors import (
+    ApplicationOwnershipError,
+    QueryTimeoutError,
+)
 from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.health import DatabaseHealth, DatabaseWatch, describe_waits
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
@@ -86,11 +90,11 @@ class DatabaseCore:
         self._closing = False
         self._retry_timeout = retry_timeout
         # Which operations wait on the database, and whether it answers (see health()).
-        self.watch = DatabaseWatch(connection.describe_target(url))
+        self.watch = DatabaseWatch(connection.parsed_url(url).describe())
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing,
                                   watch=self.watch, on_standby=self._replace_connections)
-        # Safety limits (0 leaves the server's setting): see locking_transaction and
-        # _observed_fetch.
+        # Safety limits (0: the session's own, off unless the URL sets them): see
+        # locking_transaction and _observed_fetch.
         self.idle_transaction_timeout_ms = idle_transaction_timeout_ms
         self.observability_query_timeout_ms = observability_query_timeout_ms
         # Set by the executor once started; None means every wait polls.
@@ -195,6 +199,9 @@ class DatabaseCore:
         try:
             return await self._retry.run_again(operation, what)
         except Exception as error:
+            canceled = connection.canceled_statement(error, what)
+            if canceled is not None:
+                raise canceled from error
             if not is_connection_loss(error):
                 raise
             raise self.unavailable(what, error) from error
@@ -204,6 +211,9 @@ class DatabaseCore:
         try:
             return await operation()
         except Exception as error:
+            canceled = connection.canceled_statement(error, what)
+            if canceled is not None:
+                raise canceled from error
             if not is_connection_loss(error):
                 raise
             raise self.unavailable(what, error, retried=False) from error
@@ -214,7 +224,7 @@ class DatabaseCore:
         :class:`~dbos_async.errors.DatabaseUnavailableError`)."""
         how_long = f" (retried for up to {self._retry_timeout:g}s)" if retried else ""
         return UnavailableAfterRetries(
-            f"The system database at {connection.redact(self.url)} was unavailable while "
+            f"The system database at {redact(self.url)} was unavailable while "
             f"{what}{how_long}: {type(error).__name__}: {error}")
 
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
@@ -306,14 +316,15 @@ class DatabaseCore:
             async with self.pool.acquire() as conn, conn.transaction(readonly=True):
                 limit = self.sql.statement_timeout(timeout_ms)
                 await conn.execute(limit.sql, *limit.params)
-                return await conn.fetch(query.sql, *query.params)
+                try:
+                    return await conn.fetch(query.sql, *query.params)
+                except asyncpg.QueryCanceledError as error:
+                    # Our own bound, stopping the read on purpose: never retried.
+                    if "statement timeout" not in str(error):
+                        raise
+                    raise QueryTimeoutError(what, timeout_ms / 1000) from None
 
-        try:
-            return await self._retried(what, run)
-        except asyncpg.QueryCanceledError as error:
-            if "statement timeout" not in str(error):
-                raise
-            raise QueryTimeoutError(what, timeout_ms / 1000) from None
+        return await self._retried(what, run)
 
     async def _execute(self, query: Query, what: str) -> None:
         await self._retried(what, lambda: self.pool.execute(query.sql, *query.params))

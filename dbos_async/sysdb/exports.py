@@ -15,7 +15,12 @@ from typing import Any
 
 import asyncpg
 
-from dbos_async.errors import QueryTimeoutError, WorkflowImportConflictError, WorkflowImportError
+from dbos_async.errors import (
+    QueryTimeoutError,
+    StatementCanceledError,
+    WorkflowImportConflictError,
+    WorkflowImportError,
+)
 from dbos_async.sysdb.core import DatabaseCore
 from dbos_async.sysdb.operations import JobConnection
 from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter, WorkflowRef
@@ -70,7 +75,7 @@ class ExportOperations(DatabaseCore):
                         yield workflow
             except asyncpg.QueryCanceledError as error:
                 if "statement timeout" not in str(error):
-                    raise
+                    raise StatementCanceledError("exporting workflows", str(error)) from error
                 raise QueryTimeoutError("exporting workflows", timeout_ms / 1000) from None
 
     async def _rows_of(self, conn: JobConnection, status_records: Sequence[asyncpg.Record]

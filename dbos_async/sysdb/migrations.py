@@ -64,6 +64,7 @@ from pathlib import Path
 import asyncpg
 
 from dbos_async.errors import ConfigurationError, MigrationError
+from dbos_async.sysdb import connection
 from dbos_async.sysdb.retry import is_transient
 
 __all__ = ["LATEST_VERSION", "check_schema_kind", "holds_sharded_schema", "migrate",
@@ -295,7 +296,8 @@ async def holds_sharded_schema(url: str, schema: str | None = None) -> bool:
     the problem with its context, rather than this probe.
     """
     try:
-        conn = await asyncpg.connect(url, timeout=_PROBE_CONNECT_TIMEOUT)
+        conn = await connection.connect(url, _PROBE_CONNECT_TIMEOUT,
+                                        connection.DEFAULT_CONNECTION_NAME)
     except Exception:  # a malformed URL, a refused or timed-out connection, a bad login
         return False
     try:

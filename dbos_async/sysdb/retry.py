@@ -103,6 +103,16 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
+def is_canceled(error: BaseException) -> bool:
+    """Whether the server canceled the statement (a timeout of the URL's, an operator's
+    ``pg_cancel_backend``): final for a caller outside workflows (it gets
+    :class:`~dbos_async.errors.StatementCanceledError`), retried with backoff for a
+    workflow, whose outcome it must not become. Our own deliberate bounds (an
+    observability read's) are raised as errors of their own before they get here."""
+    return isinstance(error, asyncpg.QueryCanceledError) or (
+        isinstance(error, asyncpg.LockNotAvailableError) and "lock timeout" in str(error))
+
+
 def is_connection_loss(error: BaseException) -> bool:
     """Whether ``error`` is transient for want of the database (a lost connection, a
     server shutting down or refusing connections), rather than a conflict between
@@ -147,7 +157,8 @@ class RetryPolicy:
         :func:`outlasting_outages`; the first retry of an operation is logged (the
         :class:`DatabaseWatch` logs an outage as a whole)."""
         started = time.monotonic()
-        deadline = float("inf") if _outlasting.get() else started + self.max_elapsed
+        patient = _outlasting.get()
+        deadline = float("inf") if patient else started + self.max_elapsed
         delay = self.initial_delay
         again = False
         watch = self.watch
@@ -157,7 +168,8 @@ class RetryPolicy:
                 try:
                     result = await operation(again)
                 except Exception as error:
-                    if not is_transient(error) or self.stopping():
+                    if not (is_transient(error) or (patient and is_canceled(error))) \
+                            or self.stopping():
                         raise
                     if is_connection_loss(error):
                         watch.lost(error)

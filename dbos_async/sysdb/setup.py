@@ -16,7 +16,7 @@ async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
     """Migrate the schema (creating the database first if allowed), or only verify it;
     returns its version."""
     if run_migrations:
-        await connection.ensure_database(url, connect_timeout)
+        await connection.ensure_database(url, connect_timeout, connection_name)
     conn = await connection.connect(url, connect_timeout, connection_name)
     try:
         if run_migrations:

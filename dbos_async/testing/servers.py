@@ -58,8 +58,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from dbos_async.database_url import redact
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError
-from dbos_async.sysdb.connection import redact
 from dbos_async.sysdb.embedded import pid_alive
 
 BRANCHES = ("env", "localhost", "docker", "local", "embedded")
