@@ -12,6 +12,7 @@ from dbos_async.errors import (
     DatabaseUnavailableError,
     DBOSError,
 )
+from dbos_async.sysdb.fencing import TimelineFence
 
 
 def redact(url: str) -> str:
@@ -54,10 +55,12 @@ def connection_failure(url: str, error: BaseException, what: str) -> DBOSError:
     return DatabaseUnavailableError(f"{what} {describe_target(url)}: {cause}")
 
 
-async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connection:
-    """One connection, failing with a message that names the server instead of a socket error."""
+async def connect(url: str, connect_timeout: float, name: str,
+                  fence: TimelineFence | None = None) -> asyncpg.Connection:
+    """One connection (to a server ``fence`` admits), failing with a message that names the
+    server instead of a socket error."""
     try:
-        return await _connect_or_missing(url, connect_timeout, name)
+        return await _connect_or_missing(url, connect_timeout, name, fence)
     except asyncpg.InvalidCatalogNameError as error:
         raise DatabaseUnavailableError(
             f"The system database {database_name(url)!r} does not exist at {redact(url)} "
@@ -65,12 +68,12 @@ async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connec
         ) from error
 
 
-async def _connect_or_missing(url: str, connect_timeout: float,
-                              name: str) -> asyncpg.Connection:
+async def _connect_or_missing(url: str, connect_timeout: float, name: str,
+                              fence: TimelineFence | None) -> asyncpg.Connection:
     """:func:`connect`, but a missing database raises asyncpg's InvalidCatalogNameError,
     for :func:`ensure_database` to create it."""
     try:
-        return await asyncpg.connect(
+        return await (fence.connect if fence else asyncpg.connect)(
             url, timeout=connect_timeout, server_settings={"application_name": name}
         )
     except asyncpg.InvalidCatalogNameError:
@@ -79,17 +82,18 @@ async def _connect_or_missing(url: str, connect_timeout: float,
         raise connection_failure(url, error, "Cannot connect to the system database") from error
 
 
-async def ensure_database(url: str, connect_timeout: float) -> None:
+async def ensure_database(url: str, connect_timeout: float,
+                          fence: TimelineFence | None = None) -> None:
     """Create the URL's database if it does not exist and we may create databases."""
     try:
-        conn = await _connect_or_missing(url, connect_timeout, "dbos_async")
+        conn = await _connect_or_missing(url, connect_timeout, "dbos_async", fence)
     except asyncpg.InvalidCatalogNameError:
         pass
     else:
         await conn.close()
         return
     name = database_name(url)
-    admin = await connect(with_database(url, "postgres"), connect_timeout, "dbos_async")
+    admin = await connect(with_database(url, "postgres"), connect_timeout, "dbos_async", fence)
     try:
         quoted = '"' + name.replace('"', '""') + '"'
         await admin.execute(f"CREATE DATABASE {quoted}")
@@ -114,10 +118,12 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     """
 
 
-async def create_pool(url: str, size: int, connect_timeout: float, name: str) -> asyncpg.Pool:
+async def create_pool(url: str, size: int, connect_timeout: float, name: str,
+                      fence: TimelineFence | None = None) -> asyncpg.Pool:
     try:
         pool = await asyncpg.create_pool(
             url,
+            connect=fence.connect if fence else None,
             min_size=1,
             max_size=size,
             timeout=connect_timeout,

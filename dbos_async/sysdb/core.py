@@ -18,6 +18,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.errors import ApplicationOwnershipError, QueryTimeoutError
 from dbos_async.sysdb import connection, migrations, setup
+from dbos_async.sysdb.fencing import TimelineFence
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
@@ -68,6 +69,8 @@ class DatabaseCore:
         observability_query_timeout_ms: int = DEFAULT_OBSERVABILITY_QUERY_TIMEOUT_MS,
     ) -> None:
         self.url = url
+        # Every connection of this handle goes to a server the fence admits.
+        self.fence = TimelineFence(url)
         self.schema = schema
         # Which kind of schema this handle migrates, verifies and addresses.
         self.sharded = sharded
@@ -126,10 +129,11 @@ class DatabaseCore:
         run = self.retried if patient else self._once
         await run("preparing the system database", lambda: setup.prepare(
             self.url, self.schema, sharded=self.sharded, run_migrations=run_migrations,
-            connect_timeout=self._connect_timeout, connection_name=self._connection_name))
+            connect_timeout=self._connect_timeout, connection_name=self._connection_name,
+            fence=self.fence))
         self._pool = await run("opening the connection pool", lambda: (
             connection.create_pool(self.url, self._pool_size, self._connect_timeout,
-                                   self._connection_name)))
+                                   self._connection_name, self.fence)))
         if self.sharded:
             citus = self.sql.routes_single_tables()
             self.routes_single_tables = bool(await run(
