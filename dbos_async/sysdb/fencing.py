@@ -96,6 +96,7 @@ class ServerState:
 
 
 async def read_state(conn: asyncpg.Connection) -> ServerState:
+    """The state of ``conn``'s server; a connection loss is raised (to try elsewhere)."""
     try:
         row = await conn.fetchrow(SERVER_STATE)
     except asyncpg.PostgresError as error:
