@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 
@@ -60,7 +60,7 @@ def listed_servers(url: str) -> list[Server]:
         query = parse_qs(parts.query)
         hostspec = parts.netloc.rpartition("@")[2]
         specs = query["host"][-1].split(",") if "host" in query else \
-            hostspec.split(",") if hostspec else []
+            unquote(hostspec).split(",") if hostspec else []
         ports = query["port"][-1].split(",") if "port" in query else []
         if len(ports) not in (0, 1, len(specs)):
             return []
