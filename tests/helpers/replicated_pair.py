@@ -101,7 +101,8 @@ class ReplicatedPair:
         atexit.register(pair.stop)  # a backstop, if the test never calls stop()
         try:
             binaries.initdb(pair.primary_data)
-            pair.primary_port = binaries.start(pair.primary_data, DURABLE)
+            pair.primary_port = binaries.start(pair.primary_data,
+                                               [*DURABLE, "wal_level=replica"])
             done = binaries.run("pg_basebackup", "-D", pair.standby_data, "-R", "-X", "stream",
                                 "--checkpoint=fast", "--no-sync", "-h", "127.0.0.1",
                                 "-p", str(pair.primary_port), "-U", "postgres", cwd=base)
