@@ -39,6 +39,14 @@ class DatabaseAuthenticationError(ConfigurationError, DatabaseUnavailableError):
     fix, so it is also a :class:`ConfigurationError`."""
 
 
+class StaleServerError(DatabaseUnavailableError):
+    """A server was refused: a primary on an older timeline than one this process already
+    used on the same system database, as an old primary is when it comes back after a
+    failover with data that may be stale. Its connection is closed; the operation is retried
+    (on the next server of a multi-host URL). Fencing the old primary off is the job of its
+    HA manager."""
+
+
 class MigrationError(DBOSError):
     """The system database schema is missing, too old, or from an unknown future version."""
 

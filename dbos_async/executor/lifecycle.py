@@ -93,7 +93,7 @@ async def _hold_executor_id(runtime: Runtime) -> None:
     lock = ExecutorIdLock(
         sysdb.sql,
         functools.partial(connection.connect, sysdb.url, config.connect_timeout,
-                          config.connection_name),
+                          config.connection_name, sysdb.fence),
         base,
         patience=config.db_retry_timeout,
     )

@@ -70,7 +70,7 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
 
     dispatcher = NotificationDispatcher(
         connect=functools.partial(connection.connect, url, config.connect_timeout,
-                                  config.connection_name),
+                                  config.connection_name, sysdb.fence),
         pool=lambda: sysdb.pool,
         use_listen_notify=config.use_listen_notify,
         coalesce_ms=config.notification_coalesce_ms,

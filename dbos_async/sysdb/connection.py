@@ -21,6 +21,7 @@ from dbos_async.errors import (
     DBOSError,
     StatementCanceledError,
 )
+from dbos_async.sysdb.fencing import TimelineFence
 from dbos_async.sysdb.retry import is_canceled
 
 DEFAULT_CONNECTION_NAME = "dbos_async"
@@ -76,7 +77,8 @@ def _later_settings(url: DatabaseUrl, major: int) -> dict[str, str]:
             if major >= since and name not in url.options}
 
 
-async def _open(url: DatabaseUrl, connect_timeout: float, name: str) -> asyncpg.Connection:
+async def _open(url: DatabaseUrl, connect_timeout: float, name: str,
+                fence: TimelineFence | None = None) -> asyncpg.Connection:
     """A connection with every session setting in its startup packet, where they take
     precedence over the role's and the database's.
 
@@ -89,8 +91,9 @@ async def _open(url: DatabaseUrl, connect_timeout: float, name: str) -> asyncpg.
         expected = _server_versions.get(url.text, 0)
         later = _later_settings(url, expected)
         try:
-            conn = await asyncpg.connect(url.text, timeout=connect_timeout,
-                                         server_settings={**session_settings(url, name), **later})
+            conn = await (fence.connect if fence else asyncpg.connect)(
+                url.text, timeout=connect_timeout,
+                server_settings={**session_settings(url, name), **later})
         except asyncpg.UndefinedObjectError as error:
             if not any(setting in str(error) for setting in later):
                 raise
@@ -133,11 +136,12 @@ def connection_failure(url: str, error: BaseException, what: str) -> DBOSError:
     return DatabaseUnavailableError(f"{what} {target}: {cause}")
 
 
-async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connection:
-    """One connection, failing with a message that names the servers instead of a socket
-    error."""
+async def connect(url: str, connect_timeout: float, name: str,
+                  fence: TimelineFence | None = None) -> asyncpg.Connection:
+    """One connection (to a server ``fence`` admits), failing with a message that names
+    the servers instead of a socket error."""
     try:
-        return await _connect_or_missing(url, connect_timeout, name)
+        return await _connect_or_missing(url, connect_timeout, name, fence)
     except asyncpg.InvalidCatalogNameError as error:
         raise DatabaseUnavailableError(
             f"The system database {parsed_url(url).describe()} does not exist "
@@ -145,23 +149,24 @@ async def connect(url: str, connect_timeout: float, name: str) -> asyncpg.Connec
         ) from error
 
 
-async def _connect_or_missing(url: str, connect_timeout: float,
-                              name: str) -> asyncpg.Connection:
+async def _connect_or_missing(url: str, connect_timeout: float, name: str,
+                              fence: TimelineFence | None) -> asyncpg.Connection:
     """:func:`connect`, but a missing database raises asyncpg's InvalidCatalogNameError,
     for :func:`ensure_database` to create it."""
     try:
-        return await _open(parsed_url(url), connect_timeout, name)
+        return await _open(parsed_url(url), connect_timeout, name, fence)
     except asyncpg.InvalidCatalogNameError:
         raise
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise connection_failure(url, error, "Cannot connect to the system database") from error
 
 
-async def ensure_database(url: str, connect_timeout: float, name: str) -> None:
+async def ensure_database(url: str, connect_timeout: float, name: str,
+                          fence: TimelineFence | None = None) -> None:
     """Create the URL's database if it does not exist and we may create databases (from
     the server's ``postgres`` database)."""
     try:
-        conn = await _connect_or_missing(url, connect_timeout, name)
+        conn = await _connect_or_missing(url, connect_timeout, name, fence)
     except asyncpg.InvalidCatalogNameError:
         pass
     else:
@@ -169,7 +174,7 @@ async def ensure_database(url: str, connect_timeout: float, name: str) -> None:
         return
     parsed = parsed_url(url)
     database = parsed.database_name
-    admin = await connect(parsed.with_database("postgres"), connect_timeout, name)
+    admin = await connect(parsed.with_database("postgres"), connect_timeout, name, fence)
     try:
         quoted = '"' + database.replace('"', '""') + '"'
         await admin.execute(f"CREATE DATABASE {quoted}")
@@ -195,11 +200,12 @@ async def _keep_session(connection: asyncpg.Connection) -> None:
     """
 
 
-async def create_pool(url: str, size: int, connect_timeout: float, name: str) -> asyncpg.Pool:
+async def create_pool(url: str, size: int, connect_timeout: float, name: str,
+                      fence: TimelineFence | None = None) -> asyncpg.Pool:
     parsed = parsed_url(url)
 
     async def open_one(*_pool_arguments: object, **_pool_options: object) -> asyncpg.Connection:
-        return await _open(parsed, connect_timeout, name)
+        return await _open(parsed, connect_timeout, name, fence)
 
     try:
         pool = await asyncpg.create_pool(

@@ -22,6 +22,7 @@ from dbos_async.errors import (
     QueryTimeoutError,
 )
 from dbos_async.sysdb import connection, migrations, setup
+from dbos_async.sysdb.fencing import TimelineFence
 from dbos_async.sysdb.health import DatabaseHealth, DatabaseWatch, describe_waits
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
 from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
@@ -73,6 +74,8 @@ class DatabaseCore:
         observability_query_timeout_ms: int = DEFAULT_OBSERVABILITY_QUERY_TIMEOUT_MS,
     ) -> None:
         self.url = url
+        # Every connection of this handle goes to a server the fence admits.
+        self.fence = TimelineFence(url)
         self.schema = schema
         # Which kind of schema this handle migrates, verifies and addresses.
         self.sharded = sharded
@@ -134,10 +137,11 @@ class DatabaseCore:
         run = self.retried if patient else self._once
         await run("preparing the system database", lambda: setup.prepare(
             self.url, self.schema, sharded=self.sharded, run_migrations=run_migrations,
-            connect_timeout=self._connect_timeout, connection_name=self._connection_name))
+            connect_timeout=self._connect_timeout, connection_name=self._connection_name,
+            fence=self.fence))
         self._pool = await run("opening the connection pool", lambda: (
             connection.create_pool(self.url, self._pool_size, self._connect_timeout,
-                                   self._connection_name)))
+                                   self._connection_name, self.fence)))
         if self.sharded:
             citus = self.sql.routes_single_tables()
             self.routes_single_tables = bool(await run(
@@ -162,7 +166,7 @@ class DatabaseCore:
         """What this process's sessions wait on, read on a connection of its own (the
         pool's may all be stuck)."""
         conn = await connection.connect(self.url, self._connect_timeout,
-                                        f"{self._connection_name} health")
+                                        f"{self._connection_name} health", self.fence)
         try:
             query = self.sql.session_waits(self._connection_name)
             rows = await conn.fetch(query.sql, *query.params)

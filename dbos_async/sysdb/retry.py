@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from dbos_async.errors import DatabaseUnavailableError
+from dbos_async.errors import DatabaseUnavailableError, StaleServerError
 from dbos_async.sysdb.health import DatabaseWatch
 
 logger = logging.getLogger("dbos_async")
@@ -82,8 +82,11 @@ def is_transient(error: BaseException) -> bool:
 
     A :class:`~dbos_async.errors.DatabaseUnavailableError` raised while connecting is
     judged by its cause: a refused or reset connection is transient, a bad password or a
-    missing database is not; one that retrying already gave up on is not either.
+    missing database is not; one that retrying already gave up on is not either. A server
+    refused as an old primary (:class:`~dbos_async.errors.StaleServerError`) is transient.
     """
+    if isinstance(error, StaleServerError):
+        return True  # an old primary refused: its HA manager may be fencing it right now
     if isinstance(error, DatabaseUnavailableError):
         cause = error.__cause__
         return not isinstance(error, UnavailableAfterRetries) and cause is not None \

@@ -9,15 +9,17 @@ from pathlib import Path
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError
 from dbos_async.sysdb import connection, migrations
+from dbos_async.sysdb.fencing import TimelineFence
 
 
 async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
-                  connect_timeout: float, connection_name: str) -> int:
-    """Migrate the schema (creating the database first if allowed), or only verify it;
-    returns its version."""
+                  connect_timeout: float, connection_name: str,
+                  fence: TimelineFence | None = None) -> int:
+    """Migrate the schema (creating the database first if allowed), or only verify it,
+    on a server ``fence`` admits; returns its version."""
     if run_migrations:
-        await connection.ensure_database(url, connect_timeout, connection_name)
-    conn = await connection.connect(url, connect_timeout, connection_name)
+        await connection.ensure_database(url, connect_timeout, connection_name, fence)
+    conn = await connection.connect(url, connect_timeout, connection_name, fence)
     try:
         if run_migrations:
             return await migrations.migrate(conn, schema, sharded=sharded)
@@ -58,4 +60,4 @@ async def migrate(system_database_url: str | None = None, *, schema_name: str | 
     return await prepare(url, config.schema_name, sharded=await sharded(config),
                          run_migrations=True,
                          connect_timeout=config.connect_timeout,
-                         connection_name=config.connection_name)
+                         connection_name=config.connection_name, fence=TimelineFence(url))

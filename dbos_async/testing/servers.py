@@ -141,7 +141,7 @@ async def _can_connect(url: str, connect_timeout: float) -> None:
         await conn.close()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -268,61 +268,96 @@ def _start_docker(container_cls: Any) -> PgServer:
     except BaseException:
         container.stop()
         raise
-    return _register(
+    return register(
         PgServer("docker", url, f"Docker container {DOCKER_IMAGE} on {host}:{port}"),
         container.stop,
     )
+
+
+@dataclass(frozen=True)
+class LocalBinaries:
+    """The machine's PostgreSQL server programs, run as the OS user a server may run as
+    (``user``; ``None``: this process's own user)."""
+
+    bindir: Path
+    user: pwd.struct_passwd | None
+
+    def run(self, program: str, *args: str | Path, cwd: Path,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run ``program`` of ``bindir`` (e.g. ``pg_ctl``) as ``user``, without this
+        process's ``PG*`` variables (they would point it at another server)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        kwargs: dict[str, Any] = {}
+        if self.user is not None:
+            env["HOME"] = self.user.pw_dir  # server-side libpq reads ~/.postgresql otherwise
+            kwargs = {"user": self.user.pw_uid, "group": self.user.pw_gid, "extra_groups": []}
+        return subprocess.run(
+            [str(self.bindir / program), *map(str, args)], env=env, cwd=cwd,
+            capture_output=True, text=True, timeout=timeout, check=False, **kwargs,
+        )  # fmt: skip
+
+    def make_dir(self) -> Path:
+        """A new temporary directory ``user`` owns and can reach."""
+        base = Path(tempfile.mkdtemp(prefix="dbos-pg-"))
+        if self.user is not None:
+            if not _traversable_by(base.parent, self.user):
+                shutil.rmtree(base)
+                base = Path(tempfile.mkdtemp(prefix="dbos-pg-", dir="/tmp"))
+            os.chown(base, self.user.pw_uid, self.user.pw_gid)
+        return base
+
+    def initdb(self, data: Path) -> None:
+        """A new cluster in ``data`` trusting every local login (as ``postgres``)."""
+        r = self.run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
+                     "--locale=C", "--no-sync", cwd=data.parent)
+        if r.returncode != 0:
+            raise RuntimeError(f"initdb failed ({r.returncode}): {r.stderr.strip()}")
+
+    def start(self, data: Path, conf: Iterable[str] = (), log: Path | None = None,
+              port: int | None = None) -> int:
+        """Start the cluster in ``data`` on ``port`` (else a free one) of 127.0.0.1, its
+        socket and log (``<data>.log`` unless ``log`` says) beside it, fast rather than
+        durable; ``conf`` (``name=value``) comes last, so it overrides. Returns the port."""
+        base, log = data.parent, log or data.with_suffix(".log")
+        conf = ["fsync=off", "full_page_writes=off", "synchronous_commit=off",
+                "max_connections=200", "listen_addresses=127.0.0.1",
+                f"unix_socket_directories={base}", *conf]  # fmt: skip
+        # Another process may take a free port before us: then another one.
+        for attempt in [port] if port else [free_port() for _ in range(3)]:
+            opts = f"-p {attempt} " + " ".join(f"-c {c}" for c in conf)
+            r = self.run("pg_ctl", "-D", data, "-l", log, "-w", "-t", "30", "-o", opts, "start",
+                         cwd=base)
+            if r.returncode == 0:
+                return attempt
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise RuntimeError(f"pg_ctl start failed: {r.stderr.strip()}\n{tail}")
+
+    def stop(self, data: Path) -> None:
+        """Stop the cluster in ``data`` at once (immediate mode, then SIGKILL), if it runs."""
+        pid = postmaster_pid(data)
+        if pid is not None:
+            self.run("pg_ctl", "-D", data, "-m", "immediate", "-w", "-t", "20", "stop",
+                     cwd=data.parent)
+            if pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def start_local_cluster(
     bindir: Path, user: pwd.struct_passwd | None, extra_conf: Iterable[str] = ()
 ) -> PgServer:
     """initdb + pg_ctl start a throwaway cluster; ``PgServer.stop()`` removes it."""
-    kwargs: dict[str, Any] = {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-    if user is not None:
-        env["HOME"] = user.pw_dir  # server-side libpq reads ~/.postgresql otherwise: denied
-        kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    base = Path(tempfile.mkdtemp(prefix="dbos-pg-"))
-    if user is not None:
-        if not _traversable_by(base.parent, user):
-            shutil.rmtree(base)
-            base = Path(tempfile.mkdtemp(prefix="dbos-pg-", dir="/tmp"))
-        os.chown(base, user.pw_uid, user.pw_gid)
-    data, log = base / "data", base / "server.log"
-
-    def pg(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(a) for a in args], env=env, cwd=base, capture_output=True, text=True,
-            timeout=timeout, check=False, **kwargs,
-        )  # fmt: skip
+    binaries = LocalBinaries(bindir, user)
+    base = binaries.make_dir()
+    data = base / "data"
 
     def stop() -> None:
-        pid = _postmaster_pid(data)
-        if pid is not None:
-            pg(bindir / "pg_ctl", "-D", data, "-m", "immediate", "-w", "-t", "20", "stop")
-            if pid_alive(pid):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+        binaries.stop(data)
         shutil.rmtree(base, ignore_errors=True)
 
     try:
-        r = pg(bindir / "initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
-               "--locale=C", "--no-sync")  # fmt: skip
-        if r.returncode != 0:
-            raise RuntimeError(f"initdb failed ({r.returncode}): {r.stderr.strip()}")
-        conf = ["fsync=off", "full_page_writes=off", "synchronous_commit=off",
-                "max_connections=200", "listen_addresses=127.0.0.1",
-                f"unix_socket_directories={base}", *extra_conf]  # fmt: skip
-        for _attempt in range(3):  # another process may take the free port before us
-            port = _free_port()
-            opts = f"-p {port} " + " ".join(f"-c {c}" for c in conf)
-            r = pg(bindir / "pg_ctl", "-D", data, "-l", log, "-w", "-t", "30", "-o", opts, "start")
-            if r.returncode == 0:
-                break
-        else:
-            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-            raise RuntimeError(f"pg_ctl start failed: {r.stderr.strip()}\n{tail}")
+        binaries.initdb(data)
+        port = binaries.start(data, extra_conf, log=base / "server.log")
     except BaseException:
         stop()
         raise
@@ -332,9 +367,9 @@ def start_local_cluster(
         f"postgresql://postgres@127.0.0.1:{port}/postgres",
         f"throwaway cluster from {bindir} on 127.0.0.1:{port}{as_user}",
         base_dir=base,
-        pid=_postmaster_pid(data),
+        pid=postmaster_pid(data),
     )
-    return _register(server, stop)
+    return register(server, stop)
 
 
 def _start_embedded() -> PgServer:
@@ -361,17 +396,17 @@ def _start_embedded() -> PgServer:
         base_dir=base,
         pid=srv.get_pid(),
     )
-    return _register(server, stop)
+    return register(server, stop)
 
 
-def _postmaster_pid(data: Path) -> int | None:
+def postmaster_pid(data: Path) -> int | None:
     try:
         return int((data / "postmaster.pid").read_text().split("\n", 1)[0])
     except (OSError, ValueError):
         return None
 
 
-def _register(server: PgServer, stop: Callable[[], None]) -> PgServer:
+def register(server: PgServer, stop: Callable[[], None]) -> PgServer:
     server._stop = stop
     atexit.register(stop)  # backstop if the session ends without calling PgServer.stop()
     return server

@@ -31,6 +31,7 @@ FIGURES = (
     ("documented_errors", "calls that raised a documented dbos_async error"),
     ("raw_driver_errors", "raw driver errors seen by callers"),
     ("restarts", "server restarts"),
+    ("primary_failovers", "primary failovers (kill -9, standby promoted)"),
 )
 
 
