@@ -324,6 +324,9 @@ def test_a_non_loopback_bind_needs_an_auth_setting(monkeypatch: pytest.MonkeyPat
     refused = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x",
                                        "--host", "0.0.0.0"])
     assert refused.exit_code == 1 and "without authentication" in refused.output
+    url_as_host = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x",
+                                           "--allowed-host", "https://console.example.com"])
+    assert url_as_host.exit_code == 1 and "must be a host name" in url_as_host.output
     monkeypatch.setenv("DBOS_CONSOLE_BASIC_AUTH", "no-colon")
     malformed = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x"])
     assert malformed.exit_code == 1 and "user:password" in malformed.output
