@@ -228,12 +228,14 @@ async def test_only_allowed_host_names_are_answered(world: Scenario) -> None:
 
     # Reached through a proxy by a name of its own: allowed hosts, the loopback names still.
     named = console_app(world.dbos, allow_actions=True,
-                        allowed_hosts=["console.example.com", "*.ops.example.com"])
+                        allowed_hosts=["console.example.com", "*.ops.example.com",
+                                       "[2001:db8::1]"])
     async with client(named) as http:
         for host, status_code in (("console.example.com", 200),
                                   ("Console.Example.com:443", 200),
                                   ("eu.ops.example.com", 200), ("ops.example.com", 400),
-                                  ("evil.example.com", 400), ("localhost:8000", 200)):
+                                  ("evil.example.com", 400), ("localhost:8000", 200),
+                                  ("[2001:db8::1]:8000", 200), ("[2001:db8::2]", 400)):
             assert (await http.get("/workflows", headers={"host": host})
                     ).status_code == status_code, host
         site = {"host": "console.example.com", "origin": "https://console.example.com"}
@@ -254,7 +256,8 @@ async def test_only_allowed_host_names_are_answered(world: Scenario) -> None:
             assert answer.status_code == status_code, allowed
             assert (await http.get("/workflows", headers={
                 **bearer, "host": "console.example.com"})).status_code == 200
-    for wrong in (["https://console.example.com"], ["console.example.com:8000"], ["a b"]):
+    for wrong in (["https://console.example.com"], ["console.example.com:8000"], ["a b"],
+                  ["2001:db8::1"], ["*."], [""]):
         with pytest.raises(ConfigurationError, match="must be a host name"):
             console_app(world.dbos, allowed_hosts=wrong)
 

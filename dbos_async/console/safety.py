@@ -150,12 +150,15 @@ class HostCheck:
             return cls(None if auth is not None else ())
         names = []
         for entry in allowed_hosts:
-            name = entry.strip().lower()
-            if name != "*" and host_name(name.removeprefix("*.")) != name.removeprefix("*."):
+            given = entry.strip().lower()
+            wildcard = "*." if given.startswith("*.") else ""
+            bare = given.removeprefix(wildcard)
+            name = host_name(bare)
+            if given != "*" and (name is None or name != bare.strip("[]")):
                 raise ConfigurationError(
                     f"Allowed host {entry!r} must be a host name without scheme or port "
                     "(console.example.com), '*.' and a domain, or '*'")
-            names.append(name)
+            names.append(given if given == "*" else wildcard + str(name))
         return cls(tuple(names))
 
     def accepts(self, authority: str | None) -> bool:
