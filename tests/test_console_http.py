@@ -1,5 +1,6 @@
 """The console over HTTP: what each page shows, and its safety rules (auth, loopback,
-read-only default, CSRF and origin of actions, escaping, security headers)."""
+allowed hosts, read-only default, CSRF and origin of actions, escaping, security headers,
+limits of its input)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,17 @@ from dbos_async.cli.main import cli
 from dbos_async.console import ConsoleAuth, console_app
 from dbos_async.console.safety import check_bind
 from tests.helpers import new_dbos, wait_until
-from tests.helpers.console_scenario import XSS_INPUT, XSS_NAME, Scenario, scenario, status_of
+from tests.helpers.console_scenario import (
+    XSS_INPUT,
+    XSS_NAME,
+    Scenario,
+    scenario,
+    serving,
+    status_of,
+)
 
 TOKEN = "t0ken-for-the-console-tests"
+BASE = "http://localhost:8000"
 
 
 @pytest.fixture
@@ -34,7 +43,7 @@ async def world(database_url: str) -> AsyncIterator[Scenario]:
 
 def client(app: object, peer: str = "127.0.0.1") -> httpx2.AsyncClient:
     return httpx2.AsyncClient(transport=httpx2.ASGITransport(app, client=(peer, 5000)),
-                              base_url="http://console.test")
+                              base_url=BASE)
 
 
 def csrf_of(html: str) -> str:
@@ -124,7 +133,7 @@ async def test_actions_need_the_csrf_token_and_the_same_origin(world: Scenario) 
         assert await status_of(world.dbos, world.waiting) == "PENDING"
         done = await http.post("/workflow/cancel", data={"id": world.waiting,
                                                          "csrf_token": token},
-                               headers={"origin": "http://console.test"})
+                               headers={"origin": BASE})
         assert done.status_code == 303
         assert await status_of(world.dbos, world.waiting) == "CANCELLED"
         resumed = await http.post("/workflow/resume", data={"id": world.waiting},
@@ -186,6 +195,116 @@ async def test_auth_is_required_off_loopback(world: Scenario) -> None:
                 ).status_code == 200
 
 
+async def test_only_allowed_host_names_are_answered(world: Scenario) -> None:
+    """DNS rebinding: a site whose name now points at 127.0.0.1 sends its page's requests
+    to the console from this machine's browser, with its own name as ``Host`` and
+    ``Origin``. They are refused, reads and actions alike, even with a CSRF pair."""
+    app = console_app(world.dbos, allow_actions=True)
+    async with client(app) as http:
+        token = csrf_of((await http.get("/workflows")).text)
+        rebound = {"host": "evil.example.com:8000"}
+        read = await http.get("/workflows", headers=rebound)
+        assert read.status_code == 400 and world.waiting not in read.text
+        assert "allowed_hosts" in read.text and "--allowed-host" in read.text
+        refused = await http.post("/workflow/cancel", data={"id": world.waiting,
+                                                            "csrf_token": token},
+                                  headers={**rebound, "origin": "http://evil.example.com:8000"})
+        assert refused.status_code == 400
+        for host in ("evil.example.com", "127.0.0.1.evil.example.com", "localhost.example",
+                     "evil.example.com@127.0.0.1", "127.0.0.1/x", "[::1", ""):
+            assert (await http.get("/workflows", headers={"host": host})
+                    ).status_code == 400, host
+        for host in ("localhost", "localhost:8000", "LocalHost:1", "127.0.0.1",
+                     "127.0.0.1:43210", "[::1]", "[::1]:8000"):
+            assert (await http.get("/workflows", headers={"host": host})
+                    ).status_code == 200, host
+        # An action's Origin must be the host it was sent to: another port is another site.
+        for origin in ("http://evil.example.com:8000", "http://localhost:3000", "null"):
+            other = await http.post("/workflow/cancel", data={"id": world.waiting,
+                                                              "csrf_token": token},
+                                    headers={"origin": origin})
+            assert other.status_code == 403, origin
+    assert await status_of(world.dbos, world.waiting) == "PENDING"
+
+    # Reached through a proxy by a name of its own: allowed hosts, the loopback names still.
+    named = console_app(world.dbos, allow_actions=True,
+                        allowed_hosts=["console.example.com", "*.ops.example.com",
+                                       "[2001:db8::1]"])
+    async with client(named) as http:
+        for host, status_code in (("console.example.com", 200),
+                                  ("Console.Example.com:443", 200),
+                                  ("eu.ops.example.com", 200), ("ops.example.com", 400),
+                                  ("evil.example.com", 400), ("localhost:8000", 200),
+                                  ("[2001:db8::1]:8000", 200), ("[2001:db8::2]", 400)):
+            assert (await http.get("/workflows", headers={"host": host})
+                    ).status_code == status_code, host
+        site = {"host": "console.example.com", "origin": "https://console.example.com"}
+        token = csrf_of((await http.get("/workflows", headers=site)).text)
+        done = await http.post("/workflow/cancel", headers=site,
+                               data={"id": world.waiting, "csrf_token": token})
+        assert done.status_code == 303
+    assert await status_of(world.dbos, world.waiting) == "CANCELLED"
+
+    # With authentication, any name unless allowed hosts are given.
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    for allowed, status_code in ((None, 200), (["console.example.com"], 400)):
+        authed = console_app(world.dbos, auth=ConsoleAuth(token=TOKEN),
+                             allowed_hosts=allowed)
+        async with client(authed, peer="203.0.113.9") as http:
+            answer = await http.get("/workflows",
+                                    headers={**bearer, "host": "other.example.com"})
+            assert answer.status_code == status_code, allowed
+            assert (await http.get("/workflows", headers={
+                **bearer, "host": "console.example.com"})).status_code == 200
+    for wrong in (["https://console.example.com"], ["console.example.com:8000"], ["a b"],
+                  ["2001:db8::1"], ["*."], [""]):
+        with pytest.raises(ConfigurationError, match="must be a host name"):
+            console_app(world.dbos, allowed_hosts=wrong)
+
+
+async def test_bad_and_oversized_input_is_refused_with_the_reason(world: Scenario) -> None:
+    """Over a real server: each refusal names the parameter and the problem, and a body
+    refused unread is still an answer, not a reset connection."""
+    def nested(depth: int) -> str:
+        return '{"a": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}"
+
+    async with serving(console_app(world.dbos, allow_actions=True)) as base, \
+            httpx2.AsyncClient(base_url=base) as http:
+        for params, status_code, reason in (
+                ({"page": "1111111111111111111"}, 400,
+                 "page must be from 0 to 184467440737095516"),
+                ({"page": "-1"}, 400, "page must be from 0"),
+                ({"page": "184467440737095516"}, 200, ""),  # its offset fits a bigint
+                ({"attributes": "[" * 1300 + "]" * 1300}, 400,  # deeper than json recurses
+                 "attributes must nest at most 32 levels"),
+                ({"attributes": nested(33)}, 400, "attributes must nest at most 32 levels"),
+                ({"attributes": nested(32)}, 200, ""),
+                ({"attributes": '{"a": "' + "[{" * 100 + '\\""}'}, 200, ""),
+                ({"name": "x" * 9000}, 414, "The URL is over 8192 bytes")):
+            answer = await http.get("/workflows", params=params)
+            assert answer.status_code == status_code, params
+            assert reason in answer.text, params
+        for path, params in (("/workflow/fork", {"start_step": "2147483648"}),
+                             ("/workflow/value", {"part": "step", "step": "9" * 30})):
+            step = await http.get(path, params={"id": world.succeeded, **params})
+            assert step.status_code == 400 and "must be from 0 to 2147483647" in step.text
+
+        token = csrf_of((await http.get("/workflows")).text)
+        form = {"id": world.waiting, "csrf_token": token, "padding": "x" * 1_000_000}
+        too_large = await http.post("/workflow/cancel", data=form)
+        assert too_large.status_code == 413 and "over 65536 bytes" in too_large.text
+
+        async def streamed() -> AsyncIterator[bytes]:  # no Content-Length: counted as read
+            yield f"id={world.waiting}&csrf_token={token}&padding=".encode()
+            for _ in range(100):
+                yield b"x" * 1000
+
+        chunked = await http.post("/workflow/cancel", content=streamed(), headers={
+            "content-type": "application/x-www-form-urlencoded"})
+        assert chunked.status_code == 413
+    assert await status_of(world.dbos, world.waiting) == "PENDING"
+
+
 async def test_mounted_into_fastapi(world: Scenario) -> None:
     app = FastAPI()
     app.mount("/dbos", console_app(world.dbos))
@@ -208,6 +327,9 @@ def test_a_non_loopback_bind_needs_an_auth_setting(monkeypatch: pytest.MonkeyPat
     refused = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x",
                                        "--host", "0.0.0.0"])
     assert refused.exit_code == 1 and "without authentication" in refused.output
+    url_as_host = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x",
+                                           "--allowed-host", "https://console.example.com"])
+    assert url_as_host.exit_code == 1 and "must be a host name" in url_as_host.output
     monkeypatch.setenv("DBOS_CONSOLE_BASIC_AUTH", "no-colon")
     malformed = CliRunner().invoke(cli, ["console", "--url", "postgresql://127.0.0.1/x"])
     assert malformed.exit_code == 1 and "user:password" in malformed.output
@@ -276,14 +398,28 @@ async def test_sharded_reads_and_pages_address_one_key(database_url: str) -> Non
             assert "jobs" in (await http.get("/queues")).text
 
 
+async def raw_request(port: int, head: bytes) -> bytes:
+    """What the server at ``port`` answers to ``head``, sent whole over a socket of its
+    own (an HTTP client would refuse to send a URL of a megabyte)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        return await reader.read()
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
 async def test_the_command_serves_the_console(world: Scenario, database_url: str) -> None:
-    """``dbos-async console`` connects a client in its lifespan and serves read-only."""
+    """``dbos-async console`` connects a client in its lifespan and serves read-only, to
+    its allowed hosts; a request too large to parse gets an answer saying so."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-c", "from dbos_async.cli import main; main()", "console",
-        "--url", database_url, "--port", str(port),
+        "--url", database_url, "--port", str(port), "--allowed-host", "console.example.com",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
@@ -301,6 +437,21 @@ async def test_the_command_serves_the_console(world: Scenario, database_url: str
             assert pages[-1].status_code == 200 and world.failed in pages[-1].text
             refused = await http.post("/workflow/cancel", data={"id": world.waiting})
             assert refused.status_code == 403
+            for host, status_code in (("console.example.com", 200),
+                                      ("evil.example.com", 400)):
+                answer = await http.get("/workflows", headers={"host": host})
+                assert answer.status_code == status_code, host
+            long_url = await http.get("/workflows", params={"name": "x" * 9000})
+            assert long_url.status_code == 414
+        huge_url = await raw_request(port, b"GET /workflows?name=" + b"x" * 1_000_000
+                                     + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert huge_url.startswith(b"HTTP/1.1 414 ")
+        assert huge_url.endswith(b"The URL is over 8192 bytes")
+        huge_header = await raw_request(port, b"GET /workflows HTTP/1.1\r\nHost: 127.0.0.1"
+                                        b"\r\nX-Padding: " + b"x" * 1_000_000 + b"\r\n\r\n")
+        assert huge_header.startswith(b"HTTP/1.1 431 ")
+        garbled = await raw_request(port, b"\x00 not http\r\n\r\n")
+        assert garbled.startswith(b"HTTP/1.1 400 ")
     finally:
         process.terminate()
         await process.wait()

@@ -22,8 +22,14 @@ from dbos_async.errors import ConfigurationError
               help="Port to listen on.")
 @click.option("--allow-actions", is_flag=True,
               help="Offer cancel, resume, fork and schedule actions (read-only without).")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="A host name the console is reached by besides localhost, 127.0.0.1 and "
+                   "[::1] (console.example.com, *.example.com, or * for any); repeatable. "
+                   "Requests to other names are refused, against DNS rebinding (with an "
+                   "auth setting, only when given).")
 @target_options
-def console(target: Target, host: str, port: int, allow_actions: bool) -> None:
+def console(target: Target, host: str, port: int, allow_actions: bool,
+            allowed_hosts: tuple[str, ...]) -> None:
     """Serve the workflow console: web pages to see (and, with --allow-actions, operate)
     the workflows, queues and schedules of the system database.
 
@@ -31,20 +37,13 @@ def console(target: Target, host: str, port: int, allow_actions: bool) -> None:
     /?token=TOKEN) or DBOS_CONSOLE_BASIC_AUTH=user:password to require authentication;
     without either it listens on loopback addresses only."""
     try:
-        import uvicorn
-
         from dbos_async.console.app import build_console
         from dbos_async.console.safety import ConsoleAuth, check_bind
+        from dbos_async.console.server import console_server
     except ImportError as error:
         raise click.ClickException(
             f"The console needs the console extra ({error.name} is missing): "
             "pip install 'dbos_async[console]'") from None
-    try:
-        auth = ConsoleAuth.from_environment()
-        check_bind(host, auth)
-        target.config()
-    except ConfigurationError as error:
-        raise click.ClickException(one_line(error)) from None
     connected: dict[str, DBOSClient] = {}
 
     @asynccontextmanager
@@ -53,13 +52,19 @@ def console(target: Target, host: str, port: int, allow_actions: bool) -> None:
             connected["client"] = client
             yield
 
-    app = build_console(lambda: connected["client"], allow_actions=allow_actions,
-                        auth=auth, lifespan=connect)
+    try:
+        auth = ConsoleAuth.from_environment()
+        check_bind(host, auth)
+        target.config()
+        app = build_console(lambda: connected["client"], allow_actions=allow_actions,
+                            auth=auth, allowed_hosts=allowed_hosts or None, lifespan=connect)
+    except ConfigurationError as error:
+        raise click.ClickException(one_line(error)) from None
     click.echo(f"Console on http://{host}:{port}/ "
                f"({'actions allowed' if allow_actions else 'read-only'})")
     # Served on the loop dbos_async.run picks (uvloop unless DBOS_UVLOOP turns it off),
     # not on uvicorn's own choice, so that one setting decides for every command.
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = console_server(app, host, port)
     run(server.serve())
     if not server.started:  # uvicorn has logged why (the port in use, say)
         raise click.ClickException(f"the console could not listen on {host}:{port}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -38,9 +38,11 @@ from dbos_async.console.safety import (
     CSRF_HEADER,
     TOKEN_COOKIE,
     ConsoleAuth,
+    HostCheck,
     csrf_matches,
     is_loopback,
     new_csrf_token,
+    same_origin,
 )
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 from dbos_async.executor.handles import WorkflowStatus
@@ -67,6 +69,16 @@ EXECUTORS_RECENT_MINUTES = 60
 """The executors page also shows executors that started a workflow this recently."""
 LIVE_REFRESH_IDS = 200
 """At most this many workflows per status refresh (a page's worth, and then some)."""
+MAX_PAGE = (2**63 - 1) // PAGE_SIZE
+"""The last page number whose offset PostgreSQL takes (a bigint)."""
+MAX_STEP = 2**31 - 1
+"""The largest step number (an integer column)."""
+MAX_ATTRIBUTE_DEPTH = 32
+"""How deeply an attributes filter may nest its objects and arrays."""
+MAX_URL_BYTES = 8 * 1024
+"""A request's path and query string at most (what browsers and proxies commonly take)."""
+MAX_BODY_BYTES = 64 * 1024
+"""An action's form is a few short fields: a larger body is refused unread."""
 
 SECURITY_HEADERS = {
     # Scripts only from the console's own files: a value that slipped through escaping
@@ -98,10 +110,11 @@ class Console:
     """One console: its operator and settings, and its pages."""
 
     def __init__(self, operator: Callable[[], Operator], allow_actions: bool,
-                 auth: ConsoleAuth | None) -> None:
+                 auth: ConsoleAuth | None, hosts: HostCheck) -> None:
         self._operator = operator
         self.allow_actions = allow_actions
         self.auth = auth
+        self.hosts = hosts
 
     @property
     def operator(self) -> Operator:
@@ -127,7 +140,7 @@ class Console:
 
     async def workflows(self, request: Request) -> Response:
         q = request.query_params
-        page = _int(q.get("page") or "0", "page", minimum=0)
+        page = _int(q.get("page") or "0", "page", minimum=0, maximum=MAX_PAGE)
         filters = workflow_filters(q)
         rows = await self.operator.list_workflows(
             **filters, limit=PAGE_SIZE + 1, offset=page * PAGE_SIZE, sort_desc=True,
@@ -250,7 +263,8 @@ class Console:
         workflow_id, shard_key, _ = await self._status(request)
         part = request.query_params.get("part", "")
         if part == "step":
-            step = _int(request.query_params.get("step", ""), "step", minimum=0)
+            step = _int(request.query_params.get("step", ""), "step", minimum=0,
+                        maximum=MAX_STEP)
             for s in await self.operator.list_workflow_steps(workflow_id, shard_key=shard_key):
                 if s.function_id == step:
                     return PlainTextResponse(views.pretty(s.output))
@@ -269,7 +283,8 @@ class Console:
 
     async def fork_confirmation(self, request: Request) -> Response:
         workflow_id, shard_key, status = await self._status(request)
-        start_step = _int(request.query_params.get("start_step", ""), "start_step", minimum=0)
+        start_step = _int(request.query_params.get("start_step", ""), "start_step",
+                          minimum=0, maximum=MAX_STEP)
         steps = await self.operator.list_workflow_steps(workflow_id, load_output=False,
                                                         shard_key=shard_key)
         return self.page(request, "fork.html", wf=status, shard_key=shard_key,
@@ -293,7 +308,8 @@ class Console:
         elif action == "resume":
             await op.resume_workflow(workflow_id, shard_key=shard_key)
         elif action == "fork":
-            start_step = _int(form.get("start_step", ""), "start_step", minimum=0)
+            start_step = _int(form.get("start_step", ""), "start_step", minimum=0,
+                              maximum=MAX_STEP)
             handle = await op.fork_workflow(workflow_id, start_step, shard_key=shard_key)
             target = handle.workflow_id
         else:
@@ -368,6 +384,10 @@ def workflow_filters(q: QueryParams) -> dict[str, Any]:
     attributes = None
     text = get("attributes")
     if text:
+        # Measured before parsing: the parser recurses once per level.
+        if _nesting(text) > MAX_ATTRIBUTE_DEPTH:
+            raise ConsoleError(400, f"attributes must nest at most {MAX_ATTRIBUTE_DEPTH} "
+                                    "levels of objects and arrays")
         try:
             attributes = json.loads(text)
         except ValueError:
@@ -387,26 +407,69 @@ def workflow_filters(q: QueryParams) -> dict[str, Any]:
     }
 
 
-def _int(text: str, what: str, minimum: int) -> int:
+def _nesting(text: str) -> int:
+    """How deeply the JSON ``text`` nests objects and arrays (brackets in strings aside)."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def _int(text: str, what: str, minimum: int, maximum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ConsoleError(400, f"{what} must be an integer, not {text!r}") from None
-    if value < minimum:
-        raise ConsoleError(400, f"{what} must be at least {minimum}")
+        raise ConsoleError(400, f"{what} must be an integer, not {text[:40]!r}") from None
+    if not minimum <= value <= maximum:
+        raise ConsoleError(400, f"{what} must be from {minimum} to {maximum}, not {value}")
     return value
 
 
 async def _form(request: Request) -> dict[str, str]:
     """A POST's URL-encoded form, one value per field."""
-    body = (await request.body()).decode("utf-8", errors="replace")
-    return {k: v[0] for k, v in parse_qs(body, keep_blank_values=True).items()}
+    return _fields(await request.body())
+
+
+def _fields(body: bytes) -> dict[str, str]:
+    text = body.decode("utf-8", errors="replace")
+    return {k: v[0] for k, v in parse_qs(text, keep_blank_values=True).items()}
+
+
+async def _bounded_body(request: Request) -> bytes:
+    """A POST's body, refused (413) past ``MAX_BODY_BYTES`` without reading the rest."""
+    too_large = ConsoleError(413, f"The request's body is over {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Guard:
-    """Applied to every request before the console's routes: the auth setting (or, without
-    one, loopback peers only), the CSRF and origin rules of actions, the read-only default
-    and the security headers. Errors of operations become error pages."""
+    """Applied to every request before the console's routes: the size limits, the allowed
+    hosts, the auth setting (or, without one, loopback peers only), the CSRF and origin
+    rules of actions, the read-only default and the security headers. Errors of operations
+    become error pages."""
 
     def __init__(self, app: ASGIApp, console: Console) -> None:
         self.app = app
@@ -435,12 +498,17 @@ class Guard:
                 message = {**message, "headers": headers}
             await send(message)
 
-        refusal = await self.refusal(request)
+        try:
+            refusal = self.refusal(request)
+            if refusal is None and request.method == "POST":
+                body = await _bounded_body(request)
+                refusal = self.forgery(request, body)
+                receive = _replay(body)
+        except ConsoleError as error:
+            refusal = self.error(request, error.status_code, error.message)
         if refusal is not None:
             await refusal(scope, receive, secured)
             return
-        if request.method == "POST":
-            receive = _replay(await request.body())
         try:
             await self.app(scope, receive, secured)
         except ConsoleError as error:
@@ -456,9 +524,17 @@ class Guard:
         return self.console.page(request, "error.html", status_code=status_code,
                                  message=message)
 
-    async def refusal(self, request: Request) -> Response | None:
+    def refusal(self, request: Request) -> Response | None:
+        """Why a request is refused before its body is read, if it is."""
         console = self.console
         auth = console.auth
+        scope = request.scope
+        if len(scope.get("raw_path") or b"") + len(scope["query_string"]) > MAX_URL_BYTES:
+            return PlainTextResponse(f"The URL is over {MAX_URL_BYTES} bytes",
+                                     status_code=414)
+        host = request.headers.get("host")
+        if not console.hosts.accepts(host):
+            return PlainTextResponse(console.hosts.refusal(host), status_code=400)
         if auth is None:
             peer = request.client.host if request.client else None
             if not is_loopback(peer):
@@ -481,11 +557,17 @@ class Guard:
         if not console.allow_actions:
             return self.error(request, 403, "This console is read-only: start it with "
                                             "--allow-actions (allow_actions=True) to act")
-        if not _same_origin(request):
+        if not same_origin(request.headers.get("origin"), request.headers.get("host"),
+                           request.headers.get("sec-fetch-site"), console.hosts):
             return self.error(request, 403, "Refused: the action comes from another site")
+        return None
+
+    def forgery(self, request: Request, body: bytes) -> Response | None:
+        """The refusal of an action without this browser's CSRF token, in its header or
+        in its form ``body``."""
         given = request.headers.get(CSRF_HEADER)
         if given is None:
-            given = (await _form(request)).get(CSRF_FIELD)
+            given = _fields(body).get(CSRF_FIELD)
         if not csrf_matches(given, request.cookies.get(CSRF_COOKIE)):
             return self.error(request, 403, "Refused: missing or wrong CSRF token (reload "
                                             "the page and try again)")
@@ -524,24 +606,12 @@ def _replay(body: bytes) -> Receive:
     return receive
 
 
-def _same_origin(request: Request) -> bool:
-    """Whether a POST comes from a page of this host (browsers send ``Origin`` with
-    every POST; a request without it, such as a script's, is judged by its CSRF token)."""
-    if request.headers.get("sec-fetch-site") == "cross-site":
-        return False
-    origin = request.headers.get("origin")
-    if origin is None or origin == "null":
-        return origin is None
-    host = request.headers.get("host", "")
-    return origin.split("://", 1)[-1] == host
-
-
 def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
-                  auth: ConsoleAuth | None,
+                  auth: ConsoleAuth | None, allowed_hosts: Sequence[str] | None = None,
                   lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]]
                   | None = None) -> Starlette:
     """The console app over the operator ``operator()`` returns at each request."""
-    console = Console(operator, allow_actions, auth)
+    console = Console(operator, allow_actions, auth, HostCheck.of(allowed_hosts, auth))
 
     routes = [
         Route("/", lambda request: RedirectResponse(
@@ -565,14 +635,32 @@ def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
 
 
 def console_app(dbos_or_client: Operator, allow_actions: bool = False,
-                auth: ConsoleAuth | None = None) -> Starlette:
+                auth: ConsoleAuth | None = None,
+                allowed_hosts: Sequence[str] | None = None) -> Starlette:
     """The workflow console as an ASGI app, to mount into a FastAPI or Starlette service
     (``app.mount("/dbos", console_app(dbos))``) over a running :class:`~dbos_async.DBOS`
     or a connected :class:`~dbos_async.DBOSClient`.
 
-    Read-only unless ``allow_actions``. Without ``auth`` (a :class:`ConsoleAuth`; see
-    :meth:`ConsoleAuth.from_environment`) it answers only requests from loopback
-    addresses."""
+    Args:
+        dbos_or_client: What the console reads and acts through.
+        allow_actions: Offer and accept cancel, resume, fork and the schedules' actions
+            (read-only without).
+        auth: What every request must carry (a :class:`ConsoleAuth`; see
+            :meth:`ConsoleAuth.from_environment`). Without it the console answers only
+            requests from loopback addresses.
+        allowed_hosts: The host names the console is reached by besides the loopback ones
+            (``console.example.com``, ``*.example.com``, or ``*`` for any): a request whose
+            ``Host`` is none of them is refused, against DNS rebinding. Checked without
+            ``auth`` (loopback names only when not given) and, with it, when given.
+
+    Returns:
+        The console's Starlette app.
+
+    Raises:
+        DBOSError: ``dbos_or_client`` is neither an executor nor a client.
+        ConfigurationError: an allowed host is not a host name.
+    """
     if not isinstance(dbos_or_client, Operator):
         raise DBOSError("console_app needs a DBOS executor or a DBOSClient")
-    return build_console(lambda: dbos_or_client, allow_actions=allow_actions, auth=auth)
+    return build_console(lambda: dbos_or_client, allow_actions=allow_actions, auth=auth,
+                         allowed_hosts=allowed_hosts)

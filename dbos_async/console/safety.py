@@ -2,6 +2,10 @@
 
 - Without an auth setting it answers only loopback peers, and ``dbos-async console``
   refuses to bind another address (:func:`check_bind`).
+- Against DNS rebinding (a site whose name is made to point at 127.0.0.1, so that a
+  browser on this machine sends its pages' requests to the console): the ``Host`` of every
+  request must be a loopback name or one of the allowed hosts (:class:`HostCheck`), checked
+  without an auth setting, and with one when allowed hosts are given.
 - With one, every request must carry it: the token as ``Authorization: Bearer``, as the
   cookie a ``?token=`` visit sets, or a user and password by HTTP basic auth.
 - Actions are POSTs carrying the browser's CSRF token twice: in its SameSite=Strict cookie
@@ -17,7 +21,9 @@ import binascii
 import hmac
 import ipaddress
 import os
+import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dbos_async.errors import ConfigurationError
@@ -107,6 +113,85 @@ def is_loopback(host: str | None) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+_AUTHORITY = re.compile(r"(?:\[(?P<ipv6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::[0-9]{1,5})?")
+
+
+def host_name(authority: str | None) -> str | None:
+    """The host name of a ``Host`` header or of an origin's ``host[:port]``: lower case,
+    an IPv6 address without its brackets; None when it is not one."""
+    match = _AUTHORITY.fullmatch((authority or "").lower())
+    if match is None:
+        return None
+    return match["ipv6"] or match["name"]
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """The host names a console answers to: loopback names (``localhost``, ``127.0.0.1``,
+    ``[::1]``, any port) and the ``allowed`` ones, each a name (``console.example.com``),
+    a ``*.`` wildcard for the names under a domain, or ``*`` for any. ``allowed`` None
+    means any host: only for a console with an auth setting (see :meth:`of`)."""
+
+    allowed: tuple[str, ...] | None
+
+    @classmethod
+    def of(cls, allowed_hosts: Sequence[str] | None, auth: ConsoleAuth | None) -> HostCheck:
+        """The check of a console's settings: without ``auth`` the loopback names and
+        ``allowed_hosts``; with it, any host unless ``allowed_hosts`` are given.
+
+        Raises:
+            ConfigurationError: an allowed host that is not a host name (a URL, a port).
+        """
+        if isinstance(allowed_hosts, str):
+            allowed_hosts = [allowed_hosts]
+        if allowed_hosts is None:
+            return cls(None if auth is not None else ())
+        names = []
+        for entry in allowed_hosts:
+            given = entry.strip().lower()
+            wildcard = "*." if given.startswith("*.") else ""
+            bare = given.removeprefix(wildcard)
+            name = host_name(bare)
+            if given != "*" and (name is None or name != bare.strip("[]")):
+                raise ConfigurationError(
+                    f"Allowed host {entry!r} must be a host name without scheme or port "
+                    "(console.example.com), '*.' and a domain, or '*'")
+            names.append(given if given == "*" else wildcard + str(name))
+        return cls(tuple(names))
+
+    def accepts(self, authority: str | None) -> bool:
+        """Whether a request whose ``Host`` is ``authority`` may be answered."""
+        name = host_name(authority)
+        if self.allowed is None or "*" in self.allowed:
+            return True
+        if name is None:
+            return False
+        return is_loopback(name) or any(
+            name == entry or (entry.startswith("*.") and name.endswith(entry[1:]))
+            for entry in self.allowed)
+
+    def refusal(self, authority: str | None) -> str:
+        """Why a request to ``authority`` is refused, and the setting that would let it in."""
+        return (f"Refused: this console does not answer to the host {authority!r}. It "
+                "answers to loopback names (localhost, 127.0.0.1, [::1]) and its allowed "
+                "hosts: to reach it by another name, add that name to allowed_hosts "
+                "(dbos-async console --allowed-host NAME).")
+
+
+def same_origin(origin: str | None, host: str | None, fetch_site: str | None,
+                hosts: HostCheck) -> bool:
+    """Whether a POST comes from a page of the console itself: its ``Origin`` (browsers
+    send it with every POST) names the host the request went to, and that host is one the
+    console answers to, so a page of a rebound name is refused even where ``Host`` alone
+    would agree. A request without ``Origin`` (a script's) is judged by its CSRF token."""
+    if fetch_site == "cross-site":
+        return False
+    if origin is None:
+        return True
+    authority = origin.split("://", 1)[-1] if "://" in origin else None
+    return authority is not None and authority == host and hosts.accepts(authority)
 
 
 def check_bind(host: str, auth: ConsoleAuth | None) -> None:
