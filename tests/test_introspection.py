@@ -11,7 +11,7 @@ import pytest
 from helpers import execute, fetch, fetchval, new_dbos
 from pydantic import BaseModel
 
-from dbos_async import DBOS, NonExistentWorkflowError, RecordedError, SetWorkflowID
+from dbos_async import DBOS, DBOSError, NonExistentWorkflowError, RecordedError, SetWorkflowID
 
 # Tables that hold no per-workflow rows.
 GLOBAL_TABLES = {"dbos_migrations", "application_versions", "queues", "workflow_schedules",
@@ -82,6 +82,9 @@ async def test_list_workflows_filters_and_pages(database_url: str) -> None:
         page = await dbos.list_workflows(name="order", limit=2, offset=2)
         assert [w.workflow_id for w in page] == ["order-2", "order-3"]
         assert await dbos.list_workflows(name="order", offset=10) == []
+        # A page past PostgreSQL's bigint is refused before any statement, not by the driver.
+        with pytest.raises(DBOSError, match="offset must be an integer from 0 to"):
+            await dbos.list_workflows(offset=2**63)
 
         errors = await dbos.list_workflows(status="ERROR")
         assert [w.workflow_id for w in errors] == ["fail-0"]

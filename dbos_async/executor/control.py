@@ -238,12 +238,17 @@ def _status(peer: Peer, row: StatusRecord, load_input: bool,
     return dataclasses.replace(status, **changes)
 
 
+MAX_PAGE_BOUND = 2**63 - 1
+"""The largest limit or offset: PostgreSQL's bigint, which LIMIT and OFFSET take."""
+
+
 def check_page(limit: int | None, offset: int | None) -> None:
-    """Refuse a page that is not a count of rows."""
+    """Refuse a page that is not a count of rows PostgreSQL can take."""
     for what, value in (("limit", limit), ("offset", offset)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < 0):
-            raise DBOSError(f"{what} must be an integer >= 0, got {value!r}")
+                                  or not 0 <= value <= MAX_PAGE_BOUND):
+            raise DBOSError(f"{what} must be an integer from 0 to {MAX_PAGE_BOUND}, "
+                            f"got {value!r}")
 
 
 async def list_workflows(peer: Peer, f: WorkflowFilter) -> list[WorkflowStatus]:
