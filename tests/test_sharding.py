@@ -748,13 +748,17 @@ async def test_a_refused_statement_fails_only_its_own_key(plain_database_url: st
         for key in keys:
             steps = await dbos.list_workflow_steps("w", shard_key=key)
             assert [s.name for s in steps] == ([] if key == "key-03" else ["held"])
-    # Two transactions at once, then key-03's half again key by key.
+    # Two transactions at once, then key-03's half again key by key. Statements are
+    # logged as they complete: the refused half's key-by-key rounds may finish before the
+    # other half does, so the order within these rounds is not fixed.
     rounds = [args for sql, args in logged if "operation_outputs" in sql
               and args and all(isinstance(a, (list, tuple)) for a in args)]
     sizes = [len(statements) for statements in rounds]
-    assert sizes[:2] == [MIN_KEYS_PER_ROUND_TRIP] * 2 or \
-        sorted(sizes[:2]) == [MIN_KEYS_PER_ROUND_TRIP, MIN_KEYS_PER_ROUND_TRIP + 1], sizes
-    assert sizes[2:2 + MIN_KEYS_PER_ROUND_TRIP] == [1] * MIN_KEYS_PER_ROUND_TRIP, sizes
+    first = sorted(sizes[:2 + MIN_KEYS_PER_ROUND_TRIP])
+    assert first[:MIN_KEYS_PER_ROUND_TRIP] == [1] * MIN_KEYS_PER_ROUND_TRIP, sizes
+    halves = first[MIN_KEYS_PER_ROUND_TRIP:]
+    assert halves in ([MIN_KEYS_PER_ROUND_TRIP] * 2,
+                      [MIN_KEYS_PER_ROUND_TRIP, MIN_KEYS_PER_ROUND_TRIP + 1]), sizes
 
 
 async def test_starts_across_keys_go_together(database_url: str) -> None:
