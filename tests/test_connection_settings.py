@@ -242,6 +242,52 @@ async def test_a_statement_an_administrator_cancels_is_a_statement_canceled_erro
         assert "canceling statement due to user request" in str(caught.value)
 
 
+async def test_a_canceled_statement_inside_a_workflow_is_retried_not_its_outcome(
+        database_url: str) -> None:
+    """An administrator cancels a workflow's checkpoint while it waits on a lock: the
+    workflow does not fail for it; the checkpoint is written again and the step's body,
+    which already ran, does not run again."""
+    name = unique_name("w")
+    dbos = new_dbos(database_url, connection_name=name)
+    runs: list[int] = []
+    proceed = asyncio.Event()
+
+    @dbos.step()
+    async def body(n: int) -> int:
+        runs.append(n)
+        await proceed.wait()
+        return n * 2
+
+    @dbos.workflow()
+    async def work(n: int) -> int:
+        return await body(n)
+
+    async def waiting_pid() -> int | None:
+        pid = await fetchval(database_url, """SELECT pid FROM pg_stat_activity
+            WHERE application_name = $1 AND wait_event_type = 'Lock'""", name)
+        return int(pid) if pid is not None else None
+
+    async def waits() -> bool:
+        return await waiting_pid() is not None
+
+    async with dbos:
+        handle = await dbos.start_workflow(work, 21)
+        await wait_until(lambda: _true(bool(runs)), what="the step to run")
+        async with row_locked(database_url, handle.workflow_id):
+            proceed.set()  # the checkpoint now waits on the locked status row
+            await wait_until(waits, what="the checkpoint to wait on the lock")
+            await execute(database_url, "SELECT pg_cancel_backend($1)", await waiting_pid())
+            # Canceled, then written again: it waits on the lock once more.
+            await wait_until(waits, what="the checkpoint to be retried")
+        assert await asyncio.wait_for(handle.get_result(), PATIENCE) == 42
+    assert runs == [21]
+    assert (await workflow_row(database_url, handle.workflow_id))["status"] == "SUCCESS"
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
 # ---- Several servers in one URL ----
 
 
