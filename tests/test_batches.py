@@ -9,6 +9,7 @@ nothing written.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from typing import Any
 
@@ -28,6 +29,7 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowConflictError,
 )
+from dbos_async.sysdb.chunks import CHUNK_ROWS
 from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.statements import NewWorkflow, ParentStep
@@ -632,7 +634,7 @@ async def test_wait_first_refuses_bad_handles(database_url: str, sharding: bool)
 
 async def test_large_batches(database_url: str, sharding: bool) -> None:
     """The columns go as arrays: a batch far past PostgreSQL's 65535-parameter limit for
-    one row per parameter set is still one statement per key."""
+    one row per parameter set is written whole."""
     a, _ = keys(sharding)
     jobs = Jobs(database_url, sharding, listen_queues=[])
     async with jobs.dbos as dbos:
@@ -644,3 +646,80 @@ async def test_large_batches(database_url: str, sharding: bool) -> None:
                               for i in range(9000)])
     assert await count(database_url, "workflow_status") == 3000
     assert await count(database_url, "notifications") == 9000
+
+
+class TickStamps:
+    """A JSON serializer noting, at each value it writes, how often a ticker task has run
+    so far: the rows of a batch serialized between two turns of the event loop share a
+    stamp."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.stamps: list[int] = []
+
+    async def tick(self, done: asyncio.Event) -> None:
+        while not done.is_set():
+            self.ticks += 1
+            await asyncio.sleep(0)
+
+    def name(self) -> str:
+        return "tick_stamped_json"
+
+    def serialize(self, data: Any) -> str:
+        self.stamps.append(self.ticks)
+        return json.dumps(data)
+
+    def deserialize(self, serialized_data: str) -> Any:
+        return json.loads(serialized_data)
+
+
+BIG = 20_000
+"""Rows of a batch several chunks long."""
+
+
+async def test_a_large_batch_lets_the_event_loop_run(database_url: str) -> None:
+    """A batch of many chunks is serialized a chunk at a time, the event loop running
+    between chunks (so a task beside it keeps ticking), and still answers as one: a row
+    whose deduplication ID a row of an earlier chunk took is reported deduplicated."""
+    stamped = TickStamps()
+    jobs = Jobs(database_url, False, listen_queues=[], serializer=stamped)
+    rows = [EnqueueRequest(jobs.job, (i,), workflow_id=f"big-{i}") for i in range(BIG)]
+    rows[0] = EnqueueRequest(jobs.job, (0,), workflow_id="big-0", deduplication_id="d")
+    rows[-1] = EnqueueRequest(jobs.job, (BIG,), workflow_id="late", deduplication_id="d")
+    async with jobs.dbos as dbos:
+        done = asyncio.Event()
+        ticker = asyncio.create_task(stamped.tick(done))
+        try:
+            results = await dbos.enqueue_many(jobs.queue, rows)
+        finally:
+            done.set()
+            await ticker
+    assert len(stamped.stamps) == BIG
+    # Serialized in one go, every row would carry one stamp.
+    assert len(set(stamped.stamps)) > BIG // CHUNK_ROWS // 2
+    assert [r.outcome for r in results[:-1]] == ["enqueued"] * (BIG - 1)
+    assert (results[-1].outcome, results[-1].workflow_id) == ("deduplicated", "big-0")
+    assert await count(database_url, "workflow_status") == BIG - 1
+    assert await count(database_url, "workflow_input") == BIG - 1
+
+
+async def test_a_large_batch_refused_at_its_end_writes_nothing(database_url: str,
+                                                               sharding: bool) -> None:
+    """The chunks of a batch are written in one transaction: an ID another workflow name
+    uses, met by the last statement, rolls back the rows the earlier ones inserted."""
+    a, _ = keys(sharding)
+    jobs = Jobs(database_url, sharding, listen_queues=[])
+    async with jobs.dbos as dbos:
+        with Keyed(a), SetWorkflowID("taken"):
+            await dbos.start_workflow(jobs.other)
+        rows = [EnqueueRequest(jobs.job, (i,), workflow_id=f"big-{i}", shard_key=a)
+                for i in range(BIG - 1)]
+        rows.append(EnqueueRequest(jobs.job, (BIG,), workflow_id="taken", shard_key=a))
+        with pytest.raises(DBOSError, match="'taken' is already used by workflow 'other'"):
+            await dbos.enqueue_many(jobs.queue, rows)
+        assert await count(database_url, "workflow_status") == 1
+        assert await count(database_url, "workflow_input") == 1
+        # Without the bad row the same rows land whole.
+        results = await dbos.enqueue_many(jobs.queue, rows[:-1])
+        assert {r.outcome for r in results} == {"enqueued"}
+    assert await count(database_url, "workflow_status") == BIG
