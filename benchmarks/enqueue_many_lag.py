@@ -17,6 +17,7 @@ import pstats
 import resource
 import sys
 import time
+from typing import Any
 
 from common import DEFAULT_URL, drop_database, recreate_database
 
@@ -55,7 +56,7 @@ def peak_rss_mb() -> float:
     return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
-async def main(url: str, rows: int, profile: bool) -> None:
+async def main(url: str, rows: int, profile: bool, in_workflow: bool) -> None:
     db_url = await recreate_database(url, "bench_enqueue_many")
     try:
         dbos = DBOS(system_database_url=db_url, executor_id="bench", listen_queues=[])
@@ -65,8 +66,16 @@ async def main(url: str, rows: int, profile: bool) -> None:
         async def job(n: int, label: str) -> str:
             return f"{label}{n}"
 
+        requests = [EnqueueRequest(job, (i, "row"), {}) for i in range(rows)]
+        gate = asyncio.Event()
+
+        @dbos.workflow(name="enqueuer")
+        async def enqueuer() -> int:
+            await gate.wait()  # started before the meter, the batch runs inside it
+            return len(await dbos.enqueue_many(queue, requests))
+
         async with dbos:
-            requests = [EnqueueRequest(job, (i, "row"), {}) for i in range(rows)]
+            parent = await dbos.start_workflow(enqueuer) if in_workflow else None
             rss_before = peak_rss_mb()
             profiler = cProfile.Profile() if profile else None
             with LagMeter() as meter:
@@ -74,13 +83,17 @@ async def main(url: str, rows: int, profile: bool) -> None:
                 started = time.perf_counter()
                 if profiler is not None:
                     profiler.enable()
-                results = await dbos.enqueue_many(queue, requests)
+                if parent is None:
+                    results: list[Any] = await dbos.enqueue_many(queue, requests)
+                else:
+                    gate.set()
+                    results = [await parent.get_result()]
                 if profiler is not None:
                     profiler.disable()
                 elapsed = time.perf_counter() - started
                 ticks = meter.ticks
-            assert len(results) == rows and results[-1].outcome == "enqueued"
-            print(f"rows: {rows}")
+            assert (results == [rows]) if in_workflow else (len(results) == rows)
+            print(f"rows: {rows}{' (from a workflow body)' if in_workflow else ''}")
             print(f"total time: {elapsed:.2f} s")
             print(f"max event-loop lag: {meter.max_lag * 1000:.0f} ms "
                   f"({ticks} ticks of {TICK * 1000:.0f} ms during the call)")
@@ -96,5 +109,7 @@ if __name__ == "__main__":
     parser.add_argument("--url", default=DEFAULT_URL)
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the call")
+    parser.add_argument("--in-workflow", action="store_true",
+                        help="enqueue from a workflow body (one checkpoint of the results)")
     args = parser.parse_args()
-    asyncio.run(main(args.url, args.rows, args.profile))
+    asyncio.run(main(args.url, args.rows, args.profile, args.in_workflow))

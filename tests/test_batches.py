@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -429,15 +430,20 @@ async def test_a_batch_from_a_workflow_is_fenced_by_its_owner(database_url: str,
         def step(owner_xid: str) -> ParentStep:
             return ParentStep("owner", 0, owner_xid, 1, a)
 
+        def output(text: str) -> Callable[[object], Awaitable[str]]:
+            async def output_of(_: object) -> str:
+                return text
+            return output_of
+
         with pytest.raises(WorkflowConflictError):
             await sysdb.start_workflows_recorded(children, step("a-stale-owner"),
-                                                 "DBOS.enqueue_many", lambda _: "[]")
+                                                 "DBOS.enqueue_many", output("[]"))
         assert await count(database_url, "workflow_status") == 1
         first = await sysdb.start_workflows_recorded(children, step("the-owner"),
-                                                     "DBOS.enqueue_many", lambda _: '["x"]')
+                                                     "DBOS.enqueue_many", output('["x"]'))
         assert isinstance(first, list) and [s.created for s in first] == [True, True]
         again = await sysdb.start_workflows_recorded(children, step("the-owner"),
-                                                     "DBOS.enqueue_many", lambda _: '["y"]')
+                                                     "DBOS.enqueue_many", output('["y"]'))
         assert isinstance(again, StepRecord) and again.output == '["x"]'
         assert await count(database_url, "workflow_status") == 3
 
@@ -723,3 +729,28 @@ async def test_a_large_batch_refused_at_its_end_writes_nothing(database_url: str
         results = await dbos.enqueue_many(jobs.queue, rows[:-1])
         assert {r.outcome for r in results} == {"enqueued"}
     assert await count(database_url, "workflow_status") == BIG
+
+
+async def test_a_large_batch_from_a_workflow_is_one_checkpoint(database_url: str) -> None:
+    """The checkpoint of a batch of several chunks records every row's result, and a
+    replay returns them all as the first run did."""
+    jobs = Jobs(database_url, False, listen_queues=[])
+    rows = CHUNK_ROWS * 2 + 500
+
+    @jobs.dbos.workflow(name="bulk")
+    async def bulk() -> list[list[str]]:
+        results = await jobs.dbos.enqueue_many(jobs.queue, [
+            EnqueueRequest(jobs.job, (i,), deduplication_id="d" if i in (0, rows - 1) else None)
+            for i in range(rows)])
+        return [[r.workflow_id, r.outcome] for r in results]
+
+    async with jobs.dbos as dbos:
+        with SetWorkflowID("bulk"):
+            first = await (await dbos.start_workflow(bulk)).get_result()
+        fork = await dbos.fork_workflow("bulk", 1, new_workflow_id="bulk-again")
+        assert await fork.get_result() == first
+    assert first[:2] == [["bulk-0-0", "enqueued"], ["bulk-0-1", "enqueued"]]
+    assert first[-1] == ["bulk-0-0", "deduplicated"]
+    assert [outcome for _, outcome in first].count("enqueued") == rows - 1
+    # The rows once, and the two runs of the parent.
+    assert await count(database_url, "workflow_status") == rows - 1 + 2

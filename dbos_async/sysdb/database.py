@@ -282,10 +282,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def start_workflows_recorded(
         self, rows: Sequence[tuple[NewWorkflow, str]], parent: ParentStep,
-        function_name: str, output_of: Callable[[list[BatchStart]], str],
+        function_name: str, output_of: Callable[[list[BatchStart]], Awaitable[str]],
     ) -> list[BatchStart] | StepRecord:
         """:meth:`start_workflows` from a workflow body: the batch and the parent's
-        checkpoint (its output ``output_of`` the results) in one transaction, fenced by
+        checkpoint (its output what ``output_of`` makes of the results, awaited so a large
+        batch's can be encoded a chunk at a time) in one transaction, fenced by
         the parent's ownership, so a replay finds the checkpoint instead of enqueueing
         again. Returns the checkpoint already recorded if one was (nothing is written
         then)."""
@@ -300,11 +301,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 # The rows name their parent, whose key is the parent's own.
                 with bind_shard_keys({parent.workflow_id: parent.shard_key}):
                     results = await self._classified(rows, run)
+                output = await output_of(results)
                 with parent_ref.routed():
                     q = self.sql.record_step(parent.workflow_id, parent.function_id,
-                                             function_name, parent.owner_xid,
-                                             output_of(results), None, parent.started_at_ms,
-                                             now_ms())
+                                             function_name, parent.owner_xid, output, None,
+                                             parent.started_at_ms, now_ms())
                 if await conn.fetchrow(q.sql, *q.params) is None:
                     raise _NotRecorded  # rolls the batch back
                 return results

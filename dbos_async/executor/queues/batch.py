@@ -156,7 +156,7 @@ async def enqueue_batch(peer: Peer, plans: Sequence[Planned],
     sysdb = peer.system_database
     starts = await _written(sysdb, plans, parent_step)
     if isinstance(starts, StepRecord):
-        return recorded_results(peer, starts)
+        return await recorded_results(peer, starts)
     results = []
     announced: set[str] = set()
     async for span in spans(len(plans)):
@@ -177,10 +177,15 @@ async def _written(sysdb: SystemDatabase, plans: Sequence[Planned],
     rows = await _distinct_rows(plans)
     if parent_step is None:
         return await sysdb.start_workflows(rows)
-    return await sysdb.start_workflows_recorded(
-        rows, parent_step, ENQUEUE_MANY,
-        lambda starts: json.dumps([_outcome(plan, start) for (plan, _), start
-                                   in zip(plans, starts, strict=True)]))
+
+    async def output_of(starts: Sequence[BatchStart]) -> str:
+        """The checkpoint's JSON list of the rows' outcomes, encoded a chunk at a time."""
+        chunks = []
+        async for span in spans(len(plans)):
+            chunks.append(json.dumps([_outcome(plans[i][0], starts[i]) for i in span])[1:-1])
+        return f"[{', '.join(chunks)}]"
+
+    return await sysdb.start_workflows_recorded(rows, parent_step, ENQUEUE_MANY, output_of)
 
 
 async def _distinct_rows(plans: Sequence[Planned]) -> list[tuple[NewWorkflow, str]]:
@@ -212,11 +217,16 @@ def _result(peer: Peer, row: RowOutcome, signature: Signature | None) -> Enqueue
                                          workflow_name=name, shard_key=key), outcome)
 
 
-def recorded_results(peer: Peer, record: StepRecord) -> list[EnqueueResult]:
-    """The results a workflow body's batch enqueue recorded, as it returned them."""
+async def recorded_results(peer: Peer, record: StepRecord) -> list[EnqueueResult]:
+    """The results a workflow body's batch enqueue recorded, as it returned them (their
+    handles built a chunk at a time)."""
     rows = json.loads(record.output or "[]")
-    return [_result(peer, (workflow_id, cast(EnqueueOutcome, outcome), name, key), None)
-            for workflow_id, outcome, name, key in rows]
+    results: list[EnqueueResult] = []
+    async for span in spans(len(rows)):
+        results.extend(_result(peer, (workflow_id, cast(EnqueueOutcome, outcome), name, key),
+                               None)
+                       for workflow_id, outcome, name, key in rows[span.start:span.stop])
+    return results
 
 
 async def enqueue_registered(
@@ -235,7 +245,7 @@ async def enqueue_registered(
         recorded = parent.checkpoints.get(step_id)
         if recorded is not None:
             replay(parent, step_id, ENQUEUE_MANY, recorded)  # checks the name
-            return recorded_results(runtime, recorded)
+            return await recorded_results(runtime, recorded)
     base = dataclasses.replace(read_call(as_child=False, take_id=False), parent=parent)
 
     def plan(index: int, r: EnqueueRequest) -> Planned:
