@@ -36,8 +36,9 @@ from dbos_async.executor.peer import Peer, start_notifications, system_database_
 from dbos_async.executor.queues.batch import (
     EnqueueRequest,
     EnqueueResult,
-    checked_requests,
+    Planned,
     enqueue_batch,
+    planned_rows,
 )
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.queues.enqueue import (
@@ -270,24 +271,32 @@ class DBOSClient(Operator, Peer):
 
     async def enqueue_many(self, queue_name: str,
                            requests: Sequence[EnqueueRequest]) -> list[EnqueueResult]:
-        """Enqueue every row of ``requests`` (each naming its workflow) on ``queue_name`` in
-        one statement per shard key, as ``DBOS.enqueue_many`` does: all rows or none, one
-        :class:`EnqueueResult` per row, in order."""
+        """Enqueue every row of ``requests`` (each naming its workflow) on ``queue_name``
+        as ``DBOS.enqueue_many`` does: all rows or none, in one statement per shard key
+        (a large batch in several, in one transaction, the event loop let run between
+        them).
+
+        Args:
+            queue_name: the queue the rows go on.
+            requests: the rows, each an :class:`EnqueueRequest` naming its workflow.
+
+        Returns:
+            One :class:`EnqueueResult` per row, in order.
+
+        Raises:
+            DBOSError: for a bad batch (see ``DBOS.enqueue_many``); nothing is written.
+        """
         if not isinstance(queue_name, str) or not queue_name:
             raise DBOSError("queue_name must be a non-empty string")
-        plans = []
-        for index, r in enumerate(checked_requests(requests)):
+
+        def plan(index: int, r: EnqueueRequest) -> Planned:
             if not isinstance(r.workflow, str) or not r.workflow:
-                raise DBOSError(f"enqueue_many row {index}: a client names its workflow "
-                                f"(a non-empty string), got {r.workflow!r}")
-            try:
-                plan = self._plan(r.call(CallContext()), r.workflow, r.args, r.kwargs,
-                                  r.application_version, r.placement(queue_name))
-            except DBOSError as error:
-                error.add_note(f"in row {index} of enqueue_many")
-                raise
-            plans.append((plan, None))
-        return await enqueue_batch(self, plans)
+                raise DBOSError(f"A client names its workflow (a non-empty string), got "
+                                f"{r.workflow!r}")
+            return (self._plan(r.call(CallContext()), r.workflow, r.args, r.kwargs,
+                               r.application_version, r.placement(queue_name)), None)
+
+        return await enqueue_batch(self, await planned_rows(requests, plan))
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,

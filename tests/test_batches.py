@@ -9,7 +9,9 @@ nothing written.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -28,6 +30,7 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowConflictError,
 )
+from dbos_async.sysdb.chunks import CHUNK_ROWS
 from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.statements import NewWorkflow, ParentStep
@@ -427,15 +430,20 @@ async def test_a_batch_from_a_workflow_is_fenced_by_its_owner(database_url: str,
         def step(owner_xid: str) -> ParentStep:
             return ParentStep("owner", 0, owner_xid, 1, a)
 
+        def output(text: str) -> Callable[[object], Awaitable[str]]:
+            async def output_of(_: object) -> str:
+                return text
+            return output_of
+
         with pytest.raises(WorkflowConflictError):
             await sysdb.start_workflows_recorded(children, step("a-stale-owner"),
-                                                 "DBOS.enqueue_many", lambda _: "[]")
+                                                 "DBOS.enqueue_many", output("[]"))
         assert await count(database_url, "workflow_status") == 1
         first = await sysdb.start_workflows_recorded(children, step("the-owner"),
-                                                     "DBOS.enqueue_many", lambda _: '["x"]')
+                                                     "DBOS.enqueue_many", output('["x"]'))
         assert isinstance(first, list) and [s.created for s in first] == [True, True]
         again = await sysdb.start_workflows_recorded(children, step("the-owner"),
-                                                     "DBOS.enqueue_many", lambda _: '["y"]')
+                                                     "DBOS.enqueue_many", output('["y"]'))
         assert isinstance(again, StepRecord) and again.output == '["x"]'
         assert await count(database_url, "workflow_status") == 3
 
@@ -632,7 +640,7 @@ async def test_wait_first_refuses_bad_handles(database_url: str, sharding: bool)
 
 async def test_large_batches(database_url: str, sharding: bool) -> None:
     """The columns go as arrays: a batch far past PostgreSQL's 65535-parameter limit for
-    one row per parameter set is still one statement per key."""
+    one row per parameter set is written whole."""
     a, _ = keys(sharding)
     jobs = Jobs(database_url, sharding, listen_queues=[])
     async with jobs.dbos as dbos:
@@ -644,3 +652,105 @@ async def test_large_batches(database_url: str, sharding: bool) -> None:
                               for i in range(9000)])
     assert await count(database_url, "workflow_status") == 3000
     assert await count(database_url, "notifications") == 9000
+
+
+class TickStamps:
+    """A JSON serializer noting, at each value it writes, how often a ticker task has run
+    so far: the rows of a batch serialized between two turns of the event loop share a
+    stamp."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.stamps: list[int] = []
+
+    async def tick(self, done: asyncio.Event) -> None:
+        while not done.is_set():
+            self.ticks += 1
+            await asyncio.sleep(0)
+
+    def name(self) -> str:
+        return "tick_stamped_json"
+
+    def serialize(self, data: Any) -> str:
+        self.stamps.append(self.ticks)
+        return json.dumps(data)
+
+    def deserialize(self, serialized_data: str) -> Any:
+        return json.loads(serialized_data)
+
+
+BIG = 20_000
+"""Rows of a batch several chunks long."""
+
+
+async def test_a_large_batch_lets_the_event_loop_run(database_url: str) -> None:
+    """A batch of many chunks is serialized a chunk at a time, the event loop running
+    between chunks (so a task beside it keeps ticking), and still answers as one: a row
+    whose deduplication ID a row of an earlier chunk took is reported deduplicated."""
+    stamped = TickStamps()
+    jobs = Jobs(database_url, False, listen_queues=[], serializer=stamped)
+    rows = [EnqueueRequest(jobs.job, (i,), workflow_id=f"big-{i}") for i in range(BIG)]
+    rows[0] = EnqueueRequest(jobs.job, (0,), workflow_id="big-0", deduplication_id="d")
+    rows[-1] = EnqueueRequest(jobs.job, (BIG,), workflow_id="late", deduplication_id="d")
+    async with jobs.dbos as dbos:
+        done = asyncio.Event()
+        ticker = asyncio.create_task(stamped.tick(done))
+        try:
+            results = await dbos.enqueue_many(jobs.queue, rows)
+        finally:
+            done.set()
+            await ticker
+    assert len(stamped.stamps) == BIG
+    # Serialized in one go, every row would carry one stamp.
+    assert len(set(stamped.stamps)) > BIG // CHUNK_ROWS // 2
+    assert [r.outcome for r in results[:-1]] == ["enqueued"] * (BIG - 1)
+    assert (results[-1].outcome, results[-1].workflow_id) == ("deduplicated", "big-0")
+    assert await count(database_url, "workflow_status") == BIG - 1
+    assert await count(database_url, "workflow_input") == BIG - 1
+
+
+async def test_a_large_batch_refused_at_its_end_writes_nothing(database_url: str,
+                                                               sharding: bool) -> None:
+    """The chunks of a batch are written in one transaction: an ID another workflow name
+    uses, met by the last statement, rolls back the rows the earlier ones inserted."""
+    a, _ = keys(sharding)
+    jobs = Jobs(database_url, sharding, listen_queues=[])
+    async with jobs.dbos as dbos:
+        with Keyed(a), SetWorkflowID("taken"):
+            await dbos.start_workflow(jobs.other)
+        rows = [EnqueueRequest(jobs.job, (i,), workflow_id=f"big-{i}", shard_key=a)
+                for i in range(BIG - 1)]
+        rows.append(EnqueueRequest(jobs.job, (BIG,), workflow_id="taken", shard_key=a))
+        with pytest.raises(DBOSError, match="'taken' is already used by workflow 'other'"):
+            await dbos.enqueue_many(jobs.queue, rows)
+        assert await count(database_url, "workflow_status") == 1
+        assert await count(database_url, "workflow_input") == 1
+        # Without the bad row the same rows land whole.
+        results = await dbos.enqueue_many(jobs.queue, rows[:-1])
+        assert {r.outcome for r in results} == {"enqueued"}
+    assert await count(database_url, "workflow_status") == BIG
+
+
+async def test_a_large_batch_from_a_workflow_is_one_checkpoint(database_url: str) -> None:
+    """The checkpoint of a batch of several chunks records every row's result, and a
+    replay returns them all as the first run did."""
+    jobs = Jobs(database_url, False, listen_queues=[])
+    rows = CHUNK_ROWS * 2 + 500
+
+    @jobs.dbos.workflow(name="bulk")
+    async def bulk() -> list[list[str]]:
+        results = await jobs.dbos.enqueue_many(jobs.queue, [
+            EnqueueRequest(jobs.job, (i,), deduplication_id="d" if i in (0, rows - 1) else None)
+            for i in range(rows)])
+        return [[r.workflow_id, r.outcome] for r in results]
+
+    async with jobs.dbos as dbos:
+        with SetWorkflowID("bulk"):
+            first = await (await dbos.start_workflow(bulk)).get_result()
+        fork = await dbos.fork_workflow("bulk", 1, new_workflow_id="bulk-again")
+        assert await fork.get_result() == first
+    assert first[:2] == [["bulk-0-0", "enqueued"], ["bulk-0-1", "enqueued"]]
+    assert first[-1] == ["bulk-0-0", "deduplicated"]
+    assert [outcome for _, outcome in first].count("enqueued") == rows - 1
+    # The rows once, and the two runs of the parent.
+    assert await count(database_url, "workflow_status") == rows - 1 + 2

@@ -227,10 +227,11 @@ class DBOS(Operator):
         self, queue: Queue | str, requests: Sequence[EnqueueRequest]
     ) -> Coroutine[Any, Any, list[EnqueueResult]]:
         """Enqueue every row of ``requests`` on ``queue`` (declared here, or stored in the
-        queues table) in one statement per shard key: all rows are written, or, for a bad
-        batch (empty, a malformed row, a workflow ID twice, an ID another workflow name
-        uses), none. Returns one :class:`EnqueueResult` per row, in order: ``"enqueued"``,
-        ``"existing"`` (its workflow ID was taken: that workflow's handle) or
+        queues table) in one statement per shard key (a large batch in several, in one
+        transaction, the event loop let run between chunks): all rows are written, or, for
+        a bad batch (empty, a malformed row, a workflow ID twice, an ID another workflow
+        name uses), none. Returns one :class:`EnqueueResult` per row, in order:
+        ``"enqueued"``, ``"existing"`` (its workflow ID was taken: that workflow's handle) or
         ``"deduplicated"`` (an active workflow of the queue holds its deduplication ID: the
         holder's handle; the row is not written). In a workflow body the batch is one
         checkpoint, its position fixed at the call: the rows are its children, and a replay

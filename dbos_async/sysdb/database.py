@@ -24,6 +24,7 @@ from dbos_async.errors import (
     workflow_id_taken,
 )
 from dbos_async.sysdb.admin import AdminOperations
+from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.group_commit import GroupCommit
@@ -128,6 +129,31 @@ def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence
         wf = rows[i][0]
         if r["existing_name"] is not None and r["existing_name"] != wf.name and not r["ours"]:
             raise workflow_id_taken(wf.workflow_id, r["existing_name"], wf.name)
+
+
+_CREATED = BatchStart(True)
+"""The verdict of every row a batch wrote (frozen: one object serves them all, which a
+batch of many thousand rows feels in its memory and its garbage collections)."""
+
+HoldersCreated = dict[tuple[str | None, str], tuple[str, str]]
+"""Rows of a batch that took a deduplication ID, by key and ID: their workflow IDs and
+names (holders a statement's snapshot does not show to the rows it inserts alongside)."""
+
+
+def _batch_start(wf: NewWorkflow, r: Row, created: HoldersCreated) -> BatchStart | None:
+    """What became of a batch's row, by its statement's reply ``r``; None if the holder
+    of its deduplication ID finished before it could be read. A row that took a
+    deduplication ID joins ``created``."""
+    dedup = (wf.shard_key, wf.deduplication_id or "")
+    if r["inserted"] or r["ours"]:
+        if wf.deduplication_id is not None:
+            created[dedup] = (wf.workflow_id, wf.name)
+        return _CREATED
+    if r["existing_name"] is not None:
+        return BatchStart(False, existing_name=r["existing_name"])
+    if r["holder_id"] is not None:
+        return BatchStart(False, holder=(r["holder_id"], r["holder_name"]))
+    return BatchStart(False, holder=created[dedup]) if dedup in created else None
 
 
 class _NotRecorded(Exception):
@@ -256,10 +282,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def start_workflows_recorded(
         self, rows: Sequence[tuple[NewWorkflow, str]], parent: ParentStep,
-        function_name: str, output_of: Callable[[list[BatchStart]], str],
+        function_name: str, output_of: Callable[[list[BatchStart]], Awaitable[str]],
     ) -> list[BatchStart] | StepRecord:
         """:meth:`start_workflows` from a workflow body: the batch and the parent's
-        checkpoint (its output ``output_of`` the results) in one transaction, fenced by
+        checkpoint (its output what ``output_of`` makes of the results, awaited so a large
+        batch's can be encoded a chunk at a time) in one transaction, fenced by
         the parent's ownership, so a replay finds the checkpoint instead of enqueueing
         again. Returns the checkpoint already recorded if one was (nothing is written
         then)."""
@@ -274,11 +301,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 # The rows name their parent, whose key is the parent's own.
                 with bind_shard_keys({parent.workflow_id: parent.shard_key}):
                     results = await self._classified(rows, run)
+                output = await output_of(results)
                 with parent_ref.routed():
                     q = self.sql.record_step(parent.workflow_id, parent.function_id,
-                                             function_name, parent.owner_xid,
-                                             output_of(results), None, parent.started_at_ms,
-                                             now_ms())
+                                             function_name, parent.owner_xid, output, None,
+                                             parent.started_at_ms, now_ms())
                 if await conn.fetchrow(q.sql, *q.params) is None:
                     raise _NotRecorded  # rolls the batch back
                 return results
@@ -304,9 +331,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         of each; rows whose deduplication holder finished before it could be read are
         inserted again."""
         results: list[BatchStart | None] = [None] * len(rows)
-        # Rows of this batch holding a deduplication ID, per key: holders the statement's
-        # snapshot does not show.
-        created: dict[tuple[str | None, str], tuple[str, str]] = {}
+        created: HoldersCreated = {}
         pending = list(range(len(rows)))
         for _ in range(10):
             groups: dict[str | None, list[int]] = {}
@@ -316,21 +341,13 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             fetched = await run(per_key)
             pending = []
             for (indexes, _), found in zip(per_key, fetched, strict=True):
-                for i, r in zip(indexes, found, strict=True):
-                    wf = rows[i][0]
-                    dedup = (wf.shard_key, wf.deduplication_id or "")
-                    if r["inserted"] or r["ours"]:
-                        results[i] = BatchStart(True)
-                        if wf.deduplication_id is not None:
-                            created[dedup] = (wf.workflow_id, wf.name)
-                    elif r["existing_name"] is not None:
-                        results[i] = BatchStart(False, existing_name=r["existing_name"])
-                    elif r["holder_id"] is not None:
-                        results[i] = BatchStart(False, holder=(r["holder_id"], r["holder_name"]))
-                    elif dedup in created:
-                        results[i] = BatchStart(False, holder=created[dedup])
-                    else:
-                        pending.append(i)  # its holder finished meanwhile: insert again
+                async for span in spans(len(indexes)):
+                    for n in span:
+                        start = _batch_start(rows[indexes[n]][0], found[n], created)
+                        if start is None:
+                            pending.append(indexes[n])  # its holder finished: insert again
+                        else:
+                            results[indexes[n]] = start
             if not pending:
                 return [r for r in results if r is not None]
         raise DBOSError("Enqueueing the batch kept meeting deduplication IDs whose holders "
@@ -338,8 +355,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _insert_batches(self, rows: Sequence[tuple[NewWorkflow, str]],
                               groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
-        """Insert the batch's groups (one statement per key; several in one transaction)."""
-        if len(groups) == 1 and not self.routes_single_tables:
+        """Insert the batch's groups: a batch of one key and at most :data:`CHUNK_ROWS`
+        rows in one statement, any other in one transaction (see :meth:`_insert_on`)."""
+        if len(groups) == 1 and len(groups[0][0]) <= CHUNK_ROWS \
+                and not self.routes_single_tables:
             indexes, key = groups[0]
             q = self._insert_statement(rows, indexes, key)
             found = await self.pool.fetch(q.sql, *q.params)
@@ -350,19 +369,32 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _insert_on(self, conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
                          groups: Sequence[KeyGroup]) -> list[Sequence[Row]]:
-        """Insert a batch's groups in the caller's transaction; a taken ID rolls it back."""
+        """Insert a batch's groups in the caller's transaction, a statement per key and
+        per :data:`CHUNK_ROWS` rows (so none takes long to build or encode, and the event
+        loop runs while each is executed); a taken ID rolls it back. A chunk's statement
+        sees the rows the chunks before it inserted: a row whose deduplication ID one of
+        them took finds it as its holder."""
         batches: list[Sequence[Row]] = []
         for indexes, key in groups:
-            found: Sequence[Row]
-            if self.routes_single_tables:
-                found = await self._insert_workflows_routed(conn, [rows[i] for i in indexes],
-                                                            key)
-            else:
-                q = self._insert_statement(rows, indexes, key)
-                found = await conn.fetch(q.sql, *q.params)
-            _refuse_taken_ids(rows, indexes, found)
+            found: list[Row] = []
+            for start in range(0, len(indexes), CHUNK_ROWS):
+                found.extend(await self._insert_chunk(conn, rows,
+                                                      indexes[start:start + CHUNK_ROWS], key))
             batches.append(found)
         return batches
+
+    async def _insert_chunk(self, conn: JobConnection, rows: Sequence[tuple[NewWorkflow, str]],
+                            indexes: list[int], key: str | None) -> Sequence[Row]:
+        """Insert rows of one key (on a database that routes single-table statements, a
+        statement per table); raise if an ID belongs to another workflow name."""
+        found: Sequence[Row]
+        if self.routes_single_tables:
+            found = await self._insert_workflows_routed(conn, [rows[i] for i in indexes], key)
+        else:
+            q = self._insert_statement(rows, indexes, key)
+            found = await conn.fetch(q.sql, *q.params)
+        _refuse_taken_ids(rows, indexes, found)
+        return found
 
     def _insert_statement(self, rows: Sequence[tuple[NewWorkflow, str]], indexes: list[int],
                           key: str | None) -> Query:

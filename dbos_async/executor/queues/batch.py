@@ -2,7 +2,9 @@
 
 Each row is planned by the one start plan (:func:`~dbos_async.executor.start.plan_start`),
 as a single enqueue is; the rows are then written together. Deduplication does not fail the
-batch: each row reports what became of it (:class:`EnqueueResult`).
+batch: each row reports what became of it (:class:`EnqueueResult`). A large batch is
+planned, written and answered a chunk at a time (:mod:`dbos_async.sysdb.chunks`), its
+statements in one transaction, so it still lands whole or not at all.
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ from dbos_async.executor.start import (
 )
 from dbos_async.executor.steps import replay
 from dbos_async.executor.tracing import traced_attributes
-from dbos_async.sysdb.database import BatchStart, StepRecord, now_ms
+from dbos_async.sysdb.chunks import spans
+from dbos_async.sysdb.database import BatchStart, StepRecord, SystemDatabase, now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.statements import ParentStep
+from dbos_async.sysdb.statements import NewWorkflow, ParentStep
 
 ENQUEUE_MANY = "DBOS.enqueue_many"
 """The checkpoint a workflow body's batch enqueue records (its output: every row's
@@ -100,60 +103,105 @@ class EnqueueResult:
         return self.handle.workflow_id
 
 
-def checked_requests(requests: Sequence[EnqueueRequest]) -> list[EnqueueRequest]:
-    """Refuse an empty batch or a malformed row, naming it, before anything is planned."""
+Planned = tuple[StartPlan, Signature | None]
+"""A row of a batch ready to write: its start plan and the signature typing its handle's
+result (None for a client, which decodes results as plain JSON)."""
+
+
+async def planned_rows(requests: Sequence[EnqueueRequest],
+                       plan: Callable[[int, EnqueueRequest], Planned]) -> list[Planned]:
+    """Check and plan (``plan``: serialize its arguments, fill its columns) every row of a
+    batch before anything is written, a chunk at a time so the event loop runs between
+    chunks. An empty batch is refused; a bad row raises naming its index."""
     if isinstance(requests, EnqueueRequest) or not isinstance(requests, Sequence) \
             or not requests:
         raise DBOSError("enqueue_many needs a non-empty list of EnqueueRequest")
-    for index, r in enumerate(requests):
-        if not isinstance(r, EnqueueRequest):
-            raise DBOSError(f"enqueue_many row {index} is not an EnqueueRequest: {r!r}")
-        if not isinstance(r.args, Sequence) or isinstance(r.args, str) \
-                or not isinstance(r.kwargs, Mapping):
-            raise DBOSError(f"enqueue_many row {index}: args must be a sequence and kwargs "
-                            "a mapping")
-        try:
-            check_options({"priority": r.priority, "delay": r.delay, "timeout": r.timeout,
-                           "workflow_id": r.workflow_id, "deduplication_id": r.deduplication_id,
-                           "partition_key": r.partition_key})
-        except DBOSError as error:
-            raise DBOSError(f"enqueue_many row {index}: {error}") from None
-    return list(requests)
+    plans = []
+    async for span in spans(len(requests)):
+        for index in span:
+            r = _checked(index, requests[index])
+            try:
+                plans.append(plan(index, r))
+            except DBOSError as error:
+                error.add_note(f"in row {index} of enqueue_many")
+                raise
+    return plans
 
 
-async def enqueue_batch(peer: Peer, plans: Sequence[tuple[StartPlan, Signature | None]],
+def _checked(index: int, r: object) -> EnqueueRequest:
+    """Row ``index`` of a batch, refused naming it if malformed."""
+    if not isinstance(r, EnqueueRequest):
+        raise DBOSError(f"enqueue_many row {index} is not an EnqueueRequest: {r!r}")
+    if not isinstance(r.args, Sequence) or isinstance(r.args, str) \
+            or not isinstance(r.kwargs, Mapping):
+        raise DBOSError(f"enqueue_many row {index}: args must be a sequence and kwargs "
+                        "a mapping")
+    try:
+        check_options({"priority": r.priority, "delay": r.delay, "timeout": r.timeout,
+                       "workflow_id": r.workflow_id, "deduplication_id": r.deduplication_id,
+                       "partition_key": r.partition_key})
+    except DBOSError as error:
+        raise DBOSError(f"enqueue_many row {index}: {error}") from None
+    return r
+
+
+async def enqueue_batch(peer: Peer, plans: Sequence[Planned],
                         parent_step: ParentStep | None = None) -> list[EnqueueResult]:
     """Write the planned rows together and return one result per row, in order; wake the
     claimers of the rows written. Two rows with one workflow ID (under one key) are
     refused before anything is written. With ``parent_step`` (a workflow body's batch)
     the parent's checkpoint of the results is written in the same transaction; a replay
-    that finds it returns the recorded results."""
-    seen: set[tuple[str | None, str]] = set()
-    for plan, _ in plans:
-        ref = (plan.shard_key, plan.workflow_id)
-        if ref in seen:
-            raise DBOSError(f"enqueue_many got workflow ID {plan.workflow_id!r} twice")
-        seen.add(ref)
+    that finds it returns the recorded results. A large batch is answered a chunk at a
+    time, the event loop let run between chunks."""
     sysdb = peer.system_database
-    rows = [(plan.row, plan.creator_xid) for plan, _ in plans]
+    starts = await _written(sysdb, plans, parent_step)
+    if isinstance(starts, StepRecord):
+        return await recorded_results(peer, starts)
+    results = []
+    announced: set[str] = set()
+    async for span in spans(len(plans)):
+        for i in span:
+            (plan, signature), start = plans[i], starts[i]
+            if start.created and (key := announcement_key(plan.row)) not in announced:
+                announced.add(key)
+                sysdb.notify(ENQUEUE_CHANNEL, key)
+            row = _outcome(plan, start)
+            results.append(_result(peer, row, signature if row[1] != "deduplicated" else None))
+    return results
 
-    def outcomes(starts: Sequence[BatchStart]) -> list[RowOutcome]:
-        return [_outcome(plan, start) for (plan, _), start in zip(plans, starts, strict=True)]
 
+async def _written(sysdb: SystemDatabase, plans: Sequence[Planned],
+                   parent_step: ParentStep | None) -> list[BatchStart] | StepRecord:
+    """Write the rows, with the parent's checkpoint of their outcomes if ``parent_step``
+    (or find that checkpoint recorded already)."""
+    rows = await _distinct_rows(plans)
     if parent_step is None:
-        starts = await sysdb.start_workflows(rows)
-    else:
-        found = await sysdb.start_workflows_recorded(
-            rows, parent_step, ENQUEUE_MANY, lambda starts: json.dumps(outcomes(starts)))
-        if isinstance(found, StepRecord):
-            return recorded_results(peer, found)
-        starts = found
-    for key in dict.fromkeys(announcement_key(plan.row)
-                             for (plan, _), start in zip(plans, starts, strict=True)
-                             if start.created):
-        sysdb.notify(ENQUEUE_CHANNEL, key)
-    return [_result(peer, row, signature if row[1] != "deduplicated" else None)
-            for row, (_, signature) in zip(outcomes(starts), plans, strict=True)]
+        return await sysdb.start_workflows(rows)
+
+    async def output_of(starts: Sequence[BatchStart]) -> str:
+        """The checkpoint's JSON list of the rows' outcomes, encoded a chunk at a time."""
+        chunks = []
+        async for span in spans(len(plans)):
+            chunks.append(json.dumps([_outcome(plans[i][0], starts[i]) for i in span])[1:-1])
+        return f"[{', '.join(chunks)}]"
+
+    return await sysdb.start_workflows_recorded(rows, parent_step, ENQUEUE_MANY, output_of)
+
+
+async def _distinct_rows(plans: Sequence[Planned]) -> list[tuple[NewWorkflow, str]]:
+    """The rows to write, each with its creator token; a workflow ID twice (under one
+    key) is refused."""
+    seen: set[tuple[str | None, str]] = set()
+    rows = []
+    async for span in spans(len(plans)):
+        for i in span:
+            plan = plans[i][0]
+            ref = (plan.shard_key, plan.workflow_id)
+            if ref in seen:
+                raise DBOSError(f"enqueue_many got workflow ID {plan.workflow_id!r} twice")
+            seen.add(ref)
+            rows.append((plan.row, plan.creator_xid))
+    return rows
 
 
 def _outcome(plan: StartPlan, start: BatchStart) -> RowOutcome:
@@ -169,11 +217,16 @@ def _result(peer: Peer, row: RowOutcome, signature: Signature | None) -> Enqueue
                                          workflow_name=name, shard_key=key), outcome)
 
 
-def recorded_results(peer: Peer, record: StepRecord) -> list[EnqueueResult]:
-    """The results a workflow body's batch enqueue recorded, as it returned them."""
+async def recorded_results(peer: Peer, record: StepRecord) -> list[EnqueueResult]:
+    """The results a workflow body's batch enqueue recorded, as it returned them (their
+    handles built a chunk at a time)."""
     rows = json.loads(record.output or "[]")
-    return [_result(peer, (workflow_id, cast(EnqueueOutcome, outcome), name, key), None)
-            for workflow_id, outcome, name, key in rows]
+    results: list[EnqueueResult] = []
+    async for span in spans(len(rows)):
+        results.extend(_result(peer, (workflow_id, cast(EnqueueOutcome, outcome), name, key),
+                               None)
+                       for workflow_id, outcome, name, key in rows[span.start:span.stop])
+    return results
 
 
 async def enqueue_registered(
@@ -188,30 +241,27 @@ async def enqueue_registered(
     rows are its children, a row without an ID gets ``<parent ID>-<step>-<row index>``,
     and a replay returns the recorded results without enqueueing again."""
     runtime.require_running()
-    checked = checked_requests(requests)
     if parent is not None and step_id is not None:
         recorded = parent.checkpoints.get(step_id)
         if recorded is not None:
             replay(parent, step_id, ENQUEUE_MANY, recorded)  # checks the name
-            return recorded_results(runtime, recorded)
+            return await recorded_results(runtime, recorded)
     base = dataclasses.replace(read_call(as_child=False, take_id=False), parent=parent)
-    plans = []
-    for index, r in enumerate(checked):
-        try:
-            check_partition(queue, r.partition_key)
-            info, args = workflow_of(r.workflow, tuple(r.args))
-            arguments = Arguments.of(info, args, dict(r.kwargs), runtime.formats)
-        except DBOSError as error:
-            error.add_note(f"in row {index} of enqueue_many")
-            raise
+
+    def plan(index: int, r: EnqueueRequest) -> Planned:
+        check_partition(queue, r.partition_key)
+        info, args = workflow_of(r.workflow, tuple(r.args))
+        arguments = Arguments.of(info, args, dict(r.kwargs), runtime.formats)
         call = r.call(base)
         if parent is not None and r.workflow_id is None:
             child = new_workflow_id(dataclasses.replace(call, parent_step_id=step_id))
             call = dataclasses.replace(call, workflow_id=f"{child}-{index}")
-        plans.append((plan_registered(runtime, call, info, arguments,
-                                      placement=r.placement(queue.name),
-                                      application_version=r.application_version),
-                      info.signature))
+        return (plan_registered(runtime, call, info, arguments,
+                                placement=r.placement(queue.name),
+                                application_version=r.application_version),
+                info.signature)
+
+    plans = await planned_rows(requests, plan)
     step = (ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms(),
                        parent.shard_key)
             if parent is not None and step_id is not None else None)

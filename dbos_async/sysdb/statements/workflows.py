@@ -214,7 +214,8 @@ class WorkflowStatements(StatementBase):
         row under its ID (its name and whether its creator token is this batch's: a retry
         whose first reply was lost), and the active holder of its deduplication ID. The
         reads see the rows as they were before the statement (its snapshot), so a holder
-        inserted by this same batch is not among them."""
+        this same statement inserts is not among them (one an earlier statement of its
+        transaction inserted is)."""
         p = Params()
         v = self._unnested_starts(rows, shard_key, p)
         status = self.table("workflow_status")
@@ -298,10 +299,11 @@ class WorkflowStatements(StatementBase):
         given = [self._status_columns(wf, xid) for wf, xid in rows]
         columns = [c for c in dict.fromkeys(c for g in given for c in g) if c not in keys]
         columns.append("inputs")
-        values = [{**g, "inputs": wf.inputs} for g, (wf, _) in zip(given, rows, strict=True)]
+        for g, (wf, _) in zip(given, rows, strict=True):
+            g["inputs"] = wf.inputs
         casts = {c: ("text" if c == "attributes" else self.STATUS_CASTS.get(c, "text"))
                  for c in columns}
-        arrays = ", ".join(p([v.get(c) for v in values], f"{casts[c]}[]") for c in columns)
+        arrays = ", ".join(p([g.get(c) for g in given], f"{casts[c]}[]") for c in columns)
         stored = [c for c in columns if c != "inputs"]
         return _UnnestedStarts(
             rows=f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(columns)}, ord)",
