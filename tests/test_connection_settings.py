@@ -204,6 +204,24 @@ async def row_locked(url: str, workflow_id: str) -> AsyncIterator[None]:
         await blocker.close()
 
 
+async def lock_waiter(url: str, name: str) -> int | None:
+    """The backend of a session named ``name`` that waits on a lock, if one does."""
+    pid = await fetchval(url, """SELECT pid FROM pg_stat_activity
+        WHERE application_name = $1 AND wait_event_type = 'Lock'""", name)
+    return int(pid) if pid is not None else None
+
+
+async def waits_on_lock(url: str, name: str) -> bool:
+    return await lock_waiter(url, name) is not None
+
+
+async def cancel_lock_waiter(url: str, name: str, what: str) -> None:
+    """Once a statement of ``name``'s sessions waits on a lock, cancel it, as an
+    administrator would with ``pg_cancel_backend``."""
+    await wait_until(lambda: waits_on_lock(url, name), what=f"{what} to wait on the lock")
+    await execute(url, "SELECT pg_cancel_backend($1)", await lock_waiter(url, name))
+
+
 async def test_a_statement_timeout_hit_is_a_statement_canceled_error(database_url: str) -> None:
     parsed = trusting(database_url)
     await migrate(database_url)
@@ -230,17 +248,7 @@ async def test_a_statement_an_administrator_cancels_is_a_statement_canceled_erro
         handle = await client.enqueue("unserved", "work", 1)
         async with row_locked(database_url, handle.workflow_id):
             cancelling = asyncio.ensure_future(client.cancel_workflow(handle.workflow_id))
-
-            async def waiting_pid() -> int | None:
-                pid = await fetchval(database_url, """SELECT pid FROM pg_stat_activity
-                    WHERE application_name = $1 AND wait_event_type = 'Lock'""", name)
-                return int(pid) if pid is not None else None
-
-            async def waits() -> bool:
-                return await waiting_pid() is not None
-
-            await wait_until(waits, what="the cancel to wait on the lock")
-            await execute(database_url, "SELECT pg_cancel_backend($1)", await waiting_pid())
+            await cancel_lock_waiter(database_url, name, "the cancel")
             with pytest.raises(StatementCanceledError) as caught:
                 await asyncio.wait_for(cancelling, PATIENCE)
         assert not caught.value.timed_out
@@ -267,23 +275,15 @@ async def test_a_canceled_statement_inside_a_workflow_is_retried_not_its_outcome
     async def work(n: int) -> int:
         return await body(n)
 
-    async def waiting_pid() -> int | None:
-        pid = await fetchval(database_url, """SELECT pid FROM pg_stat_activity
-            WHERE application_name = $1 AND wait_event_type = 'Lock'""", name)
-        return int(pid) if pid is not None else None
-
-    async def waits() -> bool:
-        return await waiting_pid() is not None
-
     async with dbos:
         handle = await dbos.start_workflow(work, 21)
         await wait_until(lambda: _true(bool(runs)), what="the step to run")
         async with row_locked(database_url, handle.workflow_id):
             proceed.set()  # the checkpoint now waits on the locked status row
-            await wait_until(waits, what="the checkpoint to wait on the lock")
-            await execute(database_url, "SELECT pg_cancel_backend($1)", await waiting_pid())
+            await cancel_lock_waiter(database_url, name, "the checkpoint")
             # Canceled, then written again: it waits on the lock once more.
-            await wait_until(waits, what="the checkpoint to be retried")
+            await wait_until(lambda: waits_on_lock(database_url, name),
+                             what="the checkpoint to be retried")
         assert await asyncio.wait_for(handle.get_result(), PATIENCE) == 42
     assert runs == [21]
     assert (await workflow_row(database_url, handle.workflow_id))["status"] == "SUCCESS"
