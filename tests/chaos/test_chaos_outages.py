@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from dbos_async import DBOS, DatabaseUnavailableError, Queue
+from dbos_async import DBOS, DatabaseUnavailableError, Queue, SetWorkflowID
 from tests.helpers import fetch, new_dbos, wait_until
 from tests.helpers.cluster import Cluster
 
@@ -113,10 +113,17 @@ async def test_an_outage_pauses_workflows_which_continue_when_the_database_retur
                          what="health() to report the database unreachable")
         assert not dbos.health().healthy
 
-        # A caller outside workflows gives up after db_retry_timeout, clearly.
+        # A caller outside workflows gives up after db_retry_timeout, clearly; a start
+        # says the database is unreachable (not that the executor ID is not held).
         if multiple > 1:
             with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{cluster.port}"):
                 await dbos.get_workflow_status(handles[0].workflow_id)
+            with pytest.raises(DatabaseUnavailableError) as refused, \
+                    SetWorkflowID("started-during-the-outage"):
+                await dbos.start_workflow(workflows["finisher"], "never")
+            assert "system database" in str(refused.value)
+            assert "unreachable" in str(refused.value) or "unavailable" in str(refused.value)
+            assert "not held" not in str(refused.value)
 
         await asyncio.sleep(max(0.0, multiple * RETRY_TIMEOUT - (time.monotonic() - stopped)))
         cluster.start()
