@@ -16,9 +16,9 @@ from typing import Literal, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.database_url import redact
 from dbos_async.errors import (
     ApplicationOwnershipError,
+    DatabaseUnavailableError,
     QueryTimeoutError,
 )
 from dbos_async.sysdb import connection, migrations, setup
@@ -223,13 +223,19 @@ class DatabaseCore:
             raise self.unavailable(what, error, retried=False) from error
 
     def unavailable(self, what: str, error: BaseException,
-                    retried: bool = True) -> UnavailableAfterRetries:
-        """The error for a connection loss that retrying did not outlive (a
-        :class:`~dbos_async.errors.DatabaseUnavailableError`)."""
-        how_long = f" (retried for up to {self._retry_timeout:g}s)" if retried else ""
+                    retried: bool = True) -> DatabaseUnavailableError:
+        """The error for a connection loss: :class:`UnavailableAfterRetries` once retrying
+        did not outlive it (nothing retries it again); a plain
+        :class:`~dbos_async.errors.DatabaseUnavailableError` for an operation that is not
+        retried itself, which a retry around it (``retried``) may still run again."""
+        target = connection.parsed_url(self.url).describe()
+        if not retried:
+            return DatabaseUnavailableError(
+                f"The system database {target} was unavailable while {what}: "
+                f"{type(error).__name__}: {error}")
         return UnavailableAfterRetries(
-            f"The system database at {redact(self.url)} was unavailable while "
-            f"{what}{how_long}: {type(error).__name__}: {error}")
+            f"The system database {target} was unavailable while {what} (retried for up "
+            f"to {self._retry_timeout:g}s): {type(error).__name__}: {error}")
 
     async def _fetch(self, query: Query, what: str) -> list[asyncpg.Record]:
         return await self._retried(what, lambda: self.pool.fetch(query.sql, *query.params))

@@ -663,7 +663,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         except Exception as error:
             if not is_connection_loss(error):
                 raise
-            raise self.unavailable("claiming pending workflows", error) from error
+            raise self.unavailable("claiming pending workflows", error, retried=False) \
+                from error
         return [workflow_row(row) for row in rows]
 
     async def executors_with_pending(self, application_version: str | None,
