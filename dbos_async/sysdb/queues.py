@@ -211,7 +211,8 @@ class QueueOperations(DatabaseCore):
 
     async def dequeue_scopes(self, queue_name: str) -> list[str]:
         """The shard keys with ENQUEUED work on the queue (sharded databases)."""
-        rows = await self._fetch(self.sql.dequeue_scopes(queue_name), "reading dequeue scopes")
+        query = self.sql.dequeue_scopes(queue_name, distributed=self.routes_single_tables)
+        rows = await self._fetch(query, "reading dequeue scopes")
         return [row["shard_key"] for row in rows]
 
     async def queue_partitions(self, queue_name: str, cap: int) -> list[str]:

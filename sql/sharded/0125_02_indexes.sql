@@ -1,7 +1,7 @@
 -- DBOS system schema, version 125, sharded track, part 2 of 4: secondary indexes.
 --
--- The indexes of ../0125_02_indexes.sql, with the same names. Those serving statements confined
--- to one shard key (dequeue, deduplication, recovery, timeouts, a workflow's relatives and
+-- The indexes of ../0125_02_indexes.sql, with the same names, and one of its own (the keys with
+-- queued work, below). Those serving statements confined to one shard key (dequeue, deduplication, recovery, timeouts, a workflow's relatives and
 -- messages) lead with shard_key, so one key's rows are one contiguous range. Those serving
 -- listings and sweeps over all keys (by time, status, schedule, attributes, retention) keep the
 -- unsharded columns: such statements name no key to lead with.
@@ -13,6 +13,15 @@ CREATE INDEX idx_workflow_status_in_flight_v2
     ON {{schema}}.workflow_status (shard_key, queue_name, status, priority, created_at)
     INCLUDE (application_name)
     WHERE status IN ('ENQUEUED', 'PENDING');
+
+-- Sharded only: which keys have ENQUEUED work on a queue (what a claim round visits). The
+-- queue leads, so a recursive scan seeks from one key to the next (plain PostgreSQL), and each
+-- Citus shard reads its keys off this small index alone; the in-flight index above leads with
+-- the key and would make the scan walk other queues' and PENDING rows.
+CREATE INDEX idx_workflow_status_queue_keys
+    ON {{schema}}.workflow_status (queue_name, shard_key)
+    INCLUDE (application_name)
+    WHERE status = 'ENQUEUED';
 
 CREATE INDEX idx_workflow_status_partition_dequeue_v3
     ON {{schema}}.workflow_status

@@ -403,16 +403,45 @@ class QueueStatements(StatementBase):
               FROM partitions WHERE partitions.pk IS NOT NULL
             )"""
 
-    def dequeue_scopes(self, queue_name: str) -> Query:
+    def dequeue_scopes(self, queue_name: str, *, distributed: bool = False) -> Query:
         """The keys a sharded queue's claim rounds visit: those with ENQUEUED work of
-        this application (one multi-shard read, no lock)."""
+        this application (one multi-shard read, no lock).
+
+        Both shapes read idx_workflow_status_queue_keys (ENQUEUED rows by queue, then key)
+        alone. On PostgreSQL a recursive loose index scan seeks from one key to the next,
+        so the cost follows the number of keys, not the backlog. A distributed table
+        (Citus) refuses a recursive CTE that does not name one key, so there each shard
+        runs the DISTINCT itself, through that index: its part reads the shard's ENQUEUED
+        entries of the queue, never its heap or its other rows. (Citus's
+        run_command_on_shards could run the loose scan per shard, but it was measured
+        four times slower than this pushed-down DISTINCT.)
+
+        Args:
+            queue_name: The queue.
+            distributed: Whether the table is distributed by key (Citus).
+        """
         if not self.sharded:
             raise DBOSError("Dequeue scopes exist only on a sharded system database")
         p = Params()
+        table = self.table("workflow_status")
+        # The application's scope filters the index entries it walks (application_name is
+        # in the index): a key whose ENQUEUED rows all belong to another application costs
+        # a walk over them, each other key one seek.
+        enqueued = (f"queue_name = {p(queue_name)} AND status = {p(ENQUEUED)} "
+                    f"AND {self.own_scope(None, p)}")
+        if distributed:
+            return Query(f"SELECT DISTINCT shard_key FROM {table} WHERE {enqueued}", p.values)
         return Query(
-            f"""SELECT DISTINCT shard_key FROM {self.table('workflow_status')}
-                WHERE queue_name = {p(queue_name)} AND status = {p(ENQUEUED)}
-                  AND {self.own_scope(None, p)}""",
+            f"""WITH RECURSIVE keys AS (
+                  (SELECT shard_key FROM {table} WHERE {enqueued}
+                   ORDER BY shard_key LIMIT 1)
+                  UNION ALL
+                  SELECT (SELECT shard_key FROM {table}
+                          WHERE {enqueued} AND shard_key > keys.shard_key
+                          ORDER BY shard_key LIMIT 1)
+                  FROM keys WHERE keys.shard_key IS NOT NULL
+                )
+                SELECT shard_key FROM keys WHERE shard_key IS NOT NULL""",
             p.values,
         )
 
