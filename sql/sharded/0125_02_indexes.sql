@@ -1,10 +1,11 @@
 -- DBOS system schema, version 125, sharded track, part 2 of 4: secondary indexes.
 --
 -- The indexes of ../0125_02_indexes.sql, with the same names, and one of its own (the keys with
--- queued work, below). Those serving statements confined to one shard key (dequeue, deduplication, recovery, timeouts, a workflow's relatives and
--- messages) lead with shard_key, so one key's rows are one contiguous range. Those serving
--- listings and sweeps over all keys (by time, status, schedule, attributes, retention) keep the
--- unsharded columns: such statements name no key to lead with.
+-- queued work, below). Those serving statements confined to one shard key (dequeue,
+-- deduplication, recovery, timeouts, a workflow's relatives and messages) lead with shard_key,
+-- so one key's rows are one contiguous range. Those serving listings and sweeps over all keys
+-- (by time, status, schedule, attributes, retention) keep the unsharded columns: such
+-- statements name no key to lead with.
 
 CREATE INDEX workflow_status_created_at_index
     ON {{schema}}.workflow_status (created_at);
