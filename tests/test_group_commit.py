@@ -23,8 +23,9 @@ BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
 
 
 def batches(logged: list[tuple[str, tuple[Any, ...]]]) -> list[list[tuple[str, int]]]:
-    """The (workflow ID, step) rows of each batched checkpoint statement sent."""
-    return [list(zip(args[0], args[1], strict=True))
+    """The (workflow ID, step) rows of each batched checkpoint statement sent (the steps go
+    as text, which the server casts)."""
+    return [[(workflow_id, int(step)) for workflow_id, step in zip(args[0], args[1], strict=True)]
             for sql, args in logged if BATCH_MARK in sql]
 
 

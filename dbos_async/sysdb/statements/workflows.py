@@ -303,7 +303,7 @@ class WorkflowStatements(StatementBase):
             g["inputs"] = wf.inputs
         casts = {c: ("text" if c == "attributes" else self.STATUS_CASTS.get(c, "text"))
                  for c in columns}
-        arrays = ", ".join(p([g.get(c) for g in given], f"{casts[c]}[]") for c in columns)
+        arrays = ", ".join(p.array([g.get(c) for g in given], casts[c]) for c in columns)
         stored = [c for c in columns if c != "inputs"]
         return _UnnestedStarts(
             rows=f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(columns)}, ord)",
@@ -383,7 +383,7 @@ class WorkflowStatements(StatementBase):
         names = list(dict.fromkeys(c for g in given for c in g))
         casts = {"function_id": "integer", "started_at_epoch_ms": "bigint",
                  "completed_at_epoch_ms": "bigint"}
-        arrays = ", ".join(p([g.get(c) for g in given], f"{casts.get(c, 'text')}[]")
+        arrays = ", ".join(p.array([g.get(c) for g in given], casts.get(c, "text"))
                            for c in names)
         stored = [c for c in names if c != "owner_xid"]
         keys = self._key_values_of("ws")
@@ -492,7 +492,7 @@ class WorkflowStatements(StatementBase):
         p = Params()
         names = {"workflow_uuid": "text", "status": "text", "owner_xid": "text",
                  "output": "text", "error": "text"}
-        arrays = ", ".join(p([getattr(r, f) for r in rows], f"{cast}[]") for f, cast in zip(
+        arrays = ", ".join(p.array([getattr(r, f) for r in rows], cast) for f, cast in zip(
             ("workflow_id", "status", "owner_xid", "output", "error"), names.values(),
             strict=True))
         keys = self._key_values_of("updated")
