@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import asyncpg
+
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb import connection, migrations
+from dbos_async.sysdb import citus_nodes, connection, migrations
 from dbos_async.sysdb.fencing import TimelineFence
 
 
@@ -16,16 +18,32 @@ async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
                   connect_timeout: float, connection_name: str,
                   fence: TimelineFence | None = None) -> int:
     """Migrate the schema (creating the database first if allowed), or only verify it,
-    on a server ``fence`` admits; returns its version."""
+    on a server ``fence`` admits; returns its version. A sharded schema on a Citus worker
+    node is migrated or verified through its coordinator (see
+    :mod:`~dbos_async.sysdb.citus_nodes`): no DDL is ever run on a worker."""
     if run_migrations:
         await connection.ensure_database(url, connect_timeout, connection_name, fence)
     conn = await connection.connect(url, connect_timeout, connection_name, fence)
     try:
-        if run_migrations:
-            return await migrations.migrate(conn, schema, sharded=sharded)
-        return await migrations.verify(conn, schema, sharded=sharded)
+        coordinator = (await citus_nodes.migration_url(conn, url, schema)
+                       if sharded else None)
+        if coordinator is None:
+            return await _migrate_or_verify(conn, schema, sharded, run_migrations)
     finally:
         await conn.close()
+    conn = await connection.connect(coordinator, connect_timeout, connection_name,
+                                    TimelineFence(coordinator))
+    try:
+        return await _migrate_or_verify(conn, schema, sharded, run_migrations)
+    finally:
+        await conn.close()
+
+
+async def _migrate_or_verify(conn: asyncpg.Connection, schema: str, sharded: bool,
+                             run_migrations: bool) -> int:
+    if run_migrations:
+        return await migrations.migrate(conn, schema, sharded=sharded)
+    return await migrations.verify(conn, schema, sharded=sharded)
 
 
 async def sharded(config: DBOSConfig) -> bool:
