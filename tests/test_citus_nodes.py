@@ -3,8 +3,6 @@ is migrated or verified through the coordinator, everything else runs on the nod
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from typing import Any
 
@@ -12,7 +10,7 @@ import asyncpg
 import pytest
 from helpers import new_dbos, unique_name
 
-from dbos_async import DBOS, DBOSClient, SetShardKey, SetWorkflowID
+from dbos_async import DBOSClient, SetShardKey, SetWorkflowID
 from dbos_async.database_url import Host, parse_database_url
 from dbos_async.errors import ConfigurationError, MigrationError
 from dbos_async.sysdb.citus_nodes import coordinator_url
@@ -162,8 +160,8 @@ async def test_worker_without_metadata_is_refused(citus_url: str) -> None:
         await conn.execute("SELECT stop_metadata_sync_to_node($1, $2)", node.address, node.port)
     finally:
         await conn.close()
-    with pytest.raises(ConfigurationError, match="without its cluster's metadata.*metadata "
-                                                 "sync.*or connect to the coordinator"):
+    with pytest.raises(ConfigurationError, match=r"without its cluster's metadata.*metadata "
+                                                 r"sync.*or connect to the coordinator"):
         async with new_dbos(second, sharding=True):
             pass
     assert await migration_tables(second) == 0
