@@ -88,12 +88,23 @@ class DatabaseUrl:
         """The URL of another database on the same servers, as the same user."""
         return self._rebuilt(database=database)
 
-    def _rebuilt(self, *, password: str | None = None, database: str | None = None) -> str:
+    def with_server(self, server: Host) -> str:
+        """The URL of the same database, user, password and options on one other server
+        (in place of every server it lists, in whichever form it lists them)."""
+        return self._rebuilt(server=server)
+
+    def _rebuilt(self, *, password: str | None = None, database: str | None = None,
+                 server: Host | None = None) -> str:
         parts = urlsplit(self.text)
         netloc = parts.netloc
         auth, at, servers = netloc.partition("@")
+        if not at:
+            auth, servers = "", netloc
         if password is not None and at and ":" in auth:
-            netloc = f"{auth.partition(':')[0]}:{password}@{servers}"
+            auth = f"{auth.partition(':')[0]}:{password}"
+        if server is not None and servers:
+            servers = quote(str(server), safe="[]:")
+        netloc = f"{auth}@{servers}" if at else servers
         path = parts.path if database is None else "/" + quote(database, safe="")
         fields = []
         for field in parts.query.split("&") if parts.query else ():
@@ -102,7 +113,12 @@ class DatabaseUrl:
                 continue
             if password is not None and name == "password":
                 field = f"password={password}"
+            if server is not None and name in ("host", "port"):
+                continue
             fields.append(field)
+        if server is not None and not servers:
+            address = f"[{server.address}]" if ":" in server.address else server.address
+            fields += [f"host={quote(address, safe='/[]:')}", f"port={server.port}"]
         query = "?" + "&".join(fields) if fields else ""
         fragment = "#" + parts.fragment if parts.fragment else ""
         return f"{parts.scheme}://{netloc}{path}{query}{fragment}"

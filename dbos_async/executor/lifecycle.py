@@ -92,8 +92,8 @@ async def _hold_executor_id(runtime: Runtime) -> None:
     base = config.executor_id or DEFAULT_EXECUTOR_ID
     lock = ExecutorIdLock(
         sysdb.sql,
-        functools.partial(connection.connect, sysdb.url, config.connect_timeout,
-                          config.connection_name, sysdb.fence),
+        functools.partial(connection.connect, sysdb.coordination_url, config.connect_timeout,
+                          config.connection_name, sysdb.coordination_fence),
         base,
         patience=config.db_retry_timeout,
     )

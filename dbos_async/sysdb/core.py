@@ -105,6 +105,10 @@ class DatabaseCore:
         # Whether the multi-table writes run as transactions of single-table statements
         # (a sharded schema on Citus, read at open; see dbos_async/sysdb/routed.py).
         self.routes_single_tables = False
+        # Where the schema is migrated and the executor IDs' advisory locks are held, which
+        # every executor must see: the coordinator's URL on a Citus worker node (set at open).
+        self.coordination_url = url
+        self.coordination_fence = self.fence
 
     def waiter_key(self, workflow_id: str, name: str | None = None) -> str:
         """What notifications about ``workflow_id`` (and its topic or key ``name``) carry:
@@ -135,10 +139,13 @@ class DatabaseCore:
         fails at once, so that an unreachable server is said at once.
         """
         run = self.retried if patient else self._once
-        await run("preparing the system database", lambda: setup.prepare(
+        _, self.coordination_url = await run(
+            "preparing the system database", lambda: setup.prepare(
             self.url, self.schema, sharded=self.sharded, run_migrations=run_migrations,
             connect_timeout=self._connect_timeout, connection_name=self._connection_name,
             fence=self.fence))
+        if self.coordination_url != self.url:
+            self.coordination_fence = TimelineFence(self.coordination_url)
         self._pool = await run("opening the connection pool", lambda: (
             connection.create_pool(self.url, self._pool_size, self._connect_timeout,
                                    self._connection_name, self.fence)))

@@ -6,26 +6,46 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import asyncpg
+
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb import connection, migrations
+from dbos_async.sysdb import citus_nodes, connection, migrations
 from dbos_async.sysdb.fencing import TimelineFence
 
 
 async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
                   connect_timeout: float, connection_name: str,
-                  fence: TimelineFence | None = None) -> int:
+                  fence: TimelineFence | None = None) -> tuple[int, str]:
     """Migrate the schema (creating the database first if allowed), or only verify it,
-    on a server ``fence`` admits; returns its version."""
+    on a server ``fence`` admits; returns its version and the URL it was migrated through.
+    A sharded schema on a Citus worker node is migrated or verified through its
+    coordinator (see :mod:`~dbos_async.sysdb.citus_nodes`): no DDL is ever run on a
+    worker, and what must be seen by every node's executors (the executor IDs' advisory
+    locks) is held there too."""
     if run_migrations:
         await connection.ensure_database(url, connect_timeout, connection_name, fence)
     conn = await connection.connect(url, connect_timeout, connection_name, fence)
     try:
-        if run_migrations:
-            return await migrations.migrate(conn, schema, sharded=sharded)
-        return await migrations.verify(conn, schema, sharded=sharded)
+        coordinator = (await citus_nodes.migration_url(conn, url, schema)
+                       if sharded else None)
+        if coordinator is None:
+            return await _migrate_or_verify(conn, schema, sharded, run_migrations), url
     finally:
         await conn.close()
+    conn = await connection.connect(coordinator, connect_timeout, connection_name,
+                                    TimelineFence(coordinator))
+    try:
+        return await _migrate_or_verify(conn, schema, sharded, run_migrations), coordinator
+    finally:
+        await conn.close()
+
+
+async def _migrate_or_verify(conn: asyncpg.Connection, schema: str, sharded: bool,
+                             run_migrations: bool) -> int:
+    if run_migrations:
+        return await migrations.migrate(conn, schema, sharded=sharded)
+    return await migrations.verify(conn, schema, sharded=sharded)
 
 
 async def sharded(config: DBOSConfig) -> bool:
@@ -57,7 +77,8 @@ async def migrate(system_database_url: str | None = None, *, schema_name: str | 
         raise ConfigurationError(
             "migrate() needs a system database URL: pass system_database_url, or set "
             "DBOS_SYSTEM_DATABASE_URL or system_database_url in the configuration file")
-    return await prepare(url, config.schema_name, sharded=await sharded(config),
+    version, _ = await prepare(url, config.schema_name, sharded=await sharded(config),
                          run_migrations=True,
                          connect_timeout=config.connect_timeout,
                          connection_name=config.connection_name, fence=TimelineFence(url))
+    return version
