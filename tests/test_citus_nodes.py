@@ -186,3 +186,22 @@ async def test_executors_on_coordinator_and_worker_see_each_others_workflows(
         for dbos in (coordinator, worker):
             listed = {(w.workflow_id, w.shard_key) for w in await dbos.list_workflows()}
             assert listed == {("from-coordinator", "acme"), ("from-worker", "globex")}
+
+
+@pytest.mark.citus
+async def test_a_url_listing_several_nodes_is_not_taken_for_two_primaries(
+        citus_url: str) -> None:
+    """Each Citus node is a writable server with a timeline of its own: the check that
+    refuses two writable primaries of one database does not apply to them."""
+    first, second = await worker_urls(citus_url)
+    hosts = [*parse_database_url(first).hosts, *parse_database_url(second).hosts]
+    listed = parse_database_url(citus_url)
+    servers = ",".join(str(host) for host in hosts)
+    url = f"postgresql://{listed.user or 'postgres'}@{servers}/{listed.database_name}"
+    app = App(url)
+    async with app.dbos:
+        with SetShardKey("acme"):
+            assert await app.quick(21) == 42
+        assert await migration_tables(first) == 0
+    async with DBOSClient(system_database_url=url, sharding=True) as client:
+        assert len(await client.list_workflows(name="quick")) == 1

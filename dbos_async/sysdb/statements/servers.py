@@ -5,12 +5,17 @@ from __future__ import annotations
 
 SERVER_STATE = """SELECT pg_is_in_recovery() AS in_recovery,
        CASE WHEN NOT pg_is_in_recovery()
+                 AND to_regclass('pg_catalog.pg_dist_local_group') IS NULL
             THEN substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END AS timeline,
        pg_postmaster_start_time() AS started"""
 """Whether the server is a standby; a primary's current timeline (the first 8 hex digits
 of the name of the WAL file it writes; a standby's is NULL: ``pg_walfile_name`` refuses to
 run in recovery); and when its postmaster started, which tells two servers apart. Every
-function here may be called by any role."""
+function here may be called by any role.
+
+A node of a Citus cluster has no timeline here: each node is a server of its own, writable
+beside the others, with its own timeline, so comparing them says nothing (a URL may list
+several nodes); fencing a failed node is the cluster's HA manager's job."""
 
 CITUS_INSTALLED = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 """Whether the database is a Citus one (the other CITUS_ statements read its tables)."""
