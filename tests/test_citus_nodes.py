@@ -3,6 +3,7 @@ is migrated or verified through the coordinator, everything else runs on the nod
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import Any
 
@@ -205,3 +206,18 @@ async def test_a_url_listing_several_nodes_is_not_taken_for_two_primaries(
         assert await migration_tables(first) == 0
     async with DBOSClient(system_database_url=url, sharding=True) as client:
         assert len(await client.list_workflows(name="quick")) == 1
+
+
+@pytest.mark.citus
+async def test_a_message_sent_on_another_node_wakes_recv_by_its_poll(citus_url: str) -> None:
+    """A notification reaches only the listeners of the node it is sent on: a waiter on
+    another node is woken by its listening poll, never left to its timeout."""
+    first, second = await worker_urls(citus_url)
+    app = App(first, listening_poll_interval=0.2)
+    async with app.dbos as dbos, DBOSClient(system_database_url=second, sharding=True) as client:
+        with SetShardKey("acme"), SetWorkflowID("waits"):
+            handle = await dbos.start_workflow(app.work, 1)
+        assert await client.get_event("waits", "started", timeout=30, shard_key="acme") == 1
+        await client.send("waits", 100, "go", shard_key="acme")
+        # The recv's timeout is 60 s: the guard here only stops a hang.
+        assert await asyncio.wait_for(handle.get_result(), 20) == 102

@@ -66,7 +66,7 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
                               supervise: Supervise) -> None:
     """Start the LISTEN/NOTIFY dispatcher (listener and notifier) of a peer."""
     from dbos_async.sysdb import connection
-    from dbos_async.sysdb.notifications import NotificationDispatcher
+    from dbos_async.sysdb.notifications import TRIGGER_FED_CHANNELS, NotificationDispatcher
 
     dispatcher = NotificationDispatcher(
         connect=functools.partial(connection.connect, url, config.connect_timeout,
@@ -77,6 +77,9 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
         poll_interval=config.notification_poll_interval,
         listening_poll_interval=config.listening_poll_interval,
         max_polling_queries=config.max_polling_queries or max(1, config.pool_size // 2),
+        # On Citus a notification reaches only the listeners of the node it was sent on:
+        # no channel reaches every waiter, so each waiter also reads again now and then.
+        trigger_fed=frozenset() if sysdb.routes_single_tables else TRIGGER_FED_CHANNELS,
     )
     sysdb.notifications = dispatcher
     await dispatcher.start(supervise)

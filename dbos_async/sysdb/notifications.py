@@ -176,6 +176,7 @@ class NotificationDispatcher:
         listening_poll_interval: float = 10.0,
         max_polling_queries: int = 5,
         reconnect_max_delay: float = 5.0,
+        trigger_fed: frozenset[str] = TRIGGER_FED_CHANNELS,
     ) -> None:
         self._connect = connect
         self._pool = pool
@@ -184,6 +185,8 @@ class NotificationDispatcher:
         self.poll_interval = poll_interval
         self.listening_poll_interval = listening_poll_interval
         self.reconnect_max_delay = reconnect_max_delay
+        # The channels every write reaches this listener on, whoever writes and wherever.
+        self.trigger_fed = trigger_fed
         self._poll_slots = asyncio.Semaphore(max(1, max_polling_queries))
         self._waiters: dict[Target, set[Waiter]] = {}
         # Callbacks receiving every key notified on a channel (the cancellation watcher).
@@ -274,7 +277,7 @@ class NotificationDispatcher:
         writers, e.g. other SDKs). Short while LISTEN is off or down.
         """
         if self.use_listen_notify and self.listening:
-            if polled or all(channel in TRIGGER_FED_CHANNELS for channel, _ in targets):
+            if polled or all(channel in self.trigger_fed for channel, _ in targets):
                 return None
             return self.listening_poll_interval
         return self.poll_interval
