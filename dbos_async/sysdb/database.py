@@ -47,7 +47,7 @@ from dbos_async.sysdb.records import (
     workflow_row,
 )
 from dbos_async.sysdb.retry import is_connection_loss
-from dbos_async.sysdb.routed import RoutedWrites, Row
+from dbos_async.sysdb.routed import Program, Results, RoutedWrites, Row, ran_whole
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
@@ -121,6 +121,14 @@ def _verdicts(rows: Sequence[Keyed[T]],
     return verdicts
 
 
+def _landed(programs: Sequence[tuple[WorkflowRef, Program]],
+            found: Sequence[Results | Exception]) -> list[bool | BaseException]:
+    """Per routed write of a group-commit batch: whether it landed whole, or the error
+    that ended it."""
+    return [results if isinstance(results, Exception) else ran_whole(program, results)
+            for (_, program), results in zip(programs, found, strict=True)]
+
+
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
                       found: Sequence[Row]) -> None:
     """Raise if a row's ID belongs to another workflow name (the statement then inserted
@@ -172,11 +180,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
 
-    def _lane(self, shard_key: str | None) -> str | None:
-        """The group-commit lane of a write under ``shard_key``. On Citus one per key: a
-        batch is one router statement. Elsewhere one for every key: a batch holding several
-        goes as one statement per key, all in one round trip (see _fetch_per_key)."""
-        return shard_key if self.routes_single_tables else None
+    def _lane(self, shard_key: str | None) -> Hashable:
+        """The group-commit lane of a write under ``shard_key``: one for every key, whose
+        batch goes in one round trip (on Citus, one program per write, see routed; on
+        PostgreSQL one statement per key, see _fetch_per_key)."""
+        return None
 
     async def close(self) -> None:
         await self._starts.aclose()
@@ -194,13 +202,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         Safe to retry: a row carrying our creator token is ours even if the first attempt's
         reply was lost.
         """
-        if self.routes_single_tables:
-            return await self._start_routed(wf, creator_xid, parent)
         if parent is None and wf.deduplication_id is None:
             return await self._starts.submit((self._lane(wf.shard_key),
                                               self.sql.status_shape(wf)), (wf, creator_xid))
-        if parent is not None and self.sharded and parent.shard_key != wf.shard_key:
+        if parent is not None and (self.routes_single_tables
+                                   or (self.sharded and parent.shard_key != wf.shard_key)):
             return await self._start_child_across(wf, creator_xid, parent)
+        if self.routes_single_tables:
+            return await self._start_routed(wf, creator_xid)
         return await self._start_one(wf, creator_xid, parent)
 
     async def _start_one(self, wf: NewWorkflow, creator_xid: str,
@@ -223,6 +232,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         workflow an earlier row of the batch names, goes alone with :meth:`_start_one`; so
         does every row of a key's statement the database refuses, so one bad row is the
         only one to fail."""
+        if self.routes_single_tables:
+            return await self._write_starts_routed(rows)
         firsts: dict[WorkflowRef, int] = {}
         for i, (wf, _) in enumerate(rows):
             firsts.setdefault((wf.workflow_id, wf.shard_key), i)
@@ -251,6 +262,25 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             if firsts[wf.workflow_id, wf.shard_key] != i:
                 results.insert(i, await self._start_alone(wf, xid))
         return results
+
+    async def _write_starts_routed(self, rows: Sequence[tuple[NewWorkflow, str]]
+                                   ) -> list[StartResult | BaseException]:
+        """:meth:`_write_starts` on Citus: one program per start, all in one round trip."""
+        programs = [((wf.workflow_id, wf.shard_key), self._start_program(wf, xid))
+                    for wf, xid in rows]
+        found = await self._routed_many(programs, f"starting {len(rows)} workflows")
+        started: list[StartResult | BaseException] = []
+        for (wf, xid), results in zip(rows, found, strict=True):
+            if isinstance(results, asyncpg.PostgresError):
+                refused = DBOSError(f"The system database refused to start workflow "
+                                    f"{wf.workflow_id!r}: {results}")
+                refused.__cause__ = results
+                started.append(refused)
+            elif isinstance(results, Exception):
+                started.append(results)
+            else:
+                started.append(self._started(results, xid))
+        return started
 
     async def _start_alone(self, wf: NewWorkflow, creator_xid: str
                            ) -> StartResult | BaseException:
@@ -429,19 +459,12 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             await conn.execute(q.sql, *q.params)
         return started
 
-    async def _start_routed(self, wf: NewWorkflow, creator_xid: str,
-                            parent: ParentStep | None) -> StartResult:
-        """:meth:`start_workflow` on a database that routes single-table statements: the
-        row and its inputs one table per statement, in one transaction; a child's with its
-        parent's fenced checkpoint (see :meth:`_start_child_across`), under any key."""
-        if parent is not None:
-            return await self._start_child_across(wf, creator_xid, parent)
-
-        async def attempt() -> StartResult:
-            async with self.locking_transaction() as conn:
-                return await self._start_on(conn, wf, creator_xid)
-
-        return await self._retried(f"starting workflow {wf.workflow_id}", attempt)
+    async def _start_routed(self, wf: NewWorkflow, creator_xid: str) -> StartResult:
+        """:meth:`start_workflow` of one workflow on Citus (one with a deduplication ID, see
+        :meth:`_start_program`): one round trip."""
+        program = self._start_program(wf, creator_xid)
+        results = await self._routed(wf.shard_key, program, f"starting workflow {wf.workflow_id}")
+        return self._started(results, creator_xid)
 
     async def _start_child_across(self, wf: NewWorkflow, creator_xid: str,
                                   parent: ParentStep) -> StartResult:
@@ -550,11 +573,17 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                                             r.completed_at_ms, r.child_workflow_id,
                                             r.child_shard_key, r.serialization)
 
+        what = (f"checkpointing step {rows[0][1].function_id} of {rows[0][1].workflow_id}"
+                if len(rows) == 1 else f"checkpointing {len(rows)} steps")
+        if self.routes_single_tables:
+            programs = []
+            for key, r in rows:
+                with WorkflowAddress(r.workflow_id, key).routed():
+                    programs.append(((r.workflow_id, key), self._checkpoint_program(r)))
+            return _landed(programs, await self._routed_many(programs, what))
         _, statements = self._per_key(
             rows, lambda key, r: self.templates.query("record_step", one, key, r),
             lambda key, group: self.sql.record_steps(group))
-        what = (f"checkpointing step {rows[0][1].function_id} of {rows[0][1].workflow_id}"
-                if len(rows) == 1 else f"checkpointing {len(rows)} steps")
         found = await self._fetch_per_key(statements, what)
         return _verdicts(rows, found, lambda key, r: (key, r.workflow_id, r.function_id),
                          lambda r: (r.get("shard_key"), r["workflow_uuid"], r["function_id"]))
@@ -582,10 +611,17 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         """One group-commit batch of outcomes, one statement per key: whether each was
         recorded. A batch naming a workflow twice, or any batch on Citus (whose outcome is
         two router statements, see routed), goes row by row."""
-        if len({(key, r.workflow_id) for key, r in rows}) < len(rows) \
-                or self.routes_single_tables:
-            verdicts: list[bool | BaseException] = [await self._write_outcome(key, r)
-                                                    for key, r in rows]
+        verdicts: list[bool | BaseException]
+        if self.routes_single_tables:
+            at = now_ms()
+            programs = []
+            for key, r in rows:
+                with WorkflowAddress(r.workflow_id, key).routed():
+                    programs.append(((r.workflow_id, key), self._outcome_program(r, at)))
+            what = f"recording {len(rows)} outcomes"
+            verdicts = _landed(programs, await self._routed_many(programs, what))
+        elif len({(key, r.workflow_id) for key, r in rows}) < len(rows):
+            verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
             at = now_ms()
 
@@ -609,9 +645,6 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _write_outcome(self, key: str | None, r: FinalOutcome) -> bool:
         with WorkflowAddress(r.workflow_id, key).routed():
-            if self.routes_single_tables:
-                return await self._record_outcome_routed(r.workflow_id, r.status, r.owner_xid,
-                                                         r.output, r.error, now_ms())
             query = self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid, r.output,
                                             r.error, now_ms())
         row = await self._fetchrow(query, f"recording the outcome of {r.workflow_id}")

@@ -6,6 +6,7 @@ Like the rest of this layer they hold strings; the executor deserializes them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -123,7 +124,7 @@ class Outcome:
 R = TypeVar("R", bound=WorkflowRow)
 
 
-def _from_row(cls: type[R], row: asyncpg.Record, **columns: Any) -> R:
+def _from_row(cls: type[R], row: asyncpg.Record | Mapping[str, Any], **columns: Any) -> R:
     return cls(
         workflow_id=row["workflow_uuid"],
         status=row["status"],
@@ -145,7 +146,7 @@ def _from_row(cls: type[R], row: asyncpg.Record, **columns: Any) -> R:
     )
 
 
-def workflow_row(row: asyncpg.Record) -> WorkflowRow:
+def workflow_row(row: asyncpg.Record | Mapping[str, Any]) -> WorkflowRow:
     """The workflow a start or claim statement returned."""
     return _from_row(WorkflowRow, row)
 

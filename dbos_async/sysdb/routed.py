@@ -1,33 +1,45 @@
-"""A workflow's multi-table writes as transactions of single-table statements, for a database
-that routes a statement to one shard only when it writes one table (Citus; the statements
-are in :mod:`dbos_async.sysdb.statements.routed`).
+"""A workflow's multi-table writes as single-table statements, for a database that routes a
+statement to one shard only when it writes one table (Citus; the statements are in
+:mod:`dbos_async.sysdb.statements.routed`).
 
 On PostgreSQL each of these writes is one statement, one round trip. On Citus that statement
-would run as a task per table gathered by the coordinator; here it is a transaction whose
-every statement Citus sends whole to the worker holding the key. The semantics are the
-statement's: the fence (this execution owns the PENDING workflow) is checked first, under
-the status row's lock held to commit; a workflow's own write lands only with its checkpoint,
-so a retry after a lost reply or a replay writes nothing twice and finds the record; and each
-returns the verdict the statement returns (``status``, ``owned``, ``inserted``), which the
-callers in :mod:`dbos_async.sysdb.database` read alike.
+would run as a task per table gathered by the node that plans it; here its parts are
+statements of their own, each of which Citus sends whole to the node holding the key. They
+run together in one round trip: the caller sends them as a :data:`Program`, which the
+database function ``run_routed`` runs in one transaction, stopping at the first gate that
+does not pass (see sql/sharded/0125_03_functions.sql). The writes of several workflows go
+as one statement of several programs (group commit).
+
+The semantics are the one statement's: the fence (this execution owns the PENDING workflow)
+is checked first, under the status row's lock held to commit; a workflow's own write lands
+only with its checkpoint, so a retry after a lost reply or a replay writes nothing twice and
+finds the record; and each returns the verdict the statement returns (``status``,
+``owned``, ``inserted``), which the callers in :mod:`dbos_async.sysdb.database` read alike.
+A stream write and recv read a value before they write (an offset, the message) and stay
+transactions of several round trips.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import asyncpg
 
 from dbos_async.sysdb.core import DatabaseCore, PooledConnection
+from dbos_async.sysdb.records import StartResult, workflow_row
 from dbos_async.sysdb.shard_keys import WorkflowAddress, shard_key_scope
 from dbos_async.sysdb.statements import (
-    PENDING,
     SEND_BULK,
+    Checkpoint,
+    FinalOutcome,
     NewWorkflow,
     OutgoingMessage,
     Payload,
     Query,
+    WorkflowRef,
 )
 
 Row: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
@@ -39,8 +51,74 @@ BATCH_ROWS = 500
 """Rows per statement of a batch written as rows of VALUES: one parameter per column, and a
 statement takes at most 32,767."""
 
-Write = Callable[[PooledConnection], Awaitable[None]]
-"""The writes of a fenced transaction, run once the fence (and checkpoint) let them."""
+@dataclass(frozen=True)
+class Step:
+    """One statement of a routed write: whether it returns a row (``rows``), and whether
+    the write stops unless it returned one whose ``go`` column, if any, is true (``gate``:
+    a fence, a checkpoint that must land)."""
+
+    query: Query
+    rows: bool = False
+    gate: bool = False
+
+
+Program: TypeAlias = Sequence[Step]
+"""The statements of one workflow's write, on one key, run in order in one transaction."""
+
+Results: TypeAlias = list[dict[str, Any] | None]
+"""What a program's steps returned, one element per step run (None: no row)."""
+
+MAX_PARAMETERS = 48
+"""The parameters ``run_routed`` passes a statement (as many as its widest, a start)."""
+
+
+def _array_literal(values: Sequence[Any]) -> str:
+    items = ("NULL" if v is None
+             else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+             for v in values)
+    return "{" + ",".join(items) + "}"
+
+
+def _as_text(value: Any) -> str | None:
+    """A parameter as the text PostgreSQL reads back to the same value."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return _array_literal(value)
+    return str(value)
+
+
+def encode(program: Program) -> str:
+    """A program as the JSON ``run_routed`` reads."""
+    for step in program:
+        assert len(step.query.params) <= MAX_PARAMETERS, step.query.sql
+    return json.dumps([{"sql": step.query.sql,
+                        "args": [_as_text(v) for v in step.query.params],
+                        "rows": step.rows, "gate": step.gate} for step in program])
+
+
+def _passed(row: Mapping[str, Any] | None) -> bool:
+    return row is not None and row.get("go", True) is not False
+
+
+def ran_whole(program: Program, results: Results) -> bool:
+    """Whether every step of ``program`` ran and its last gate passed."""
+    if len(results) < len(program):
+        return False
+    return not program[-1].gate or _passed(results[-1])
+
+
+def _fenced(program: Program, results: Results) -> dict[str, Any] | None:
+    """The verdict of a program that starts with the fence: None if there is no such
+    workflow, else its status, whether this execution owns it, and whether the writes
+    after the fence (and checkpoint) landed."""
+    owner = results[0]
+    if owner is None:
+        return None
+    return {"status": owner["status"], "owned": owner["owned"],
+            "inserted": ran_whole(program, results)}
 
 
 async def _run(conn: PooledConnection, query: Query) -> None:
@@ -56,78 +134,143 @@ async def _fence(conn: PooledConnection, fence: Query, checkpoint: Query | None
     owner = await conn.fetchrow(fence.sql, *fence.params)
     if owner is None:
         return None
-    owned = owner["status"] == PENDING and owner["owned"]
-    landed = owned and (checkpoint is None
-                        or await conn.fetchrow(checkpoint.sql, *checkpoint.params) is not None)
+    landed = owner["go"] and (checkpoint is None
+                              or await conn.fetchrow(checkpoint.sql, *checkpoint.params)
+                              is not None)
     return {"status": owner["status"], "owned": owner["owned"], "inserted": landed}
 
 
 class RoutedWrites(DatabaseCore):
-    """The transactions, each with the retry policy of a statement."""
+    """The routed writes, each with the retry policy of a statement."""
+
+    def _node_pool(self, shard_key: str | None) -> asyncpg.Pool:
+        """The pool whose server runs the writes of ``shard_key``."""
+        return self.pool
+
+    async def _routed(self, shard_key: str | None, program: Program, what: str) -> Results:
+        """Run one program in one round trip; what its steps returned."""
+        q = self.sql.run_routed(shard_key, encode(program))
+        found = await self._retried(
+            what, lambda: self._node_pool(shard_key).fetchval(q.sql, *q.params))
+        results: Results = json.loads(found)
+        return results
+
+    async def _routed_many(self, writes: Sequence[tuple[WorkflowRef, Program]], what: str
+                           ) -> list[Results | Exception]:
+        """Run the programs of several workflows (group commit) in one round trip and one
+        transaction, in the order of their workflows, so two such transactions lock status
+        rows in one order and cannot deadlock. A transaction the database refuses is run
+        again program by program, so one bad write fails alone. What each program's steps
+        returned, or the error that ended it."""
+        if len(writes) == 1:
+            (_, key), program = writes[0]
+            try:
+                return [await self._routed(key, program, what)]
+            except Exception as error:
+                return [error]
+        order = sorted(range(len(writes)), key=lambda i: (writes[i][0][1] or "",
+                                                          writes[i][0][0]))
+        q = self.sql.run_routed_many([writes[i][0][1] for i in order],
+                                     [encode(writes[i][1]) for i in order])
+        try:
+            rows = await self._retried(what, lambda: self._node_pool(
+                writes[order[0]][0][1]).fetch(q.sql, *q.params))
+        except asyncpg.PostgresError:
+            alone: list[Results | Exception] = []
+            for write in writes:
+                alone.extend(await self._routed_many([write], what))
+            return alone
+        except Exception as error:
+            return [error] * len(writes)
+        by_index: dict[int, Results | Exception] = {
+            i: json.loads(row["r"]) for i, row in zip(order, rows, strict=True)}
+        return [by_index[i] for i in range(len(writes))]
+
+    def _fenced_program(self, workflow_id: str, owner_xid: str, writes: Sequence[Query],
+                        checkpoint: Query | None = None) -> Program:
+        """The fence, then ``checkpoint`` if given, then ``writes``."""
+        program = [Step(self.sql.lock_owner(workflow_id, owner_xid), rows=True, gate=True)]
+        if checkpoint is not None:
+            program.append(Step(checkpoint, rows=True, gate=True))
+        return program + [Step(write) for write in writes]
 
     async def _fenced_routed(self, what: str, workflow_id: str, owner_xid: str,
-                             write: Write, checkpoint: Query | None = None
+                             writes: Sequence[Query], checkpoint: Query | None = None
                              ) -> Row | None:
-        """:func:`_fence`, then ``write`` if it may follow, in one transaction."""
-        fence = self.sql.lock_owner(workflow_id, owner_xid)
-
-        async def attempt() -> Row | None:
-            async with self.locking_transaction() as conn:
-                verdict = await _fence(conn, fence, checkpoint)
-                if verdict is not None and verdict["inserted"]:
-                    await write(conn)
-                return verdict
-
-        return await self._retried(what, attempt)
+        """:meth:`_fenced_program` in one round trip: its verdict (see :func:`_fenced`)."""
+        program = self._fenced_program(workflow_id, owner_xid, writes, checkpoint)
+        key = self.sql.key_hint(workflow_id)
+        return _fenced(program, await self._routed(key, program, what))
 
     async def _set_event_routed(self, workflow_id: str, owner_xid: str, key: str,
                                 value: Payload, function_id: int | None, now_ms: int
                                 ) -> Row | None:
         """set_event: from the workflow (``function_id``) its checkpoint, the latest value
         and the history row; from a step, the latest value alone."""
-        latest = self.sql.set_event_value(workflow_id, key, value)
-        history = (self.sql.record_event_history(workflow_id, function_id, key, value)
-                   if function_id is not None else None)
-        checkpoint = (self.sql.insert_checkpoint(workflow_id, function_id, "DBOS.setEvent",
-                                                 now_ms)
-                      if function_id is not None else None)
-
-        async def write(conn: PooledConnection) -> None:
-            await _run(conn, latest)
-            if history is not None:
-                await _run(conn, history)
-
+        writes = [self.sql.set_event_value(workflow_id, key, value)]
+        checkpoint = None
+        if function_id is not None:
+            writes.append(self.sql.record_event_history(workflow_id, function_id, key, value))
+            checkpoint = self.sql.insert_checkpoint(workflow_id, function_id, "DBOS.setEvent",
+                                                    now_ms)
         return await self._fenced_routed(f"setting event {key!r} of {workflow_id}",
-                                         workflow_id, owner_xid, write, checkpoint)
+                                         workflow_id, owner_xid, writes, checkpoint)
+
+    def _checkpoint_program(self, r: Checkpoint) -> Program:
+        """A step's checkpoint: the fence, then the row (RETURNING 1 when it landed)."""
+        return self._fenced_program(r.workflow_id, r.owner_xid, [], self.sql.insert_step(r))
+
+    def _outcome_program(self, r: FinalOutcome, now_ms: int) -> Program:
+        """The outcome: the status UPDATE (its row lock and owner check are the fence),
+        then the output, only if the UPDATE applied."""
+        return [Step(self.sql.finish_workflow(r.workflow_id, r.status, r.owner_xid, now_ms),
+                     rows=True, gate=True),
+                Step(self.sql.store_output(r.workflow_id, r.output, r.error))]
+
+    def _start_program(self, wf: NewWorkflow, creator_xid: str,
+                       parent_shard_key: str | None = None) -> Program:
+        """A start: the status row (or the one already under its ID), then its inputs if
+        this start created it (``go``)."""
+        return [Step(self.sql.insert_status(wf, creator_xid, parent_shard_key),
+                     rows=True, gate=True),
+                Step(self.sql.insert_inputs(wf))]
+
+    @staticmethod
+    def _started(results: Results, creator_xid: str) -> StartResult:
+        row = results[0]
+        assert row is not None, "an insert ... on conflict do update returns its row"
+        return StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
 
     async def _write_stream_routed(self, workflow_id: str, owner_xid: str, key: str,
                                    value: Payload, function_id: int,
                                    function_name: str | None, now_ms: int
                                    ) -> Row | None:
-        """A stream write: its offset read first (Citus refuses the subquery in VALUES),
-        free while the status row lock is held, which every writer of the workflow's
-        streams takes first. With ``function_name``, the workflow's own write, recorded."""
+        """A stream write, a transaction: its offset is read first (Citus refuses the
+        subquery in VALUES), free while the status row lock is held, which every writer of
+        the workflow's streams takes first. With ``function_name``, the workflow's own
+        write, recorded."""
+        fence = self.sql.lock_owner(workflow_id, owner_xid)
         offset = self.sql.next_stream_offset(workflow_id, key)
         checkpoint = (self.sql.insert_checkpoint(workflow_id, function_id, function_name,
                                                  now_ms)
                       if function_name is not None else None)
 
-        async def write(conn: PooledConnection) -> None:
-            at = await conn.fetchval(offset.sql, *offset.params)
-            await _run(conn, self.sql.append_stream(workflow_id, key, value, function_id, at))
+        async def attempt() -> Row | None:
+            async with self.locking_transaction() as conn:
+                verdict = await _fence(conn, fence, checkpoint)
+                if verdict is not None and verdict["inserted"]:
+                    at = await conn.fetchval(offset.sql, *offset.params)
+                    await _run(conn, self.sql.append_stream(workflow_id, key, value,
+                                                            function_id, at))
+                return verdict
 
-        return await self._fenced_routed(f"writing stream {key!r} of {workflow_id}",
-                                         workflow_id, owner_xid, write, checkpoint)
+        return await self._retried(f"writing stream {key!r} of {workflow_id}", attempt)
 
     async def _send_fenced_routed(self, workflow_id: str, owner_xid: str, message: Query
                                   ) -> Row | None:
         """A message from a step of ``workflow_id``: only while the caller owns it."""
-
-        async def write(conn: PooledConnection) -> None:
-            await _run(conn, message)
-
         return await self._fenced_routed(f"sending from {workflow_id}", workflow_id,
-                                         owner_xid, write)
+                                         owner_xid, [message])
 
     async def _consume_message_routed(self, workflow_id: str, function_id: int,
                                       owner_xid: str, topic: str, now_ms: int
@@ -160,23 +303,6 @@ class RoutedWrites(DatabaseCore):
                 return {**verdict, "recorded": found is not None}
 
         return await self._retried(f"receiving for {workflow_id}", attempt)
-
-    async def _record_outcome_routed(self, workflow_id: str, status: str, owner_xid: str,
-                                     output: str | None, error: str | None, now_ms: int
-                                     ) -> bool:
-        """The outcome: the status UPDATE (its row lock and owner check are the fence),
-        then the output, only if the UPDATE applied."""
-        finish = self.sql.finish_workflow(workflow_id, status, owner_xid, now_ms)
-        store = self.sql.store_output(workflow_id, output, error)
-
-        async def attempt() -> bool:
-            async with self.locking_transaction() as conn:
-                if await conn.fetchrow(finish.sql, *finish.params) is None:
-                    return False
-                await _run(conn, store)
-                return True
-
-        return await self._retried(f"recording the outcome of {workflow_id}", attempt)
 
     def _message_batches(self, groups: Mapping[str | None, Sequence[OutgoingMessage]]
                          ) -> list[Query]:

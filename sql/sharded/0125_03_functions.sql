@@ -167,3 +167,61 @@ EXCEPTION WHEN foreign_key_violation THEN
                               destination_id, shard_key);
 END;
 $dbos_fn$;
+
+-- run_routed runs one workflow's write, made of single-table statements on one shard key, in
+-- the caller's transaction, so a write costs its caller one round trip however many tables it
+-- touches. On Citus every statement that names one key and one table runs whole on the node
+-- holding that key's shard; a statement writing several tables at once (a modifying CTE)
+-- would be gathered through the node that plans it.
+--
+-- steps is a JSON array of {"sql", "args", "rows", "gate"}: the statement, its parameters as
+-- texts (at most 48: the statement reads them as $1 .. $48, each text, and casts them), whether
+-- it returns a row, and whether the write stops unless it returned one whose "go" column, if
+-- it has one, is true (a fence: the workflow is PENDING and owned; a checkpoint that landed).
+-- Returns one element per step run: the row it returned, as JSON, or null.
+CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql
+SET search_path = pg_catalog
+AS $dbos_fn$
+DECLARE
+    step     jsonb;
+    args     text[];
+    returned record;
+    counted  bigint;
+    result   jsonb;
+    results  jsonb := '[]'::jsonb;
+BEGIN
+    FOR step IN SELECT value FROM jsonb_array_elements(steps) LOOP
+        args := ARRAY(SELECT jsonb_array_elements_text(step -> 'args'));
+        result := NULL;
+        IF (step ->> 'rows')::boolean THEN
+            EXECUTE step ->> 'sql' INTO returned USING
+                args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
+                args[9], args[10], args[11], args[12], args[13], args[14], args[15], args[16],
+                args[17], args[18], args[19], args[20], args[21], args[22], args[23], args[24],
+                args[25], args[26], args[27], args[28], args[29], args[30], args[31], args[32],
+                args[33], args[34], args[35], args[36], args[37], args[38], args[39], args[40],
+                args[41], args[42], args[43], args[44], args[45], args[46], args[47], args[48];
+            GET DIAGNOSTICS counted = ROW_COUNT;
+            IF counted > 0 THEN
+                result := to_jsonb(returned);
+            END IF;
+        ELSE
+            EXECUTE step ->> 'sql' USING
+                args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
+                args[9], args[10], args[11], args[12], args[13], args[14], args[15], args[16],
+                args[17], args[18], args[19], args[20], args[21], args[22], args[23], args[24],
+                args[25], args[26], args[27], args[28], args[29], args[30], args[31], args[32],
+                args[33], args[34], args[35], args[36], args[37], args[38], args[39], args[40],
+                args[41], args[42], args[43], args[44], args[45], args[46], args[47], args[48];
+        END IF;
+        results := results || jsonb_build_array(result);
+        IF (step ->> 'gate')::boolean
+           AND (result IS NULL OR NOT coalesce((result ->> 'go')::boolean, true)) THEN
+            EXIT;
+        END IF;
+    END LOOP;
+    RETURN results;
+END;
+$dbos_fn$;

@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dbos_async.sysdb.statements.base import (
+    PENDING,
     PORTABLE_JSON,
+    Checkpoint,
     NewWorkflow,
     Params,
     Payload,
@@ -35,13 +37,36 @@ class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):
         key), where the multi-table writes run as transactions of these statements."""
         return Query("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
 
-    def lock_owner(self, workflow_id: str, owner_xid: str) -> Query:
-        """The fence of a transaction's writes: the workflow's status and whether this
-        execution owns it. FOR NO KEY UPDATE holds the row until commit, so no hand-off
-        (recovery, cancel, resume) commits between this check and the writes after it."""
+    def run_routed(self, shard_key: str | None, steps: str) -> Query:
+        """One write of single-table statements on one key (``steps``, as the JSON
+        ``run_routed`` reads), run by that function in one round trip: the rows its steps
+        returned, as JSON."""
+        p = Params()
+        return Query(f"SELECT {self.table('run_routed')}({p(shard_key, 'text')}, "
+                     f"{p(steps, 'text')}::jsonb)", p.values)
+
+    def run_routed_many(self, shard_keys: Sequence[str | None], steps: Sequence[str]) -> Query:
+        """:meth:`run_routed` for the writes of several workflows (of any keys), in one
+        statement, one transaction: each write's results, in order."""
         p = Params()
         return Query(
-            f"""SELECT status, owner_xid IS NOT DISTINCT FROM {p(owner_xid)} AS owned
+            f"""SELECT r FROM unnest({p(list(shard_keys), 'text[]')},
+                                     {p(list(steps), 'text[]')}) WITH ORDINALITY AS w(k, s, n)
+                CROSS JOIN LATERAL {self.table('run_routed')}(w.k, w.s::jsonb) AS r
+                ORDER BY w.n""",
+            p.values,
+        )
+
+    def lock_owner(self, workflow_id: str, owner_xid: str) -> Query:
+        """The fence of a transaction's writes: the workflow's status, whether this
+        execution owns it, and whether the writes may go on (``go``: it owns the PENDING
+        workflow). FOR NO KEY UPDATE holds the row until commit, so no hand-off (recovery,
+        cancel, resume) commits between this check and the writes after it."""
+        p = Params()
+        owned = f"owner_xid IS NOT DISTINCT FROM {p(owner_xid, 'text')}"
+        return Query(
+            f"""SELECT status, {owned} AS owned,
+                       status IS NOT DISTINCT FROM {p(PENDING, 'text')} AND {owned} AS go
                 FROM {self.table('workflow_status')} WHERE {self.wf(None, workflow_id, p)}
                 FOR NO KEY UPDATE""",
             p.values,
@@ -57,6 +82,20 @@ class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):
             self._key_values(workflow_id, p), workflow_id, function_id, function_name, p,
             output=output, started_at_ms=now_ms, completed_at_ms=now_ms,
             serialization_sql=p(serialization, "text"))
+        insert = self._insert_select("operation_outputs", values, None,
+                                     self._checkpoint_conflict())
+        return Query(f"{insert} RETURNING 1", p.values)
+
+    def insert_step(self, r: Checkpoint) -> Query:
+        """A step's checkpoint (:meth:`record_step`'s row), under a fence already taken;
+        RETURNING 1 when it landed (the first record of a step stands)."""
+        p = Params()
+        values = self._checkpoint_values(
+            self._key_values(r.workflow_id, p), r.workflow_id, r.function_id,
+            r.function_name, p, output=r.output, error=r.error,
+            started_at_ms=r.started_at_ms, completed_at_ms=r.completed_at_ms,
+            child_workflow_id=r.child_workflow_id, child_shard_key=r.child_shard_key,
+            serialization=r.serialization)
         insert = self._insert_select("operation_outputs", values, None,
                                      self._checkpoint_conflict())
         return Query(f"{insert} RETURNING 1", p.values)

@@ -175,8 +175,8 @@ class WorkflowStatements(StatementBase):
     def insert_status(self, wf: NewWorkflow, creator_xid: str,
                       parent_shard_key: str | None = None) -> Query:
         """The status row of :meth:`insert_workflow` alone, for a transaction that writes the
-        inputs with :meth:`insert_inputs` once it knows it created the row: one table per
-        statement, which a router sends to the key's shard whole."""
+        inputs with :meth:`insert_inputs` once it knows it created the row (``go``): one
+        table per statement, which a router sends to the key's shard whole."""
         p = Params()
         values = self._status_columns(wf, creator_xid, parent_shard_key)
         return Query(
@@ -185,7 +185,8 @@ class WorkflowStatements(StatementBase):
                                    for k, v in values.items())})
                 ON CONFLICT ({self.key_conflict('workflow_uuid')})
                   DO UPDATE SET creator_xid = workflow_status.creator_xid
-                RETURNING {_STARTED_COLUMNS}{self.key_columns()}""",
+                RETURNING {_STARTED_COLUMNS}{self.key_columns()},
+                          creator_xid IS NOT DISTINCT FROM {p(creator_xid, 'text')} AS go""",
             p.values,
         )
 
