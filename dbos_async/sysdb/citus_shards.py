@@ -22,8 +22,10 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cache
+from typing import TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.database_url import Host
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError
@@ -109,6 +111,9 @@ def hash_text(key: str) -> int:
 
 # ---- The shard map ----
 
+Connection: TypeAlias = "asyncpg.Connection | PoolConnectionProxy[asyncpg.Record]"
+"""A connection of its own or a pool's, either of which reads the map."""
+
 _INT4_MIN = -(2**31)
 _INT4_MAX = 2**31 - 1
 
@@ -143,10 +148,11 @@ class ShardMap:
         self._min_hashes = [shard.min_hash for shard in self.shards]
 
     @classmethod
-    async def load(cls, conn: asyncpg.Connection, schema: str) -> ShardMap | None:
+    async def load(cls, conn: Connection, schema: str) -> ShardMap | None:
         """The map of ``schema``'s ``workflow_status``, read through ``conn``, a connection
-        to the coordinator or to a worker node with metadata synced to it; None where the
-        database is not a Citus one (no ``citus`` extension: nothing to route).
+        (or a pool's) to the coordinator or to a worker node with metadata synced to it;
+        None where the database is not a Citus one (no ``citus`` extension: nothing to
+        route).
 
         Raises:
             ConfigurationError: the table is missing on that node, or not distributed by
@@ -206,7 +212,7 @@ def _check_coverage(shards: tuple[ShardInterval, ...]) -> None:
             f"{expected}")
 
 
-async def _not_distributed(conn: asyncpg.Connection, schema: str) -> ConfigurationError:
+async def _not_distributed(conn: Connection, schema: str) -> ConfigurationError:
     """Why ``schema.workflow_status`` has no shards on ``conn``'s node."""
     row = await conn.fetchrow(SHARDED_TABLE, schema)
     assert row is not None  # one row, always
