@@ -152,7 +152,8 @@ class ShardMap:
         """The map of ``schema``'s ``workflow_status``, read through ``conn``, a connection
         (or a pool's) to the coordinator or to a worker node with metadata synced to it;
         None where the database is not a Citus one (no ``citus`` extension: nothing to
-        route).
+        route). One statement; on a database without Citus it fails and a second one looks
+        for the extension, so ``conn`` must not be in a transaction there.
 
         Raises:
             ConfigurationError: the table is missing on that node, or not distributed by
