@@ -1,0 +1,256 @@
+"""Routing by shard key on Citus (dbos_async/sysdb/citus_shards.py): ``hash_text`` is the
+server's ``hashtext()``, a ``ShardMap`` names the node Citus itself says holds a key (read
+on the coordinator or on a worker, before and after a shard moves), and ``NodePools`` opens
+one pool per node."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+from helpers import unique_name
+
+from dbos_async.database_url import Host, parse_database_url
+from dbos_async.errors import ConfigurationError
+from dbos_async.sysdb.citus_shards import NodePools, ShardInterval, ShardMap, hash_text
+from dbos_async.sysdb.database import SystemDatabase
+
+# A schema name that must be quoted: capitals, a space, a double quote.
+SCHEMA = 'Tenants "A"'
+
+
+def generated_keys() -> list[str]:
+    """About 2,000 keys: empty, ASCII of every length up to 40 (each tail length of the
+    hash's 12-byte blocks, several times), multi-byte UTF-8 of 2, 3 and 4 bytes a
+    character, and long keys."""
+    draw = random.Random(20240613)
+    ascii_letters = [chr(c) for c in range(0x20, 0x7F)]
+    wide = ["é", "ß", "Ж", "中", "€", "ﬁ", "😀", "𝄞", "\u0301"]
+    keys = [""]
+    for length in range(1, 41):
+        keys += ["".join(draw.choices(ascii_letters, k=length)) for _ in range(25)]
+    for length in range(1, 41):
+        keys += ["".join(draw.choices(ascii_letters + wide, k=length)) for _ in range(24)]
+        keys.append("".join(draw.choices(wide, k=length)))
+    keys += ["".join(draw.choices(ascii_letters + wide, k=draw.randint(100, 2000)))
+             for _ in range(60)]
+    keys += ["tenant-42", "acme", "x" * 127, "x" * 128, "\x7f" * 12, "\U0010ffff" * 3]
+    return keys
+
+
+KEYS = generated_keys()
+
+
+async def test_hash_text_is_the_servers_hashtext(conn: asyncpg.Connection) -> None:
+    """Both of the server's code paths: an array's elements have 4-byte headers (hashfn.c
+    reads their bytes word-aligned), a table's short values 1-byte headers (unaligned)."""
+    assert len(KEYS) >= 2000
+    from_array = await conn.fetch(
+        "SELECT k, hashtext(k) AS h FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) "
+        "ORDER BY i", KEYS)
+    await conn.execute("CREATE TABLE keys (i int PRIMARY KEY, k text NOT NULL)")
+    await conn.executemany("INSERT INTO keys VALUES ($1, $2)", list(enumerate(KEYS)))
+    from_table = await conn.fetch("SELECT k, hashtext(k) AS h FROM keys ORDER BY i")
+    for rows in (from_array, from_table):
+        assert [row["k"] for row in rows] == KEYS
+        mismatched = [(row["k"], row["h"], hash_text(row["k"]))
+                      for row in rows if hash_text(row["k"]) != row["h"]]
+        assert mismatched == []
+    assert len({hash_text(k) for k in set(KEYS)}) > len(set(KEYS)) - 5  # not a constant, say
+
+
+async def test_no_map_on_plain_postgresql(database_url: str) -> None:
+    sysdb = SystemDatabase(database_url, sharded=True, pool_size=1)
+    await sysdb.open()
+    try:
+        async with sysdb.pool.acquire() as conn:
+            assert await ShardMap.load(conn, "dbos") is None
+    finally:
+        await sysdb.close()
+
+
+def test_a_map_must_cover_every_hash_once() -> None:
+    node = Host("10.0.0.1", 5432)
+    low = ShardInterval(1, -(2**31), -1, node)
+    high = ShardInterval(2, 0, 2**31 - 1, Host("10.0.0.2", 5432))
+    shards = ShardMap([high, low])
+    assert shards.shards == (low, high)
+    assert shards.nodes() == [node, Host("10.0.0.2", 5432)]
+    for key in KEYS[:200]:
+        assert shards.node_of(key) == (low.node if hash_text(key) < 0 else high.node)
+    with pytest.raises(ConfigurationError, match="where 0 was to come next"):
+        ShardMap([low, ShardInterval(2, 1, 2**31 - 1, node)])
+    with pytest.raises(ConfigurationError, match="end before"):
+        ShardMap([low])
+
+
+# ---- On Citus ----
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A sharded system schema on a Citus cluster: the URL and its nodes'."""
+
+    url: str
+    workers: tuple[Host, ...]
+
+    def on(self, node: Host) -> str:
+        return parse_database_url(self.url).with_server(node)
+
+
+@pytest.fixture
+async def cluster(citus_url: str) -> AsyncIterator[Cluster]:
+    """``SCHEMA`` migrated as a sharded schema on the Citus database of ``citus_url``."""
+    sysdb = SystemDatabase(citus_url, schema=SCHEMA, sharded=True, pool_size=1)
+    await sysdb.open()
+    await sysdb.close()
+    conn = await asyncpg.connect(citus_url)
+    try:
+        workers = await conn.fetch("SELECT nodename, nodeport FROM pg_dist_node "
+                                   "WHERE groupid <> 0 AND noderole = 'primary' ORDER BY groupid")
+    finally:
+        await conn.close()
+    if len(workers) < 2:
+        pytest.skip("needs a Citus cluster with two worker nodes")
+    yield Cluster(citus_url, tuple(Host(w["nodename"], w["nodeport"]) for w in workers))
+
+
+async def citus_placements(url: str, keys: list[str]) -> dict[str, tuple[int, Host]]:
+    """Each key's shard and the node of its placement, as Citus computes them."""
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch(
+            "SELECT k, p.shardid, n.nodename, n.nodeport "
+            "FROM unnest($1::text[]) AS k "
+            "JOIN pg_dist_placement p ON p.shardid = get_shard_id_for_distribution_column("
+            "    format('%I.%I', $2::text, 'workflow_status')::regclass, k) "
+            "JOIN pg_dist_node n USING (groupid)", keys, SCHEMA)
+    finally:
+        await conn.close()
+    placements = {row["k"]: (row["shardid"], Host(row["nodename"], row["nodeport"]))
+                  for row in rows}
+    assert len(placements) == len(keys) == len(rows)  # one placement each
+    return placements
+
+
+async def load_map(url: str) -> ShardMap:
+    conn = await asyncpg.connect(url)
+    try:
+        shards = await ShardMap.load(conn, SCHEMA)
+    finally:
+        await conn.close()
+    assert shards is not None
+    return shards
+
+
+def routed(shards: ShardMap, keys: list[str]) -> dict[str, tuple[int, Host]]:
+    return {key: (shards.shard_of(key).shard_id, shards.node_of(key)) for key in keys}
+
+
+ROUTED_KEYS = [f"tenant-{i}" for i in range(400)] + KEYS[::20][:100]
+
+
+@pytest.mark.citus
+async def test_map_routes_each_key_to_its_placement(cluster: Cluster) -> None:
+    assert len(ROUTED_KEYS) == 500
+    expected = await citus_placements(cluster.url, ROUTED_KEYS)
+    assert {node for _, node in expected.values()} == set(cluster.workers)
+    on_coordinator = await load_map(cluster.url)
+    on_worker = await load_map(cluster.on(cluster.workers[1]))
+    for shards in (on_coordinator, on_worker):
+        assert routed(shards, ROUTED_KEYS) == expected
+        assert set(shards.nodes()) == set(cluster.workers)
+        assert 0 <= shards.age < 60
+    assert on_worker.shards == on_coordinator.shards
+    assert on_worker.loaded_at > on_coordinator.loaded_at
+
+
+@pytest.mark.citus
+async def test_a_reloaded_map_follows_a_moved_shard(cluster: Cluster) -> None:
+    before = await load_map(cluster.url)
+    moved = before.shards[0]
+    [target] = [node for node in cluster.workers if node != moved.node]
+    conn = await asyncpg.connect(cluster.url)
+    try:
+        await conn.execute(
+            "SELECT citus_move_shard_placement($1, $2, $3, $4, $5, 'block_writes')",
+            moved.shard_id, moved.node.address, moved.node.port, target.address, target.port)
+    finally:
+        await conn.close()
+    after = await load_map(cluster.url)
+    moved_keys = [key for key in ROUTED_KEYS if before.shard_of(key) == moved]
+    assert moved_keys
+    assert {after.node_of(key) for key in moved_keys} == {target}
+    assert {before.node_of(key) for key in moved_keys} == {moved.node}
+    assert routed(after, ROUTED_KEYS) == await citus_placements(cluster.url, ROUTED_KEYS)
+    assert [s for s in after.shards if s.shard_id != moved.shard_id] == \
+        [s for s in before.shards if s.shard_id != moved.shard_id]
+
+    # A statement sent by the old map to the old node still reaches the key's rows: Citus
+    # there routes it to the new one.
+    stale = await asyncpg.connect(cluster.on(moved.node))
+    try:
+        plan = await stale.fetchval(
+            f"EXPLAIN (FORMAT JSON) SELECT * FROM {quoted(SCHEMA)}.workflow_status "
+            f"WHERE shard_key = {literal(moved_keys[0])}")
+    finally:
+        await stale.close()
+    assert f"host={target.address} port={target.port}" in plan
+    assert f"port={moved.node.port}" not in plan
+
+
+def quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+@pytest.mark.citus
+async def test_load_refuses_what_is_not_a_sharded_schema(citus_url: str) -> None:
+    unsharded = SystemDatabase(citus_url, schema="plain", pool_size=1)
+    await unsharded.open()
+    await unsharded.close()
+    conn = await asyncpg.connect(citus_url)
+    try:
+        with pytest.raises(ConfigurationError, match=r"^plain\.workflow_status is a"):
+            await ShardMap.load(conn, "plain")
+        with pytest.raises(ConfigurationError, match=r"missing\.workflow_status does not exist"):
+            await ShardMap.load(conn, "missing")
+    finally:
+        await conn.close()
+
+
+@pytest.mark.citus
+async def test_node_pools_one_per_node(cluster: Cluster) -> None:
+    name = unique_name("node_pools")
+    pools = NodePools(cluster.url, size=2, connect_timeout=10, name=name)
+    nodes = list(cluster.workers)
+    asked = [node for node in nodes for _ in range(5)]
+    got = await asyncio.gather(*(pools.pool_for(node) for node in asked))
+    assert set(pools.pools) == set(nodes)
+    for node, pool in zip(asked, got, strict=True):
+        assert pool is pools.pools[node]
+        assert await pool.fetchval("SELECT inet_server_port()") == node.port
+        assert await pool.fetchval("SELECT current_setting('application_name')") == name
+    # One pool each: a second pool would have opened a connection of its own.
+    for node in nodes:
+        conn = await asyncpg.connect(cluster.on(node))
+        try:
+            assert await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 "
+                "AND datname = current_database()", name) == 1
+        finally:
+            await conn.close()
+    assert await pools.pool_for(nodes[0]) is got[0]
+
+    await pools.aclose()
+    assert all(pool.is_closing() for pool in got)
+    assert pools.pools == {}
+    with pytest.raises(RuntimeError, match="closed"):
+        await pools.pool_for(nodes[0])
