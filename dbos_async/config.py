@@ -100,7 +100,7 @@ class DBOSConfig(BaseModel):
     notification_poll_interval: float = Field(
         1.0, gt=0,
         description="Longest wait between reads for recv/get_event/read_stream when "
-        "LISTEN/NOTIFY is off or its connection is down.",
+        "LISTEN/NOTIFY is off or its connection (on Citus, to any node) is down.",
     )
     listening_poll_interval: float = Field(
         10.0, gt=0,

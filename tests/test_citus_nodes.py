@@ -9,23 +9,23 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import new_dbos, unique_name
+from helpers import new_dbos, unique_name, worker_urls
 
 from dbos_async import DBOSClient, SetShardKey, SetWorkflowID
 from dbos_async.database_url import Host, parse_database_url
 from dbos_async.errors import ConfigurationError, MigrationError
-from dbos_async.sysdb.citus_nodes import coordinator_url
+from dbos_async.sysdb.citus_nodes import node_url
 from dbos_async.sysdb.migrations import LATEST_VERSION
 
 KEYS = ("acme", "globex", "initech", "umbrella")
 
 
-def test_coordinator_url_keeps_all_but_the_servers() -> None:
+def test_node_url_keeps_all_but_the_servers() -> None:
     coordinator = Host("10.0.0.1", 5499)
-    listed = coordinator_url(
+    listed = node_url(
         "postgresql://app:s%40cret@w1:5500,w2:5501/orders?sslmode=disable&statement_timeout=5s",
         coordinator)
-    in_query = coordinator_url(
+    in_query = node_url(
         "postgresql://app@/orders?host=w1,w2&port=5500,5501&password=s%40cret&sslmode=disable"
         "&statement_timeout=5s", coordinator)
     for url in (listed, in_query):
@@ -33,21 +33,9 @@ def test_coordinator_url_keeps_all_but_the_servers() -> None:
         assert parsed.hosts == (coordinator,)
         assert (parsed.user, parsed.password, parsed.database) == ("app", "s@cret", "orders")
         assert parsed.options == {"sslmode": "disable", "statement_timeout": "5s"}
-    v6 = parse_database_url(coordinator_url("postgresql://app@/orders?host=w1&port=5500",
+    v6 = parse_database_url(node_url("postgresql://app@/orders?host=w1&port=5500",
                                             Host("::1", 5499)))
     assert v6.hosts == (Host("::1", 5499),)
-
-
-async def worker_urls(url: str) -> list[str]:
-    """The URLs of ``url``'s database on each worker node of its cluster."""
-    conn = await asyncpg.connect(url)
-    try:
-        nodes = await conn.fetch("SELECT nodename, nodeport FROM pg_dist_node "
-                                 "WHERE groupid <> 0 AND noderole = 'primary' ORDER BY groupid")
-    finally:
-        await conn.close()
-    parsed = parse_database_url(url)
-    return [parsed.with_server(Host(n["nodename"], n["nodeport"])) for n in nodes]
 
 
 async def migration_tables(url: str) -> int:
@@ -209,15 +197,23 @@ async def test_a_url_listing_several_nodes_is_not_taken_for_two_primaries(
 
 
 @pytest.mark.citus
-async def test_a_message_sent_on_another_node_wakes_recv_by_its_poll(citus_url: str) -> None:
-    """A notification reaches only the listeners of the node it is sent on: a waiter on
-    another node is woken by its listening poll, never left to its timeout."""
+async def test_a_message_written_without_a_notification_is_read_by_the_poll(
+        citus_url: str) -> None:
+    """On Citus every wait also reads again every ``listening_poll_interval``: a message
+    whose notification was lost (here, a raw insert on another node, which sends none) is
+    still received, never left to the recv's timeout."""
     first, second = await worker_urls(citus_url)
     app = App(first, listening_poll_interval=0.2)
     async with app.dbos as dbos, DBOSClient(system_database_url=second, sharding=True) as client:
         with SetShardKey("acme"), SetWorkflowID("waits"):
             handle = await dbos.start_workflow(app.work, 1)
         assert await client.get_event("waits", "started", timeout=30, shard_key="acme") == 1
-        await client.send("waits", 100, "go", shard_key="acme")
+        conn = await asyncpg.connect(second)
+        try:
+            await conn.execute(
+                "INSERT INTO dbos.notifications (shard_key, destination_uuid, topic, message, "
+                "serialization) VALUES ('acme', 'waits', 'go', '100', 'portable_json')")
+        finally:
+            await conn.close()
         # The recv's timeout is 60 s: the guard here only stops a hang.
         assert await asyncio.wait_for(handle.get_result(), 20) == 102

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import make, wait_no_connections, wait_until
+from helpers import make, unique_name, wait_no_connections, wait_until
 
 from dbos_async import DBOS, SetWorkflowID
 from dbos_async.sysdb.notifications import (
@@ -42,6 +42,19 @@ async def test_register_then_notify_is_never_lost(database_url: str,
                 assert await waiter.wait(None)
             assert not await waiter.wait(0.05)  # consumed by the previous wait
         assert dispatcher.waiter_count() == background
+
+
+async def test_plain_postgres_has_one_listener_connection(database_url: str,
+                                                           conn: asyncpg.Connection) -> None:
+    """Only a Citus cluster has other nodes to listen on."""
+    name = unique_name("one_listener")
+    async with make(database_url, connection_name=name) as dbos:
+        dispatcher = dispatcher_of(dbos)
+        assert dispatcher.listening and dispatcher.nodes == []
+        listening = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 "
+            "AND query ILIKE 'LISTEN%'", name)
+        assert [row["pid"] for row in listening] == [dispatcher.listener_pid]
 
 
 async def test_notifier_coalesces_into_batches(database_url: str,

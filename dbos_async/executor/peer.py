@@ -66,6 +66,7 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
                               supervise: Supervise) -> None:
     """Start the LISTEN/NOTIFY dispatcher (listener and notifier) of a peer."""
     from dbos_async.sysdb import connection
+    from dbos_async.sysdb.citus_nodes import CitusNodes
     from dbos_async.sysdb.notifications import TRIGGER_FED_CHANNELS, NotificationDispatcher
 
     dispatcher = NotificationDispatcher(
@@ -77,9 +78,13 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
         poll_interval=config.notification_poll_interval,
         listening_poll_interval=config.listening_poll_interval,
         max_polling_queries=config.max_polling_queries or max(1, config.pool_size // 2),
-        # On Citus a notification reaches only the listeners of the node it was sent on:
-        # no channel reaches every waiter, so each waiter also reads again now and then.
+        # On Citus a notification reaches only the listeners of the node it was sent on, and
+        # a writer may be connected to any node: the listener listens on every node. Should
+        # one be missed (a node not yet read, a listener down unnoticed), each waiter also
+        # reads again now and then.
         trigger_fed=frozenset() if sysdb.routes_single_tables else TRIGGER_FED_CHANNELS,
+        cluster=CitusNodes(url, config.connect_timeout, config.connection_name)
+        if sysdb.routes_single_tables else None,
     )
     sysdb.notifications = dispatcher
     await dispatcher.start(supervise)

@@ -1,14 +1,17 @@
-"""Which node of a Citus cluster a system database URL leads to, and where its schema is
-migrated.
+"""Which node of a Citus cluster a system database URL leads to, where its schema is
+migrated, and which other nodes its notifications may be sent on.
 
 With metadata synced to the workers, every node of a Citus cluster runs statements on the
 distributed tables, so an executor may use any node. The schema is another matter: DDL runs
 on the coordinator only (it propagates it to the workers), and ``dbos_migrations`` is a
 table local to the coordinator. So the schema is migrated, or verified, through the
-coordinator, whichever node the URL names.
+coordinator, whichever node the URL names. And a NOTIFY reaches only the sessions of the
+node it is sent on, so a process listens on every node (:class:`CitusNodes`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -18,6 +21,7 @@ from dbos_async.sysdb import connection
 from dbos_async.sysdb.statements.servers import (
     CITUS_INSTALLED,
     CITUS_NODE,
+    CITUS_OTHER_NODES,
     CITUS_SHARDS_WITHOUT_TABLE,
 )
 
@@ -25,10 +29,33 @@ _SYNC_METADATA = ("enable metadata sync to it (SELECT start_metadata_sync_to_nod
                   "port) on the coordinator), or connect to the coordinator")
 
 
-def coordinator_url(url: str, coordinator: Host) -> str:
-    """``url`` (its user, password, database and options) on the coordinator's server
-    instead of the servers it lists."""
-    return connection.parsed_url(url).with_server(coordinator)
+def node_url(url: str, node: Host) -> str:
+    """``url`` (its user, password, database and options) on one node's server (the
+    coordinator's, another worker's) instead of the servers it lists."""
+    return connection.parsed_url(url).with_server(node)
+
+
+@dataclass(frozen=True)
+class CitusNodes:
+    """The other nodes of the Citus cluster a system database URL is on, reached with that
+    URL's user, password, database and options: where a process listens for the
+    notifications writers connected to them send."""
+
+    url: str
+    connect_timeout: float
+    connection_name: str
+
+    async def others(self, conn: asyncpg.Connection) -> list[Host]:
+        """The active primary nodes other than ``conn``'s own, as ``conn``'s node knows
+        them (:data:`CITUS_OTHER_NODES`)."""
+        return [Host(row["nodename"], row["nodeport"])
+                for row in await conn.fetch(CITUS_OTHER_NODES)]
+
+    async def connect(self, node: Host) -> asyncpg.Connection:
+        """A connection to the system database on ``node`` (no timeline fence: Citus nodes
+        have none to compare: see ``SERVER_STATE`` in dbos_async/sysdb/statements/servers.py)."""
+        return await connection.connect(node_url(self.url, node), self.connect_timeout,
+                                        self.connection_name)
 
 
 async def migration_url(conn: asyncpg.Connection, url: str, schema: str) -> str | None:
@@ -57,4 +84,4 @@ async def migration_url(conn: asyncpg.Connection, url: str, schema: str) -> str 
             f"The system database {where} is on a Citus worker node (group "
             f"{node['group_id']}) that knows no coordinator, where its schema is migrated: "
             f"{_SYNC_METADATA}")
-    return coordinator_url(url, Host(node["coordinator_host"], node["coordinator_port"]))
+    return node_url(url, Host(node["coordinator_host"], node["coordinator_port"]))

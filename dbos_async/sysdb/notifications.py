@@ -4,9 +4,11 @@ Waiters follow one protocol so that no wake-up is lost: register first, then rea
 database, then wait. A notification that arrives between the read and the wait leaves the
 waiter's flag set, so the wait returns at once and the caller reads again.
 
-- The listener is a dedicated connection (not a pool slot) LISTENing on the channels below.
-  When it drops, every waiter is woken (each re-reads the database) and the listener
-  reconnects with backoff; until it is back, waits are capped at the poll interval.
+- The listener is a dedicated connection (not a pool slot) LISTENing on the channels below;
+  on a Citus cluster, one to every node, as a NOTIFY reaches only the sessions of its node
+  (see dbos_async/sysdb/listeners.py). When one drops, every waiter is woken (each re-reads
+  the database) and it reconnects with backoff; until it is back, waits are capped at the
+  poll interval.
 - Writers never NOTIFY inside their transactions: :meth:`NotificationDispatcher.notify`
   queues a payload (and wakes this process's waiters at once); the notifier task sends each
   batch, coalesced for ``coalesce_ms``, in one ``pg_notify`` statement after the writes
@@ -19,15 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
 import anyio
+import anyio.abc
 import asyncpg
 
+from dbos_async.database_url import Host
+from dbos_async.sysdb.listeners import ClusterNodes, Connect, ServerListener, still_answers
 from dbos_async.sysdb.retry import is_transient
 
 logger = logging.getLogger("dbos_async")
@@ -60,11 +66,9 @@ CHANNELS = (
 
 Target = tuple[str, str]
 
-LISTENER_HEALTH_CHECK_INTERVAL = 30.0
-"""Seconds between checks that an idle listener connection still answers. A dropped
-connection is noticed at once without one; a silently dead one costs at most this long of
-notifications from other processes, which every poll covers within its backed-off interval
-anyway. Long, so that an idle executor stays quiet."""
+NODES_PATIENCE = 2.0
+"""How long an executor or client entering waits for its listeners on the other nodes of a
+Citus cluster to connect."""
 
 
 class BackgroundTask(Protocol):
@@ -79,8 +83,6 @@ Supervise = Callable[[Callable[[], Coroutine[Any, Any, None]], str], BackgroundT
 """Runs ``factory()`` as a background task of the caller's owner, named, started again with
 backoff whenever it raises, and ended when the owner closes (see
 ``dbos_async.executor.tasks.TaskOwner.supervise``)."""
-Connect = Callable[[], Awaitable[asyncpg.Connection]]
-
 _NOTIFY_SQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
 
 
@@ -177,8 +179,8 @@ class NotificationDispatcher:
         max_polling_queries: int = 5,
         reconnect_max_delay: float = 5.0,
         trigger_fed: frozenset[str] = TRIGGER_FED_CHANNELS,
+        cluster: ClusterNodes | None = None,
     ) -> None:
-        self._connect = connect
         self._pool = pool
         self.use_listen_notify = use_listen_notify
         self.coalesce = coalesce_ms / 1000
@@ -193,14 +195,20 @@ class NotificationDispatcher:
         self._subscribers: dict[str, list[Callable[[str], None]]] = {}
         self._pending: list[Target] = []
         self._pending_event = asyncio.Event()
-        self._connection: asyncpg.Connection | None = None
-        self._lost = asyncio.Event()
+        # The other nodes of a Citus cluster (None on plain PostgreSQL): the listener on the
+        # system database URL's server reads them, and each has a listener of its own.
+        self._cluster = cluster
+        self._home = ServerListener(
+            "", connect, CHANNELS, self._on_notification, self.wake_all,
+            reconnect_max_delay=reconnect_max_delay,
+            check=still_answers if cluster is None else self._read_nodes,
+            on_connect=None if cluster is None else self._read_nodes)
+        self._nodes: dict[Host, ServerListener] = {}
+        # While the listener task runs: its task group, and each node listener's scope in it.
+        self._group: anyio.abc.TaskGroup | None = None
+        self._node_scopes: dict[Host, anyio.CancelScope] = {}
         self._stopping = False
         self._tasks: list[BackgroundTask] = []
-        self.reconnects = 0
-        """How many times the listener reconnected after losing its connection."""
-        self.listener_error: str | None = None
-        """Why the listener's latest attempt to connect or LISTEN failed (None once it did)."""
         self.notifications_sent = 0
         """How many payloads the notifier sent (after coalescing)."""
         self.batches_sent = 0
@@ -249,24 +257,53 @@ class NotificationDispatcher:
             for waiter in waiters:
                 waiter.wake()
 
+    def waiters_on(self, channel: str, key: str) -> int:
+        """How many waiters here wait for a notification of ``key`` on ``channel``."""
+        return len(self._waiters.get((channel, key), ()))
+
     @property
     def listening(self) -> bool:
-        return self._connection is not None and not self._connection.is_closed()
+        """Whether every notification reaches this process: the listener is connected to
+        the server (on a Citus cluster, to every node)."""
+        return self._home.listening and all(node.listening for node in self._nodes.values())
 
     def not_listening(self) -> str | None:
         """Why notifications do not arrive (waits poll meanwhile), or None while the
-        listener is connected or LISTEN/NOTIFY is turned off."""
+        listener is connected (to every node of a Citus cluster) or LISTEN/NOTIFY is turned
+        off."""
         if not self.use_listen_notify or self.listening:
             return None
-        cause = f" ({self.listener_error})" if self.listener_error else ""
-        return ("the notification listener is not connected" + cause
-                + f"; waits poll every {self.poll_interval:g}s meanwhile")
+        meanwhile = f"; waits poll every {self.poll_interval:g}s meanwhile"
+        if not self._home.listening:
+            cause = f" ({self._home.error})" if self._home.error else ""
+            return "the notification listener is not connected" + cause + meanwhile
+        down = [f"{host}" + (f" ({node.error})" if node.error else "")
+                for host, node in self._nodes.items() if not node.listening]
+        return ("the notification listener is not connected to the Citus "
+                + ("node " if len(down) == 1 else "nodes ") + ", ".join(down) + meanwhile)
 
     @property
     def listener_pid(self) -> int | None:
-        """The server process ID of the listener's connection, while connected."""
-        conn = self._connection
-        return conn.get_server_pid() if conn is not None and not conn.is_closed() else None
+        """The server process ID of the listener's connection to the system database URL's
+        server, while connected."""
+        return self._home.pid
+
+    @property
+    def listener_error(self) -> str | None:
+        """Why the listener's latest attempt to connect to the system database URL's server,
+        or to LISTEN there, failed (None once one succeeded)."""
+        return self._home.error
+
+    @property
+    def reconnects(self) -> int:
+        """How many times a listener connection (to any node) connected again."""
+        return self._home.reconnects + sum(node.reconnects for node in self._nodes.values())
+
+    @property
+    def nodes(self) -> list[Host]:
+        """The other nodes of the Citus cluster the listener also listens on (as last read;
+        none on plain PostgreSQL)."""
+        return list(self._nodes)
 
     def wait_cap(self, targets: Iterable[Target], *, polled: bool = False) -> float | None:
         """The longest a waiter on ``targets`` may wait before reading again (None: no limit).
@@ -343,75 +380,64 @@ class NotificationDispatcher:
     def _on_notification(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
         self.wake(channel, str(payload))
 
-    def _on_termination(self, _conn: object) -> None:
-        self._lost.set()
+    async def _read_nodes(self, conn: asyncpg.Connection) -> None:
+        """The check of the listener on the system database URL's server, on a Citus
+        cluster: read the cluster's other nodes there, and listen on each of them (and on
+        no other). It runs whenever that connection connects and with every health check,
+        so a node added later is listened on within that interval."""
+        assert self._cluster is not None
+        self._listen_on(await self._cluster.others(conn))
 
-    async def _listen_once(self) -> bool:
-        """Open the listener connection and LISTEN on every channel; False if it failed."""
-        try:
-            conn = await self._connect()
-        except Exception as error:  # any failure means: retry later
-            logger.warning("The notification listener could not connect: %r", error)
-            self.listener_error = f"{type(error).__name__}: {error}"
-            return False
-        try:
-            for channel in CHANNELS:
-                await conn.add_listener(channel, self._on_notification)
-            conn.add_termination_listener(self._on_termination)
-        except Exception as error:
-            logger.warning("The notification listener could not LISTEN: %r", error)
-            self.listener_error = f"{type(error).__name__}: {error}"
-            conn.terminate()
-            return False
-        self.listener_error = None
-        self._lost.clear()
-        self._connection = conn
-        return True
+    def _listen_on(self, hosts: Iterable[Host]) -> None:
+        wanted = set(hosts)
+        for host in [host for host in self._nodes if host not in wanted]:
+            scope = self._node_scopes.pop(host, None)
+            if scope is not None:
+                scope.cancel()
+            self._nodes.pop(host).drop()
+        for host in wanted - self._nodes.keys():
+            self._nodes[host] = self._node_listener(host)
+            self._start_node(host)
 
-    def _drop_connection(self) -> None:
-        conn, self._connection = self._connection, None
-        if conn is not None and not conn.is_closed():
-            conn.terminate()
+    def _node_listener(self, host: Host) -> ServerListener:
+        assert self._cluster is not None
+        return ServerListener(
+            f" to the Citus node {host}", functools.partial(self._cluster.connect, host),
+            CHANNELS, self._on_notification, self.wake_all,
+            reconnect_max_delay=self.reconnect_max_delay)
+
+    def _start_node(self, host: Host) -> None:
+        """Run the node's listener in the listener task's group (once that runs), in a
+        cancel scope of its own, so it ends alone when the node leaves the cluster."""
+        if self._group is None:
+            return
+        scope = anyio.CancelScope()
+        self._node_scopes[host] = scope
+        self._group.start_soon(self._run_node, self._nodes[host], scope,
+                               name=f"notification listener {host}")
+
+    @staticmethod
+    async def _run_node(listener: ServerListener, scope: anyio.CancelScope) -> None:
+        with scope:
+            await listener.run()
 
     async def _run_listener(self) -> None:
-        delay = 0.05
+        """The listener on the system database URL's server and, on a Citus cluster, one
+        on each other node, each in this task's group and each reconnecting by itself."""
         try:
-            while True:
-                if self._connection is None:
-                    if await self._listen_once():
-                        delay = 0.05
-                        self.reconnects += 1
-                        # Notifications may have been missed while disconnected.
-                        self.wake_all()
-                    else:
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, self.reconnect_max_delay)
-                        continue
-                await self._watch_connection()
-                logger.warning("The notification listener lost its connection; reconnecting")
-                self._drop_connection()
-                # Every waiter re-reads now, and polls until the listener is back.
-                self.wake_all()
+            async with anyio.create_task_group() as group:
+                self._group = group
+                group.start_soon(self._home.run, name="notification listener")
+                for host in self._nodes:
+                    self._start_node(host)
         finally:
-            self._drop_connection()
+            self._group = None
+            self._node_scopes.clear()
 
-    async def _watch_connection(self) -> None:
-        """Return when the listener's connection is lost."""
-        conn = self._connection
-        assert conn is not None
-        while True:
-            try:
-                async with asyncio.timeout(LISTENER_HEALTH_CHECK_INTERVAL):
-                    await self._lost.wait()
-                return
-            except TimeoutError:
-                pass
-            # A health check catches a silently dead connection.
-            try:
-                async with asyncio.timeout(5.0):
-                    await conn.fetchval("SELECT 1")
-            except Exception:
-                return
+    def _drop_connections(self) -> None:
+        self._home.drop()
+        for node in self._nodes.values():
+            node.drop()
 
     # ---- Lifecycle ----
 
@@ -420,7 +446,12 @@ class NotificationDispatcher:
         a supervised background task of the owner's, until :meth:`stop`."""
         if not self.use_listen_notify:
             return
-        await self._listen_once()
+        if await self._home.listen_once() and self._nodes:
+            # The other nodes of a cluster, all at once; but one unreachable from here must
+            # not hold up the start: what has not connected by then connects in the
+            # background (waits poll until every node listens).
+            with anyio.move_on_after(NODES_PATIENCE):
+                await asyncio.gather(*(node.listen_once() for node in self._nodes.values()))
         self._tasks = [supervise(self._run_listener, "notification listener"),
                        supervise(self._run_notifier, "notifier")]
 
@@ -435,7 +466,7 @@ class NotificationDispatcher:
             await self.flush()
         if flushing.cancelled_caught:
             logger.warning("Gave up sending the last notifications on shutdown")
-        self._drop_connection()
+        self._drop_connections()
         self.wake_all()
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 
 from dbos_async import DBOS
+from dbos_async.database_url import Host, parse_database_url
 
 EXECUTOR_ID = "test-executor"
 APP_VERSION = "test-version-1"
@@ -60,6 +61,18 @@ def make(url: str, listen: bool = True, **settings: Any) -> DBOS:
     options: dict[str, Any] = {"notification_poll_interval": 0.1, "shutdown_grace_period": 1,
                                "application_version": "messaging-v1", **settings}
     return DBOS(system_database_url=url, use_listen_notify=listen, **options)
+
+
+async def worker_urls(url: str) -> list[str]:
+    """The URLs of ``url``'s database on each worker node of its Citus cluster."""
+    conn = await asyncpg.connect(url)
+    try:
+        nodes = await conn.fetch("SELECT nodename, nodeport FROM pg_dist_node "
+                                 "WHERE groupid <> 0 AND noderole = 'primary' ORDER BY groupid")
+    finally:
+        await conn.close()
+    parsed = parse_database_url(url)
+    return [parsed.with_server(Host(n["nodename"], n["nodeport"])) for n in nodes]
 
 
 async def fetch(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:

@@ -41,3 +41,11 @@ CITUS_SHARDS_WITHOUT_TABLE = """SELECT NOT EXISTS (
            WHERE n.nspname = $1 AND c.relname ~ '^workflow_status_[0-9]+$')"""
 """Whether schema $1 holds shards of workflow_status but not the table itself: a worker
 node of a cluster that did not sync its metadata to it."""
+
+CITUS_OTHER_NODES = """SELECT nodename, nodeport FROM pg_dist_node
+WHERE noderole = 'primary' AND isactive
+  AND groupid <> (SELECT groupid FROM pg_dist_local_group)
+ORDER BY groupid"""
+"""The cluster's other nodes a writer may be connected to, as this node knows them: the
+active primary of every group but this node's own (the coordinator's is group 0). Both
+tables may be read by any role."""
