@@ -1,8 +1,8 @@
 """Citus against plain PostgreSQL: the same sharded workload on both, in one run, with the CPU
 time every server spends on it and the round trips the executor sends.
 
-    python benchmarks/bench_citus.py --citus-url postgresql://postgres@127.0.0.1:5530/citus
-    DBOS_BENCH_CITUS_URL=postgresql://postgres@127.0.0.1:5530/citus make bench-citus
+    python benchmarks/bench_citus.py --citus-url postgresql://postgres@127.0.0.1:5433/citus
+    DBOS_BENCH_CITUS_URL=postgresql://postgres@127.0.0.1:5433/citus make bench-citus
 
 The Citus URL names a database with the citus extension on the coordinator of a cluster with
 worker nodes, as a user that may create databases; the plain server is ``--plain-url``
@@ -416,10 +416,10 @@ def projection_report(projection: dict[str, Any] | None) -> list[str]:
         "",
         f"Capacity projection from the measured CPU (with {measured} worker nodes): "
         f"c = {c * 1000:.1f} ms coordinator, w = {w * 1000:.1f} ms all workers, per workflow",
-        f"  method: every node has the same K = {k:g} cores and CPU limits it; "
+        "  method: every node has the same K cores and CPU limits it; "
         "throughput(N) = min(K / c, N * K / w);",
         "  linear = N * K / w (the coordinator never the limit); the workers' cost per "
-        "workflow taken as at the measured size; figures scale with K",
+        f"workflow taken as at the measured size; K = {k:g} here, figures scale with K",
     ]
     rows: list[tuple[str, ...]] = [("workers", "wf/s", "bound by", "linear wf/s",
                                     "ratio to linear")]
