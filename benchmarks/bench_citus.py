@@ -71,7 +71,7 @@ from common import DEFAULT_URL, drive, drop_database, recreate_database, server_
 
 import dbos_async
 from dbos_async import DBOS, SetShardKey
-from dbos_async.database_url import parse_database_url
+from dbos_async.database_url import Host, parse_database_url
 from dbos_async.testing import (
     CitusNode,
     citus_nodes,
@@ -236,11 +236,12 @@ def cluster_nodes(url: str, nodes: Sequence[CitusNode]) -> list[Node]:
     """The nodes of the cluster with the benchmark's database, the coordinator first."""
     made, workers = [], 0
     for node in nodes:
+        server = Host(node.host, node.port)
         if node.is_coordinator:
-            made.append(Node("coordinator", f"coordinator :{node.port}", node_url(url, node)))
+            made.append(Node("coordinator", f"coordinator {server}", node_url(url, node)))
         else:
             workers += 1
-            made.append(Node("worker", f"worker {workers} :{node.port}", node_url(url, node)))
+            made.append(Node("worker", f"worker {workers} {server}", node_url(url, node)))
     return made
 
 
@@ -254,9 +255,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                          "CREATE EXTENSION citus in it on the coordinator)") from None
     if not any(not node.is_coordinator for node in nodes):
         raise SystemExit(f"the Citus cluster of {args.citus_url} has no worker node")
-    plain_url = await recreate_database(args.plain_url, f"{name}_plain")
-    await drop_citus_database(args.citus_url, name)
-    citus_url = await create_citus_database(args.citus_url, name)
     loop = type(asyncio.get_running_loop())
     results: dict[str, Any] = {
         "parameters": {"workflows": args.workflows, "warmup": args.warmup,
@@ -267,8 +265,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "event_loop": f"{loop.__module__}.{loop.__qualname__}"},
     }
     try:
+        plain_url = await recreate_database(args.plain_url, f"{name}_plain")
+        await drop_citus_database(args.citus_url, name)
+        citus_url = await create_citus_database(args.citus_url, name)
         plain_server = parse_database_url(plain_url).hosts[0]
-        plain_nodes = [Node("plain", f"plain :{plain_server.port}", plain_url)]
+        plain_nodes = [Node("plain", f"plain {plain_server}", plain_url)]
         cluster = cluster_nodes(citus_url, nodes)
         executor_url = (cluster[1].url if args.executor_node == "worker" else cluster[0].url)
         results["plain_server"] = await server_facts(plain_url)
