@@ -12,6 +12,9 @@
 #   make chaos   the fault-injection tests in full (DBOS_CHAOS_SCALE, default 10), one at a
 #                time, then their figures
 #   make bench   the benchmark script
+#   make bench-citus   the sharded workload on a Citus cluster beside plain PostgreSQL
+#                (DBOS_BENCH_CITUS_URL: a database with the citus extension on the
+#                coordinator; BENCH_CITUS_ARGS: more options, e.g. --quick); not in make test
 #   make clean   caches and build outputs (keeps .venv and the embedded database in .dbos/)
 #   make distclean   also .venv and .dbos/ (refuses while the embedded server is running)
 
@@ -30,7 +33,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 # Playwright drives the system's Chromium (/usr/bin/chromium): it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: venv demo lint browser test chaos bench clean distclean
+.PHONY: venv demo lint browser test chaos bench bench-citus clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -81,6 +84,11 @@ chaos: venv
 
 bench: venv
 	$(PY) benchmarks/run.py
+
+# The Citus URL comes from DBOS_BENCH_CITUS_URL (in the environment or on make's command
+# line, which make exports to the recipe).
+bench-citus: venv
+	$(PY) benchmarks/bench_citus.py $(BENCH_CITUS_ARGS)
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache build dist *.egg-info

@@ -57,6 +57,20 @@ async def server_facts(url: str) -> dict[str, str]:
         await conn.close()
 
 
+def table(rows: list[tuple[str, ...]], align: str) -> list[str]:
+    """``rows`` as an indented text table, the first row its header; ``align`` has one
+    character per column: ``<`` left, anything else right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for index, row in enumerate(rows):
+        cells = [cell.ljust(w) if a == "<" else cell.rjust(w)
+                 for cell, w, a in zip(row, widths, align, strict=True)]
+        lines.append("  " + "  ".join(cells).rstrip())
+        if index == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    return lines
+
+
 async def drive(total: int, concurrency: int, job: Callable[[int], Awaitable[None]]) -> float:
     """Run ``job(0..total-1)`` with at most ``concurrency`` in flight; return elapsed seconds.
 

@@ -61,7 +61,7 @@ import bench_queues
 import bench_raw
 import bench_waiters
 import latency
-from common import DEFAULT_URL, drop_database, recreate_database, server_facts
+from common import DEFAULT_URL, drop_database, recreate_database, server_facts, table
 
 import dbos_async
 from dbos_async import ConfigurationError, eventloop
@@ -505,18 +505,6 @@ def _progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def _table(rows: list[tuple[str, ...]], align: str) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = []
-    for index, row in enumerate(rows):
-        cells = [cell.ljust(w) if a == "<" else cell.rjust(w)
-                 for cell, w, a in zip(row, widths, align, strict=True)]
-        lines.append("  " + "  ".join(cells).rstrip())
-        if index == 0:
-            lines.append("  " + "  ".join("-" * w for w in widths))
-    return lines
-
-
 def _verdict(ok: bool) -> str:
     return "ok" if ok else "BELOW TARGET"
 
@@ -601,10 +589,10 @@ def targets_report(results: dict[str, Any]) -> list[str]:
     rows = targets(results)
     if not rows:
         return []
-    table: list[tuple[str, ...]] = [("figure", "measured", "target", "")]
+    lines: list[tuple[str, ...]] = [("figure", "measured", "target", "")]
     for figure, measured, target, met in rows:
-        table.append((figure, measured, target, "" if met is None else _verdict(met)))
-    return ["", "Targets, all from this run", *_table(table, "<><<")]
+        lines.append((figure, measured, target, "" if met is None else _verdict(met)))
+    return ["", "Targets, all from this run", *table(lines, "<><<")]
 
 
 def _commits(result: dict[str, Any]) -> str:
@@ -662,7 +650,7 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
         rows.append((label, f"{raw['inserts']} rows", f"{raw['seconds']:.2f}", "",
                      f"{raw['inserts_per_s']:,.0f}", spread(raw, "inserts_per_s"),
                      _commits(raw), ""))
-    out += _table(rows, "<>>>>>>>")
+    out += table(rows, "<>>>>>>>")
     if "burst" in results:
         out += burst_report(results["burst"], s)
 
@@ -697,7 +685,7 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
     ):
         rows.append((label, f"{s[key]:.2f}", f"{expected:.0f}",
                      _verdict(s[key] <= expected * COUNT_TOLERANCE)))
-    out += _table(rows, "<>><")
+    out += table(rows, "<>><")
 
     out += ["", "dbos_async statements in the measured runs (client-side query logger)"]
     rows = [("kind", "count", "per workflow")]
@@ -705,7 +693,7 @@ def throughput_report(results: dict[str, Any], profiled: bool) -> list[str]:
         rows.append((kind, str(count), f"{count / fast['measured_workflows_total']:.2f}"))
     total = fast["statements"]["total_with_pool_reset"]
     rows.append(("total", str(total), f"{total / fast['measured_workflows_total']:.2f}"))
-    out += _table(rows, "<>>")
+    out += table(rows, "<>>")
     srv = fast["server"]
     out += [
         "",
@@ -758,7 +746,7 @@ def burst_report(burst: dict[str, Any], s: dict[str, Any]) -> list[str]:
                      f"{r['workflows_per_s']:,.0f}",
                      f"{low:,.0f}-{high:,.0f}" if r["rounds"] > 1 else "",
                      _commits(r), _per_step(r)))
-    out += _table(rows, "<<>>>>>>")
+    out += table(rows, "<<>>>>>>")
     if "burst_uvloop_over_asyncio" in s:
         out.append(f"  uvloop / asyncio loop, dbos_async burst workflows/s: "
                    f"{s['burst_uvloop_over_asyncio']:.2f}x")
@@ -784,7 +772,7 @@ def pgqueuer_report(pgq: dict[str, Any]) -> list[str]:
         rows.append((str(r["batch_size"]), str(r["jobs"]), f"{r['enqueue_seconds']:.2f}",
                      f"{r['enqueue_per_s']:,.0f}", f"{r['drain_seconds']:.2f}",
                      f"{r['jobs_per_s']:,.0f}", f"{r['transactions_per_job']:.2f}"))
-    return out + _table(rows, ">>>>>>>")
+    return out + table(rows, ">>>>>>>")
 
 
 def queue_report(q: dict[str, Any]) -> list[str]:
@@ -812,7 +800,7 @@ def queue_report(q: dict[str, Any]) -> list[str]:
         if r["succeeded"] != r["workflows"]:
             rows.append(("", "", "", f"only {r['succeeded']} succeeded", "", "", "", "", "",
                          ""))
-    out += _table(rows, "<<>>>>>><>")
+    out += table(rows, "<<>>>>>><>")
     out += ["  commits/wf: xact_commit + xact_rollback over the drain per workflow "
             "(pg_stat_database; dbos_async only; the enqueue's one transaction included)"]
     out += pgqueuer_report(q.get("pgqueuer", {}))
@@ -845,7 +833,7 @@ def queue_report(q: dict[str, Any]) -> list[str]:
                                                 if figures["lost"] else ""),
                      _ms(figures, "median_ms"), _ms(figures, "p99_ms"),
                      _ms(figures, "max_ms"), target))
-    out += _table(rows, "<<>>>>><")
+    out += table(rows, "<<>>>>><")
     dbos_lat = lat.get("dbos")
     if dbos_lat:
         out.append(f"  dbos: conductor connected: {dbos_lat['conductor']}, "
@@ -877,7 +865,7 @@ def waiters_report(w: dict[str, Any]) -> list[str]:
                      f"{r['threads_baseline']} -> {r['threads_waiting']}",
                      f"{r['idle_statements_per_s']:.1f}", f"{r['send_to_last_result_s']:.1f}",
                      f"{r['woken_per_s']:,.0f}"))
-    out += _table(rows, "<>>>>>>>>")
+    out += table(rows, "<>>>>>>>>")
     fast, peer = w.get("dbos_async"), w.get("dbos")
     if fast and peer:
         def per_waiter(r: dict[str, Any]) -> float:
@@ -945,7 +933,7 @@ def latency_report(lat: dict[str, Any]) -> list[str]:
                          _ms(figures, "p99_ms"), _ms(figures, "max_ms"),
                          str(figures["not_waiting"]) if figures["not_waiting"] else "",
                          f"{ratio:.1f}x" if ratio is not None else "", target))
-    out += _table(rows, "<<>>>>>><")
+    out += table(rows, "<<>>>>>><")
     lone = fast.get("alone")
     if lone:
         kinds, count = lone["statements"]["by_kind"], lone["workflows"]

@@ -33,12 +33,10 @@ Fixtures:
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -46,7 +44,9 @@ import pytest
 from dbos_async import ConfigurationError
 from dbos_async.testing import (
     PgServer,
+    create_citus_database,
     databases,
+    drop_citus_database,
     drop_database,
     new_database_name,
     plan,
@@ -138,94 +138,6 @@ def listen(request: pytest.FixtureRequest) -> bool:
 CITUS_URL_ENV = "DBOS_TEST_CITUS_URL"
 
 
-def _on_node(url: str, host: str, port: int, database: str) -> str:
-    """The URL's user and options on another node of the cluster, in ``database``."""
-    parts = urlsplit(url)
-    credentials = parts.netloc.rpartition("@")[0]
-    netloc = f"{credentials}@{host}:{port}" if credentials else f"{host}:{port}"
-    return urlunsplit(parts._replace(netloc=netloc, path="/" + database))
-
-
-async def _create_citus(admin_url: str, name: str) -> None:
-    """Create database ``name`` on every node and make it a Citus database of the same nodes.
-
-    Citus keeps its metadata per database: a new database has the extension nowhere and knows
-    no node. CREATE DATABASE itself is propagated to the workers when asked (Citus >= 12.1);
-    the extension is then created on each node, and the new database is told the admin
-    database's node list.
-    """
-    admin = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        nodes = await admin.fetch(
-            "SELECT groupid, nodename, nodeport, shouldhaveshards FROM pg_dist_node "
-            "WHERE noderole = 'primary' AND isactive ORDER BY groupid"
-        )
-        await admin.execute("SET citus.enable_create_database_propagation = on")
-        for attempt in range(5):
-            try:
-                await admin.execute(f'CREATE DATABASE "{name}"')
-                break
-            except asyncpg.ObjectInUseError:  # another worker's CREATE DATABASE
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(0.1 * (attempt + 1))
-    finally:
-        await admin.close()
-    workers = [n for n in nodes if n["groupid"] != 0]
-    for node in workers:
-        worker = await asyncpg.connect(
-            _on_node(admin_url, node["nodename"], node["nodeport"], name), timeout=10
-        )
-        try:
-            await worker.execute("CREATE EXTENSION citus")
-        finally:
-            await worker.close()
-    conn = await asyncpg.connect(with_database(admin_url, name), timeout=10)
-    try:
-        await conn.execute("CREATE EXTENSION citus")
-        for node in nodes:
-            if node["groupid"] == 0:
-                await conn.execute(
-                    "SELECT citus_set_coordinator_host($1, $2)", node["nodename"], node["nodeport"]
-                )
-                await conn.execute(
-                    "SELECT citus_set_node_property($1, $2, 'shouldhaveshards', $3)",
-                    node["nodename"], node["nodeport"], node["shouldhaveshards"],
-                )  # fmt: skip
-        for node in workers:
-            await conn.execute("SELECT citus_add_node($1, $2)", node["nodename"], node["nodeport"])
-    finally:
-        await conn.close()
-
-
-async def _drop_citus(admin_url: str, name: str) -> None:
-    """Drop database ``name`` on every node, each on its own (workers first): a drop that
-    Citus propagates is not atomic across nodes, and a worker may still hold a session in
-    the database (a connection the coordinator cached, Citus's maintenance daemon) after
-    the coordinator's WITH (FORCE) ended its own."""
-    admin = await asyncpg.connect(admin_url, timeout=10)
-    try:
-        nodes = await admin.fetch("SELECT nodename, nodeport FROM pg_dist_node "
-                                  "ORDER BY groupid = 0, groupid")
-    finally:
-        await admin.close()
-    admin_database = urlsplit(admin_url).path.lstrip("/")
-    for node in nodes:
-        conn = await asyncpg.connect(
-            _on_node(admin_url, node["nodename"], node["nodeport"], admin_database), timeout=10)
-        try:
-            for attempt in range(10):
-                try:
-                    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                    break
-                except asyncpg.ObjectInUseError:
-                    if attempt == 9:
-                        raise
-                    await asyncio.sleep(0.1 * (attempt + 1))
-        finally:
-            await conn.close()
-
-
 @pytest.fixture
 def citus_url() -> Iterator[str]:
     """URL of a new Citus database on the cluster of ``DBOS_TEST_CITUS_URL``, dropped after."""
@@ -238,10 +150,9 @@ def citus_url() -> Iterator[str]:
         )
     name = new_database_name()
     try:
-        run_sync(_create_citus(admin_url, name))
-        yield with_database(admin_url, name)
+        yield run_sync(create_citus_database(admin_url, name))
     finally:
-        run_sync(_drop_citus(admin_url, name))
+        run_sync(drop_citus_database(admin_url, name))
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ def new_database_name() -> str:
     return f"{DATABASE_PREFIX}{uuid.uuid4().hex}"
 
 
-def _quoted(name: str) -> str:
+def quoted_name(name: str) -> str:
+    """``name`` as an SQL identifier, quoted."""
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -31,7 +32,7 @@ async def create_database(admin_url: str, name: str) -> str:
     try:
         for attempt in range(5):
             try:
-                await conn.execute(f"CREATE DATABASE {_quoted(name)} TEMPLATE template0")
+                await conn.execute(f"CREATE DATABASE {quoted_name(name)} TEMPLATE template0")
                 break
             except asyncpg.ObjectInUseError:
                 # "source database is being accessed by other users": another test's
@@ -48,7 +49,7 @@ async def drop_database(admin_url: str, name: str) -> None:
     """Drop database ``name``, disconnecting whoever is still connected to it."""
     conn = await asyncpg.connect(admin_url, timeout=10)
     try:
-        await conn.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
+        await conn.execute(f"DROP DATABASE IF EXISTS {quoted_name(name)} WITH (FORCE)")
     finally:
         await conn.close()
 
