@@ -1,0 +1,292 @@
+"""Faults of a Citus cluster's nodes under a sharded system database: a shard moved to
+another worker while its keys' workflows run, and a worker node stopped (or killed) and
+started again while workflows run over keys on both workers.
+
+Each test has a private cluster (:class:`tests.helpers.citus_cluster.CitusCluster`: a
+coordinator and two workers), since it stops and moves what other tests would use. The
+executor and the clients are given the coordinator's URL; nothing here depends on which node
+runs a statement, so the checks hold as well for an executor that sends each key's
+statements to the worker holding it. Every step body counts its runs, so a step that ran
+again after its checkpoint is seen; the tests wait on recorded state (checkpoints, step
+bodies reached), never on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import pytest
+from helpers import fetch, new_dbos, wait_until
+
+from dbos_async import (
+    DBOS,
+    DatabaseUnavailableError,
+    DBOSClient,
+    SetShardKey,
+    SetWorkflowID,
+    migrate,
+)
+from tests.helpers.citus_cluster import CitusCluster
+
+pytestmark = [pytest.mark.chaos, pytest.mark.citus]
+
+RETRY_TIMEOUT = 1.0
+TICK_SECONDS = 0.05
+TICKS_AFTER_MOVE = 3
+
+CHECKPOINTS_BY_KEY = ("SELECT shard_key, count(*) AS steps FROM dbos.operation_outputs "
+                      "GROUP BY shard_key")
+STATUSES = ("SELECT ws.shard_key, ws.workflow_uuid, ws.status, wo.output "
+            "FROM dbos.workflow_status ws "
+            "LEFT JOIN dbos.workflow_output wo USING (shard_key, workflow_uuid)")
+MOVE_SHARD = ("SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, "
+              "shard_transfer_mode => $4::citus.shard_transfer_mode)")
+
+
+async def checkpoints_by_key(url: str) -> Counter[str]:
+    return Counter({r["shard_key"]: r["steps"] for r in await fetch(url, CHECKPOINTS_BY_KEY)})
+
+
+async def final_states(url: str) -> dict[str, tuple[str, Any]]:
+    """Each workflow's status and stored output, by workflow ID."""
+    return {r["workflow_uuid"]: (r["status"], r["output"]) for r in await fetch(url, STATUSES)}
+
+
+async def keys_by_worker(cluster: CitusCluster, per_worker: int) -> dict[int, list[str]]:
+    """``per_worker`` keys held by each worker node."""
+    found: dict[int, list[str]] = {number: [] for number in cluster.workers}
+    candidate = 0
+    while any(len(keys) < per_worker for keys in found.values()):
+        key = f"tenant-{candidate}"
+        node = found[await cluster.node_of(key)]
+        if len(node) < per_worker:
+            node.append(key)
+        candidate += 1
+    return found
+
+
+# ---- A shard moved while its keys' workflows run ----
+
+class Tickers:
+    """Workflows that take steps (ticks) until told that the move is over, then
+    :data:`TICKS_AFTER_MOVE` more: their steps are checkpointed before, during and after the
+    move. Whether the move is over is each tick's recorded output, so a replay would take the
+    same ticks; a tick's body counts its runs."""
+
+    def __init__(self, dbos: DBOS) -> None:
+        self.moved = asyncio.Event()
+        self.runs: Counter[tuple[str, int]] = Counter()
+
+        @dbos.step(name="tick")
+        async def tick(workflow_id: str, n: int) -> bool:
+            self.runs[workflow_id, n] += 1
+            await asyncio.sleep(TICK_SECONDS)  # a step's work: keeps the load moderate
+            return self.moved.is_set()
+
+        @dbos.workflow(name="ticker")
+        async def ticker(workflow_id: str) -> int:
+            ticks = after = 0
+            while after < TICKS_AFTER_MOVE:
+                if await tick(workflow_id, ticks):
+                    after += 1
+                ticks += 1
+            return ticks
+
+        self.ticker = ticker
+
+
+@pytest.mark.parametrize("mode", ["force_logical", "block_writes"])
+async def test_a_shard_moved_under_load_loses_and_repeats_nothing(
+        citus_cluster: CitusCluster, mode: str, chaos_figures: Counter[str]) -> None:
+    cluster = citus_cluster
+    url = cluster.url()
+    await migrate(url, sharding=True)  # the tables distributed: the keys' shards known
+    keys = [f"tenant-{i}" for i in range(16)]
+    shard_of = {key: await cluster.shard_of(key) for key in keys}
+    node_of = {key: await cluster.node_of(key) for key in keys}
+    # The shard holding the most keys moves to the other worker.
+    shard, _ = Counter(shard_of.values()).most_common(1)[0]
+    moving = [key for key in keys if shard_of[key] == shard]
+    staying = [key for key in keys if shard_of[key] != shard]
+    source = node_of[moving[0]]
+    [target] = [number for number in cluster.workers if number != source]
+    assert len(moving) >= 2 and staying
+
+    dbos = new_dbos(url, sharding=True)
+    app = Tickers(dbos)
+    async with dbos:
+        handles = {}
+        for key in keys:
+            with SetShardKey(key), SetWorkflowID(f"ticker-{key}"):
+                handles[key] = await dbos.start_workflow(app.ticker, f"ticker-{key}")
+
+        async def every_key_ticking() -> bool:
+            done = await checkpoints_by_key(url)
+            return all(done[key] >= 2 for key in keys)
+
+        await wait_until(every_key_ticking, patience=60, what="every key's ticker to tick")
+        before = await checkpoints_by_key(url)
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(MOVE_SHARD, shard, cluster.nodes[source].port,
+                               cluster.nodes[target].port, mode)
+        finally:
+            await conn.close()
+        after = await checkpoints_by_key(url)
+        app.moved.set()
+        results = {key: await asyncio.wait_for(handle.get_result(), 60)
+                   for key, handle in handles.items()}
+        statuses = {key: (await handle.get_status()).status for key, handle in handles.items()}
+
+    # The shard, with every row of its keys, is on the other worker; the rest stayed.
+    assert {key: await cluster.node_of(key) for key in keys} == {
+        key: target if key in moving else node_of[key] for key in keys}
+    final = await checkpoints_by_key(url)
+    states = await final_states(url)
+    assert statuses == dict.fromkeys(keys, "SUCCESS")
+    assert {wf: status for wf, (status, _) in states.items()} == {
+        f"ticker-{key}": "SUCCESS" for key in keys}
+    # Each result counts the ticks taken, every one checkpointed once and run once: no step
+    # ran again after its checkpoint, on the moved keys as on the others.
+    assert results == {key: final[key] for key in keys}
+    assert {run: count for run, count in app.runs.items() if count != 1} == {}
+    assert sorted(app.runs) == sorted((f"ticker-{key}", n) for key in keys
+                                      for n in range(results[key]))
+    # The move happened mid-workflow: the moved keys had checkpointed steps before it and
+    # took more after it. Under logical replication their writes also went on during the copy;
+    # the other shards' keys were never held up (they went on during the move either way).
+    assert all(before[key] >= 2 and final[key] > after[key] for key in moving)
+    if mode == "force_logical":
+        assert sum(after[key] - before[key] for key in moving) > 0
+    assert sum(after[key] - before[key] for key in staying) > 0
+    chaos_figures["workflows_checked"] += len(keys)
+    chaos_figures["steps_rerun_after_checkpoint"] += sum(c - 1 for c in app.runs.values())
+
+
+# ---- A worker node stopped, or killed, and started again ----
+
+class Gated:
+    """Workflows of three steps whose middle one waits at a gate, opened once the worker
+    node is down: the middle step's checkpoint is written during the outage. Every step
+    body counts its runs."""
+
+    def __init__(self, dbos: DBOS) -> None:
+        self.gate = asyncio.Event()
+        self.runs: Counter[tuple[str, str]] = Counter()
+        self.at_gate: set[str] = set()
+
+        @dbos.step(name="first")
+        async def first(workflow_id: str) -> int:
+            self.runs[workflow_id, "first"] += 1
+            return 1
+
+        @dbos.step(name="gated")
+        async def gated(workflow_id: str) -> int:
+            self.runs[workflow_id, "gated"] += 1
+            self.at_gate.add(workflow_id)
+            await self.gate.wait()
+            return 2
+
+        @dbos.step(name="last")
+        async def last(workflow_id: str) -> int:
+            self.runs[workflow_id, "last"] += 1
+            return 3
+
+        @dbos.workflow(name="gated_chain")
+        async def chain(workflow_id: str) -> list[int]:
+            return [await first(workflow_id), await gated(workflow_id), await last(workflow_id)]
+
+        self.chain = chain
+
+
+RESULT = [1, 2, 3]
+
+
+@pytest.mark.parametrize("fault", ["stop", "kill"])
+async def test_a_worker_node_down_pauses_its_keys_only(
+        citus_cluster: CitusCluster, fault: str, chaos_figures: Counter[str]) -> None:
+    cluster = citus_cluster
+    url = cluster.url()
+    await migrate(url, sharding=True)  # the tables distributed: the keys' nodes known
+    keys = await keys_by_worker(cluster, per_worker=3)
+    down, up = cluster.workers
+    down_port = cluster.nodes[down].port
+
+    dbos = new_dbos(url, sharding=True, db_retry_timeout=RETRY_TIMEOUT, connect_timeout=2.0)
+    app = Gated(dbos)
+    client = DBOSClient(system_database_url=url, sharding=True,
+                        db_retry_timeout=RETRY_TIMEOUT, connect_timeout=2.0)
+    async with dbos, client:
+        handles = {}
+        for key in (*keys[down], *keys[up]):
+            with SetShardKey(key), SetWorkflowID(f"chain-{key}"):
+                handles[key] = await dbos.start_workflow(app.chain, f"chain-{key}")
+        watched = await client.retrieve_workflow(f"chain-{keys[down][0]}",
+                                                 shard_key=keys[down][0])
+
+        async def all_at_gate() -> bool:
+            return len(app.at_gate) == len(handles)
+
+        await wait_until(all_at_gate, patience=60, what="every workflow to reach its gate")
+        if fault == "stop":
+            cluster.stop_worker(down)
+        else:
+            cluster.kill_worker(down)
+        chaos_figures["restarts"] += 1
+        app.gate.set()  # the gated steps return: their checkpoints meet the outage
+        waiting = {key: asyncio.ensure_future(handles[key].get_result()) for key in keys[down]}
+
+        # The other worker's keys go on: the started workflows finish, new ones run through.
+        for key in keys[up]:
+            assert await asyncio.wait_for(handles[key].get_result(), 60) == RESULT
+            with SetShardKey(key), SetWorkflowID(f"during-{key}"):
+                assert await asyncio.wait_for(app.chain(f"during-{key}"), 60) == RESULT
+            status = await client.get_workflow_status(f"during-{key}", shard_key=key)
+            assert status is not None and status.status == "SUCCESS"
+
+        # Callers outside workflows touching the stopped worker's keys get a
+        # DatabaseUnavailableError naming the node that does not answer (never a raw driver
+        # error), after db_retry_timeout; so does a listing over every key.
+        key = keys[down][0]
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            lambda: client.get_workflow_status(f"chain-{key}", shard_key=key),
+            lambda: client.send(f"chain-{key}", "hello", "topic", shard_key=key),
+            watched.get_result,
+            client.list_workflows,
+        ]
+        for call in calls:
+            with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{down_port}"):
+                await call()
+            chaos_figures["documented_errors"] += 1
+        with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{down_port}"), \
+                SetShardKey(key), SetWorkflowID(f"refused-{key}"):
+            await dbos.start_workflow(app.chain, f"refused-{key}")
+        chaos_figures["calls_under_faults"] += len(calls) + 1
+        chaos_figures["documented_errors"] += 1
+
+        # The stopped worker's workflows wait at their gated checkpoint; an in-process
+        # handle waits with them.
+        assert not any(task.done() for task in waiting.values())
+        assert not any(app.runs[f"chain-{key}", "last"] for key in keys[down])
+
+        cluster.start_worker(down)
+        for task in waiting.values():
+            assert await asyncio.wait_for(task, 60) == RESULT
+        assert await watched.get_result() == RESULT  # the client's handle, once it answers
+        with SetShardKey(key), SetWorkflowID(f"refused-{key}"):
+            assert await app.chain(f"refused-{key}") == RESULT
+
+    # Every workflow finished, and no step body ran twice.
+    states = await final_states(url)
+    expected = {f"{prefix}-{key}" for prefix in ("chain",) for key in (*keys[down], *keys[up])}
+    expected |= {f"during-{key}" for key in keys[up]} | {f"refused-{keys[down][0]}"}
+    assert {wf: status for wf, (status, _) in states.items()} == dict.fromkeys(expected,
+                                                                               "SUCCESS")
+    assert {run: count for run, count in app.runs.items() if count != 1} == {}
+    assert len(app.runs) == 3 * len(expected)
+    chaos_figures["workflows_checked"] += len(expected)
+    chaos_figures["steps_rerun_after_checkpoint"] += sum(c - 1 for c in app.runs.values())
