@@ -20,6 +20,7 @@ hook is the backstop).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import shutil
 import subprocess
@@ -68,6 +69,45 @@ def citus_library(bindir: Path) -> Path:
     return bindir.parent / "lib" / "citus.so"
 
 
+_templates: dict[Path, Path] = {}
+
+
+def _node_template(binaries: LocalBinaries) -> Path:
+    """The data directory every node starts as (made once per process, removed at its exit):
+    a new cluster holding database :data:`DATABASE`, cleanly shut down. Copying it is much
+    faster than initdb on each node. (The ``citus`` extension is created on each node: it
+    gives each its own server ID, by which Citus tells a node from another.)"""
+    made = _templates.get(binaries.bindir)
+    if made is not None:
+        return made
+    base = binaries.make_dir()
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+    data = base / "node"
+    binaries.initdb(data)
+    port = binaries.start(data, NODE_SETTINGS)
+    try:
+        servers.run_sync(_execute(f"postgresql://postgres@127.0.0.1:{port}/postgres",
+                                  f'CREATE DATABASE "{DATABASE}"'))
+    finally:
+        binaries.stop(data, mode="fast")
+    _templates[binaries.bindir] = data
+    return data
+
+
+async def _execute(url: str, sql: str) -> None:
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """A copy of a stopped cluster's directory, with its owners and modes."""
+    subprocess.run(["cp", "-a", str(source), str(target)], check=True, capture_output=True,
+                   timeout=60)
+
+
 @dataclass
 class Node:
     """One server of the cluster: its Citus group number, data directory and port."""
@@ -94,13 +134,14 @@ class CitusCluster:
             pytest.skip(f"Citus is not installed into the PostgreSQL of "
                         f"{self.binaries.bindir} (no {library}): a private Citus cluster "
                         "needs it")
+        template = _node_template(self.binaries)
         self.base = self.binaries.make_dir()
         self.nodes = [Node(n, self.base / ("coordinator" if n == COORDINATOR else f"worker{n}"))
                       for n in range(workers + 1)]
         atexit.register(self.remove)
         try:
             with ThreadPoolExecutor(len(self.nodes)) as pool:
-                list(pool.map(self._create_node, self.nodes))
+                list(pool.map(lambda node: self._create_node(template, node), self.nodes))
             servers.run_sync(self._form_cluster())
         except BaseException:
             self.remove()
@@ -115,27 +156,18 @@ class CitusCluster:
         """The URL of ``database`` on ``node`` (0: the coordinator)."""
         return f"postgresql://postgres@127.0.0.1:{self.nodes[node].port}/{database}"
 
-    def _create_node(self, node: Node) -> None:
-        self.binaries.initdb(node.data)
+    def _create_node(self, template: Path, node: Node) -> None:
+        _copy_tree(template, node.data)
         self._start(node)
 
     def _start(self, node: Node) -> None:
         node.port = self.binaries.start(node.data, NODE_SETTINGS, port=node.port or None)
 
     async def _form_cluster(self) -> None:
-        """The database with the extension on every node; the coordinator told of itself
-        (holding no shards) and of each worker."""
-        for node in self.nodes:
-            admin = await asyncpg.connect(self.url(node.number, "postgres"), timeout=10)
-            try:
-                await admin.execute(f'CREATE DATABASE "{DATABASE}"')
-            finally:
-                await admin.close()
-            conn = await asyncpg.connect(self.url(node.number), timeout=10)
-            try:
-                await conn.execute("CREATE EXTENSION citus")
-            finally:
-                await conn.close()
+        """The extension on every node; the coordinator told of itself (holding no shards)
+        and of each worker."""
+        await asyncio.gather(*(_execute(self.url(node.number), "CREATE EXTENSION citus")
+                               for node in self.nodes))
         conn = await asyncpg.connect(self.url(), timeout=10)
         try:
             coordinator = self.nodes[COORDINATOR].port
