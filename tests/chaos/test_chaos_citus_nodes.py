@@ -36,10 +36,12 @@ pytestmark = [pytest.mark.chaos, pytest.mark.citus]
 
 RETRY_TIMEOUT = 1.0
 TICK_SECONDS = 0.05
-TICKS_AFTER_MOVE = 3
+TICKS_AFTER = 3
 
-CHECKPOINTS_BY_KEY = ("SELECT shard_key, count(*) AS steps FROM dbos.operation_outputs "
-                      "GROUP BY shard_key")
+CHECKPOINTS = ("SELECT workflow_uuid, count(*) AS steps FROM dbos.operation_outputs "
+               "GROUP BY workflow_uuid")
+CHECKPOINTS_UNDER_KEY = ("SELECT workflow_uuid, count(*) AS steps FROM dbos.operation_outputs "
+                         "WHERE shard_key = $1 GROUP BY workflow_uuid")
 STATUSES = ("SELECT ws.shard_key, ws.workflow_uuid, ws.status, wo.output "
             "FROM dbos.workflow_status ws "
             "LEFT JOIN dbos.workflow_output wo USING (shard_key, workflow_uuid)")
@@ -47,8 +49,23 @@ MOVE_SHARD = ("SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1
               "shard_transfer_mode => $4::citus.shard_transfer_mode)")
 
 
-async def checkpoints_by_key(url: str) -> Counter[str]:
-    return Counter({r["shard_key"]: r["steps"] for r in await fetch(url, CHECKPOINTS_BY_KEY)})
+async def checkpoints(url: str) -> Counter[str]:
+    """How many steps each workflow has checkpointed, by workflow ID."""
+    return Counter({r["workflow_uuid"]: r["steps"] for r in await fetch(url, CHECKPOINTS)})
+
+
+async def checkpoints_under(url: str, keys: list[str]) -> Counter[str]:
+    """:func:`checkpoints` of the workflows under ``keys``, a statement per key: each reads
+    only its key's shard, so it answers while other nodes are down."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        found: Counter[str] = Counter()
+        for key in keys:
+            found.update({r["workflow_uuid"]: r["steps"]
+                          for r in await conn.fetch(CHECKPOINTS_UNDER_KEY, key)})
+        return found
+    finally:
+        await conn.close()
 
 
 async def final_states(url: str) -> dict[str, tuple[str, Any]]:
@@ -69,34 +86,52 @@ async def keys_by_worker(cluster: CitusCluster, per_worker: int) -> dict[int, li
     return found
 
 
-# ---- A shard moved while its keys' workflows run ----
-
 class Tickers:
-    """Workflows that take steps (ticks) until told that the move is over, then
-    :data:`TICKS_AFTER_MOVE` more: their steps are checkpointed before, during and after the
-    move. Whether the move is over is each tick's recorded output, so a replay would take the
-    same ticks; a tick's body counts its runs."""
+    """Workflows that take steps (ticks) until told that the fault is over, then
+    :data:`TICKS_AFTER` more: their steps are checkpointed before, during and after it.
+    Whether it is over is each tick's recorded output, so a replay would take the same ticks;
+    a tick's body counts its runs."""
 
     def __init__(self, dbos: DBOS) -> None:
-        self.moved = asyncio.Event()
+        self.over = asyncio.Event()
         self.runs: Counter[tuple[str, int]] = Counter()
 
         @dbos.step(name="tick")
         async def tick(workflow_id: str, n: int) -> bool:
             self.runs[workflow_id, n] += 1
             await asyncio.sleep(TICK_SECONDS)  # a step's work: keeps the load moderate
-            return self.moved.is_set()
+            return self.over.is_set()
 
         @dbos.workflow(name="ticker")
         async def ticker(workflow_id: str) -> int:
             ticks = after = 0
-            while after < TICKS_AFTER_MOVE:
+            while after < TICKS_AFTER:
                 if await tick(workflow_id, ticks):
                     after += 1
                 ticks += 1
             return ticks
 
         self.ticker = ticker
+
+    async def start(self, dbos: DBOS, keys: list[str]) -> dict[str, Any]:
+        """A ticker under each key, ``ticker-<key>``: their handles by workflow ID."""
+        handles = {}
+        for key in keys:
+            with SetShardKey(key), SetWorkflowID(f"ticker-{key}"):
+                handles[f"ticker-{key}"] = await dbos.start_workflow(self.ticker,
+                                                                     f"ticker-{key}")
+        return handles
+
+    def check(self, results: dict[str, int], recorded: Counter[str]) -> None:
+        """Each ticker's result counts its ticks, every one checkpointed once and run
+        once: no step ran again after its checkpoint, none was lost."""
+        assert results == {workflow_id: recorded[workflow_id] for workflow_id in results}
+        assert {run: count for run, count in self.runs.items() if count != 1} == {}
+        assert sorted(self.runs) == sorted((workflow_id, n) for workflow_id in results
+                                           for n in range(results[workflow_id]))
+
+
+# ---- A shard moved while its keys' workflows run ----
 
 
 @pytest.mark.parametrize("mode", ["force_logical", "block_writes"])
@@ -119,50 +154,44 @@ async def test_a_shard_moved_under_load_loses_and_repeats_nothing(
     dbos = new_dbos(url, sharding=True)
     app = Tickers(dbos)
     async with dbos:
-        handles = {}
-        for key in keys:
-            with SetShardKey(key), SetWorkflowID(f"ticker-{key}"):
-                handles[key] = await dbos.start_workflow(app.ticker, f"ticker-{key}")
+        handles = await app.start(dbos, keys)
 
         async def every_key_ticking() -> bool:
-            done = await checkpoints_by_key(url)
-            return all(done[key] >= 2 for key in keys)
+            done = await checkpoints(url)
+            return all(done[f"ticker-{key}"] >= 2 for key in keys)
 
         await wait_until(every_key_ticking, patience=60, what="every key's ticker to tick")
-        before = await checkpoints_by_key(url)
+        before = await checkpoints(url)
         conn = await asyncpg.connect(url)
         try:
             await conn.execute(MOVE_SHARD, shard, cluster.nodes[source].port,
                                cluster.nodes[target].port, mode)
         finally:
             await conn.close()
-        after = await checkpoints_by_key(url)
-        app.moved.set()
-        results = {key: await asyncio.wait_for(handle.get_result(), 60)
-                   for key, handle in handles.items()}
-        statuses = {key: (await handle.get_status()).status for key, handle in handles.items()}
+        after = await checkpoints(url)
+        app.over.set()
+        results = {wf: await asyncio.wait_for(handle.get_result(), 60)
+                   for wf, handle in handles.items()}
+        statuses = {wf: (await handle.get_status()).status for wf, handle in handles.items()}
 
     # The shard, with every row of its keys, is on the other worker; the rest stayed.
     assert {key: await cluster.node_of(key) for key in keys} == {
         key: target if key in moving else node_of[key] for key in keys}
-    final = await checkpoints_by_key(url)
+    final = await checkpoints(url)
     states = await final_states(url)
-    assert statuses == dict.fromkeys(keys, "SUCCESS")
-    assert {wf: status for wf, (status, _) in states.items()} == {
-        f"ticker-{key}": "SUCCESS" for key in keys}
-    # Each result counts the ticks taken, every one checkpointed once and run once: no step
-    # ran again after its checkpoint, on the moved keys as on the others.
-    assert results == {key: final[key] for key in keys}
-    assert {run: count for run, count in app.runs.items() if count != 1} == {}
-    assert sorted(app.runs) == sorted((f"ticker-{key}", n) for key in keys
-                                      for n in range(results[key]))
+    assert statuses == dict.fromkeys(handles, "SUCCESS")
+    assert {wf: status for wf, (status, _) in states.items()} == dict.fromkeys(handles,
+                                                                               "SUCCESS")
+    app.check(results, final)  # on the moved keys as on the others
     # The move happened mid-workflow: the moved keys had checkpointed steps before it and
     # took more after it. Under logical replication their writes also went on during the copy;
     # the other shards' keys were never held up (they went on during the move either way).
-    assert all(before[key] >= 2 and final[key] > after[key] for key in moving)
+    moved = [f"ticker-{key}" for key in moving]
+    others = [f"ticker-{key}" for key in staying]
+    assert all(before[wf] >= 2 and final[wf] > after[wf] for wf in moved)
     if mode == "force_logical":
-        assert sum(after[key] - before[key] for key in moving) > 0
-    assert sum(after[key] - before[key] for key in staying) > 0
+        assert sum(after[wf] - before[wf] for wf in moved) > 0
+    assert sum(after[wf] - before[wf] for wf in others) > 0
     chaos_figures["workflows_checked"] += len(keys)
     chaos_figures["steps_rerun_after_checkpoint"] += sum(c - 1 for c in app.runs.values())
 
@@ -218,6 +247,7 @@ async def test_a_worker_node_down_pauses_its_keys_only(
 
     dbos = new_dbos(url, sharding=True, db_retry_timeout=RETRY_TIMEOUT, connect_timeout=2.0)
     app = Gated(dbos)
+    tickers = Tickers(dbos)  # busy on every key when the node goes down
     client = DBOSClient(system_database_url=url, sharding=True,
                         db_retry_timeout=RETRY_TIMEOUT, connect_timeout=2.0)
     async with dbos, client:
@@ -225,13 +255,16 @@ async def test_a_worker_node_down_pauses_its_keys_only(
         for key in (*keys[down], *keys[up]):
             with SetShardKey(key), SetWorkflowID(f"chain-{key}"):
                 handles[key] = await dbos.start_workflow(app.chain, f"chain-{key}")
+        ticking = await tickers.start(dbos, [*keys[down], *keys[up]])
         watched = await client.retrieve_workflow(f"chain-{keys[down][0]}",
                                                  shard_key=keys[down][0])
 
-        async def all_at_gate() -> bool:
-            return len(app.at_gate) == len(handles)
+        async def all_busy() -> bool:
+            ticked = await checkpoints(url)
+            return len(app.at_gate) == len(handles) and all(ticked[wf] >= 2 for wf in ticking)
 
-        await wait_until(all_at_gate, patience=60, what="every workflow to reach its gate")
+        await wait_until(all_busy, patience=60,
+                         what="every workflow at its gate and every ticker ticking")
         if fault == "stop":
             cluster.stop_worker(down)
         else:
@@ -240,7 +273,17 @@ async def test_a_worker_node_down_pauses_its_keys_only(
         app.gate.set()  # the gated steps return: their checkpoints meet the outage
         waiting = {key: asyncio.ensure_future(handles[key].get_result()) for key in keys[down]}
 
-        # The other worker's keys go on: the started workflows finish, new ones run through.
+        # The other worker's keys go on: their tickers tick, the started workflows finish,
+        # new ones run through.
+        at_fault = await checkpoints_under(url, keys[up])
+
+        async def up_keys_ticking() -> bool:
+            ticked = await checkpoints_under(url, keys[up])
+            return all(ticked[f"ticker-{key}"] >= at_fault[f"ticker-{key}"] + 2
+                       for key in keys[up])
+
+        await wait_until(up_keys_ticking, patience=60,
+                         what="the tickers of the other worker's keys to go on")
         for key in keys[up]:
             assert await asyncio.wait_for(handles[key].get_result(), 60) == RESULT
             with SetShardKey(key), SetWorkflowID(f"during-{key}"):
@@ -279,14 +322,20 @@ async def test_a_worker_node_down_pauses_its_keys_only(
         assert await watched.get_result() == RESULT  # the client's handle, once it answers
         with SetShardKey(key), SetWorkflowID(f"refused-{key}"):
             assert await app.chain(f"refused-{key}") == RESULT
+        tickers.over.set()
+        ticked = {wf: await asyncio.wait_for(handle.get_result(), 60)
+                  for wf, handle in ticking.items()}
 
     # Every workflow finished, and no step body ran twice.
     states = await final_states(url)
-    expected = {f"{prefix}-{key}" for prefix in ("chain",) for key in (*keys[down], *keys[up])}
-    expected |= {f"during-{key}" for key in keys[up]} | {f"refused-{keys[down][0]}"}
+    chains = {f"chain-{key}" for key in (*keys[down], *keys[up])}
+    chains |= {f"during-{key}" for key in keys[up]} | {f"refused-{keys[down][0]}"}
+    expected = chains | set(ticking)
     assert {wf: status for wf, (status, _) in states.items()} == dict.fromkeys(expected,
                                                                                "SUCCESS")
     assert {run: count for run, count in app.runs.items() if count != 1} == {}
-    assert len(app.runs) == 3 * len(expected)
+    assert len(app.runs) == 3 * len(chains)
+    tickers.check(ticked, await checkpoints(url))
     chaos_figures["workflows_checked"] += len(expected)
-    chaos_figures["steps_rerun_after_checkpoint"] += sum(c - 1 for c in app.runs.values())
+    chaos_figures["steps_rerun_after_checkpoint"] += sum(
+        c - 1 for c in (*app.runs.values(), *tickers.runs.values()))
