@@ -308,8 +308,15 @@ async def test_a_worker_node_down_pauses_its_keys_only(
         with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{down_port}"), \
                 SetShardKey(key), SetWorkflowID(f"refused-{key}"):
             await dbos.start_workflow(app.chain, f"refused-{key}")
-        chaos_figures["calls_under_faults"] += len(calls) + 1
-        chaos_figures["documented_errors"] += 1
+        # Another executor cannot enter meanwhile: entering writes the application version
+        # to a reference table, which every node holds a copy of.
+        late = new_dbos(url, sharding=True, executor_id="late", db_retry_timeout=RETRY_TIMEOUT,
+                        connect_timeout=2.0)
+        with pytest.raises(DatabaseUnavailableError, match=f"127.0.0.1:{down_port}"):
+            async with late:
+                pass
+        chaos_figures["calls_under_faults"] += len(calls) + 2
+        chaos_figures["documented_errors"] += 2
 
         # The stopped worker's workflows wait at their gated checkpoint; an in-process
         # handle waits with them.
@@ -339,3 +346,41 @@ async def test_a_worker_node_down_pauses_its_keys_only(
     chaos_figures["workflows_checked"] += len(expected)
     chaos_figures["steps_rerun_after_checkpoint"] += sum(
         c - 1 for c in (*app.runs.values(), *tickers.runs.values()))
+
+
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=(
+    "known bug: a claim round reads the queue's keys (dequeue_scopes) in one statement over "
+    "every shard, which fails while any worker node is down, so no queued workflow is "
+    "claimed, under any key, until the node is back; and a round ends at the first key "
+    "whose claim fails, leaving the keys after it in that round unclaimed"))
+async def test_queued_workflows_of_a_live_workers_keys_run_while_another_is_down(
+        citus_cluster: CitusCluster) -> None:
+    cluster = citus_cluster
+    url = cluster.url()
+    await migrate(url, sharding=True)
+    keys = await keys_by_worker(cluster, per_worker=2)
+    down, up = cluster.workers
+    dbos = new_dbos(url, sharding=True, db_retry_timeout=RETRY_TIMEOUT, connect_timeout=2.0,
+                    shutdown_grace_period=0.5)
+    queue = dbos.queue("citus_outage_queue", worker_concurrency=4, polling_interval=0.2)
+    app = Gated(dbos)
+    app.gate.set()
+    async with dbos:
+        # The queue has worked under every key before the outage.
+        before = []
+        for key in (*keys[down], *keys[up]):
+            with SetShardKey(key), SetWorkflowID(f"before-{key}"):
+                before.append(await queue.enqueue(app.chain, f"before-{key}"))
+        assert [await handle.get_result() for handle in before] == [RESULT] * len(before)
+        cluster.stop_worker(down)
+        try:
+            during = []
+            for key in keys[up]:
+                with SetShardKey(key), SetWorkflowID(f"during-{key}"):
+                    during.append(await queue.enqueue(app.chain, f"during-{key}"))
+            # Claimed within a polling interval when every node answers: the bound only
+            # stops the wait.
+            for handle in during:
+                assert await asyncio.wait_for(handle.get_result(), 10) == RESULT
+        finally:
+            cluster.start_worker(down)
