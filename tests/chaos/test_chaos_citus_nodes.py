@@ -137,6 +137,12 @@ class Tickers:
 @pytest.mark.parametrize("mode", ["force_logical", "block_writes"])
 async def test_a_shard_moved_under_load_loses_and_repeats_nothing(
         citus_cluster: CitusCluster, mode: str, chaos_figures: Counter[str]) -> None:
+    """A ticker under each of 16 keys; once every one has checkpointed steps, the shard
+    holding the most keys moves to the other worker (Citus moves its co-located shards of
+    every per-workflow table with it), by logical replication or blocking writes. Every
+    workflow ends SUCCESS with its result equal to the steps it checkpointed, each step body
+    ran once, the moved keys took steps before and after the move, and the other keys
+    went on during it."""
     cluster = citus_cluster
     url = cluster.url()
     await migrate(url, sharding=True)  # the tables distributed: the keys' shards known
@@ -174,7 +180,7 @@ async def test_a_shard_moved_under_load_loses_and_repeats_nothing(
                    for wf, handle in handles.items()}
         statuses = {wf: (await handle.get_status()).status for wf, handle in handles.items()}
 
-    # The shard, with every row of its keys, is on the other worker; the rest stayed.
+    # The moved keys are placed on the other worker now; the others stayed where they were.
     assert {key: await cluster.node_of(key) for key in keys} == {
         key: target if key in moving else node_of[key] for key in keys}
     final = await checkpoints(url)
@@ -238,6 +244,14 @@ RESULT = [1, 2, 3]
 @pytest.mark.parametrize("fault", ["stop", "kill"])
 async def test_a_worker_node_down_pauses_its_keys_only(
         citus_cluster: CitusCluster, fault: str, chaos_figures: Counter[str]) -> None:
+    """Three keys on each worker, each with a gated chain and a ticker; once every chain
+    waits at its gate and every ticker ticks, one worker is stopped (``pg_ctl stop -m
+    fast``) or killed (SIGKILL of its postmaster) and the gates open. While it is down the
+    other worker's keys go on (tickers tick, chains finish, new workflows run through), the
+    down worker's workflows wait at their next write (an in-process handle waits with them),
+    and callers outside workflows touching its keys get ``DatabaseUnavailableError`` naming
+    it. Once it is back everything finishes SUCCESS, no step body ran twice, and every
+    ticker's result equals the steps it checkpointed."""
     cluster = citus_cluster
     url = cluster.url()
     await migrate(url, sharding=True)  # the tables distributed: the keys' nodes known
@@ -355,6 +369,8 @@ async def test_a_worker_node_down_pauses_its_keys_only(
     "whose claim fails, leaving the keys after it in that round unclaimed"))
 async def test_queued_workflows_of_a_live_workers_keys_run_while_another_is_down(
         citus_cluster: CitusCluster) -> None:
+    """Queued workflows under the keys of a worker that is up are claimed and run while
+    the other worker is down, as directly started ones are."""
     cluster = citus_cluster
     url = cluster.url()
     await migrate(url, sharding=True)

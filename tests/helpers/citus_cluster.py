@@ -2,9 +2,10 @@
 worker nodes, each a throwaway PostgreSQL server from the machine's own programs.
 
 The shared cluster ``DBOS_TEST_CITUS_URL`` names must not lose a node under other tests, so
-the fault tests build their own: each node is initdb'd in a temporary directory and started
-on a free port of 127.0.0.1 (as the test-server finder's ``local`` branch starts one,
-:class:`dbos_async.testing.servers.LocalBinaries`), with Citus preloaded, prepared
+the fault tests build their own: each node is a copy of one initdb'd cluster (made once per
+process), in a temporary directory, started on a free port of 127.0.0.1 (as the test-server
+finder's ``local`` branch starts one, :class:`dbos_async.testing.servers.LocalBinaries`),
+and started again on the same port after a stop or a kill, with Citus preloaded, prepared
 transactions (Citus commits a transaction over several nodes in two phases), logical WAL
 (a shard move that keeps writes going copies by logical replication), durable commits (an
 acknowledged commit must survive a node's kill -9; fsync stays off: the machine itself does
