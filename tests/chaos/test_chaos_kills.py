@@ -95,10 +95,11 @@ async def test_kill_nine_cycles_lose_nothing_and_rerun_no_checkpointed_step(
 async def test_kill_nine_cycles_on_citus_lose_nothing_and_rerun_no_checkpointed_step(
     citus_cluster: CitusCluster, scale: int, chaos_figures: Counter[str], tmp_path: Path,
 ) -> None:
-    """The same on a sharded system database on Citus, workflows spread over keys on both
-    worker nodes, the workers given the coordinator's URL. A killed process's transactions
-    are over once its sessions are gone from every node (it may have connected to any) and
-    the coordinator has resolved any transaction it left prepared on the workers."""
+    """The same on a sharded system database on Citus, the workflows spread over keys held by
+    both worker nodes, each process given the coordinator's URL. A killed process's
+    transactions are over once its sessions are gone from every node (an executor may
+    connect to any) and the coordinator has resolved any transaction it left prepared on
+    the workers."""
     url = citus_cluster.url()
     await migrate(url, sharding=True)  # the tables distributed: the keys' nodes known
     held_by = {await citus_cluster.node_of(f"tenant-{i}") for i in range(CITUS_KEYS)}
