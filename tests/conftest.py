@@ -29,6 +29,9 @@ Fixtures:
   ``DBOS_TEST_CITUS_URL`` names (a database there with the citus extension), ready for
   distributed tables on the same nodes; dropped after the test. Skipped when the variable is
   unset. Tests using it are marked ``@pytest.mark.citus``.
+- ``cluster``: a private PostgreSQL server the test may stop and start.
+- ``citus_cluster``: a private Citus cluster (a coordinator, two workers) whose nodes the
+  test may stop, start and kill; gated like ``citus_url``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from dbos_async.testing import (
     run_sync,
     with_database,
 )
+from tests.helpers.citus_cluster import CitusCluster
 from tests.helpers.cluster import Cluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -138,9 +142,8 @@ def listen(request: pytest.FixtureRequest) -> bool:
 CITUS_URL_ENV = "DBOS_TEST_CITUS_URL"
 
 
-@pytest.fixture
-def citus_url() -> Iterator[str]:
-    """URL of a new Citus database on the cluster of ``DBOS_TEST_CITUS_URL``, dropped after."""
+def _citus_admin_url() -> str:
+    """``DBOS_TEST_CITUS_URL``: this machine runs the Citus tests; skips the test if unset."""
     admin_url = os.environ.get(CITUS_URL_ENV, "").strip()
     if not admin_url:
         pytest.skip(
@@ -148,6 +151,13 @@ def citus_url() -> Iterator[str]:
             "extension on a Citus coordinator, as a user that may create databases, to run the "
             "Citus tests"
         )
+    return admin_url
+
+
+@pytest.fixture
+def citus_url() -> Iterator[str]:
+    """URL of a new Citus database on the cluster of ``DBOS_TEST_CITUS_URL``, dropped after."""
+    admin_url = _citus_admin_url()
     name = new_database_name()
     try:
         yield run_sync(create_citus_database(admin_url, name))
@@ -160,6 +170,20 @@ def cluster() -> Iterator[Cluster]:
     """A private server of the test's own, which it may stop and start (skipped where the
     machine has no PostgreSQL binaries)."""
     made = Cluster()
+    try:
+        yield made
+    finally:
+        made.remove()
+
+
+@pytest.fixture
+def citus_cluster() -> Iterator[CitusCluster]:
+    """A private Citus cluster of the test's own, a coordinator and two worker nodes, whose
+    nodes it may stop, start and kill (see :mod:`tests.helpers.citus_cluster`). Run where
+    ``DBOS_TEST_CITUS_URL`` says the machine runs the Citus tests (the shared cluster itself
+    is not used: its nodes serve other tests); skipped where the machine has no Citus."""
+    _citus_admin_url()
+    made = CitusCluster()
     try:
         yield made
     finally:

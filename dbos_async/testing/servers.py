@@ -54,7 +54,7 @@ import warnings
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 
@@ -332,11 +332,13 @@ class LocalBinaries:
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         raise RuntimeError(f"pg_ctl start failed: {r.stderr.strip()}\n{tail}")
 
-    def stop(self, data: Path) -> None:
-        """Stop the cluster in ``data`` at once (immediate mode, then SIGKILL), if it runs."""
+    def stop(self, data: Path, mode: Literal["immediate", "fast"] = "immediate") -> None:
+        """Stop the cluster in ``data``, if it runs: at once (``immediate``: no checkpoint,
+        connections cut) or after ending every session and a checkpoint (``fast``); then
+        SIGKILL if it outlived 20 s."""
         pid = postmaster_pid(data)
         if pid is not None:
-            self.run("pg_ctl", "-D", data, "-m", "immediate", "-w", "-t", "20", "stop",
+            self.run("pg_ctl", "-D", data, "-m", mode, "-w", "-t", "20", "stop",
                      cwd=data.parent)
             if pid_alive(pid):
                 with contextlib.suppress(OSError):

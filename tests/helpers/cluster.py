@@ -1,16 +1,64 @@
-"""A private PostgreSQL server that a test stops and starts again on its port (an outage)."""
+"""A private PostgreSQL server that a test stops and starts again on its port (an outage);
+and what the tests' other private servers share to kill one and start it again."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pwd
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from dbos_async.sysdb.embedded import pid_alive
 from dbos_async.testing import servers
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+    return found
+
+
+def _wait_gone(pids: list[int], patience: float = 30.0) -> None:
+    deadline = time.monotonic() + patience
+    while any(pid_alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes {[p for p in pids if pid_alive(p)]} outlived "
+                                 f"{patience}s")
+        time.sleep(0.02)
+
+
+def kill_postmaster(data: Path) -> None:
+    """SIGKILL the postmaster of the cluster in ``data``, as a crash does, and wait until its
+    server processes (which notice their postmaster's death) are gone too."""
+    pid = servers.postmaster_pid(data)
+    assert pid is not None and pid_alive(pid), f"no server runs in {data}"
+    children = _children(pid)
+    os.kill(pid, signal.SIGKILL)
+    _wait_gone([pid, *children])
+
+
+def clear_killed_server(data: Path, socket_dir: Path, port: int) -> None:
+    """Remove the lock files a killed server left in ``data`` and ``socket_dir``, as after a
+    machine's crash, so that it can start again on ``port``: its PID may still exist as a
+    zombie (no init process reaps it here), which would make the new postmaster think the old
+    one still runs."""
+    pid = servers.postmaster_pid(data)
+    if pid is not None and not pid_alive(pid):
+        for lock in (data / "postmaster.pid", socket_dir / f".s.PGSQL.{port}.lock"):
+            lock.unlink(missing_ok=True)
 
 
 class Cluster:

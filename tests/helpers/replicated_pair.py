@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
-import os
 import shutil
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 
-from dbos_async.sysdb.embedded import pid_alive
 from dbos_async.testing import servers
 from dbos_async.testing.servers import LocalBinaries
+from tests.helpers.cluster import clear_killed_server, kill_postmaster
 
 STANDBY_NAME = "standby"
 # Durable commits: an acknowledged commit must survive the primary's death (fsync stays
@@ -54,27 +51,6 @@ def postgres_url(ports: list[int], database: str, form: str = "query") -> str:
     listed = ",".join(str(port) for port in ports)
     return (f"postgresql://postgres@/{database}?host={hosts}&port={listed}"
             "&target_session_attrs=read-write")
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError):
-                stat = (entry / "stat").read_text()
-                if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-    return found
-
-
-def _wait_gone(pids: list[int], patience: float = 30.0) -> None:
-    deadline = time.monotonic() + patience
-    while any(pid_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"processes {[p for p in pids if pid_alive(p)]} outlived "
-                                 f"{patience}s")
-        time.sleep(0.02)
 
 
 @dataclass
@@ -151,11 +127,7 @@ class ReplicatedPair:
     def kill_primary(self) -> None:
         """SIGKILL the primary's postmaster, as a crash does, and wait until its server
         processes (which notice their postmaster's death) are gone too."""
-        pid = servers.postmaster_pid(self.primary_data)
-        assert pid is not None and pid_alive(pid), "the primary is not running"
-        children = _children(pid)
-        os.kill(pid, signal.SIGKILL)
-        _wait_gone([pid, *children])
+        kill_postmaster(self.primary_data)
 
     def promote_standby(self) -> float:
         """``pg_ctl promote`` the standby and wait until it is out of recovery; returns when
@@ -181,14 +153,7 @@ class ReplicatedPair:
         """Start the killed old primary again on its port, as it was: writable, on its old
         timeline, with its stale data. Without a synchronous standby (its own is gone), so
         that writes to it return, as they do once an old primary is back on its own."""
-        # The killed postmaster's lock files are left, as after a machine's crash; its PID
-        # may still exist as a zombie (no init process reaps it here), which would make
-        # the new postmaster think the old one still runs.
-        pid = servers.postmaster_pid(self.primary_data)
-        if pid is not None and not pid_alive(pid):
-            for lock in (self.primary_data / "postmaster.pid",
-                         self.base / f".s.PGSQL.{self.primary_port}.lock"):
-                lock.unlink(missing_ok=True)
+        clear_killed_server(self.primary_data, self.base, self.primary_port)
         self.binaries.start(self.primary_data, [*DURABLE, "synchronous_standby_names=''"],
                             port=self.primary_port)
         servers.run_sync(self._wait_writable(self.primary_port))
