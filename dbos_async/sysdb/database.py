@@ -180,11 +180,12 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
 
-    def _lane(self, shard_key: str | None) -> Hashable:
-        """The group-commit lane of a write under ``shard_key``: one for every key, whose
-        batch goes in one round trip (on Citus, one program per write, see routed; on
-        PostgreSQL one statement per key, see _fetch_per_key)."""
-        return None
+    async def _lane(self, shard_key: str | None) -> Hashable:
+        """The group-commit lane of a write under ``shard_key``: on Citus one per node
+        (the batch goes to the node holding its keys, one program per write, see routed);
+        on PostgreSQL one for every key (one statement per key, see _fetch_per_key). Each
+        batch goes in one round trip."""
+        return await self.node_of(shard_key)
 
     async def close(self) -> None:
         await self._starts.aclose()
@@ -203,7 +204,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         reply was lost.
         """
         if parent is None and wf.deduplication_id is None:
-            return await self._starts.submit((self._lane(wf.shard_key),
+            return await self._starts.submit((await self._lane(wf.shard_key),
                                               self.sql.status_shape(wf)), (wf, creator_xid))
         if parent is not None and (self.routes_single_tables
                                    or (self.sharded and parent.shard_key != wf.shard_key)):
@@ -555,7 +556,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                          started_at_ms, completed_at_ms, child_workflow_id, child_key,
                          serialization)
         key = self.sql.key_hint(workflow_id)
-        if await self._checkpoints.submit(self._lane(key), (key, row)):
+        if await self._checkpoints.submit(await self._lane(key), (key, row)):
             return None
         what = f"checkpointing step {function_id} of {workflow_id}"
         verdict = await self._fetchrow(self.sql.fence_verdict(workflow_id, owner_xid), what)
@@ -604,7 +605,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         status = ERROR if error is not None else SUCCESS
         row = FinalOutcome(workflow_id, status, owner_xid, output, error)
         key = self.sql.key_hint(workflow_id)
-        return await self._outcomes.submit(self._lane(key), (key, row))
+        return await self._outcomes.submit(await self._lane(key), (key, row))
 
     async def _write_outcomes(self, lane: Hashable, rows: Sequence[Keyed[FinalOutcome]]
                               ) -> list[bool | BaseException]:

@@ -21,13 +21,15 @@ transactions of several round trips.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import asyncpg
 
+from dbos_async.sysdb.citus_shards import NodePools, ShardMap
 from dbos_async.sysdb.core import DatabaseCore, PooledConnection
 from dbos_async.sysdb.records import StartResult, workflow_row
 from dbos_async.sysdb.shard_keys import WorkflowAddress, shard_key_scope
@@ -140,18 +142,66 @@ async def _fence(conn: PooledConnection, fence: Query, checkpoint: Query | None
     return {"status": owner["status"], "owned": owner["owned"], "inserted": landed}
 
 
-class RoutedWrites(DatabaseCore):
-    """The routed writes, each with the retry policy of a statement."""
+SHARD_MAP_MAX_AGE = 10.0
+"""How old (seconds) the map of which node holds which key may grow before a write reads it
+again: a shard moved meanwhile is still written correctly through its old node (Citus
+forwards the statements), only less cheaply, until then."""
 
-    def _node_pool(self, shard_key: str | None) -> asyncpg.Pool:
-        """The pool whose server runs the writes of ``shard_key``."""
-        return self.pool
+
+class RoutedWrites(DatabaseCore):
+    """The routed writes, each with the retry policy of a statement, sent to the node that
+    holds the key's shard, so the node the URL names (a coordinator) is off their path."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shard_map: ShardMap | None = None
+        self._node_pools: NodePools | None = None
+        self._shard_map_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        if self._node_pools is not None:
+            await self._node_pools.aclose()
+        await super().close()
+
+    async def _current_shard_map(self) -> ShardMap | None:
+        """The map of which node holds which key, read again once older than
+        :data:`SHARD_MAP_MAX_AGE` (None where the tables are not distributed)."""
+        if not self.routes_single_tables:
+            return None
+        if self._shard_map is not None and self._shard_map.age < SHARD_MAP_MAX_AGE:
+            return self._shard_map
+        async with self._shard_map_lock:
+            if self._shard_map is None or self._shard_map.age >= SHARD_MAP_MAX_AGE:
+                async with self.pool.acquire() as conn:
+                    self._shard_map = await ShardMap.load(conn, self.schema)
+                if self._node_pools is None:
+                    self._node_pools = NodePools(
+                        self.url, size=self._pool_size, connect_timeout=self._connect_timeout,
+                        name=self._connection_name)
+        return self._shard_map
+
+    async def _node_pool(self, shard_key: str | None) -> asyncpg.Pool:
+        """The pool whose server holds ``shard_key``'s shard (the URL's own without one)."""
+        shards = await self._current_shard_map()
+        if shards is None or shard_key is None or self._node_pools is None:
+            return self.pool
+        return await self._node_pools.pool_for(shards.node_of(shard_key))
+
+    async def node_of(self, shard_key: str | None) -> Hashable:
+        """Which node runs ``shard_key``'s writes: one group-commit lane per node."""
+        shards = await self._current_shard_map()
+        return None if shards is None or shard_key is None else shards.node_of(shard_key)
 
     async def _routed(self, shard_key: str | None, program: Program, what: str) -> Results:
         """Run one program in one round trip; what its steps returned."""
         q = self.sql.run_routed(shard_key, encode(program))
-        found = await self._retried(
-            what, lambda: self._node_pool(shard_key).fetchval(q.sql, *q.params))
+
+        async def attempt() -> str:
+            pool = await self._node_pool(shard_key)
+            found: str = await pool.fetchval(q.sql, *q.params)
+            return found
+
+        found = await self._retried(what, attempt)
         results: Results = json.loads(found)
         return results
 
@@ -172,9 +222,13 @@ class RoutedWrites(DatabaseCore):
                                                           writes[i][0][0]))
         q = self.sql.run_routed_many([writes[i][0][1] for i in order],
                                      [encode(writes[i][1]) for i in order])
+
+        async def attempt() -> list[asyncpg.Record]:
+            pool = await self._node_pool(writes[order[0]][0][1])
+            return await pool.fetch(q.sql, *q.params)
+
         try:
-            rows = await self._retried(what, lambda: self._node_pool(
-                writes[order[0]][0][1]).fetch(q.sql, *q.params))
+            rows = await self._retried(what, attempt)
         except asyncpg.PostgresError:
             alone: list[Results | Exception] = []
             for write in writes:
