@@ -5,6 +5,7 @@ while workers hold the rows."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -220,14 +221,27 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         return (f"{first}{await same.get_result()}{await other.get_result()}"
                 f"{await batched.handle.get_result()}{reply}")
 
+    def record(query: str, args: tuple[Any, ...]) -> None:
+        # A routed write is a program of statements run by run_routed on the key's node:
+        # what plans there are its statements.
+        if "run_routed(" in query:
+            programs = args[1] if isinstance(args[1], list) else [args[1]]
+            for program in programs:
+                for step in json.loads(program):
+                    statements.setdefault(step["sql"], tuple(step["args"]))
+            return
+        statements.setdefault(query, args)
+
     async with dbos:
-        pool = dbos.runtime.system_database.pool
-        connections = [await pool.acquire() for _ in range(pool.get_max_size())]
-        for connection in connections:
-            connection.add_query_logger(
-                lambda q: statements.setdefault(q.query, tuple(q.args or ())))
-        for connection in connections:
-            await pool.release(connection)
+        sysdb = dbos.runtime.system_database
+        # The pools of the nodes holding the workload's keys (opened on first use).
+        pools = [sysdb.pool, *{await sysdb._node_pool(key) for key in ("acme", "globex")}]
+        for pool in pools:
+            connections = [await pool.acquire() for _ in range(pool.get_max_size())]
+            for connection in connections:
+                connection.add_query_logger(lambda q: record(q.query, tuple(q.args or ())))
+            for connection in connections:
+                await pool.release(connection)
         with SetShardKey("acme"), SetWorkflowID("peer"):
             peer_handle = await dbos.start_workflow(peer)
         with SetShardKey("acme"), SetWorkflowID("w"):
