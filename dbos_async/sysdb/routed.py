@@ -192,9 +192,16 @@ class RoutedWrites(DatabaseCore):
         shards = await self._current_shard_map()
         return None if shards is None or shard_key is None else shards.node_of(shard_key)
 
+    async def _on_node(self, shard_key: str | None, what: str) -> str:
+        """``what``, naming the Citus node that runs ``shard_key``'s writes (what a caller
+        needs to know when that node is out of reach)."""
+        node = await self.node_of(shard_key)
+        return what if node is None else f"{what} on the Citus node {node}"
+
     async def _routed(self, shard_key: str | None, program: Program, what: str) -> Results:
         """Run one program in one round trip; what its steps returned."""
         q = self.sql.run_routed(shard_key, encode(program))
+        what = await self._on_node(shard_key, what)
 
         async def attempt() -> str:
             pool = await self._node_pool(shard_key)
@@ -227,6 +234,7 @@ class RoutedWrites(DatabaseCore):
             pool = await self._node_pool(writes[order[0]][0][1])
             return await pool.fetch(q.sql, *q.params)
 
+        what = await self._on_node(writes[order[0]][0][1], what)
         try:
             rows = await self._retried(what, attempt)
         except asyncpg.PostgresError:
