@@ -179,6 +179,8 @@ $dbos_fn$;
 -- it returns a row, and whether the write stops unless it returned one whose "go" column, if
 -- it has one, is true (a fence: the workflow is PENDING and owned; a checkpoint that landed).
 -- Returns one element per step run: the row it returned, as JSON, or null.
+-- The parameters go positionally: Citus 13.2 crashed running statements that read them as
+-- subscripts of one array, and when this function was distributed (delegated to a worker).
 CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql
