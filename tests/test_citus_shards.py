@@ -6,18 +6,25 @@ one pool per node."""
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import pytest
-from helpers import unique_name
+from helpers import new_dbos, unique_name
 
+from dbos_async import SetShardKey, SetWorkflowID
 from dbos_async.database_url import Host, parse_database_url
 from dbos_async.errors import ConfigurationError
+from dbos_async.sysdb import routed as routed_writes
 from dbos_async.sysdb.citus_shards import NodePools, ShardInterval, ShardMap, hash_text
 from dbos_async.sysdb.database import SystemDatabase
+from dbos_async.sysdb.routed import SHARD_MOVED, Step, encode
+from dbos_async.sysdb.statements import Query
+from dbos_async.sysdb.statements.sharded import ShardedStatements
 
 # A schema name that must be quoted: capitals, a space, a double quote.
 SCHEMA = 'Tenants "A"'
@@ -254,3 +261,115 @@ async def test_node_pools_one_per_node(cluster: Cluster) -> None:
     assert pools.pools == {}
     with pytest.raises(RuntimeError, match="closed"):
         await pools.pool_for(nodes[0])
+
+
+# ---- Writes that name a shard's tables ----
+
+
+async def move_shard(url: str, shard: ShardInterval, target: Host) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(
+            "SELECT citus_move_shard_placement($1, $2, $3, $4, $5, 'block_writes')",
+            shard.shard_id, shard.node.address, shard.node.port, target.address, target.port)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.citus
+async def test_a_program_naming_a_shard_runs_only_where_the_shard_is(cluster: Cluster) -> None:
+    shards = await load_map(cluster.url)
+    shard = shards.shards[0]
+    [other] = [node for node in cluster.workers if node != shard.node]
+    table = f"{quoted(SCHEMA)}.workflow_status_{shard.shard_id}"
+    count = Step(Query(f"SELECT count(*) AS n FROM {table}"), rows=True)
+    sql = ShardedStatements(quoted(SCHEMA)).run_routed("k", encode([count]), shard.shard_id)
+
+    async def run_on(node: Host) -> Any:
+        conn = await asyncpg.connect(cluster.on(node))
+        try:
+            return await conn.fetchval(sql.sql, *sql.params)
+        finally:
+            await conn.close()
+
+    async def refused_on(node: Host) -> None:
+        with pytest.raises(asyncpg.PostgresError, match="has no placement") as refused:
+            await run_on(node)
+        assert refused.value.sqlstate == SHARD_MOVED
+
+    assert json.loads(await run_on(shard.node)) == [{"n": 0}]
+    await refused_on(other)
+    # Once moved, the old node refuses it (the old table may not be dropped yet) and the
+    # new one runs it.
+    await move_shard(cluster.url, shard, other)
+    await refused_on(shard.node)
+    assert json.loads(await run_on(other)) == [{"n": 0}]
+
+
+@pytest.mark.citus
+async def test_writes_by_a_stale_map_follow_a_moved_shard(citus_url: str,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    # The map is not read again for its age during the test: only a refusal makes it.
+    monkeypatch.setattr(routed_writes, "SHARD_MAP_MAX_AGE", 3600.0)
+    dbos = new_dbos(citus_url, sharding=True)
+
+    @dbos.step(name="double")
+    async def double(n: int) -> int:
+        return 2 * n
+
+    @dbos.workflow(name="twice")
+    async def twice(n: int) -> int:
+        return await double(await double(n))
+
+    async with dbos:
+        sysdb = dbos.runtime.system_database
+        with SetShardKey("tenant-7"):
+            assert await twice(1) == 4
+        stale = sysdb._shard_map
+        assert stale is not None
+        shard = stale.shard_of("tenant-7")
+        [target] = [node for node in stale.nodes() if node != shard.node]
+        await move_shard(citus_url, shard, target)
+        # The first program goes to the old node by the stale map; that node refuses it,
+        # and it is sent again by a map read anew.
+        with SetShardKey("tenant-7"), SetWorkflowID("after-move"):
+            assert await twice(2) == 8
+        assert sysdb._shard_map is not stale
+        assert await sysdb.node_of("tenant-7") == target
+        steps = await dbos.list_workflow_steps("after-move", shard_key="tenant-7")
+        assert [s.name for s in steps] == ["double", "double"]
+
+
+@pytest.mark.citus
+async def test_a_role_not_owning_the_tables_writes_on_the_distributed_ones(citus_url: str
+                                                                          ) -> None:
+    owner = new_dbos(citus_url, sharding=True)
+    async with owner:  # migrates the schema as its owner
+        pass
+    role = unique_name("writer")
+    conn = await asyncpg.connect(citus_url)
+    try:
+        await conn.execute(f"CREATE ROLE {role} LOGIN")
+        await conn.execute(f"GRANT USAGE ON SCHEMA dbos TO {role}")
+        await conn.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA dbos TO {role}")
+    finally:
+        await conn.close()
+    as_role = citus_url.replace("postgresql://postgres@", f"postgresql://{role}@")
+    assert role in as_role
+    dbos = new_dbos(as_role, sharding=True)
+
+    @dbos.step(name="double")
+    async def double(n: int) -> int:
+        return 2 * n
+
+    @dbos.workflow(name="twice")
+    async def twice(n: int) -> int:
+        return await double(await double(n))
+
+    async with dbos:
+        with SetShardKey("tenant-9"), SetWorkflowID("by-writer"):
+            assert await twice(3) == 12
+        assert not dbos.runtime.system_database._writes_on_shards
+        steps = await dbos.list_workflow_steps("by-writer", shard_key="tenant-9")
+        assert [s.name for s in steps] == ["double", "double"]

@@ -96,10 +96,11 @@ async def key_on(url: str, node_url: str) -> str:
 
 
 async def listener_pids(node_url: str, name: str) -> set[int]:
-    """The server processes of the connections named ``name`` on ``node_url``'s node (on a
-    node other than its own, a process holds only its listener there)."""
-    rows = await fetch(node_url, "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
-                       name)
+    """The server processes of the listener connections named ``name`` on ``node_url``'s
+    node: those whose last statement is a listener's (LISTEN, or its health check), as a
+    process may also have a pool there (reads over every node, such as a queue's keys)."""
+    rows = await fetch(node_url, "SELECT pid FROM pg_stat_activity WHERE application_name = $1"
+                       " AND (query LIKE 'LISTEN %' OR query = 'SELECT 1')", name)
     return {row["pid"] for row in rows}
 
 

@@ -83,6 +83,7 @@ async def test_many_programs_run_in_one_statement_in_order(db: asyncpg.Connectio
     sql = ShardedStatements('"dbos"').run_routed_many(
         ["x", "y", "z"],
         [encode([Step(insert(k, i, None, None, i, returning=True), rows=True)])
-         for i, k in enumerate("xyz")])
+         for i, k in enumerate("xyz")],
+        [None, None, None])
     rows = await db.fetch(sql.sql, *sql.params)
     assert [json.loads(r["r"])[0]["k"] for r in rows] == ["x", "y", "z"]

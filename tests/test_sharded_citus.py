@@ -31,6 +31,9 @@ PER_WORKFLOW_TABLES = {
     "workflow_events_history",
     "streams",
 }
+SHARD_TABLE = re.compile(r'("dbos"\.[a-z_]+?)_(\d+)\b')
+"""A shard's table in a statement: the distributed table's name and the shard's ID."""
+
 GLOBAL_TABLES = {"queues", "application_versions", "workflow_schedules", "event_dispatch_kv"}
 
 
@@ -173,12 +176,19 @@ INSERT = re.compile(r"^\s*INSERT\b", re.I)
 TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|LISTEN|UNLISTEN)\b", re.I)
 
 
-async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]:
+async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, ...]]],
+                                                      list[tuple[int, set[int], int]],
+                                                      set[str]]:
     """Run workflows under keys through every family of operations, recording each distinct
-    statement the executor's pool sends, with its first arguments."""
+    statement the executor's pools send on the distributed tables, with its first
+    arguments; each program sent to name a shard's tables: that shard, the shards its
+    statements name, and the port of the node it was sent to; and those programs'
+    statements as on the distributed tables (whitespace collapsed)."""
     dbos = new_dbos(url, sharding=True)
     queue = dbos.queue("jobs", concurrency=2, worker_concurrency=2)
     statements: dict[str, tuple[Any, ...]] = {}
+    on_shards: list[tuple[int, set[int], int]] = []
+    shard_statements: set[str] = set()
 
 
     @dbos.step(name="note")
@@ -221,15 +231,27 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         return (f"{first}{await same.get_result()}{await other.get_result()}"
                 f"{await batched.handle.get_result()}{reply}")
 
-    def record(query: str, args: tuple[Any, ...]) -> None:
+    def record(query: str, args: tuple[Any, ...], port: int) -> None:
         # A routed write is a program of statements run by run_routed on the key's node:
-        # what plans there are its statements.
+        # what plans there are its statements. A program naming a shard's own tables (plain
+        # tables on that node) is recorded apart: its shard, the shards its statements
+        # name, the node it went to, and its statements as on the distributed tables.
         if "run_routed(" in query:
-            programs = args[1] if isinstance(args[1], list) else [args[1]]
-            for program in programs:
-                for step in json.loads(program):
-                    statements.setdefault(step["sql"], tuple(step["args"]))
+            many = isinstance(args[1], list)
+            programs, shards = (args[1], args[2]) if many else ([args[1]], [args[2]])
+            for program, shard in zip(programs, shards, strict=True):
+                steps = json.loads(program)
+                if shard is None:
+                    for step in steps:
+                        statements.setdefault(step["sql"], tuple(step["args"]))
+                    continue
+                named = {int(m[2]) for step in steps for m in SHARD_TABLE.finditer(step["sql"])}
+                on_shards.append((int(shard), named, port))
+                shard_statements.update(" ".join(SHARD_TABLE.sub(r"\1", step["sql"]).split())
+                                        for step in steps)
             return
+        if SHARD_TABLE.search(query):
+            return  # a read of each node's own shards, over every key by design
         statements.setdefault(query, args)
 
     async with dbos:
@@ -239,7 +261,8 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         for pool in pools:
             connections = [await pool.acquire() for _ in range(pool.get_max_size())]
             for connection in connections:
-                connection.add_query_logger(lambda q: record(q.query, tuple(q.args or ())))
+                connection.add_query_logger(
+                    lambda q: record(q.query, tuple(q.args or ()), q.conn_addr[1]))
             for connection in connections:
                 await pool.release(connection)
         with SetShardKey("acme"), SetWorkflowID("peer"):
@@ -270,11 +293,11 @@ async def representative_workload(url: str) -> list[tuple[str, tuple[Any, ...]]]
         await dbos.list_workflow_steps("w", shard_key="acme")
         await dbos.get_all_events("w", shard_key="acme")
         await dbos.delete_workflow("blocked", shard_key="acme")
-    return list(statements.items())
+    return list(statements.items()), on_shards, shard_statements
 
 
 async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
-    statements = await representative_workload(citus_url)
+    statements, on_shards, shard_statements = await representative_workload(citus_url)
     conn = await asyncpg.connect(citus_url)
     try:
         workers = {f"port={r['nodeport']}" for r in await conn.fetch(
@@ -308,15 +331,26 @@ async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
             assert "pull to coordinator" not in plan, ("not one router task", text, plan)
             routed.append(text)
         assert per_key >= 25, per_key
-        # The hot statements are among them: the step checkpoint, the claim, an outside send,
-        # the fork's copies, and the parts of the multi-table writes (a start's row and
-        # inputs, the outcome, an event with its history, a stream value, recv's consume).
+        # The programs sent to name a shard's tables name only the shards of that shard's
+        # interval (one key's, co-located), and went to the node holding it.
+        assert len(on_shards) >= 10, on_shards
+        for shard, named, port in on_shards:
+            assert shard in named and {ranges[i] for i in named} == {ranges[shard]}, named
+            placed = await conn.fetchval(
+                "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n"
+                " USING (groupid) WHERE p.shardid = $1", shard)
+            assert placed == port, (shard, placed, port)
+        # The hot statements are among them or ran on a shard's own tables: the step
+        # checkpoint, the claim, an outside send, the fork's copies, and the parts of the
+        # multi-table writes (a start's row and inputs, the outcome, an event with its
+        # history, a stream value, recv's consume).
+        written = routed + sorted(shard_statements)
         for table in ("operation_outputs", "notifications", "streams", "workflow_status",
                       "workflow_input", "workflow_output", "workflow_events",
                       "workflow_events_history"):
-            assert any(s.startswith(f'INSERT INTO "dbos".{table}') for s in routed), table
+            assert any(f'INSERT INTO "dbos".{table}' in s for s in written), table
         for shape in ('UPDATE "dbos".workflow_status ws', 'UPDATE "dbos".workflow_status SET',
                       'UPDATE "dbos".notifications n SET consumed'):
-            assert any(s.startswith(shape) for s in routed), shape
+            assert any(shape in s for s in written), shape
     finally:
         await conn.close()

@@ -121,12 +121,14 @@ _INT4_MAX = 2**31 - 1
 @dataclass(frozen=True)
 class ShardInterval:
     """One shard of ``workflow_status``: the keys whose :func:`hash_text` lies in
-    ``[min_hash, max_hash]``, and the node holding it."""
+    ``[min_hash, max_hash]``, the node holding it, and the shard of the same interval of each
+    table co-located with it (``colocated``: table name and shard ID, its own among them)."""
 
     shard_id: int
     min_hash: int
     max_hash: int
     node: Host
+    colocated: tuple[tuple[str, int], ...] = ()
 
 
 class ShardMap:
@@ -176,7 +178,9 @@ class ShardMap:
                 f"Shards {unplaced} of {schema}.workflow_status have no active placement on "
                 "an active primary node of the Citus cluster")
         return cls((ShardInterval(row["shard_id"], row["min_hash"], row["max_hash"],
-                                  Host(row["node_host"], row["node_port"])) for row in rows),
+                                  Host(row["node_host"], row["node_port"]),
+                                  tuple(zip(row["tables"], row["shards"], strict=True)))
+                    for row in rows),
                    loaded_at)
 
     @property

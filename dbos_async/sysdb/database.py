@@ -180,6 +180,17 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
 
+
+    async def dequeue_scopes(self, queue_name: str) -> list[str]:
+        """The shard keys with ENQUEUED work on the queue (sharded databases). On Citus,
+        read from each node's own shards, so a node out of reach hides only its own keys
+        (see :meth:`~dbos_async.sysdb.routed.RoutedWrites._read_each_node`)."""
+        if not self.routes_single_tables:
+            return await super().dequeue_scopes(queue_name)
+        rows = await self._read_each_node(
+            lambda shard_ids: self.sql.dequeue_scopes_on_shards(queue_name, shard_ids),
+            "reading dequeue scopes")
+        return [row["shard_key"] for row in rows]
     async def _lane(self, shard_key: str | None) -> Hashable:
         """The group-commit lane of a write under ``shard_key``: on Citus one per node
         (the batch goes to the node holding its keys, one program per write, see routed);
@@ -991,13 +1002,29 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         rows = await self._fetch(self.sql.get_all_events(workflow_id), "reading events")
         return [(row["key"], row["value"], row["serialization"]) for row in rows]
 
-    async def _write_stream(self, query: Query, workflow_id: str, key: str
-                            ) -> asyncpg.Record | None:
+    async def _write_stream(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
+                            function_id: int, function_name: str | None) -> Row | None:
+        """A stream write; with ``function_name``, the workflow's own, recorded."""
+        if self.routes_single_tables:
+            at = now_ms()
+
+            def write() -> Awaitable[Row | None]:
+                return self._write_stream_routed(workflow_id, owner_xid, key, value,
+                                                 function_id, function_name, at)
+        else:
+            query = (self.sql.write_stream_recorded(workflow_id, function_id, function_name,
+                                                    owner_xid, key, value, now_ms())
+                     if function_name is not None else
+                     self.sql.write_stream_fenced(workflow_id, owner_xid, key, value,
+                                                  function_id))
+
+            def write() -> Awaitable[Row | None]:
+                return self._fetchrow(query, f"writing stream {key!r} of {workflow_id}")
         # Two writers can derive the same next offset; the loser fails the primary key (the
         # whole statement rolls back) and simply runs again.
         for _ in range(100):
             try:
-                return await self._fetchrow(query, f"writing stream {key!r} of {workflow_id}")
+                return await write()
             except asyncpg.UniqueViolationError:
                 await asyncio.sleep(0)
         raise RuntimeError(f"Could not append to stream {key!r} of {workflow_id}")
@@ -1005,24 +1032,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     async def write_stream_recorded(self, workflow_id: str, function_id: int,
                                     function_name: str, owner_xid: str, key: str, value: Payload
                                     ) -> StepRecord | None:
-        row: Row | None
-        if self.routes_single_tables:
-            row = await self._write_stream_routed(workflow_id, owner_xid, key, value,
-                                                  function_id, function_name, now_ms())
-        else:
-            query = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
-                                                   owner_xid, key, value, now_ms())
-            row = await self._write_stream(query, workflow_id, key)
+        row = await self._write_stream(workflow_id, owner_xid, key, value, function_id,
+                                       function_name)
         return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
 
     async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
                                   function_id: int = 0) -> None:
-        if self.routes_single_tables:
-            self._check_fence(await self._write_stream_routed(
-                workflow_id, owner_xid, key, value, function_id, None, now_ms()), workflow_id)
-            return
-        query = self.sql.write_stream_fenced(workflow_id, owner_xid, key, value, function_id)
-        self._check_fence(await self._write_stream(query, workflow_id, key), workflow_id)
+        self._check_fence(await self._write_stream(workflow_id, owner_xid, key, value,
+                                                   function_id, None), workflow_id)
 
     async def read_stream_value(self, workflow_id: str, key: str, offset: int
                                 ) -> tuple[str | None, str | None, str | None, bool]:

@@ -10,26 +10,38 @@ database function ``run_routed`` runs in one transaction, stopping at the first 
 does not pass (see sql/sharded/0125_03_functions.sql). The writes of several workflows go
 as one statement of several programs (group commit).
 
+Each program is sent to the node holding its key's shard, naming that shard's tables rather
+than the distributed ones: there they run as plain PostgreSQL statements, a fraction of the
+cost of Citus's distributed planning and execution, under the same shard lock a distributed
+write takes. A program sent by a stale map to a node that no longer holds the shard writes
+nothing and fails (:data:`SHARD_MOVED`); the map is read again and the program sent again.
+
 The semantics are the one statement's: the fence (this execution owns the PENDING workflow)
 is checked first, under the status row's lock held to commit; a workflow's own write lands
 only with its checkpoint, so a retry after a lost reply or a replay writes nothing twice and
 finds the record; and each returns the verdict the statement returns (``status``,
 ``owned``, ``inserted``), which the callers in :mod:`dbos_async.sysdb.database` read alike.
-A stream write and recv read a value before they write (an offset, the message) and stay
-transactions of several round trips.
+A stream write and recv read a value before they write (an offset, the message): on a
+shard's own tables each is the one statement plain PostgreSQL runs, and only where the
+distributed tables must be written are they transactions of several round trips.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import logging
+import re
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 
-from dbos_async.sysdb.citus_shards import NodePools, ShardMap
+from dbos_async.database_url import Host
+from dbos_async.errors import DatabaseUnavailableError
+from dbos_async.sysdb.citus_shards import NodePools, ShardInterval, ShardMap
 from dbos_async.sysdb.core import DatabaseCore, PooledConnection
 from dbos_async.sysdb.records import StartResult, workflow_row
 from dbos_async.sysdb.shard_keys import WorkflowAddress, shard_key_scope
@@ -43,6 +55,10 @@ from dbos_async.sysdb.statements import (
     Query,
     WorkflowRef,
 )
+
+T = TypeVar("T")
+
+logger = logging.getLogger("dbos_async")
 
 Row: TypeAlias = "asyncpg.Record | Mapping[str, Any]"
 """A row as the one statement returns it, or as a transaction of single-table statements
@@ -101,6 +117,32 @@ def encode(program: Program) -> str:
                         "rows": step.rows, "gate": step.gate} for step in program])
 
 
+@functools.lru_cache(maxsize=4096)
+def _shard_sql(sql: str, schema: str, colocated: tuple[tuple[str, int], ...]) -> str:
+    """``sql`` naming, for each of ``schema``'s distributed tables, its shard of
+    ``colocated`` (``<table>_<shard>``, as Citus names a shard's table)."""
+    tables = "|".join(re.escape(table) for table, _ in colocated)
+    shards = dict(colocated)
+    return re.sub(rf"{re.escape(schema)}\.({tables})\b",
+                  lambda m: f"{schema}.{m[1]}_{shards[m[1]]}", sql)
+
+
+def _on_shard(program: Program, schema: str, shard: ShardInterval) -> Program:
+    """``program``'s statements on ``shard``'s tables (see :func:`_shard_sql`)."""
+    return [Step(Query(_shard_sql(step.query.sql, schema, shard.colocated), step.query.params),
+                 step.rows, step.gate) for step in program]
+
+
+SHARD_MOVED = "DBS01"
+"""The SQLSTATE with which ``run_routed`` refuses to write a shard whose only placement is
+not on the node it runs on: the shard moved or split since the map was read."""
+
+SHARD_ATTEMPTS = 3
+"""How many times a program follows its shard to a node that turns out not to hold it any
+more (each time after reading the map again) before it is sent as statements on the
+distributed tables, which Citus routes itself."""
+
+
 def _passed(row: Mapping[str, Any] | None) -> bool:
     return row is not None and row.get("go", True) is not False
 
@@ -157,21 +199,33 @@ class RoutedWrites(DatabaseCore):
         self._shard_map: ShardMap | None = None
         self._node_pools: NodePools | None = None
         self._shard_map_lock = asyncio.Lock()
+        # Whether writes name a shard's own tables (see run_routed); off for a role that
+        # may not take a shard's lock.
+        self._writes_on_shards = True
+        # The nodes a read of every node could not reach, each warned about once.
+        self._unreached_nodes: set[Host] = set()
 
     async def close(self) -> None:
         if self._node_pools is not None:
             await self._node_pools.aclose()
         await super().close()
 
-    async def _current_shard_map(self) -> ShardMap | None:
+    def _fresh(self, stale: ShardMap | None) -> bool:
+        """Whether the current map may serve: read, not older than :data:`SHARD_MAP_MAX_AGE`,
+        and not the map ``stale`` that a program found wrong."""
+        shards = self._shard_map
+        return shards is not None and shards is not stale and shards.age < SHARD_MAP_MAX_AGE
+
+    async def _current_shard_map(self, stale: ShardMap | None = None) -> ShardMap | None:
         """The map of which node holds which key, read again once older than
-        :data:`SHARD_MAP_MAX_AGE` (None where the tables are not distributed)."""
+        :data:`SHARD_MAP_MAX_AGE` or found wrong (``stale``); None where the tables are not
+        distributed."""
         if not self.routes_single_tables:
             return None
-        if self._shard_map is not None and self._shard_map.age < SHARD_MAP_MAX_AGE:
+        if self._fresh(stale):
             return self._shard_map
         async with self._shard_map_lock:
-            if self._shard_map is None or self._shard_map.age >= SHARD_MAP_MAX_AGE:
+            if not self._fresh(stale):
                 async with self.pool.acquire() as conn:
                     self._shard_map = await ShardMap.load(conn, self.schema)
                 if self._node_pools is None:
@@ -198,45 +252,141 @@ class RoutedWrites(DatabaseCore):
         node = await self.node_of(shard_key)
         return what if node is None else f"{what} on the Citus node {node}"
 
+    async def _read_each_node(self, statement: Callable[[Sequence[int]], Query], what: str
+                              ) -> list[asyncpg.Record]:
+        """The rows of ``statement`` over each node's own shards of ``workflow_status``
+        (given their IDs), run on every node at once, each read once. A node out of reach
+        is left out, with a warning: its keys cannot be worked on meanwhile, and the
+        others' can. When a node no longer holds a shard of the map (moved), the map is
+        read again and every node read again."""
+        stale: ShardMap | None = None
+        for attempt in range(1, SHARD_ATTEMPTS + 1):
+            shards = await self._current_shard_map(stale)
+            assert shards is not None
+            by_node: dict[Host, list[int]] = {}
+            for shard in shards.shards:
+                by_node.setdefault(shard.node, []).append(shard.shard_id)
+            found = await asyncio.gather(*(self._read_node(node, statement(ids), what)
+                                           for node, ids in by_node.items()))
+            errors = [error for error in found if isinstance(error, Exception)]
+            moved = [error for error in errors if isinstance(error, asyncpg.UndefinedTableError)]
+            if moved and len(moved) == len(errors) and attempt < SHARD_ATTEMPTS:
+                stale = shards
+                continue
+            if errors:
+                raise errors[0]
+            return [row for rows in found if not isinstance(rows, Exception) for row in rows]
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    async def _read_node(self, node: Host, query: Query, what: str
+                         ) -> list[asyncpg.Record] | Exception:
+        """``query`` run once on ``node``: its rows, none if the node is out of reach, or
+        the error that ended it (returned, so every node's read ends before one raises)."""
+        assert self._node_pools is not None
+        on_node = f"{what} on the Citus node {node}"
+        try:
+            pool = await self._node_pools.pool_for(node)
+            rows = await self._once(on_node, lambda: pool.fetch(query.sql, *query.params))
+        except DatabaseUnavailableError as error:
+            if node not in self._unreached_nodes:  # once until it answers again
+                self._unreached_nodes.add(node)
+                logger.warning("%s failed; its keys are left out until it answers: %s",
+                               on_node, error)
+            return []
+        except Exception as error:
+            return error
+        if node in self._unreached_nodes:
+            self._unreached_nodes.discard(node)
+            logger.info("The Citus node %s answers again", node)
+        return rows
+
+    async def _placed(self, shard_key: str | None, stale: ShardMap | None = None
+                      ) -> tuple[ShardMap | None, ShardInterval | None]:
+        """The current map and ``shard_key``'s shard in it (None: not Citus, no key)."""
+        shards = await self._current_shard_map(stale)
+        if shards is None or shard_key is None:
+            return shards, None
+        return shards, shards.shard_of(shard_key)
+
+    async def _on_shards(self, shard_keys: Sequence[str | None],
+                         send: Callable[[asyncpg.Pool, list[ShardInterval | None]],
+                                        Awaitable[T]]) -> T:
+        """``send`` to the node of the first key, given each key's shard to name; again
+        with a map read anew when the node no longer holds one of them (see
+        :data:`SHARD_ATTEMPTS`), and last with no shards, on the distributed tables. A
+        role that may not take a shard's lock (not the tables' owner) writes on the
+        distributed tables from then on."""
+        stale: ShardMap | None = None
+        for _ in range(SHARD_ATTEMPTS if self._writes_on_shards else 0):
+            placed = [await self._placed(key, stale) for key in shard_keys]
+            shards = placed[0][0]
+            try:
+                return await send(await self._node_pool(shard_keys[0]),
+                                  [shard for _, shard in placed])
+            except asyncpg.InsufficientPrivilegeError as error:
+                logger.warning("Writing on the Citus shards' own tables is refused (%s); "
+                               "writing on the distributed tables instead", error)
+                self._writes_on_shards = False
+                break
+            except asyncpg.PostgresError as error:
+                if error.sqlstate != SHARD_MOVED:
+                    raise
+                stale = shards
+        return await send(await self._node_pool(shard_keys[0]), [None] * len(shard_keys))
+
+    def _program_on(self, program: Program, shard: ShardInterval | None) -> str:
+        """``program`` as ``run_routed`` reads it, naming ``shard``'s tables if given."""
+        return encode(program if shard is None else _on_shard(program, self.sql.schema, shard))
+
     async def _routed(self, shard_key: str | None, program: Program, what: str) -> Results:
         """Run one program in one round trip; what its steps returned."""
-        q = self.sql.run_routed(shard_key, encode(program))
         what = await self._on_node(shard_key, what)
 
-        async def attempt() -> str:
-            pool = await self._node_pool(shard_key)
+        async def send(pool: asyncpg.Pool, shards: list[ShardInterval | None]) -> str:
+            shard = shards[0]
+            q = self.sql.run_routed(shard_key, self._program_on(program, shard),
+                                    None if shard is None else shard.shard_id)
             found: str = await pool.fetchval(q.sql, *q.params)
             return found
 
-        found = await self._retried(what, attempt)
+        found = await self._retried(what, lambda: self._on_shards([shard_key], send))
         results: Results = json.loads(found)
         return results
 
     async def _routed_many(self, writes: Sequence[tuple[WorkflowRef, Program]], what: str
                            ) -> list[Results | Exception]:
         """Run the programs of several workflows (group commit) in one round trip and one
-        transaction, in the order of their workflows, so two such transactions lock status
-        rows in one order and cannot deadlock. A transaction the database refuses is run
-        again program by program, so one bad write fails alone. What each program's steps
-        returned, or the error that ended it."""
+        transaction, in the order of their shards, keys and workflows, so two such
+        transactions lock shards and status rows in one order and cannot deadlock. A
+        transaction the database refuses is run again program by program, so one bad write
+        fails alone. What each program's steps returned, or the error that ended it."""
         if len(writes) == 1:
             (_, key), program = writes[0]
             try:
                 return [await self._routed(key, program, what)]
             except Exception as error:
                 return [error]
-        order = sorted(range(len(writes)), key=lambda i: (writes[i][0][1] or "",
-                                                          writes[i][0][0]))
-        q = self.sql.run_routed_many([writes[i][0][1] for i in order],
-                                     [encode(writes[i][1]) for i in order])
+        shards = await self._current_shard_map()
 
-        async def attempt() -> list[asyncpg.Record]:
-            pool = await self._node_pool(writes[order[0]][0][1])
+        def position(i: int) -> tuple[int, str, str]:
+            (workflow_id, key), _ = writes[i]
+            shard = -1 if shards is None or key is None else shards.shard_of(key).shard_id
+            return shard, key or "", workflow_id
+
+        order = sorted(range(len(writes)), key=position)
+        keys = [writes[i][0][1] for i in order]
+
+        async def send(pool: asyncpg.Pool, placed: list[ShardInterval | None]
+                       ) -> list[asyncpg.Record]:
+            q = self.sql.run_routed_many(
+                keys, [self._program_on(writes[i][1], shard)
+                       for i, shard in zip(order, placed, strict=True)],
+                [None if shard is None else shard.shard_id for shard in placed])
             return await pool.fetch(q.sql, *q.params)
 
-        what = await self._on_node(writes[order[0]][0][1], what)
+        what = await self._on_node(keys[0], what)
         try:
-            rows = await self._retried(what, attempt)
+            rows = await self._retried(what, lambda: self._on_shards(keys, send))
         except asyncpg.PostgresError:
             alone: list[Results | Exception] = []
             for write in writes:
@@ -303,21 +453,48 @@ class RoutedWrites(DatabaseCore):
         assert row is not None, "an insert ... on conflict do update returns its row"
         return StartResult(workflow_row(row), row["creator_xid"] == creator_xid)
 
+    async def _whole_on_shard(self, workflow_id: str, whole: Query, what: str,
+                              transaction: Callable[[], Awaitable[Row | None]]
+                              ) -> Row | None:
+        """A write that reads before it writes, in one round trip on the key's shard:
+        ``whole``, the one statement plain PostgreSQL runs for it, which a shard's own
+        tables take as they are. Where no shard can be named, ``transaction``: the same
+        write on the distributed tables, as single-table statements, in several."""
+        shard_key = self.sql.key_hint(workflow_id)
+
+        async def send(pool: asyncpg.Pool, shards: list[ShardInterval | None]) -> Row | None:
+            shard = shards[0]
+            if shard is None:
+                return await transaction()
+            q = self.sql.run_routed(shard_key, self._program_on([Step(whole, rows=True)], shard),
+                                    shard.shard_id)
+            [row] = json.loads(await pool.fetchval(q.sql, *q.params))
+            return row  # type: ignore[no-any-return]
+
+        what = await self._on_node(shard_key, what)
+        return await self._retried(what, lambda: self._on_shards([shard_key], send))
+
     async def _write_stream_routed(self, workflow_id: str, owner_xid: str, key: str,
                                    value: Payload, function_id: int,
                                    function_name: str | None, now_ms: int
                                    ) -> Row | None:
-        """A stream write, a transaction: its offset is read first (Citus refuses the
-        subquery in VALUES), free while the status row lock is held, which every writer of
-        the workflow's streams takes first. With ``function_name``, the workflow's own
-        write, recorded."""
+        """A stream write (see :meth:`_whole_on_shard`); with ``function_name``, the
+        workflow's own write, recorded. On the distributed tables its offset is read
+        first (Citus refuses the subquery in VALUES), free while the status row lock is
+        held, which every writer of the workflow's streams takes first."""
         fence = self.sql.lock_owner(workflow_id, owner_xid)
         offset = self.sql.next_stream_offset(workflow_id, key)
-        checkpoint = (self.sql.insert_checkpoint(workflow_id, function_id, function_name,
-                                                 now_ms)
-                      if function_name is not None else None)
+        checkpoint = whole = None
+        if function_name is not None:
+            checkpoint = self.sql.insert_checkpoint(workflow_id, function_id, function_name,
+                                                    now_ms)
+            whole = self.sql.write_stream_recorded(workflow_id, function_id, function_name,
+                                                   owner_xid, key, value, now_ms)
+        else:
+            whole = self.sql.write_stream_fenced(workflow_id, owner_xid, key, value,
+                                                 function_id)
 
-        async def attempt() -> Row | None:
+        async def transaction() -> Row | None:
             async with self.locking_transaction() as conn:
                 verdict = await _fence(conn, fence, checkpoint)
                 if verdict is not None and verdict["inserted"]:
@@ -326,7 +503,8 @@ class RoutedWrites(DatabaseCore):
                                                             function_id, at))
                 return verdict
 
-        return await self._retried(f"writing stream {key!r} of {workflow_id}", attempt)
+        return await self._whole_on_shard(
+            workflow_id, whole, f"writing stream {key!r} of {workflow_id}", transaction)
 
     async def _send_fenced_routed(self, workflow_id: str, owner_xid: str, message: Query
                                   ) -> Row | None:
@@ -337,14 +515,16 @@ class RoutedWrites(DatabaseCore):
     async def _consume_message_routed(self, workflow_id: str, function_id: int,
                                       owner_xid: str, topic: str, now_ms: int
                                       ) -> Row | None:
-        """recv's consuming write: the oldest message, its checkpoint (carrying it), then
-        the message marked consumed; nothing consumed if the step is recorded already
-        (``recorded``: a retry whose first reply was lost)."""
+        """recv's consuming write (see :meth:`_whole_on_shard`). On the distributed tables:
+        the oldest message, its checkpoint (carrying it), then the message marked consumed;
+        nothing consumed if the step is recorded already (``recorded``: a retry whose first
+        reply was lost)."""
         fence = self.sql.lock_owner(workflow_id, owner_xid)
         oldest = self.sql.oldest_message(workflow_id, topic)
         recorded = self.sql.get_checkpoint(workflow_id, function_id)
+        whole = self.sql.consume_message(workflow_id, function_id, owner_xid, topic, now_ms)
 
-        async def attempt() -> Row | None:
+        async def transaction() -> Row | None:
             async with self.locking_transaction() as conn:
                 fenced = await _fence(conn, fence, None)
                 if fenced is None or not fenced["inserted"]:
@@ -364,7 +544,8 @@ class RoutedWrites(DatabaseCore):
                 found = await conn.fetchrow(recorded.sql, *recorded.params)
                 return {**verdict, "recorded": found is not None}
 
-        return await self._retried(f"receiving for {workflow_id}", attempt)
+        return await self._whole_on_shard(workflow_id, whole, f"receiving for {workflow_id}",
+                                          transaction)
 
     def _message_batches(self, groups: Mapping[str | None, Sequence[OutgoingMessage]]
                          ) -> list[Query]:

@@ -181,7 +181,17 @@ $dbos_fn$;
 -- Returns one element per step run: the row it returned, as JSON, or null.
 -- The parameters go positionally: Citus 13.2 crashed running statements that read them as
 -- subscripts of one array, and when this function was distributed (delegated to a worker).
-CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb)
+--
+-- With shard (Citus only), the statements name that shard's tables on this node rather than
+-- the distributed tables: they run as plain PostgreSQL statements, without the distributed
+-- planner and executor Citus runs for each statement on a distributed table (most of a
+-- routed write's cost there). They are as safe as the distributed ones because they take the
+-- same lock first: a distributed write holds its shard's metadata lock in share mode to
+-- commit, and a shard move or split takes it exclusively, on every node, before it changes
+-- the placement. The placement is then read in a new snapshot, after the lock: if the shard's
+-- only placement is not on this node (moved, split, or kept in several copies), nothing is
+-- written and the call fails with SQLSTATE DBS01, for the caller to look the key up again.
+CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb, shard bigint DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog
@@ -194,6 +204,15 @@ DECLARE
     result   jsonb;
     results  jsonb := '[]'::jsonb;
 BEGIN
+    IF shard IS NOT NULL THEN
+        -- ShareLock (5), to commit: no move or split of the shard commits until this write has.
+        PERFORM lock_shard_metadata(5, ARRAY[shard]);
+        IF (SELECT array_agg(p.groupid) FROM pg_dist_placement p WHERE p.shardid = shard)
+           IS DISTINCT FROM ARRAY[(SELECT g.groupid FROM pg_dist_local_group g)] THEN
+            RAISE EXCEPTION 'run_routed: shard % has no placement of its own on this node', shard
+                USING ERRCODE = 'DBS01';
+        END IF;
+    END IF;
     FOR step IN SELECT value FROM jsonb_array_elements(steps) LOOP
         args := ARRAY(SELECT jsonb_array_elements_text(step -> 'args'));
         result := NULL;

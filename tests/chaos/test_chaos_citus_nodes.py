@@ -362,11 +362,6 @@ async def test_a_worker_node_down_pauses_its_keys_only(
         c - 1 for c in (*app.runs.values(), *tickers.runs.values()))
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=(
-    "known bug: a claim round reads the queue's keys (dequeue_scopes) in one statement over "
-    "every shard, which fails while any worker node is down, so no queued workflow is "
-    "claimed, under any key, until the node is back; and a round ends at the first key "
-    "whose claim fails, leaving the keys after it in that round unclaimed"))
 async def test_queued_workflows_of_a_live_workers_keys_run_while_another_is_down(
         citus_cluster: CitusCluster) -> None:
     """Queued workflows under the keys of a worker that is up are claimed and run while

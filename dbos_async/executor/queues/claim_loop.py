@@ -25,6 +25,7 @@ import time
 import asyncpg
 
 from dbos_async.errors import (
+    DatabaseUnavailableError,
     DBOSError,
     ExecutorIdLostError,
     SerializationError,
@@ -154,16 +155,28 @@ class ClaimLoop:
         return started, retry_at, spent
 
     async def _claim_in(self, scopes: list[str | None]) -> tuple[int, int | None, bool]:
+        """Claim in each scope in turn. A key whose node is out of reach does not stop the
+        round: the keys after it are claimed, and its error is raised (for the loop to
+        report and wait) only if nothing started."""
         started = 0
         retry_at: int | None = None
         spent = False
+        unreachable: DatabaseUnavailableError | None = None
         for scope in scopes:
-            with shard_key_scope(scope):
-                count, at, limited = await self._claim_scope()
+            try:
+                with shard_key_scope(scope):
+                    count, at, limited = await self._claim_scope()
+            except DatabaseUnavailableError as error:
+                if scope is None:
+                    raise
+                unreachable = unreachable or error
+                continue
             started += count
             spent = spent or limited
             if at is not None:
                 retry_at = at if retry_at is None else min(retry_at, at)
+        if unreachable is not None and not started:
+            raise unreachable
         return started, retry_at, spent
 
     async def _scopes(self) -> list[str | None]:

@@ -19,7 +19,9 @@ SHARD_PLACEMENTS = f"""SELECT s.shardid AS shard_id,
        s.shardminvalue::integer AS min_hash,
        s.shardmaxvalue::integer AS max_hash,
        placed.nodename AS node_host,
-       placed.nodeport AS node_port
+       placed.nodeport AS node_port,
+       colocated.tables,
+       colocated.shards
 FROM pg_catalog.pg_dist_partition t
 JOIN pg_catalog.pg_dist_shard s ON s.logicalrelid = t.logicalrelid
 LEFT JOIN LATERAL (
@@ -31,6 +33,16 @@ LEFT JOIN LATERAL (
       AND n.isactive AND n.noderole = 'primary'
     ORDER BY n.groupid
     LIMIT 1) placed ON true
+CROSS JOIN LATERAL (
+    SELECT array_agg(c.relname::text ORDER BY c.relname) AS tables,
+           array_agg(cs.shardid ORDER BY c.relname) AS shards
+    FROM pg_catalog.pg_dist_partition cp
+    JOIN pg_catalog.pg_class c ON c.oid = cp.logicalrelid
+    JOIN pg_catalog.pg_dist_shard cs ON cs.logicalrelid = cp.logicalrelid
+    WHERE cp.colocationid = t.colocationid
+      AND c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class
+                            WHERE oid = t.logicalrelid)
+      AND cs.shardminvalue = s.shardminvalue) colocated
 WHERE t.logicalrelid = to_regclass({WORKFLOW_STATUS})
   AND t.partmethod = 'h'
 ORDER BY min_hash"""
@@ -39,8 +51,10 @@ co-located with it, so its placements are theirs): each shard's hash interval an
 its active placement (shard state 1; a placement left to be deleted, or on a disabled or
 secondary node, is not one). With a replication factor above 1 a shard has several such
 placements; the one of the lowest group is taken, any of them reaching the shard. A shard with
-none has NULL for its node. No rows: the table is missing or not hash-distributed (see
-:data:`SHARDED_TABLE`)."""
+none has NULL for its node. With each shard, the shards of the same interval of every table of
+the schema co-located with it (``tables``, ``shards``: its own among them), whose names
+``<table>_<shard>`` its statements can name on that node. No rows: the table is missing or
+not hash-distributed (see :data:`SHARDED_TABLE`)."""
 
 SHARDED_TABLE = f"""SELECT to_regclass({WORKFLOW_STATUS}) IS NOT NULL AS table_exists,
        (SELECT t.partmethod::text FROM pg_catalog.pg_dist_partition t

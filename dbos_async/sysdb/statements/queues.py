@@ -445,6 +445,20 @@ class QueueStatements(StatementBase):
             p.values,
         )
 
+    def dequeue_scopes_on_shards(self, queue_name: str, shard_ids: Sequence[int]) -> Query:
+        """:meth:`dequeue_scopes` over the given shards of ``workflow_status`` on a Citus
+        node, named as that node's own tables (``workflow_status_<shard>``): a plain
+        statement on that node alone, so one node out of reach does not hide the keys of
+        the others. Each shard's part reads its index as the distributed statement's does.
+        """
+        p = Params()
+        enqueued = (f"queue_name = {p(queue_name)} AND status = {p(ENQUEUED)} "
+                    f"AND {self.own_scope(None, p)}")
+        parts = " UNION ".join(
+            f"SELECT DISTINCT shard_key FROM {self.table('workflow_status')}_{shard_id} "
+            f"WHERE {enqueued}" for shard_id in shard_ids)
+        return Query(parts, p.values)
+
     def queue_partitions(self, queue_name: str, cap: int) -> Query:
         """The distinct partition keys with ENQUEUED workflows, at most ``cap`` of them."""
         p = Params()

@@ -37,22 +37,27 @@ class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):
         key), where the multi-table writes run as transactions of these statements."""
         return Query("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
 
-    def run_routed(self, shard_key: str | None, steps: str) -> Query:
+    def run_routed(self, shard_key: str | None, steps: str, shard: int | None = None
+                   ) -> Query:
         """One write of single-table statements on one key (``steps``, as the JSON
         ``run_routed`` reads), run by that function in one round trip: the rows its steps
-        returned, as JSON."""
+        returned, as JSON. With ``shard``, the statements name that shard's tables on the
+        node run at (see the function on why that is safe)."""
         p = Params()
         return Query(f"SELECT {self.table('run_routed')}({p(shard_key, 'text')}, "
-                     f"{p(steps, 'text')}::jsonb)", p.values)
+                     f"{p(steps, 'text')}::jsonb, {p(shard, 'bigint')})", p.values)
 
-    def run_routed_many(self, shard_keys: Sequence[str | None], steps: Sequence[str]) -> Query:
+    def run_routed_many(self, shard_keys: Sequence[str | None], steps: Sequence[str],
+                        shards: Sequence[int | None]) -> Query:
         """:meth:`run_routed` for the writes of several workflows (of any keys), in one
         statement, one transaction: each write's results, in order."""
         p = Params()
         return Query(
             f"""SELECT r FROM unnest({p(list(shard_keys), 'text[]')},
-                                     {p(list(steps), 'text[]')}) WITH ORDINALITY AS w(k, s, n)
-                CROSS JOIN LATERAL {self.table('run_routed')}(w.k, w.s::jsonb) AS r
+                                     {p(list(steps), 'text[]')},
+                                     {p.array(shards, 'bigint')}) WITH ORDINALITY
+                                 AS w(k, s, shard, n)
+                CROSS JOIN LATERAL {self.table('run_routed')}(w.k, w.s::jsonb, w.shard) AS r
                 ORDER BY w.n""",
             p.values,
         )

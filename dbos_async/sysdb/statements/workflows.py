@@ -180,11 +180,11 @@ class WorkflowStatements(StatementBase):
         p = Params()
         values = self._status_columns(wf, creator_xid, parent_shard_key)
         return Query(
-            f"""INSERT INTO {self.table('workflow_status')} ({', '.join(values)})
+            f"""INSERT INTO {self.table('workflow_status')} AS existing ({', '.join(values)})
                 VALUES ({', '.join(p(v, self.STATUS_CASTS.get(k, "text"))
                                    for k, v in values.items())})
                 ON CONFLICT ({self.key_conflict('workflow_uuid')})
-                  DO UPDATE SET creator_xid = workflow_status.creator_xid
+                  DO UPDATE SET creator_xid = existing.creator_xid
                 RETURNING {_STARTED_COLUMNS}{self.key_columns()},
                           creator_xid IS NOT DISTINCT FROM {p(creator_xid, 'text')} AS go""",
             p.values,
