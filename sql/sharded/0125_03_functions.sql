@@ -191,10 +191,14 @@ $dbos_fn$;
 -- the placement. The placement is then read in a new snapshot, after the lock: if the shard's
 -- only placement is not on this node (moved, split, or kept in several copies), nothing is
 -- written and the call fails with SQLSTATE DBS01, for the caller to look the key up again.
-CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb, shard bigint DEFAULT NULL)
+CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb, shard bigint DEFAULT NULL,
+                                      prepared_here text[] DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog
+-- Each prepared statement writes or reads one key's rows by primary key: its generic plan is
+-- as good as any, and planning it anew for every call cost a third of its run.
+SET plan_cache_mode = force_generic_plan
 AS $dbos_fn$
 DECLARE
     step     jsonb;
@@ -203,6 +207,8 @@ DECLARE
     counted  bigint;
     result   jsonb;
     results  jsonb := '[]'::jsonb;
+    prepared text;
+    run      text;
 BEGIN
     IF shard IS NOT NULL THEN
         -- ShareLock (5), to commit: no move or split of the shard commits until this write has.
@@ -216,7 +222,38 @@ BEGIN
     FOR step IN SELECT value FROM jsonb_array_elements(steps) LOOP
         args := ARRAY(SELECT jsonb_array_elements_text(step -> 'args'));
         result := NULL;
-        IF (step ->> 'rows')::boolean THEN
+        counted := 0;
+        IF shard IS NOT NULL THEN
+            -- On a shard's own tables each statement is prepared once per session and run by
+            -- name, so its plan is kept, as a client's prepared statement's is (planning
+            -- was most of a statement's cost here). Its parameters are texts, passed as
+            -- literals that read back as the same texts.
+            -- Which are prepared already is read once a call (reading it costs as much as
+            -- a statement), or given by the caller; one prepared since is looked up alone.
+            IF prepared_here IS NULL THEN
+                prepared_here := ARRAY(SELECT s.name FROM pg_prepared_statements s
+                                       WHERE s.name LIKE 'dbos\_routed\_%');
+            END IF;
+            prepared := 'dbos_routed_' || md5(step ->> 'sql');
+            IF NOT prepared = ANY (prepared_here)
+               AND NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = prepared) THEN
+                EXECUTE format('PREPARE %I%s AS %s', prepared,
+                               (SELECT coalesce('(' || string_agg('text', ',') || ')', '')
+                                FROM unnest(args)),
+                               step ->> 'sql');
+                prepared_here := prepared_here || prepared;
+            END IF;
+            run := format('EXECUTE %I%s', prepared,
+                          (SELECT coalesce('(' || string_agg(quote_nullable(a), ',' ORDER BY i)
+                                           || ')', '')
+                           FROM unnest(args) WITH ORDINALITY AS u(a, i)));
+            IF (step ->> 'rows')::boolean THEN
+                EXECUTE run INTO returned;
+                GET DIAGNOSTICS counted = ROW_COUNT;
+            ELSE
+                EXECUTE run;
+            END IF;
+        ELSIF (step ->> 'rows')::boolean THEN
             EXECUTE step ->> 'sql' INTO returned USING
                 args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
                 args[9], args[10], args[11], args[12], args[13], args[14], args[15], args[16],
@@ -225,9 +262,6 @@ BEGIN
                 args[33], args[34], args[35], args[36], args[37], args[38], args[39], args[40],
                 args[41], args[42], args[43], args[44], args[45], args[46], args[47], args[48];
             GET DIAGNOSTICS counted = ROW_COUNT;
-            IF counted > 0 THEN
-                result := to_jsonb(returned);
-            END IF;
         ELSE
             EXECUTE step ->> 'sql' USING
                 args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
@@ -236,6 +270,9 @@ BEGIN
                 args[25], args[26], args[27], args[28], args[29], args[30], args[31], args[32],
                 args[33], args[34], args[35], args[36], args[37], args[38], args[39], args[40],
                 args[41], args[42], args[43], args[44], args[45], args[46], args[47], args[48];
+        END IF;
+        IF counted > 0 THEN
+            result := to_jsonb(returned);
         END IF;
         results := results || jsonb_build_array(result);
         IF (step ->> 'gate')::boolean

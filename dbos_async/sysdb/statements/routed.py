@@ -52,12 +52,18 @@ class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):
         """:meth:`run_routed` for the writes of several workflows (of any keys), in one
         statement, one transaction: each write's results, in order."""
         p = Params()
+        # The session's prepared statements are read once for the whole batch (reading
+        # them costs as much as a statement) and given to each call.
         return Query(
-            f"""SELECT r FROM unnest({p(list(shard_keys), 'text[]')},
+            rf"""SELECT r FROM unnest({p(list(shard_keys), 'text[]')},
                                      {p(list(steps), 'text[]')},
                                      {p.array(shards, 'bigint')}) WITH ORDINALITY
                                  AS w(k, s, shard, n)
-                CROSS JOIN LATERAL {self.table('run_routed')}(w.k, w.s::jsonb, w.shard) AS r
+                CROSS JOIN (SELECT coalesce(array_agg(name::text), '{{}}') AS names
+                            FROM pg_prepared_statements
+                            WHERE name LIKE 'dbos\_routed\_%') AS here
+                CROSS JOIN LATERAL {self.table('run_routed')}(w.k, w.s::jsonb, w.shard,
+                                                               here.names) AS r
                 ORDER BY w.n""",
             p.values,
         )
