@@ -6,72 +6,25 @@ the first divergence, running no step body and writing nothing to the database."
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
-from helpers import fetch, new_dbos
+from helpers import fetch, wait_for_steps
+from helpers.order_versions import App, app
 
-from dbos_async import DBOS, DBOSClient, SetWorkflowID
+from dbos_async import DBOSClient, SetWorkflowID
 from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.replay import Divergence, ReplayResult
+from dbos_async.testing import replay_check
 
-VARIANTS = ("recorded", "same", "reordered", "renamed", "patched", "unpatched",
-            "added_after_last", "fewer_calls")
-
-
-@dataclass
-class App:
-    dbos: DBOS
-    order: Callable[[int, bool], Awaitable[int]]
-    ran: Counter[str]  # step bodies run, by name
-
-
-def app(url: str, variant: str) -> App:
-    """The order workflow as one version of the code has it (``variant``)."""
-    dbos = new_dbos(url, shutdown_grace_period=0.0)
-    ran: Counter[str] = Counter()
-
-    def step(name: str):  # type: ignore[no-untyped-def]
-        @dbos.step(name=name)
-        async def body(x: int) -> int:
-            ran[name] += 1
-            return x + 1
-
-        return body
-
-    reserve, charge, ship, ship_v2, audit = (
-        step(n) for n in ("reserve", "charge", "ship", "ship_v2", "audit"))
-
-    @dbos.workflow(name="child")
-    async def child(x: int) -> int:
-        return x * 2
-
-    @dbos.workflow(name="order")
-    async def order(x: int, wait: bool) -> int:
-        if variant == "reordered":
-            x = await reserve(await charge(x))
-        else:
-            x = await reserve(x)
-            x = await charge(x)
-        await dbos.set_event("charged", x)
-        x = await child(x)
-        await dbos.sleep(0.01)
-        if variant == "added_after_last":
-            x = await audit(x)
-        if wait:
-            reply = await dbos.recv("go", timeout=None)
-            x += int(reply)
-        if variant in ("renamed", "unpatched"):
-            x = await ship_v2(x)
-        elif variant == "patched":
-            x = await (ship_v2(x) if await dbos.patch("new-shipper") else ship(x))
-        elif variant != "fewer_calls":
-            x = await ship(x)
-        return x
-
-    return App(dbos, order, ran)
+CLI = str(Path(sys.executable).with_name("dbos-async"))
+TESTS = Path(__file__).parent
+APPLICATION = "helpers.order_versions:dbos"
 
 
 @dataclass
@@ -92,9 +45,7 @@ async def recorded(database_url: str) -> AsyncIterator[Recorded]:
             assert await first.order(1, False) == 7
         with SetWorkflowID("running"):
             await first.dbos.start_workflow(first.order, 1, True)
-        await first.dbos.get_event("running", "charged", timeout=10)
-        while len(await first.dbos.list_workflow_steps("running")) < 5:
-            await asyncio.sleep(0.01)
+        await wait_for_steps(database_url, "running", 5)  # up to its sleep; then recv
     async with DBOSClient(database_url, pool_size=2) as client:
         exported = {w.workflow_id: w async for w in client.export_workflows()}
     children = [w for w in exported.values() if w.status["name"] == "child"]
@@ -152,3 +103,106 @@ async def test_step_added_after_the_last_checkpoint(recorded: Recorded) -> None:
 async def test_fewer_calls_diverges_at_the_end(recorded: Recorded) -> None:
     finished, _, _ = await check(recorded, "fewer_calls")
     assert finished.divergence == Divergence(5, "ship", None)
+
+
+async def test_the_testing_function_reads_a_database_or_a_file(recorded: Recorded,
+                                                               tmp_path: Path) -> None:
+    new = app(recorded.url, "renamed")
+    async with DBOSClient(recorded.url, pool_size=2) as client:
+        from_db = await replay_check(new.dbos, client=client, name=["order"])
+        only_pending = await replay_check(new.dbos, client=client, status=["PENDING"])
+    assert [(r.workflow_id, r.passed) for r in from_db] == [("finished", False),
+                                                            ("running", True)]
+    assert [r.workflow_id for r in only_pending] == ["running"]
+    export = tmp_path / "workflows.jsonl"
+    export.write_text(recorded.finished.to_json() + "\n\n" + recorded.running.to_json())
+    from_file = await replay_check(new.dbos, path=export)
+    # The child's outcome is not in the file: the check stops where the body awaits it.
+    assert [r.passed for r in from_file] == [True, True]
+    assert all("is not recorded" in (r.stopped or "") for r in from_file)
+    assert all(r.checked_steps == 4 for r in from_file)  # up to the child start, at 3
+
+
+async def written_state(url: str) -> dict[str, str]:
+    """Every system table's rows with their versions (xmin, ctid): a write of any kind,
+    even one that changes no value, changes it."""
+    tables = [r["tablename"] for r in await fetch(
+        url, "SELECT tablename FROM pg_tables WHERE schemaname = 'dbos'")]
+    state = {}
+    for table in tables:
+        state[table] = (await fetch(url, f"""
+            SELECT count(*) AS n, md5(coalesce(string_agg(
+                t.xmin::text || t.ctid::text || t::text, ',' ORDER BY t.ctid), '')) AS digest
+            FROM dbos."{table}" t"""))[0]["digest"]
+    return state
+
+
+def run_replay(*args: str, variant: str, url: str,
+               version: str = "test-version-1") -> subprocess.CompletedProcess[str]:
+    """``dbos-async replay`` of the ``variant`` code (imported from this directory)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DBOS_")}
+    env.update(ORDER_URL=url, ORDER_VARIANT=variant, ORDER_VERSION=version)
+    return subprocess.run([CLI, "replay", APPLICATION, *args], capture_output=True,
+                          text=True, timeout=120, cwd=TESTS, env=env, check=False)
+
+
+async def test_cli_on_an_export_file(recorded: Recorded, tmp_path: Path) -> None:
+    export = tmp_path / "workflows.jsonl"
+    export.write_text("".join(w.to_json() + "\n" for w in
+                              (recorded.finished, recorded.running, *recorded.children)))
+    same = await asyncio.to_thread(run_replay, "--file", str(export), variant="same",
+                                   url=recorded.url)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "OK       finished (order, SUCCESS): 6 of 6 checkpoints replayed" in same.stdout
+    assert "4 of 4 workflow(s) replay" in same.stdout  # with the two children
+    renamed = await asyncio.to_thread(run_replay, "--file", str(export), variant="renamed",
+                                      url=recorded.url)
+    assert renamed.returncode == 1, renamed.stdout + renamed.stderr
+    assert ("DIVERGES finished (order, SUCCESS): step 5: recorded ship, new code calls "
+            "ship_v2") in renamed.stdout
+    assert "OK       running (order, PENDING)" in renamed.stdout
+    refused = await asyncio.to_thread(run_replay, "--file", str(export), "--status",
+                                      "PENDING", variant="same", url=recorded.url)
+    assert refused.returncode == 2 and "--file takes no filters" in refused.stderr
+
+
+async def test_cli_on_a_live_database_writes_nothing(recorded: Recorded) -> None:
+    before = await written_state(recorded.url)
+    reordered = await asyncio.to_thread(run_replay, "--url", recorded.url, "--name", "order",
+                                        variant="reordered", url=recorded.url)
+    assert reordered.returncode == 1, reordered.stdout + reordered.stderr
+    assert ("DIVERGES finished (order, SUCCESS): step 0: recorded reserve, new code calls "
+            "charge") in reordered.stdout
+    assert "0 of 2 workflow(s) replay" in reordered.stdout
+    same = await asyncio.to_thread(run_replay, "--url", recorded.url, variant="same",
+                                   url=recorded.url)
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert await written_state(recorded.url) == before
+
+
+async def test_cli_moves_waiting_workflows_once_they_replay(recorded: Recorded) -> None:
+    """The running workflow of version 1 waits for an executor of its version; the new
+    code (version 2) is checked against it and it is moved to version 2, which runs it."""
+    url = recorded.url
+    diverging = await asyncio.to_thread(run_replay, "--url", url, "--move", variant="reordered",
+                                        url=url, version="v2")
+    assert diverging.returncode == 1 and "Moved nothing" in diverging.stdout
+    [row] = await fetch(url, "SELECT status, application_version FROM dbos.workflow_status "
+                             "WHERE workflow_uuid = 'running'")
+    assert (row["status"], row["application_version"]) == ("PENDING", "test-version-1")
+
+    moved = await asyncio.to_thread(run_replay, "--url", url, "--move", variant="patched",
+                                    url=url, version="v2")
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert "Moved 1 workflow(s) to version v2: running" in moved.stdout
+    [row] = await fetch(url, "SELECT status, application_version FROM dbos.workflow_status "
+                             "WHERE workflow_uuid = 'running'")
+    assert (row["status"], row["application_version"]) == ("ENQUEUED", "v2")
+
+    new = app(url, "patched", application_version="v2")
+    async with new.dbos:
+        handle = await new.dbos.retrieve_workflow("running")
+        await new.dbos.send("running", "100", "go")
+        # Recorded steps replayed; the message and the new shipper (patched in) ran.
+        assert await handle.get_result() == 7 + 100
+        assert new.ran == {"ship_v2": 1}

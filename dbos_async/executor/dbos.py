@@ -294,7 +294,7 @@ class DBOS(Operator):
 
     async def replay_workflows(self, workflows: Iterable[ExportedWorkflow], *,
                                children: Iterable[ExportedWorkflow] = (),
-                               timeout: float = 10.0) -> list[ReplayResult]:  # noqa: ASYNC109
+                               time_limit: float = 10.0) -> list[ReplayResult]:
         """Check that this application's code, as it is now, replays recorded workflows:
         run each body against its checkpoints, running no step and writing nothing, and
         report whether it makes the recorded calls in the same order (see
@@ -306,17 +306,17 @@ class DBOS(Operator):
             children: more recorded workflows whose outcomes the checked ones' children
                 may need (the checked ones count too); a child whose outcome is recorded
                 in neither ends its parent's check where the parent awaits it.
-            timeout: seconds each body gets (one awaiting something unrecorded).
+            time_limit: seconds each body gets (one awaiting something unrecorded).
 
         Returns:
             One :class:`ReplayResult` per workflow, in order.
         """
-        check_seconds(timeout, "replay timeout", optional=False, positive=True)
+        check_seconds(time_limit, "replay time_limit", optional=False, positive=True)
         checked = list(workflows)
         outcomes = {w.workflow_id: replay.outcome_of(w) for w in (*children, *checked)}
         runtime = replay.ReplayRuntime(self.config, self._registry, self.application_version,
                                        outcomes)
-        return [await replay.replay_workflow(runtime, w, timeout) for w in checked]
+        return [await replay.replay_workflow(runtime, w, time_limit) for w in checked]
 
     # ---- Messages, events, streams and durable sleep (send, get_event: see Operator) ----
 

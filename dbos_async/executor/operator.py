@@ -271,24 +271,33 @@ class Operator(ScheduleOperator):
     # ---- Resume, fork and rewind ----
 
     async def resume_workflow(self, workflow_id: str, queue: str | Queue | None = None, *,
-                              shard_key: str | None = None) -> WorkflowHandle[Any]:
+                              shard_key: str | None = None,
+                              application_version: str | None = None) -> WorkflowHandle[Any]:
         """Continue a cancelled, dead-lettered or stuck workflow from its last checkpoint:
         it is re-enqueued on ``queue`` (default: the internal queue every executor
         serves), with its recovery attempts and deadline reset. Resuming a SUCCESS or
         ERROR workflow changes nothing (its handle returns the recorded outcome); an
-        unknown ID raises :class:`NonExistentWorkflowError`."""
-        [handle] = await self.resume_workflows([workflow_id], queue, shard_key=shard_key)
+        unknown ID raises :class:`NonExistentWorkflowError`.
+
+        ``application_version`` names the version whose executors may run it (default:
+        the one it has): give the current one to move a workflow an old version's deploy
+        left waiting, once the replay check passes (see "Application versions")."""
+        [handle] = await self.resume_workflows([workflow_id], queue, shard_key=shard_key,
+                                               application_version=application_version)
         return handle
 
     async def resume_workflows(self, workflow_ids: Sequence[str],
                                queue: str | Queue | None = None, *,
-                               shard_key: str | None = None) -> list[WorkflowHandle[Any]]:
-        """Resume several workflows (under ``shard_key``) in one transaction (all or, if one
-        is unknown, none)."""
+                               shard_key: str | None = None,
+                               application_version: str | None = None
+                               ) -> list[WorkflowHandle[Any]]:
+        """Resume several workflows (under ``shard_key``; under ``application_version``,
+        if given) in one transaction (all or, if one is unknown, none)."""
         ids = list(workflow_ids)
         check_lookup(_queue_name(queue), "queue name")
+        check_identifier(application_version, "application_version", optional=True)
         with bind_shard_keys(dict.fromkeys(ids, shard_key)):
-            await control.resume(self._peer(), ids, _queue_name(queue))
+            await control.resume(self._peer(), ids, _queue_name(queue), application_version)
         return [await self._handle(workflow_id, shard_key) for workflow_id in ids]
 
     async def fork_workflow(

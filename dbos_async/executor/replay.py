@@ -165,9 +165,9 @@ def _inputs(workflow: ExportedWorkflow) -> str | None:
 
 
 async def replay_workflow(runtime: ReplayRuntime, workflow: ExportedWorkflow,
-                          timeout: float) -> ReplayResult:  # noqa: ASYNC109
+                          time_limit: float) -> ReplayResult:
     """Check one recorded workflow against the code registered in ``runtime``; its body
-    gets ``timeout`` seconds (a body awaiting something no checkpoint resolves)."""
+    gets ``time_limit`` seconds (a body awaiting something no checkpoint resolves)."""
     status = workflow.status
     checkpoints = _checkpoints(workflow)
     result = _Result(workflow, len(checkpoints))
@@ -189,14 +189,14 @@ async def replay_workflow(runtime: ReplayRuntime, workflow: ExportedWorkflow,
                                     status["authenticated_roles"], status["assumed_role"]),
         serialization, replaying=True)
     try:
-        with anyio.fail_after(timeout), running_workflow(ctx):
+        with anyio.fail_after(time_limit), running_workflow(ctx):
             await info.fn(*args, **kwargs)
     except BaseException as raised:
         stop = _replay_stop(raised)
         if stop is None:
             if isinstance(raised, TimeoutError):
                 return result(checked=ctx.next_step_id, error=(
-                    f"its body did not finish in {timeout:g} s without running anything"))
+                    f"its body did not finish in {time_limit:g} s without running anything"))
             if not isinstance(raised, Exception):
                 raise
         else:
