@@ -21,7 +21,7 @@ import anyio
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.database_url import redact
 from dbos_async.errors import QueueNotFoundError
-from dbos_async.executor import failover, maintenance, recovery
+from dbos_async.executor import failover, maintenance, recovery, versions
 from dbos_async.executor.peer import start_notifications, system_database_for
 from dbos_async.executor.queues.claim_loop import start_claim_loops
 from dbos_async.executor.queues.declaration import Queue, internal_queue
@@ -66,6 +66,9 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
                             lambda: recovery.recover_pending(runtime))
         failover.start(runtime)
         maintenance.start(runtime)
+        await sysdb.retried("counting other versions' work",
+                            lambda: versions.report_waiting(runtime))
+        versions.start(runtime)
         await _start_scheduler(runtime)
     except BaseException:
         await close_runtime(runtime, grace_period=0)

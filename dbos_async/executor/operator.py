@@ -52,6 +52,7 @@ from dbos_async.executor.queues.enqueue import check_partition
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.start import CallContext
+from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.validation import check_identifier, check_lookup, check_seconds
 
@@ -633,6 +634,21 @@ class Operator(ScheduleOperator):
         """The version with the newest timestamp (None if none is registered)."""
         record = await self._peer().system_database.latest_version()
         return ApplicationVersion.from_record(record) if record is not None else None
+
+    async def list_waiting_versions(self, other_than: str | None = None
+                                    ) -> list[VersionBacklog]:
+        """Per application version (except ``other_than``), how many PENDING and ENQUEUED
+        workflows carry it: work only an executor of that version runs. An observability
+        read over the in-flight rows; takes no lock.
+
+        Args:
+            other_than: leave this version out (e.g. the one now deployed).
+
+        Returns:
+            One :class:`VersionBacklog` per version with such work, by version name.
+        """
+        check_identifier(other_than, "application version name", optional=True)
+        return await self._peer().system_database.waiting_by_version(other_than)
 
     async def set_latest_application_version(self, version_name: str) -> None:
         """Make ``version_name`` the latest (registering it if it is unknown)."""
