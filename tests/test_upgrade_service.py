@@ -120,7 +120,7 @@ async def _scenario(service: Service, source: Path, url: str, patching: bool,
     status, _, old_version = await status_of(url, workflow_id)
     assert status == "PENDING"
 
-    source.write_text(SERVICE.replace(*EDITED))
+    await asyncio.to_thread(source.write_text, SERVICE.replace(*EDITED))
     await service.start()
 
     if not patching:
