@@ -9,15 +9,17 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import fetch, wait_for_steps
+from helpers import fetch, new_dbos, wait_for_steps
 from helpers.order_versions import App, app
 
-from dbos_async import DBOSClient, SetWorkflowID
+from dbos_async import DBOS, DBOSClient, Queue, SetWorkflowID, current_workflow_id
 from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.replay import Divergence, ReplayResult
 from dbos_async.testing import replay_check
@@ -206,3 +208,86 @@ async def test_cli_moves_waiting_workflows_once_they_replay(recorded: Recorded) 
         # Recorded steps replayed; the message and the new shipper (patched in) ran.
         assert await handle.get_result() == 7 + 100
         assert new.ran == {"ship_v2": 1}
+
+
+def conversation(url: str, variant: str) -> tuple[DBOS, Callable[[], Awaitable[list[Any]]],
+                                                   Counter[str]]:
+    """A workflow making every kind of recorded call: a child start, steps (two of them
+    concurrently), an event set and one read, a send and a receive, a stream read and
+    written, a child's status and result, an enqueue, a sleep, a patch and a deprecated
+    patch. ``variant`` ``no_event`` leaves out the event it sets."""
+    dbos = new_dbos(url, shutdown_grace_period=0.0)
+    jobs = dbos.register_queue(Queue("jobs"))
+    ran: Counter[str] = Counter()
+
+    @dbos.step(name="double")
+    async def double(x: int) -> int:
+        ran["double"] += 1
+        return 2 * x
+
+    @dbos.step(name="square")
+    async def square(x: int) -> int:
+        ran["square"] += 1
+        return x * x
+
+    @dbos.workflow(name="peer")
+    async def peer(caller: str) -> str:
+        await dbos.set_event("ready", "yes")
+        await dbos.write_stream("ps", "v1")
+        await dbos.close_stream("ps")
+        got: str = await dbos.recv("t", timeout=30)
+        await dbos.send(caller, f"re: {got}", "reply")
+        return got
+
+    @dbos.workflow(name="job")
+    async def job(x: int) -> int:
+        return x + 100
+
+    @dbos.workflow(name="everything")
+    async def everything() -> list[Any]:
+        me = current_workflow_id()
+        assert me is not None
+        other = await dbos.start_workflow(peer, me)
+        out: list[Any] = [await double(1)]
+        out += await asyncio.gather(double(2), square(3))
+        if variant != "no_event":
+            await dbos.set_event("mine", 1)
+        out.append(await dbos.get_event(other.workflow_id, "ready", timeout=30))
+        await dbos.send(other.workflow_id, "hello", "t")
+        out.append(await dbos.recv("reply", timeout=30))
+        out.append([v async for v in dbos.read_stream(other.workflow_id, "ps")])
+        await dbos.write_stream("s", 1)
+        await dbos.close_stream("s")
+        out.append((await other.get_status()).workflow_id)
+        out.append(await other.get_result())
+        out.append(await (await jobs.enqueue(job, 3)).get_result())
+        await dbos.sleep(0.01)
+        out.append(await dbos.patch("p"))
+        out.append(await dbos.deprecate_patch("q"))
+        return out
+
+    return dbos, everything, ran
+
+
+async def test_every_kind_of_call_replays(database_url: str) -> None:
+    first, everything, _ = conversation(database_url, "recorded")
+    async with first:
+        with SetWorkflowID("everything"):
+            recorded_result = await everything()
+    assert recorded_result[-2:] == [True, True]
+    async with DBOSClient(database_url, pool_size=2) as client:
+        exported = [w async for w in client.export_workflows()]
+    [main] = [w for w in exported if w.workflow_id == "everything"]
+    checkpoints = len(main.tables["operation_outputs"])
+
+    before = await written_state(database_url)
+    same, _, ran = conversation(database_url, "same")
+    [result] = await same.replay_workflows([main], children=exported)
+    assert result.passed, result.summary()
+    assert result.checked_steps >= result.recorded_steps == checkpoints
+    assert not ran
+
+    changed, _, _ = conversation(database_url, "no_event")
+    [result] = await changed.replay_workflows([main], children=exported)
+    assert result.divergence == Divergence(4, "DBOS.setEvent", "DBOS.getEvent")
+    assert await written_state(database_url) == before

@@ -15,8 +15,16 @@ import httpx2
 import pytest
 from helpers import execute, fetch, new_dbos, wait_for_steps, wait_until
 
-from dbos_async import DBOS, DBOSClient, DBOSError, SetWorkflowID, VersionBacklog
+from dbos_async import (
+    DBOS,
+    DBOSClient,
+    DBOSError,
+    SetShardKey,
+    SetWorkflowID,
+    VersionBacklog,
+)
 from dbos_async.console import console_app
+from dbos_async.testing import replay_check
 
 
 @dataclass
@@ -160,3 +168,24 @@ async def test_resume_refuses_a_bad_version(database_url: str) -> None:
         with pytest.raises(DBOSError, match="application_version"):
             await new.dbos.resume_workflow("sleeping", application_version="")
     assert await version_of(database_url, "sleeping") == ("PENDING", "v1")
+
+
+async def test_sharded_other_versions_work_is_counted_checked_and_moved(
+        database_url: str) -> None:
+    old = deliveries(database_url, shipper="old", application_version="v1", sharding=True)
+    async with old.dbos:
+        with SetShardKey("tenant-a"), SetWorkflowID("sleeping"):
+            await old.dbos.start_workflow(old.deliver, 3600.0)
+        await wait_for_steps(database_url, "sleeping", 2)
+    await wake_now(database_url, "sleeping")
+    new = deliveries(database_url, shipper="new", application_version="v2", sharding=True)
+    async with new.dbos, DBOSClient(database_url, sharding=True, pool_size=2) as client:
+        assert new.dbos.health().waiting_versions == (VersionBacklog("v1", 1, 0),)
+        assert await client.list_waiting_versions(other_than="v2") == [
+            VersionBacklog("v1", 1, 0)]
+        [checked] = await replay_check(new.dbos, client=client, application_version=["v1"])
+        assert checked.passed and checked.shard_key == "tenant-a", checked.summary()
+        [handle] = await client.resume_workflows(["sleeping"], shard_key="tenant-a",
+                                                 application_version="v2")
+        assert await handle.get_result() == "new shipper"
+        assert await client.list_waiting_versions() == []

@@ -59,11 +59,13 @@ def replay(target: Target, app: str, path: Path | None, filters: dict[str, Any],
             if not move or not all(r.passed for r in results):
                 return results, []
             version = dbos.application_version
-            waiting = [r.workflow_id for r in results
+            waiting = [r for r in results
                        if r.status in WAITING and r.application_version != version]
-            if waiting:
-                await client.resume_workflows(waiting, application_version=version)
-            return results, waiting
+            for key in dict.fromkeys(r.shard_key for r in waiting):
+                await client.resume_workflows(
+                    [r.workflow_id for r in waiting if r.shard_key == key],
+                    shard_key=key, application_version=version)
+            return results, [r.workflow_id for r in waiting]
 
     results, moved = run(check())
     for result in results:

@@ -76,10 +76,11 @@ class ReplayResult:
     ``error`` why the check could not run (the function is not registered, its inputs
     cannot be read). ``checked_steps`` is how many positions the new code replayed;
     ``recorded_steps`` how many checkpoints there are; ``stopped`` why a check that passed
-    ended before the body returned.
+    ended before the body returned. ``shard_key``: the workflow's (None unsharded).
     """
 
     workflow_id: str
+    shard_key: str | None
     workflow_name: str
     status: str
     application_version: str | None
@@ -245,7 +246,8 @@ class _Result:
                  stopped: str | None = None) -> ReplayResult:
         status = self.workflow.status
         return ReplayResult(
-            workflow_id=self.workflow.workflow_id, workflow_name=status["name"],
+            workflow_id=self.workflow.workflow_id, shard_key=self.workflow.shard_key,
+            workflow_name=status["name"],
             status=status["status"], application_version=status["application_version"],
             passed=passed, checked_steps=checked, recorded_steps=self.recorded_steps,
             divergence=divergence, error=error, stopped=stopped)
