@@ -19,7 +19,15 @@ import pytest
 from helpers import fetch, new_dbos, wait_for_steps
 from helpers.order_versions import App, app
 
-from dbos_async import DBOS, DBOSClient, Queue, SetWorkflowID, current_workflow_id
+from dbos_async import (
+    DBOS,
+    DBOSClient,
+    DBOSError,
+    Queue,
+    SetWorkflowID,
+    WorkflowImportError,
+    current_workflow_id,
+)
 from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.replay import Divergence, ReplayResult
 from dbos_async.testing import replay_check
@@ -291,3 +299,64 @@ async def test_every_kind_of_call_replays(database_url: str) -> None:
     [result] = await changed.replay_workflows([main], children=exported)
     assert result.divergence == Divergence(4, "DBOS.setEvent", "DBOS.getEvent")
     assert await written_state(database_url) == before
+
+
+def failing_app(url: str, variant: str) -> tuple[DBOS, Callable[[int], Awaitable[int]]]:
+    """A workflow whose one step fails (so it ends ERROR); the ``hangs`` variant awaits
+    something no checkpoint resolves, ``raises`` fails before its step."""
+    dbos = new_dbos(url, shutdown_grace_period=0.0)
+
+    @dbos.step(name="refuse")
+    async def refuse(x: int) -> int:
+        raise ValueError(f"refused {x}")
+
+    @dbos.workflow(name="failing")
+    async def failing(x: int) -> int:
+        if variant == "hangs":
+            await asyncio.Event().wait()
+        if variant == "raises":
+            raise RuntimeError("new code fails first")
+        return await refuse(x)
+
+    return dbos, failing
+
+
+async def test_a_failed_workflow_replays_and_bad_checks_say_why(database_url: str,
+                                                                tmp_path: Path) -> None:
+    first, failing = failing_app(database_url, "recorded")
+    async with first:
+        with SetWorkflowID("failed"), pytest.raises(ValueError):
+            await failing(1)
+    async with DBOSClient(database_url, pool_size=2) as client:
+        [recorded] = [w async for w in client.export_workflows()]
+
+    same, _ = failing_app(database_url, "same")
+    [result] = await same.replay_workflows([recorded])
+    assert result.passed and result.status == "ERROR", result.summary()
+    assert result.raised == "ValueError: refused 1"  # the recorded failure, replayed
+
+    raises, _ = failing_app(database_url, "raises")
+    [result] = await raises.replay_workflows([recorded])
+    assert result.divergence == Divergence(0, "refuse", None)
+    assert result.summary().endswith(
+        "step 0: recorded refuse, new code calls nothing (the workflow ends); the body "
+        "raised RuntimeError: new code fails first")
+
+    hangs, _ = failing_app(database_url, "hangs")
+    [result] = await hangs.replay_workflows([recorded], time_limit=0.2)
+    assert not result.passed and result.error is not None
+    assert "did not finish in 0.2 s" in result.error
+
+    elsewhere = new_dbos(database_url)  # registers no workflow named "failing"
+    [result] = await elsewhere.replay_workflows([recorded])
+    assert result.summary() == ("ERROR    failed (failing, ERROR): no workflow named "
+                                "'failing' is registered")
+
+    with pytest.raises(DBOSError, match="a client or a file"):
+        await replay_check(same)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(recorded.to_json() + "\nnot json\n")
+    with pytest.raises(WorkflowImportError, match="line 2 is not JSON"):
+        await replay_check(same, path=bad)
+    with pytest.raises(DBOSError, match="time_limit"):
+        await same.replay_workflows([recorded], time_limit=0)

@@ -76,7 +76,9 @@ class ReplayResult:
     ``error`` why the check could not run (the function is not registered, its inputs
     cannot be read). ``checked_steps`` is how many positions the new code replayed;
     ``recorded_steps`` how many checkpoints there are; ``stopped`` why a check that passed
-    ended before the body returned. ``shard_key``: the workflow's (None unsharded).
+    ended before the body returned; ``raised`` the exception the body ended with, if it
+    did (a replayed failure, or the new code's own). ``shard_key``: the workflow's (None
+    unsharded).
     """
 
     workflow_id: str
@@ -90,18 +92,20 @@ class ReplayResult:
     divergence: Divergence | None = None
     error: str | None = None
     stopped: str | None = None
+    raised: str | None = None
 
     def summary(self) -> str:
         """One line for a report."""
         head = f"{self.workflow_id} ({self.workflow_name}, {self.status})"
         if self.error is not None:
             return f"ERROR    {head}: {self.error}"
+        ended = f"; the body raised {self.raised}" if self.raised is not None else ""
         if self.divergence is not None:
-            return f"DIVERGES {head}: {self.divergence}"
+            return f"DIVERGES {head}: {self.divergence}{ended}"
         detail = f"{self.checked_steps} of {self.recorded_steps} checkpoints replayed"
         if self.stopped is not None:
             detail += f"; {self.stopped}"
-        return f"OK       {head}: {detail}"
+        return f"OK       {head}: {detail}{ended}"
 
 
 class ReplayRuntime(Runtime):
@@ -189,24 +193,27 @@ async def replay_workflow(runtime: ReplayRuntime, workflow: ExportedWorkflow,
         Authentication.from_columns(status["authenticated_user"],
                                     status["authenticated_roles"], status["assumed_role"]),
         serialization, replaying=True)
-    try:
-        with anyio.fail_after(time_limit), running_workflow(ctx):
-            await info.fn(*args, **kwargs)
-    except BaseException as raised:
-        stop = _replay_stop(raised)
-        if stop is None:
-            if isinstance(raised, TimeoutError):
-                return result(checked=ctx.next_step_id, error=(
-                    f"its body did not finish in {time_limit:g} s without running anything"))
-            if not isinstance(raised, Exception):
+    raised = None
+    with anyio.move_on_after(time_limit) as limit:
+        try:
+            with running_workflow(ctx):
+                await info.fn(*args, **kwargs)
+        except BaseException as ended:
+            stop = _replay_stop(ended)
+            if stop is not None:
+                return _stopped(result, stop, status["status"], checkpoints)
+            if not isinstance(ended, Exception):
                 raise
-        else:
-            return _stopped(result, stop, status["status"], checkpoints)
+            # The body's own end (a replayed failure too): its calls are compared below.
+            raised = f"{type(ended).__name__}: {ended}"
+    if limit.cancelled_caught:
+        return result(checked=ctx.next_step_id, error=(
+            f"its body did not finish in {time_limit:g} s without running anything"))
     left = sorted(step for step in checkpoints if step >= ctx.next_step_id)
     if left:
-        return result(checked=ctx.next_step_id, divergence=Divergence(
+        return result(checked=ctx.next_step_id, raised=raised, divergence=Divergence(
             left[0], checkpoints[left[0]].function_name, None))
-    return result(checked=ctx.next_step_id, passed=True)
+    return result(checked=ctx.next_step_id, raised=raised, passed=True)
 
 
 def _stopped(result: _Result, stop: ReplayStop, status: str,
@@ -243,11 +250,11 @@ class _Result:
 
     def __call__(self, *, checked: int = 0, passed: bool = False,
                  divergence: Divergence | None = None, error: str | None = None,
-                 stopped: str | None = None) -> ReplayResult:
+                 stopped: str | None = None, raised: str | None = None) -> ReplayResult:
         status = self.workflow.status
         return ReplayResult(
             workflow_id=self.workflow.workflow_id, shard_key=self.workflow.shard_key,
             workflow_name=status["name"],
             status=status["status"], application_version=status["application_version"],
             passed=passed, checked_steps=checked, recorded_steps=self.recorded_steps,
-            divergence=divergence, error=error, stopped=stopped)
+            divergence=divergence, error=error, stopped=stopped, raised=raised)
