@@ -153,12 +153,18 @@ async def test_console_shows_other_versions_work(database_url: str) -> None:
         async with httpx2.AsyncClient(transport=transport,
                                       base_url="http://localhost:8000") as http:
             page = await http.get("/executors")
+            listed = await http.get("/workflows", params={
+                "application_version": "v1", "status": ["PENDING", "ENQUEUED"]})
+            other = await http.get("/workflows", params={"application_version": "v9"})
     assert page.status_code == 200
     html = page.text
     assert "Work of other application versions" in html
     assert "versions other than the latest (v2)" in html
     assert '<tr data-version="v1">' in html
     assert "application_version=v1&amp;status=PENDING&amp;status=ENQUEUED" in html
+    # The link lists them.
+    assert listed.status_code == 200 and "sleeping" in listed.text
+    assert other.status_code == 200 and "sleeping" not in other.text
 
 
 async def test_resume_refuses_a_bad_version(database_url: str) -> None:
