@@ -313,9 +313,8 @@ class DBOS(Operator):
         """
         check_seconds(time_limit, "replay time_limit", optional=False, positive=True)
         checked = list(workflows)
-        outcomes = {w.workflow_id: replay.outcome_of(w) for w in (*children, *checked)}
         runtime = replay.ReplayRuntime(self.config, self._registry, self.application_version,
-                                       outcomes)
+                                       (*children, *checked))
         return [await replay.replay_workflow(runtime, w, time_limit) for w in checked]
 
     # ---- Messages, events, streams and durable sleep (send, get_event: see Operator) ----

@@ -19,7 +19,7 @@ makes the calls the recording holds, in the same order:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,11 +114,15 @@ class ReplayRuntime(Runtime):
     knows are the recorded outcomes of the checked workflows' children."""
 
     def __init__(self, config: DBOSConfig, registry: Registry, application_version: str,
-                 outcomes: Mapping[str, Outcome]) -> None:
+                 recorded: Iterable[ExportedWorkflow]) -> None:
         super().__init__(config, registry, system_database_for(config, _NO_DATABASE_URL),
                          application_version)
         self.state = "running"
-        self.outcomes = outcomes
+        # By workflow ID, then shard key (IDs are unique per key only).
+        self.outcomes: dict[str, dict[str | None, Outcome]] = {}
+        for workflow in recorded:
+            self.outcomes.setdefault(workflow.workflow_id, {})[workflow.shard_key] = \
+                outcome_of(workflow)
 
     @property
     def system_database(self) -> SystemDatabase:
@@ -128,7 +132,10 @@ class ReplayRuntime(Runtime):
                        shard_key: str | None = None) -> asyncio.Future[Any]:
         """A child's result, from its recorded outcome; the check stops at a child whose
         outcome is not recorded (not included, or not finished)."""
-        outcome = self.outcomes.get(workflow_id)
+        by_key = self.outcomes.get(workflow_id, {})
+        outcome = by_key.get(shard_key)
+        if outcome is None and shard_key is None and len(by_key) == 1:
+            [outcome] = by_key.values()  # a child recorded without its key: the only one
         if outcome is None or not outcome.terminal:
             raise _stop_here(f"the outcome of workflow {workflow_id!r} is not recorded")
         result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
