@@ -122,7 +122,7 @@ class ReplayRuntime(Runtime):
         self.outcomes: dict[str, dict[str | None, Outcome]] = {}
         for workflow in recorded:
             self.outcomes.setdefault(workflow.workflow_id, {})[workflow.shard_key] = \
-                outcome_of(workflow)
+                _outcome_of(workflow)
 
     @property
     def system_database(self) -> SystemDatabase:
@@ -152,7 +152,7 @@ def _stop_here(reason: str) -> ReplayStop:
     return ReplayStop(ctx.next_step_id if ctx is not None else 0, None, None, reason)
 
 
-def outcome_of(workflow: ExportedWorkflow) -> Outcome:
+def _outcome_of(workflow: ExportedWorkflow) -> Outcome:
     """The recorded outcome of an exported workflow (its output, once it finished)."""
     status = workflow.status
     output = workflow.tables["workflow_output"]
