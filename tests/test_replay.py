@@ -6,6 +6,7 @@ the first divergence, running no step body and writing nothing to the database."
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -194,6 +195,12 @@ async def test_cli_moves_waiting_workflows_once_they_replay(recorded: Recorded) 
     """The running workflow of version 1 waits for an executor of its version; the new
     code (version 2) is checked against it and it is moved to version 2, which runs it."""
     url = recorded.url
+    waiting = await asyncio.to_thread(subprocess.run, [
+        CLI, "version", "waiting", "--url", url, "--other-than", "v2"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert waiting.returncode == 0, waiting.stderr
+    assert waiting.stdout.split() == ["VERSION", "PENDING", "ENQUEUED",
+                                      "test-version-1", "1", "0"]
     diverging = await asyncio.to_thread(run_replay, "--url", url, "--move", variant="reordered",
                                         url=url, version="v2")
     assert diverging.returncode == 1 and "Moved nothing" in diverging.stdout
@@ -208,6 +215,12 @@ async def test_cli_moves_waiting_workflows_once_they_replay(recorded: Recorded) 
     [row] = await fetch(url, "SELECT status, application_version FROM dbos.workflow_status "
                              "WHERE workflow_uuid = 'running'")
     assert (row["status"], row["application_version"]) == ("ENQUEUED", "v2")
+
+    waiting = await asyncio.to_thread(subprocess.run, [
+        CLI, "version", "waiting", "--url", url, "--all", "--json"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert json.loads(waiting.stdout) == [
+        {"application_version": "v2", "pending": 0, "enqueued": 1}]
 
     new = app(url, "patched", application_version="v2")
     async with new.dbos:
