@@ -115,7 +115,7 @@ async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContex
         done, _ = recorded_read(ctx, step_id, SEND)
         if done:
             return
-    sysdb = peer.system_database
+    sysdb = peer.system_database  # after the replay: a replay check has no database
     if ctx is not None and step_id is not None:
         destination_key = sysdb.sql.key_hint(destination_id)
         try:
@@ -202,7 +202,7 @@ async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowC
         done, _ = recorded_read(ctx, step_id, SEND_BULK)
         if done:
             return
-    sysdb = peer.system_database
+    sysdb = peer.system_database  # after the replay: a replay check has no database
     if ctx is not None and step_id is not None:
         try:
             existing = await sysdb.send_many(
