@@ -310,6 +310,9 @@ class DBOS(Operator):
 
         Returns:
             One :class:`ReplayResult` per workflow, in order.
+
+        Raises:
+            DBOSError: ``time_limit`` is not a positive number of seconds.
         """
         check_seconds(time_limit, "replay time_limit", optional=False, positive=True)
         checked = list(workflows)
