@@ -19,6 +19,7 @@ from dbos_async import (
     DBOS,
     DBOSClient,
     DBOSError,
+    NondeterminismError,
     SetShardKey,
     SetWorkflowID,
     VersionBacklog,
@@ -36,7 +37,8 @@ class Deliveries:
 
 def deliveries(url: str, *, shipper: str, **settings: Any) -> Deliveries:
     """A workflow that charges, sleeps durably, then ships; ``shipper`` is the version of
-    the code after the sleep (``new`` puts its change behind a patch)."""
+    the code (``new`` changes the shipping behind a patch, ``unpatched`` renames the
+    charge step without one)."""
     dbos = new_dbos(url, shutdown_grace_period=0.0, **settings)
     ran: list[str] = []
 
@@ -54,9 +56,13 @@ def deliveries(url: str, *, shipper: str, **settings: Any) -> Deliveries:
         ran.append("ship_v2")
         return "new shipper"
 
+    @dbos.step(name="charge_v2")
+    async def charge_v2() -> None:
+        ran.append("charge_v2")
+
     @dbos.workflow(name="deliver")
     async def deliver(seconds: float) -> str:
-        await charge()
+        await (charge_v2() if shipper == "unpatched" else charge())
         await dbos.sleep(seconds)
         if shipper == "new" and await dbos.patch("new-shipper"):
             return await ship_v2()
@@ -195,3 +201,29 @@ async def test_sharded_other_versions_work_is_counted_checked_and_moved(
                                                  application_version="v2")
         assert await handle.get_result() == "new shipper"
         assert await client.list_waiting_versions() == []
+
+
+async def test_patching_mode_fails_an_unpatched_change_the_replay_check_catches(
+        database_url: str) -> None:
+    """Patching mode runs recorded work on new code unchecked: a change to a recorded call
+    without a patch fails the recovered workflow (ERROR, for good). The replay check
+    before the deploy says so."""
+    patching: dict[str, Any] = {"application_version": None, "enable_patching": True}
+    await sleeping_workflow(database_url, "sleeping", **patching)
+    new = deliveries(database_url, shipper="unpatched", **patching)
+    async with DBOSClient(database_url, pool_size=2) as client:
+        [checked] = await replay_check(new.dbos, client=client)
+    assert checked.divergence is not None and checked.divergence.step_id == 0
+    assert (checked.divergence.recorded_name, checked.divergence.new_name) == (
+        "charge", "charge_v2")
+
+    await wake_now(database_url, "sleeping")
+    async with new.dbos:
+        handle = await new.dbos.retrieve_workflow("sleeping")
+        with pytest.raises(NondeterminismError, match="recorded as 'charge'"):
+            await handle.get_result()
+        assert (await handle.get_status()).status == "ERROR"
+        [again] = await new.dbos.resume_workflows(["sleeping"])
+        with pytest.raises(NondeterminismError):
+            await again.get_result()
+    assert new.ran == []
