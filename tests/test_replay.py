@@ -172,6 +172,15 @@ async def test_cli_on_an_export_file(recorded: Recorded, tmp_path: Path) -> None
     assert ("DIVERGES finished (order, SUCCESS): step 5: recorded ship, new code calls "
             "ship_v2") in renamed.stdout
     assert "OK       running (order, PENDING)" in renamed.stdout
+    as_json = await asyncio.to_thread(run_replay, "--file", str(export), "--json",
+                                      variant="renamed", url=recorded.url)
+    assert as_json.returncode == 1
+    report = json.loads(as_json.stdout)
+    assert report["application_version"] == "test-version-1" and report["moved"] == []
+    [finished] = [r for r in report["results"] if r["workflow_id"] == "finished"]
+    assert finished["passed"] is False
+    assert finished["divergence"] == {"step_id": 5, "recorded_name": "ship",
+                                      "new_name": "ship_v2"}
     refused = await asyncio.to_thread(run_replay, "--file", str(export), "--status",
                                       "PENDING", variant="same", url=recorded.url)
     assert refused.returncode == 2 and "--file takes no filters" in refused.stderr

@@ -3,6 +3,7 @@ old version left waiting to the current one once they pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import click
 
+from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.workflows import filter_options
 from dbos_async.executor.dbos import DBOS
@@ -32,9 +34,11 @@ WAITING = (PENDING, ENQUEUED)
 @click.option("--move", is_flag=True,
               help="If every workflow checked passes, resume the PENDING and ENQUEUED ones "
                    "of other versions under the application's version.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the results as JSON (and what --move moved) instead of lines.")
 @target_options
 def replay(target: Target, app: str, path: Path | None, filters: dict[str, Any],
-           timeout: float, move: bool) -> None:
+           timeout: float, move: bool, as_json: bool) -> None:
     """Check that the application's code, as it is now, replays recorded workflows.
 
     MODULE:ATTRIBUTE names the application's DBOS instance (as `shop:dbos`; the current
@@ -68,9 +72,16 @@ def replay(target: Target, app: str, path: Path | None, filters: dict[str, Any],
             return results, [r.workflow_id for r in waiting]
 
     results, moved = run(check())
+    failed = sum(not r.passed for r in results)
+    if as_json:
+        render.print_json({"application_version": dbos.application_version,
+                           "results": [dataclasses.asdict(r) for r in results],
+                           "moved": moved})
+        if failed:
+            sys.exit(1)
+        return
     for result in results:
         click.echo(result.summary())
-    failed = sum(not r.passed for r in results)
     click.echo(f"{len(results) - failed} of {len(results)} workflow(s) replay on version "
                f"{dbos.application_version}")
     if move:
