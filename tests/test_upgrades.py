@@ -122,6 +122,11 @@ async def test_other_versions_work_is_logged_shown_and_moved(
                              application_version="v1")
     new = deliveries(database_url, shipper="new", application_version="v2",
                      version_report_interval=0.05)
+    async with DBOSClient(database_url, pool_size=2) as client:
+        # Asleep for an hour: the check replays past the sleep without waiting it out.
+        checked = await replay_check(new.dbos, client=client, workflow_ids=["sleeping"],
+                                     time_limit=5.0)
+    assert [(r.passed, r.checked_steps) for r in checked] == [(True, 2)], checked
     await wake_now(database_url, "sleeping")
     caplog.set_level(logging.WARNING, logger="dbos_async")
     async with new.dbos:
