@@ -155,8 +155,8 @@ async def _operator_moves_it(service: Service, url: str, workflow_id: str,
     env = {k: v for k, v in os.environ.items() if not k.startswith("DBOS_")}
     env["PYTHONPATH"] = str(tmp_path)
     checked = await asyncio.to_thread(
-        subprocess.run, [CLI, "replay", "reminders:dbos", "--url", url, "--status", "PENDING",
-                         "--move"],
+        subprocess.run, [CLI, "replay", "reminders:dbos", "--url", url, "--workflow-id",
+                         workflow_id, "--move"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"OK       {workflow_id} (remind, PENDING)" in checked.stdout

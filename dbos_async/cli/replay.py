@@ -29,6 +29,8 @@ WAITING = (PENDING, ENQUEUED)
               help="Check the workflows of this export file (dbos-async export) instead "
                    "of the database's.")
 @filter_options
+@click.option("--workflow-id", "workflow_ids", multiple=True, metavar="ID",
+              help="Check (and move) these workflows (repeatable).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="Seconds each workflow body gets.")
 @click.option("--move", is_flag=True,
@@ -38,7 +40,7 @@ WAITING = (PENDING, ENQUEUED)
               help="Print the results as JSON (and what --move moved) instead of lines.")
 @target_options
 def replay(target: Target, app: str, path: Path | None, filters: dict[str, Any],
-           timeout: float, move: bool, as_json: bool) -> None:
+           workflow_ids: tuple[str, ...], timeout: float, move: bool, as_json: bool) -> None:
     """Check that the application's code, as it is now, replays recorded workflows.
 
     MODULE:ATTRIBUTE names the application's DBOS instance (as `shop:dbos`; the current
@@ -49,6 +51,8 @@ def replay(target: Target, app: str, path: Path | None, filters: dict[str, Any],
     from the system database (the filters of `workflow list`; without any, all of the
     application's) or from --file. Exit status: 0 when all pass, 1 otherwise."""
     dbos = load_application(app)
+    if workflow_ids:
+        filters["workflow_ids"] = list(workflow_ids)
     if path is not None and any(filters.values()):
         raise click.UsageError("--file takes no filters: export the workflows to check")
 
