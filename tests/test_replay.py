@@ -1,7 +1,9 @@
 """The replay check: workflows recorded by one version of the code (one finished, one still
 running) replayed against new code — the same, a reordered step, a renamed step, a patched
 and an unpatched change, a step added after the running one's last checkpoint — reporting
-the first divergence, running no step body and writing nothing to the database."""
+the first divergence, running no step body and writing nothing to the database; through
+DBOS.replay_workflows, dbos_async.testing.replay_check and the `dbos-async replay` command
+(on an export file and on a live database, with --move)."""
 
 from __future__ import annotations
 
