@@ -79,6 +79,7 @@ from dbos_async.executor.queues import (
     SetEnqueueOptions,
 )
 from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
+from dbos_async.executor.replay import Divergence, ReplayResult
 from dbos_async.executor.schedule_api import ScheduleDefinition
 from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.serialization import Serializer
@@ -86,6 +87,7 @@ from dbos_async.executor.steps import RetryOn
 from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
 from dbos_async.sysdb.health import DatabaseHealth
 from dbos_async.sysdb.migrations import holds_sharded_schema
+from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.setup import migrate
 
 __version__ = "0.1.0"
@@ -105,6 +107,7 @@ __all__ = [
     "DeadLetteredError",
     "Debouncer",
     "DeduplicationPolicy",
+    "Divergence",
     "EnqueueOutcome",
     "EnqueueRequest",
     "EnqueueResult",
@@ -131,6 +134,7 @@ __all__ = [
     "QueueNotFoundError",
     "RateLimit",
     "RecordedError",
+    "ReplayResult",
     "RetryOn",
     "RunningWorkflow",
     "ScheduleDefinition",
@@ -151,6 +155,7 @@ __all__ = [
     "StreamValue",
     "TaskHealth",
     "TimeBound",
+    "VersionBacklog",
     "WaitingWorkflow",
     "WorkflowCancelledError",
     "WorkflowConflictError",

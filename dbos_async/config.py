@@ -65,7 +65,20 @@ class DBOSConfig(BaseModel):
         "claims 'local', 'local-2', ... (see dbos_async/sysdb/executor_ids.py).",
     )
     application_version: str | None = Field(
-        None, description="Defaults to a hash of the registered workflows' source code."
+        None, description="Defaults to a hash of the registered workflows' source code "
+        "(with enable_patching: PATCHING_ENABLED)."
+    )
+    enable_patching: bool = Field(
+        False,
+        description="Patching mode, as the dbos package's: every deploy runs as the one "
+        "application version PATCHING_ENABLED (unless application_version is set), so a "
+        "new deploy recovers the last one's PENDING and ENQUEUED workflows; code changes "
+        "that would change their calls go behind dbos.patch().",
+    )
+    version_report_interval: float = Field(
+        300.0, gt=0,
+        description="Seconds between the log lines counting PENDING and ENQUEUED workflows "
+        "of other application versions (also logged at start when there are any).",
     )
     application_name: str | None = Field(
         None, min_length=1,

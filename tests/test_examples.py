@@ -41,3 +41,8 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
         assert first.count("charging") == 1
         assert "charging" not in second
         assert second.splitlines()[-1] == "order-7 shipped with receipt-order-7"
+    if example.stem == "replay_check":
+        assert "DIVERGES order-1 (checkout, SUCCESS): step 1: recorded ship, new code " \
+            "calls ship_fast" in first
+        assert "version 2-unpatched: 0 of 2 workflows replay" in second
+        assert second.splitlines()[-1] == "version 2: 2 of 2 workflows replay"

@@ -9,7 +9,8 @@ process singleton with threads):
 (d) a workflow listed by one is listed by the other with the same status, name, queue and
     timestamps;
 (e) its send_bulk reaches our workflows and ours reaches its, exactly once per idempotency
-    key on either side.
+    key on either side;
+(f) its patching mode and ours are one application version.
 """
 
 from __future__ import annotations
@@ -288,3 +289,52 @@ async def test_send_bulk_both_ways(database_url: str) -> None:
         assert [(r["destination_uuid"], r["message_uuid"]) for r in rows] == [
             ("dbos-inbox", "k1::dbos-inbox"), ("our-inbox", "k1::our-inbox"),
             ("dbos-inbox", "k2::dbos-inbox"), ("our-inbox", "k2::our-inbox")]
+
+
+_DBOS_PATCHING_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from dbos import DBOS, WorkflowSerializationFormat
+
+    PORTABLE = WorkflowSerializationFormat.PORTABLE
+    DBOS(config={"name": "interop-p", "system_database_url": sys.argv[1],
+                 "enable_patching": True, "executor_id": "dbos-patching"})
+
+    @DBOS.workflow(name="patched_work", serialization_type=PORTABLE)
+    def patched_work(x: int) -> int:
+        return x + 1 if DBOS.patch("plus-one") else x
+
+    DBOS.launch()
+    DBOS.register_queue("interop-p")
+    try:
+        print("READY", flush=True)
+        print("RESULT", json.dumps(DBOS.retrieve_workflow("to-patched").get_result()),
+              flush=True)
+    finally:
+        DBOS.destroy()
+    """
+)
+
+
+async def test_patching_mode_is_the_same_version_as_the_dbos_packages(
+        database_url: str) -> None:
+    """(f) Its enable_patching and ours run as one version: work our client enqueues for
+    our patching-mode version is run by its patching-mode executor, whose patch marker is
+    the checkpoint ours records."""
+    ours = new_dbos(database_url, application_version=None, enable_patching=True)
+    async with ours:
+        version = ours.application_version
+    assert version == "PATCHING_ENABLED"
+    client = DBOSClient(system_database_url=database_url, application_name="interop-p",
+                        result_poll_interval=0.2)
+    async with client:
+        handle = await client.enqueue("interop-p", "patched_work", 1,
+                                      workflow_id="to-patched", application_version=version)
+        async with script_running(_DBOS_PATCHING_SCRIPT, database_url, b"READY") as proc:
+            assert await asyncio.wait_for(handle.get_result(), PATIENCE) == 2
+            stdout = await script_output(proc)
+        assert lines(stdout, "RESULT") == [2]
+        names = [v.version_name for v in await client.list_application_versions()]
+        assert names == ["PATCHING_ENABLED"]
+        steps = await client.list_workflow_steps("to-patched")
+        assert [s.name for s in steps] == ["DBOS.patch-plus-one"]

@@ -8,6 +8,7 @@ from dbos_async.cli.applications import application
 from dbos_async.cli.console import console
 from dbos_async.cli.exports import export_workflows, import_workflows
 from dbos_async.cli.queues import queue
+from dbos_async.cli.replay import replay
 from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.versions import version
@@ -69,6 +70,7 @@ cli.add_command(application)
 cli.add_command(console)
 cli.add_command(export_workflows)
 cli.add_command(import_workflows)
+cli.add_command(replay)
 
 
 def main() -> None:

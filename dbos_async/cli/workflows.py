@@ -288,18 +288,23 @@ def cancel_workflows(target: Target, workflow_ids: tuple[str, ...], children: bo
 @click.argument("workflow_ids", nargs=-1, required=True, metavar="WORKFLOW_ID...")
 @click.option("--queue", help="Queue to run them on (default: the internal queue every "
                               "executor serves).")
+@click.option("--application-version", metavar="VERSION",
+              help="Run them under this version (default: the one each has).")
 @_shard_key_option
 @target_options
 def resume_workflows(target: Target, workflow_ids: tuple[str, ...], queue: str | None,
-                     shard_key: str | None) -> None:
+                     shard_key: str | None, application_version: str | None) -> None:
     """Resume workflows from their last checkpoint.
 
     For cancelled, dead-lettered or stuck workflows: they are enqueued again and continue
-    where they stopped."""
+    where they stopped. Only executors of their application version run them: to move
+    an old version's waiting workflows to the current one, run `dbos-async replay` first
+    (its --move does both)."""
 
     async def resume() -> None:
         async with target.client() as client:
-            await client.resume_workflows(workflow_ids, queue, shard_key=shard_key)
+            await client.resume_workflows(workflow_ids, queue, shard_key=shard_key,
+                                          application_version=application_version)
 
     run(resume())
     for workflow_id in workflow_ids:

@@ -373,8 +373,12 @@ class Console:
 
     async def executors(self, request: Request) -> Response:
         found = await self.operator.list_executors(EXECUTORS_RECENT_MINUTES)
+        latest = await self.operator.get_latest_application_version()
+        latest_name = latest.version_name if latest is not None else None
+        waiting = await self.operator.list_waiting_versions(other_than=latest_name)
         return self.page(request, "executors.html", executors=found,
-                         recent_minutes=EXECUTORS_RECENT_MINUTES)
+                         recent_minutes=EXECUTORS_RECENT_MINUTES, latest=latest_name,
+                         waiting=waiting)
 
 
 def workflow_filters(q: QueryParams) -> dict[str, Any]:
@@ -402,6 +406,7 @@ def workflow_filters(q: QueryParams) -> dict[str, Any]:
         "end_time": get("end") or None,
         "workflow_id_prefix": get("id_prefix") or None,
         "application_name": get("application") or None,
+        "application_version": get("application_version") or None,
         "attributes": attributes,
         "shard_key": get("shard_key") or None,
     }

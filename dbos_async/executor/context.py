@@ -41,6 +41,9 @@ class WorkflowContext:
     next_step_id: int = field(default=0)
     # Set by the cancellation watcher: no new step or wait of this execution starts.
     cancelled: bool = field(default=False)
+    # A replay check (dbos_async/executor/replay.py): nothing runs or is written; the first
+    # call that finds no checkpoint of its name at its position ends it (ReplayStop).
+    replaying: bool = field(default=False)
 
     def routed(self) -> AbstractContextManager[None]:
         """Route the statements of this execution by its own key, whatever its starter had
@@ -51,6 +54,34 @@ class WorkflowContext:
         step_id = self.next_step_id
         self.next_step_id += 1
         return step_id
+
+    def recorded(self, step_id: int, name: str) -> StepRecord | None:
+        """The checkpoint at ``step_id`` of the call ``name`` is about to make, if any.
+
+        In a replay check a position with nothing recorded, or a checkpoint of another
+        name, ends the check there: it raises :class:`ReplayStop`, before anything runs.
+        """
+        record = self.checkpoints.get(step_id)
+        if self.replaying and (record is None or record.function_name != name):
+            raise ReplayStop(step_id, record.function_name if record else None, name)
+        return record
+
+
+class ReplayStop(BaseException):
+    """Where a replay check ends: at ``step_id`` the new code calls ``new_name`` where
+    ``recorded_name`` is recorded (None: nothing is recorded there; a ``new_name`` of None:
+    the new code needs what the recording does not hold, e.g. a child's outcome).
+
+    A BaseException, so that a workflow body's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, step_id: int, recorded_name: str | None, new_name: str | None,
+                 reason: str | None = None) -> None:
+        super().__init__(step_id, recorded_name, new_name, reason)
+        self.step_id = step_id
+        self.recorded_name = recorded_name
+        self.new_name = new_name
+        self.reason = reason
 
 
 @dataclass

@@ -299,15 +299,18 @@ def _announce_enqueued(peer: Peer, queue_name: str) -> None:
     peer.system_database.notify(ENQUEUE_CHANNEL, queue_name)
 
 
-async def resume(peer: Peer, workflow_ids: Sequence[str], queue_name: str | None) -> list[str]:
-    """Re-enqueue cancelled, dead-lettered or stuck workflows; they continue from their
-    last checkpoint. SUCCESS and ERROR workflows are left as they are. Returns the IDs
-    that were re-enqueued."""
+async def resume(peer: Peer, workflow_ids: Sequence[str], queue_name: str | None,
+                 application_version: str | None = None) -> list[str]:
+    """Re-enqueue cancelled, dead-lettered or stuck workflows (under
+    ``application_version``, if given); they continue from their last checkpoint. SUCCESS
+    and ERROR workflows are left as they are. Returns the IDs that were re-enqueued."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    resumed = await peer.system_database.resume(workflow_ids, queue)
+    resumed = await peer.system_database.resume(workflow_ids, queue, application_version)
     if resumed:
         _announce_enqueued(peer, queue)
-        logger.info("Resumed workflows on queue %s: %s", queue, ", ".join(resumed))
+        version = f" under version {application_version}" if application_version else ""
+        logger.info("Resumed workflows on queue %s%s: %s", queue, version,
+                    ", ".join(resumed))
     return resumed
 
 

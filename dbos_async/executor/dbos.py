@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
@@ -28,19 +28,28 @@ from dbos_async.executor import (
     messaging,
     patches,
     recovery,
+    replay,
     schedules,
     start,
     steps,
 )
 from dbos_async.executor.authentication import required_roles_of
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
+from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues import batch
 from dbos_async.executor.queues.batch import EnqueueRequest, EnqueueResult
 from dbos_async.executor.queues.declaration import Queue, queue_settings
-from dbos_async.executor.registry import Registry, WorkflowInfo, is_method, workflow_info_of
+from dbos_async.executor.registry import (
+    Registry,
+    WorkflowInfo,
+    application_version,
+    is_method,
+    workflow_info_of,
+)
+from dbos_async.executor.replay import ReplayResult
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
 from dbos_async.executor.serialization import Signature
@@ -283,6 +292,34 @@ class DBOS(Operator):
         """Resume this executor's PENDING workflows that are not running here."""
         return await recovery.recover_pending(self._operating())
 
+    async def replay_workflows(self, workflows: Iterable[ExportedWorkflow], *,
+                               children: Iterable[ExportedWorkflow] = (),
+                               time_limit: float = 10.0) -> list[ReplayResult]:
+        """Check that this application's code, as it is now, replays recorded workflows:
+        run each body against its checkpoints, running no step and writing nothing, and
+        report whether it makes the recorded calls in the same order (see
+        dbos_async/executor/replay.py). Needs no entry and no database.
+
+        Args:
+            workflows: the recorded workflows, e.g. from ``export_workflows`` or the lines
+                of an export file (``ExportedWorkflow.from_json``).
+            children: more recorded workflows whose outcomes the checked ones' children
+                may need (the checked ones count too); a child whose outcome is recorded
+                in neither ends its parent's check where the parent awaits it.
+            time_limit: seconds each body gets (one awaiting something unrecorded).
+
+        Returns:
+            One :class:`ReplayResult` per workflow, in order.
+
+        Raises:
+            DBOSError: ``time_limit`` is not a positive number of seconds.
+        """
+        check_seconds(time_limit, "replay time_limit", optional=False, positive=True)
+        checked = list(workflows)
+        runtime = replay.ReplayRuntime(self.config, self._registry, self.application_version,
+                                       (*children, *checked))
+        return [await replay.replay_workflow(runtime, w, time_limit) for w in checked]
+
     # ---- Messages, events, streams and durable sleep (send, get_event: see Operator) ----
 
     def recv(self, topic: str | None = None,
@@ -370,7 +407,11 @@ class DBOS(Operator):
     @property
     def runtime(self) -> Runtime:
         """The runtime of the current entry (also while running workflows finish in the
-        shutdown grace period); raises :class:`DBOSError` outside ``async with dbos:``."""
+        shutdown grace period); raises :class:`DBOSError` outside ``async with dbos:``.
+        In a workflow body under a replay check, the check's runtime."""
+        replaying = self._replaying()
+        if replaying is not None:
+            return replaying
         runtime = self._runtime
         if runtime is None:
             raise DBOSError(NOT_RUNNING)
@@ -380,22 +421,32 @@ class DBOS(Operator):
 
     def _operating(self) -> Runtime:
         """The runtime, if it is running (not starting or shutting down)."""
-        runtime = self._runtime
+        runtime = self._replaying() or self._runtime
         if runtime is None:
             raise DBOSError(NOT_RUNNING)
         runtime.require_running()
         return runtime
+
+    def _replaying(self) -> Runtime | None:
+        """The runtime of the replay check of this application running the calling
+        workflow body, if it is one (see :meth:`replay_workflows`)."""
+        ctx = current_workflow()
+        if ctx is not None and ctx.replaying and ctx.runtime.registry is self._registry:
+            return ctx.runtime
+        return None
 
     @property
     def system_database(self) -> SystemDatabase:
         return self.runtime.system_database
 
     @property
-    def application_version(self) -> str | None:
-        """The version this executor runs as (while entered: the one registered)."""
+    def application_version(self) -> str:
+        """The version this executor runs as (while entered: the one registered; else the
+        one the next entry registers: the configured one, ``PATCHING_ENABLED`` in patching
+        mode, or the hash of the registered workflows' source)."""
         if self._runtime is not None and self._runtime.state != "closed":
             return self._runtime.application_version
-        return self.config.application_version
+        return application_version(self.config, self._registry)
 
     @property
     def executor_id(self) -> str | None:

@@ -21,11 +21,11 @@ import anyio
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.database_url import redact
 from dbos_async.errors import QueueNotFoundError
-from dbos_async.executor import failover, maintenance, recovery
+from dbos_async.executor import failover, maintenance, recovery, versions
 from dbos_async.executor.peer import start_notifications, system_database_for
 from dbos_async.executor.queues.claim_loop import start_claim_loops
 from dbos_async.executor.queues.declaration import Queue, internal_queue
-from dbos_async.executor.registry import Registry
+from dbos_async.executor.registry import Registry, application_version
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.scheduler import Scheduler
 from dbos_async.sysdb import connection
@@ -42,7 +42,7 @@ async def new_runtime(config: DBOSConfig, registry: Registry) -> Runtime:
 
         url = await start_embedded_server(config.data_dir)
     return Runtime(config, registry, system_database_for(config, url),
-                   config.application_version or registry.version_hash())
+                   application_version(config, registry))
 
 
 async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
@@ -66,6 +66,9 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
                             lambda: recovery.recover_pending(runtime))
         failover.start(runtime)
         maintenance.start(runtime)
+        await sysdb.retried("counting other versions' work",
+                            lambda: versions.report_waiting(runtime))
+        versions.start(runtime)
         await _start_scheduler(runtime)
     except BaseException:
         await close_runtime(runtime, grace_period=0)

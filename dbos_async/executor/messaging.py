@@ -110,12 +110,13 @@ def message_address(destination_id: str, topic: str | None,
 async def send(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
                step_id: int | None, destination_id: str, message: Payload, topic: str | None,
                idempotency_key: str | None) -> None:
-    sysdb = peer.system_database
     topic, message_uuid = message_address(destination_id, topic, idempotency_key)
     if ctx is not None and step_id is not None:
         done, _ = recorded_read(ctx, step_id, SEND)
         if done:
             return
+    sysdb = peer.system_database  # after the replay: a replay check has no database
+    if ctx is not None and step_id is not None:
         destination_key = sysdb.sql.key_hint(destination_id)
         try:
             if destination_key == ctx.shard_key:
@@ -197,11 +198,12 @@ async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowC
     """Send a batch in one transaction (one statement per shard key): inside a workflow
     one checkpoint covers the whole batch, so it is delivered exactly once; from a step it
     lands only while the workflow is owned by this execution."""
-    sysdb = peer.system_database
     if ctx is not None and step_id is not None:
         done, _ = recorded_read(ctx, step_id, SEND_BULK)
         if done:
             return
+    sysdb = peer.system_database  # after the replay: a replay check has no database
+    if ctx is not None and step_id is not None:
         try:
             existing = await sysdb.send_many(
                 messages, sender=WorkflowAddress(ctx.workflow_id, ctx.shard_key),
@@ -298,15 +300,15 @@ async def _poll_event(sysdb: SystemDatabase, workflow_id: str, key: str,
 async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None,
                     timeout_id: int | None, workflow_id: str, key: str,
                     timeout: float | None) -> Any:  # noqa: ASYNC109
-    sysdb = peer.system_database
     if ctx is None or step_id is None or timeout_id is None:
         deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
-        found = await _poll_event(sysdb, workflow_id, key, deadline)
+        found = await _poll_event(peer.system_database, workflow_id, key, deadline)
         return (peer.formats.decode(found[0], found[1], "an event") if found is not None
                 else None)
     done, value = recorded_read(ctx, step_id, GET_EVENT)
     if done:
         return value
+    sysdb = peer.system_database
     # The target may share the caller's ID under another key: each side is routed by its
     # own key alone.
     target = WorkflowAddress(workflow_id, sysdb.sql.key_hint(workflow_id))
@@ -368,6 +370,13 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
     end and a timeout are checkpoints (``DBOS.readStream``, one step each, allocated as the
     read asks for the value), so a replay sees what the first run saw even if the stream
     changed since (a rewind, a delete)."""
+    if ctx is not None and ctx.replaying:
+        # A replay check reads only the recorded values (ReplayStop past the last one).
+        while True:
+            _, value = recorded_read(ctx, ctx.allocate_step_id(), READ_STREAM)
+            if value == STREAM_CLOSED:
+                return
+            yield value
     sysdb = peer.system_database
     dispatcher = _dispatcher(sysdb)
     # Other clients may not announce completion: re-read at least this often.
@@ -445,7 +454,7 @@ async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float
         return
     deadline = await durable_deadline(ctx, step_id, seconds, complete_at_deadline=True)
     left = remaining(deadline)
-    if left:
+    if left and not ctx.replaying:  # a replay check waits for nothing
         with ctx.runtime.cancellation.region(ctx):
             await asyncio.sleep(left)
 

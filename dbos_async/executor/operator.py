@@ -52,6 +52,7 @@ from dbos_async.executor.queues.enqueue import check_partition
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.start import CallContext
+from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.validation import check_identifier, check_lookup, check_seconds
 
@@ -271,24 +272,33 @@ class Operator(ScheduleOperator):
     # ---- Resume, fork and rewind ----
 
     async def resume_workflow(self, workflow_id: str, queue: str | Queue | None = None, *,
-                              shard_key: str | None = None) -> WorkflowHandle[Any]:
+                              shard_key: str | None = None,
+                              application_version: str | None = None) -> WorkflowHandle[Any]:
         """Continue a cancelled, dead-lettered or stuck workflow from its last checkpoint:
         it is re-enqueued on ``queue`` (default: the internal queue every executor
         serves), with its recovery attempts and deadline reset. Resuming a SUCCESS or
         ERROR workflow changes nothing (its handle returns the recorded outcome); an
-        unknown ID raises :class:`NonExistentWorkflowError`."""
-        [handle] = await self.resume_workflows([workflow_id], queue, shard_key=shard_key)
+        unknown ID raises :class:`NonExistentWorkflowError`.
+
+        ``application_version`` names the version whose executors may run it (default:
+        the one it has): give the current one to move a workflow an old version's deploy
+        left waiting, once the replay check passes (see "Application versions")."""
+        [handle] = await self.resume_workflows([workflow_id], queue, shard_key=shard_key,
+                                               application_version=application_version)
         return handle
 
     async def resume_workflows(self, workflow_ids: Sequence[str],
                                queue: str | Queue | None = None, *,
-                               shard_key: str | None = None) -> list[WorkflowHandle[Any]]:
-        """Resume several workflows (under ``shard_key``) in one transaction (all or, if one
-        is unknown, none)."""
+                               shard_key: str | None = None,
+                               application_version: str | None = None
+                               ) -> list[WorkflowHandle[Any]]:
+        """Resume several workflows (under ``shard_key``; under ``application_version``,
+        if given) in one transaction (all or, if one is unknown, none)."""
         ids = list(workflow_ids)
         check_lookup(_queue_name(queue), "queue name")
+        check_identifier(application_version, "application_version", optional=True)
         with bind_shard_keys(dict.fromkeys(ids, shard_key)):
-            await control.resume(self._peer(), ids, _queue_name(queue))
+            await control.resume(self._peer(), ids, _queue_name(queue), application_version)
         return [await self._handle(workflow_id, shard_key) for workflow_id in ids]
 
     async def fork_workflow(
@@ -624,6 +634,21 @@ class Operator(ScheduleOperator):
         """The version with the newest timestamp (None if none is registered)."""
         record = await self._peer().system_database.latest_version()
         return ApplicationVersion.from_record(record) if record is not None else None
+
+    async def list_waiting_versions(self, other_than: str | None = None
+                                    ) -> list[VersionBacklog]:
+        """Per application version (except ``other_than``), how many PENDING and ENQUEUED
+        workflows carry it: work only an executor of that version runs. An observability
+        read over the in-flight rows; takes no lock.
+
+        Args:
+            other_than: leave this version out (e.g. the one now deployed).
+
+        Returns:
+            One :class:`VersionBacklog` per version with such work, by version name.
+        """
+        check_identifier(other_than, "application version name", optional=True)
+        return await self._peer().system_database.waiting_by_version(other_than)
 
     async def set_latest_application_version(self, version_name: str) -> None:
         """Make ``version_name`` the latest (registering it if it is unknown)."""

@@ -52,6 +52,8 @@ def patch(ctx: WorkflowContext, name: str) -> Coroutine[Any, Any, bool]:
     recorded = ctx.checkpoints.get(step_id)
     if recorded is not None and recorded.function_name != marker:
         return _value(False)
+    if recorded is None:
+        ctx.recorded(step_id, marker)  # a replay check ends here: it would record one
     ctx.allocate_step_id()
     if recorded is not None:
         return _value(True)

@@ -9,12 +9,16 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from dbos_async.config import DBOSConfig
 from dbos_async.errors import DBOSError
 from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
 from dbos_async.validation import check_identifier
 
 AsyncFunction = Callable[..., Coroutine[Any, Any, Any]]
+
+PATCHING_VERSION = "PATCHING_ENABLED"
+"""The application version of every deploy in patching mode (the ``dbos`` package's)."""
 
 
 def is_method(fn: Callable[..., Any]) -> bool:
@@ -115,3 +119,13 @@ class Registry:
             with contextlib.suppress(OSError, TypeError):
                 digest.update(inspect.getsource(self.workflows[name].fn).encode())
         return digest.hexdigest()[:32]
+
+
+def application_version(config: DBOSConfig, registry: Registry) -> str:
+    """The version an executor of this code runs as: the configured one, else in
+    patching mode :data:`PATCHING_VERSION`, else a hash of its workflows' source."""
+    if config.application_version:
+        return config.application_version
+    if config.enable_patching:
+        return PATCHING_VERSION
+    return registry.version_hash()

@@ -23,6 +23,7 @@ from dbos_async.executor.tasks import ExecutorHealth, TaskOwner
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
+from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.statements import QueueRecord
 
 State = Literal["starting", "running", "stopping", "closed"]
@@ -98,6 +99,9 @@ class Runtime:
         # Enqueued workflows a claim loop here leaves queued for want of their function
         # (one per queue and function name; also logged as a warning).
         self.queue_warnings: list[WorkflowNotRegisteredError] = []
+        # The PENDING and ENQUEUED work of other application versions, as last counted
+        # (see dbos_async/executor/versions.py).
+        self.waiting_versions: tuple[VersionBacklog, ...] = ()
 
     @property
     def executor_id(self) -> str:
@@ -113,7 +117,8 @@ class Runtime:
         tasks = (*self.background.health(), *self.queue_tasks.health())
         notifications = self._sysdb.notifications
         listener = None if notifications is None else notifications.not_listening()
-        return ExecutorHealth(self.state, executor_id, tasks, self._sysdb.health(), listener)
+        return ExecutorHealth(self.state, executor_id, tasks, self._sysdb.health(), listener,
+                              self.waiting_versions)
 
     def require_running(self) -> None:
         if self.state != "running":

@@ -274,7 +274,7 @@ def replayed_start(runtime: Runtime, call: CallContext, info: WorkflowInfo
     parent, step_id = call.parent, call.parent_step_id
     if parent is None or step_id is None:
         return None
-    recorded = parent.checkpoints.get(step_id)
+    recorded = parent.recorded(step_id, info.name)
     return replayed_child(runtime, parent, step_id, info, recorded) if recorded else None
 
 

@@ -158,7 +158,7 @@ def replay(ctx: WorkflowContext, step_id: int, name: str, record: StepRecord,
 def recorded_read(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, Any]:
     """Whether a read of the workflow (a receive, an event, a status, a stream value) is
     recorded at ``step_id``, and its value (decoded); a recorded failure is raised."""
-    record = ctx.checkpoints.get(step_id)
+    record = ctx.recorded(step_id, name)
     if record is None:
         return False, None
     return True, replay(ctx, step_id, name, record)
@@ -200,7 +200,7 @@ async def run_checkpointed(
 ) -> Any:
     """Run a step of ``ctx``'s workflow once: replay it if recorded, else run and record it."""
     name = info.options.name
-    recorded = ctx.checkpoints.get(step_id)
+    recorded = ctx.recorded(step_id, name)
     if recorded is not None:
         return replay(ctx, step_id, name, recorded, info.signature)
     sysdb = ctx.runtime.system_database

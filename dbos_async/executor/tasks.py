@@ -28,6 +28,7 @@ from typing import Any, Literal
 import anyio
 
 from dbos_async.sysdb.health import DatabaseHealth
+from dbos_async.sysdb.records import VersionBacklog
 
 logger = logging.getLogger("dbos_async")
 
@@ -77,6 +78,11 @@ class ExecutorHealth:
     listener: str | None = None
     """Why the notification listener is not connected (waits poll meanwhile); None while
     it is, or where LISTEN/NOTIFY is turned off."""
+    waiting_versions: tuple[VersionBacklog, ...] = ()
+    """The PENDING and ENQUEUED workflows of other application versions, per version, as
+    last counted (at start, then every ``version_report_interval``): work this executor
+    does not run. Not a problem of this executor (an older version's executors may still
+    run it), but nothing runs it if none is left."""
 
     @property
     def down(self) -> list[TaskHealth]:

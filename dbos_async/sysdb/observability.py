@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from dbos_async.sysdb.core import DatabaseCore
+from dbos_async.sysdb.records import VersionBacklog
 
 
 class ObservabilityOperations(DatabaseCore):
@@ -32,6 +33,12 @@ class ObservabilityOperations(DatabaseCore):
     async def pending_by_executor(self, shown: int) -> list[asyncpg.Record]:
         return await self._observed_fetch(self.sql.pending_by_executor(shown),
                                           "reading what each executor runs")
+
+    async def waiting_by_version(self, other_than: str | None) -> list[VersionBacklog]:
+        rows = await self._observed_fetch(self.sql.waiting_by_version(other_than),
+                                          "counting the work of each application version")
+        return [VersionBacklog(r["application_version"], r["pending"], r["enqueued"])
+                for r in rows]
 
     async def executors_seen_since(self, since_ms: int) -> list[asyncpg.Record]:
         return await self._observed_fetch(self.sql.executors_seen_since(since_ms),

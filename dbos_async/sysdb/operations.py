@@ -293,10 +293,12 @@ class WorkflowOperations(DatabaseCore):
 
     # ---- Resume, fork, rewind ----
 
-    async def resume(self, workflow_ids: Sequence[str], queue_name: str) -> list[str]:
-        """Re-enqueue the workflows on ``queue_name`` (see ``ControlStatements.resume``), in
-        one transaction; unknown IDs raise :class:`NonExistentWorkflowError` and change
-        nothing. Returns the IDs that were re-enqueued (a SUCCESS or ERROR one is not)."""
+    async def resume(self, workflow_ids: Sequence[str], queue_name: str,
+                     application_version: str | None = None) -> list[str]:
+        """Re-enqueue the workflows on ``queue_name`` (under ``application_version``, if
+        given; see ``ControlStatements.resume``), in one transaction; unknown IDs raise
+        :class:`NonExistentWorkflowError` and change nothing. Returns the IDs that were
+        re-enqueued (a SUCCESS or ERROR one is not)."""
         ids = list(dict.fromkeys(workflow_ids))
         now = now_ms()
 
@@ -306,7 +308,8 @@ class WorkflowOperations(DatabaseCore):
                 # A retry keeps what the lost attempt may have done (see resumed_since).
                 earlier = await _fetch_on(conn, self.sql.resumed_since(ids, queue_name, now)) \
                     if again else []
-                rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now, again))
+                rows = await _fetch_on(conn, self.sql.resume(ids, queue_name, now, again,
+                                                             application_version))
                 resumed = {r["workflow_uuid"] for r in [*earlier, *rows]}
                 return [i for i in ids if i in resumed]
 

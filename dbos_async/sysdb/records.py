@@ -107,6 +107,20 @@ class BatchStart:
 
 
 @dataclass(frozen=True)
+class VersionBacklog:
+    """The PENDING and ENQUEUED workflows of one application version: work only an
+    executor of that version runs (or an operator moves to another)."""
+
+    application_version: str
+    pending: int
+    enqueued: int
+
+    def __str__(self) -> str:
+        return (f"{self.application_version} ({self.pending} PENDING, "
+                f"{self.enqueued} ENQUEUED)")
+
+
+@dataclass(frozen=True)
 class Outcome:
     """A workflow's recorded state; output and error are set once it is terminal."""
 

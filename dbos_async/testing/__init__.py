@@ -1,6 +1,6 @@
 """Testing workflows: a PostgreSQL server for a test suite, a throwaway database per test
 (on plain PostgreSQL or on every node of a Citus cluster), and a crash in the middle of a
-workflow followed by its recovery.
+workflow followed by its recovery; the replay check of recorded workflows against new code.
 
 The pytest plugin (:mod:`dbos_async.testing.plugin`, loaded by pytest once the ``testing``
 extra is installed) offers these as fixtures; this module offers them to other runners.
@@ -21,6 +21,7 @@ from dbos_async.testing.databases import (
     fresh_database,
     new_database_name,
 )
+from dbos_async.testing.replay import read_export, replay_check
 from dbos_async.testing.servers import NoServerError, PgServer, find_server, plan, run_sync
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "new_database_name",
     "node_url",
     "plan",
+    "read_export",
+    "replay_check",
     "run_sync",
     "with_database",
 ]

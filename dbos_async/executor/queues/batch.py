@@ -242,7 +242,7 @@ async def enqueue_registered(
     and a replay returns the recorded results without enqueueing again."""
     runtime.require_running()
     if parent is not None and step_id is not None:
-        recorded = parent.checkpoints.get(step_id)
+        recorded = parent.recorded(step_id, ENQUEUE_MANY)
         if recorded is not None:
             replay(parent, step_id, ENQUEUE_MANY, recorded)  # checks the name
             return await recorded_results(runtime, recorded)

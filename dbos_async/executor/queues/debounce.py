@@ -81,7 +81,7 @@ class Debouncer(Generic[P, R]):
         """A debounce from a workflow body, checkpointed as the handle it returned (at least
         once: a crash before the checkpoint debounces again on replay)."""
         runtime = owner.runtime
-        recorded = parent.checkpoints.get(step_id)
+        recorded = parent.recorded(step_id, info.name)
         if recorded is not None:
             return replayed_child(runtime, parent, step_id, info, recorded)
         step = ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms())

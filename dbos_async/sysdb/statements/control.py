@@ -348,18 +348,21 @@ class ControlStatements(StatementBase):
     # ---- Resume, fork, rewind (DBOS Transact's resume, fork and rewind) ----
 
     def resume(self, workflow_ids: Sequence[str], queue_name: str, now_ms: int,
-               again: bool = False) -> Query:
+               again: bool = False, application_version: str | None = None) -> Query:
         """Put the workflows back on ``queue_name`` as ENQUEUED, with a fresh start (no
         owner, attempts, deadline or dedup ID); SUCCESS and ERROR rows are left alone.
         Clearing the owner fences any execution still running somewhere. ``again`` (a
         retry of a resume at ``now_ms`` whose outcome is unknown): rows found
-        :meth:`resumed_since` are left alone, so an execution that claimed one since runs on."""
+        :meth:`resumed_since` are left alone, so an execution that claimed one since runs on.
+        ``application_version``: run them under that version (None: keep theirs)."""
         p = Params()
         now = p(now_ms, "bigint")
         since = f"AND NOT ({self._resumed_since(queue_name, now_ms, p)})" if again else ""
+        version = p(application_version)
         return Query(
             f"""UPDATE {self.table('workflow_status')}
                 SET status = {p(ENQUEUED)}, owner_xid = NULL, queue_name = {p(queue_name)},
+                    application_version = COALESCE({version}::text, application_version),
                     recovery_attempts = 0, workflow_deadline_epoch_ms = NULL,
                     deduplication_id = NULL, started_at_epoch_ms = NULL,
                     updated_at = {now}, completed_at = NULL

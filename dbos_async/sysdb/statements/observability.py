@@ -1,6 +1,6 @@
 """Read-only statements for dashboards (the console): event history, unconsumed messages,
-stream values, per-minute queue activity, each queue's oldest waiting workflow, and what
-each executor runs.
+stream values, per-minute queue activity, each queue's oldest waiting workflow, what
+each executor runs, and the work waiting for each application version.
 
 None takes a lock: they are plain SELECTs, run as observability reads (a read-only
 transaction under ``statement_timeout``, see ``DatabaseCore._observed_fetch``).
@@ -109,6 +109,28 @@ class ObservabilityStatements(StatementBase):
                 WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                   AND status = {p(PENDING)}
                 GROUP BY application_name, executor_id""",
+            p.values,
+        )
+
+    def waiting_by_version(self, other_than: str | None) -> Query:
+        """Per application version other than ``other_than`` (every one, when None), how
+        many PENDING and ENQUEUED workflows of this application (and unclaimed ones) carry
+        it: work only an executor of that version runs. Reads the in-flight rows through
+        the partial index on them; an unversioned row (run by the latest version) counts
+        for none."""
+        p = Params()
+        other = (f"AND application_version <> {p(other_than)}"
+                 if other_than is not None else "")
+        return Query(
+            f"""SELECT application_version,
+                       count(*) FILTER (WHERE status = {p(PENDING)}) AS pending,
+                       count(*) FILTER (WHERE status = {p(ENQUEUED)}) AS enqueued
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND status = ANY({p([PENDING, ENQUEUED], 'text[]')})
+                  AND application_version IS NOT NULL {other}
+                GROUP BY application_version
+                ORDER BY application_version""",
             p.values,
         )
 
