@@ -27,6 +27,7 @@ from dbos_async.errors import (
     StatementCanceledError,
     StepRetriesExceededError,
     StreamTimeoutError,
+    TransactionError,
     WorkflowCancelledError,
     WorkflowConflictError,
     WorkflowImportConflictError,
@@ -85,6 +86,7 @@ from dbos_async.executor.schedules import WorkflowSchedule
 from dbos_async.executor.serialization import Serializer
 from dbos_async.executor.steps import RetryOn
 from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
+from dbos_async.executor.transactions import transaction_connection
 from dbos_async.sysdb.health import DatabaseHealth
 from dbos_async.sysdb.migrations import holds_sharded_schema
 from dbos_async.sysdb.records import VersionBacklog
@@ -155,6 +157,7 @@ __all__ = [
     "StreamValue",
     "TaskHealth",
     "TimeBound",
+    "TransactionError",
     "VersionBacklog",
     "WaitingWorkflow",
     "WorkflowCancelledError",
@@ -177,4 +180,5 @@ __all__ = [
     "log_to_stderr",
     "migrate",
     "run",
+    "transaction_connection",
 ]

@@ -318,3 +318,15 @@ class WorkflowImportConflictError(WorkflowImportError):
         super().__init__(f"Cannot import workflow {workflow_id!r}: {detail}; the batch "
                          "holding it was not written")
         self.workflow_id = workflow_id
+
+
+class TransactionError(DBOSError):
+    """The database refused the SQL of a transaction (``@dbos.transaction()``): its
+    ``sqlstate`` (e.g. ``23505`` for a unique violation, ``40001`` for a serialization
+    failure that outlasted the retries) and the server's message."""
+
+    def __init__(self, transaction: str, sqlstate: str, message: str) -> None:
+        super().__init__(f"Transaction {transaction!r} failed: SQLSTATE {sqlstate}: {message}")
+        self.transaction = transaction
+        self.sqlstate = sqlstate
+        self.server_message = message

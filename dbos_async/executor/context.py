@@ -44,6 +44,9 @@ class WorkflowContext:
     # A replay check (dbos_async/executor/replay.py): nothing runs or is written; the first
     # call that finds no checkpoint of its name at its position ends it (ReplayStop).
     replaying: bool = field(default=False)
+    # Whether this execution created the workflow (no earlier one can have run any of it):
+    # its transactions need not look for outcomes an earlier one recorded.
+    first_run: bool = field(default=False)
 
     def routed(self) -> AbstractContextManager[None]:
         """Route the statements of this execution by its own key, whatever its starter had

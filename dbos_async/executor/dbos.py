@@ -32,6 +32,7 @@ from dbos_async.executor import (
     schedules,
     start,
     steps,
+    transactions,
 )
 from dbos_async.executor.authentication import required_roles_of
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
@@ -43,6 +44,7 @@ from dbos_async.executor.queues import batch
 from dbos_async.executor.queues.batch import EnqueueRequest, EnqueueResult
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.registry import (
+    DataSource,
     Registry,
     WorkflowInfo,
     application_version,
@@ -55,6 +57,8 @@ from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signat
 from dbos_async.executor.serialization import Signature
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.executor.tasks import ExecutorHealth
+from dbos_async.executor.transactions import TransactionInfo, TransactionOptions
+from dbos_async.sysdb.application import IsolationLevel
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.validation import check_identifier, check_seconds
 
@@ -168,6 +172,73 @@ class DBOS(Operator):
             return call
 
         return decorate
+
+    def transaction(
+        self,
+        *,
+        name: str | None = None,
+        isolation: IsolationLevel = "SERIALIZABLE",
+        read_only: bool = False,
+        data_source: str | None = None,
+        max_retries: int = 10,
+    ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
+        """Make an ``async def`` function a transaction: a step whose SQL (run on
+        :func:`~dbos_async.transaction_connection`) commits together with its checkpoint,
+        so its database effects happen exactly once per workflow.
+
+        Args:
+            name: the step's name (default: the function's qualified name).
+            isolation: ``"SERIALIZABLE"`` (default), ``"REPEATABLE READ"`` or
+                ``"READ COMMITTED"``.
+            read_only: run it in a read-only transaction (its checkpoint is written after).
+            data_source: the application database (registered with :meth:`data_source`)
+                to run on; None: the system database.
+            max_retries: how many times a serialization failure or a deadlock is retried,
+                each time in a new transaction, before it is raised.
+
+        Returns:
+            The decorator. Called outside a workflow (or inside a step), the function runs
+            as a plain transaction, recording nothing.
+
+        Raises:
+            DBOSError: the function is not ``async def``, or an option is invalid.
+        """
+
+        def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
+            _require_async(fn, "@dbos.transaction()")
+            options = TransactionOptions(
+                name=name or fn.__qualname__, isolation=isolation, read_only=read_only,
+                data_source=data_source, max_retries=max_retries)
+            info = TransactionInfo(fn, options, Signature(fn))
+            if data_source is not None:
+                self._registry.transaction_sources[options.name] = data_source
+
+            @functools.wraps(fn)
+            def call(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+                return transactions.call(info, self, args, kwargs)
+
+            return call
+
+        return decorate
+
+    def data_source(self, name: str, url: str, *, schema: str = "dbos",
+                    pool_size: int = 10) -> None:
+        """Register an application database for transactions (``data_source=name``): it
+        is opened with its own pool at every entry, and its ``datasource_outputs`` table
+        (the one the ``dbos`` package's datasources use) is created in ``schema`` if
+        missing.
+
+        Args:
+            name: the name transactions give it.
+            url: its PostgreSQL URL.
+            schema: the schema of its ``datasource_outputs`` table.
+            pool_size: the most connections its pool opens.
+
+        Raises:
+            DBOSError: called while entered, a name registered twice, or a bad option.
+        """
+        self._require_outside("Register data sources")
+        self._registry.add_data_source(DataSource(name, url, schema, pool_size))
 
     def scheduled(self, cron: str, *, timezone: str | None = None,
                   queue: str | Queue | None = None, automatic_backfill: bool = False,

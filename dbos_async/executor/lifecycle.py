@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Mapping, Set
 
 import anyio
@@ -29,6 +30,7 @@ from dbos_async.executor.registry import Registry, application_version
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.scheduler import Scheduler
 from dbos_async.sysdb import connection
+from dbos_async.sysdb.application import ApplicationDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 
 logger = logging.getLogger("dbos_async")
@@ -55,6 +57,7 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         # First, so that an entry waiting on the database says on what.
         runtime.background.supervise(sysdb.watch_health, "database health watch")
         await sysdb.open(run_migrations=config.run_migrations, patient=True)
+        await _open_application_databases(runtime)
         await _hold_executor_id(runtime)
         await start_notifications(sysdb, sysdb.url, config, runtime.background.supervise)
         runtime.cancellation.start(sysdb, runtime.background.supervise)
@@ -77,6 +80,20 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
         "DBOS %s started: executor %s, version %s, system database %s",
         config.name, runtime.executor_id, runtime.application_version, redact(sysdb.url),
     )
+
+
+async def _open_application_databases(runtime: Runtime) -> None:
+    """Open (and migrate) the application database of every registered data source,
+    before recovery runs transactions on them."""
+    config = runtime.config
+    runtime.registry.check_data_sources()
+    for source in runtime.registry.data_sources.values():
+        database = ApplicationDatabase(
+            source.name, source.url, schema=source.schema, pool_size=source.pool_size,
+            connect_timeout=config.connect_timeout, connection_name=config.connection_name,
+            idle_transaction_timeout_ms=math.ceil(config.idle_transaction_timeout * 1000))
+        await database.open(run_migrations=config.run_migrations)
+        runtime.application_databases[source.name] = database
 
 
 async def _start_scheduler(runtime: Runtime) -> None:
@@ -148,6 +165,8 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
             if sysdb.notifications is not None:
                 await sysdb.notifications.stop()
             await runtime.background.close(0)
+            for database in runtime.application_databases.values():
+                await database.close()
             await sysdb.close()
             # Last: nothing is written under the executor ID once it is released.
             if runtime.executor_lock is not None:

@@ -57,10 +57,11 @@ def _settled(outcome: asyncio.Future[Any]) -> tuple[str, BaseException | None]:
     return (logs.CANCELLED if isinstance(error, WorkflowCancelledError) else logs.ERROR), error
 
 
-def step_attempt(name: str, step_id: int | None, attempt: int) -> AbstractContextManager[None]:
-    """Trace attempt ``attempt`` (from 1) of a step as a span of its own, a child of the
-    active span; nothing while tracing is off."""
-    span = tracing.start_step_span(name, step_id, attempt)
+def step_attempt(name: str, step_id: int | None, attempt: int,
+                 kind: str = "step") -> AbstractContextManager[None]:
+    """Trace attempt ``attempt`` (from 1) of a step (of ``kind``: "step" or "transaction")
+    as a span of its own, a child of the active span; nothing while tracing is off."""
+    span = tracing.start_step_span(name, step_id, attempt, kind)
     return _UNTRACED if span is None else _traced_attempt(span)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbos_async.config import DBOSConfig
-from dbos_async.errors import DBOSError
+from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
 from dbos_async.validation import check_identifier
@@ -75,9 +75,30 @@ def instance_name(instance: object) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class DataSource:
+    """An application database registered with ``dbos.data_source()``: opened (and its
+    schema migrated) at every entry, closed at the exit."""
+
+    name: str
+    url: str
+    schema: str = "dbos"
+    pool_size: int = 10
+
+    def __post_init__(self) -> None:
+        check_identifier(self.name, "data source name")
+        if not isinstance(self.url, str) or not self.url:
+            raise DBOSError(f"Data source {self.name!r} needs a database URL")
+        if not isinstance(self.pool_size, int) or self.pool_size < 1:
+            raise DBOSError(f"Data source {self.name!r}: pool_size must be >= 1")
+
+
 class Registry:
     def __init__(self) -> None:
         self.workflows: dict[str, WorkflowInfo] = {}
+        # Application databases, by name, and the data source each transaction names.
+        self.data_sources: dict[str, DataSource] = {}
+        self.transaction_sources: dict[str, str] = {}
         # Schedules declared with @dbos.scheduled, stored at every entry.
         self.schedules: list[ScheduleRecord] = []
         self.instances: dict[tuple[str, str], object] = {}
@@ -91,6 +112,21 @@ class Registry:
                 "name with @dbos.workflow(name=...)"
             )
         self.workflows[info.name] = info
+
+    def add_data_source(self, source: DataSource) -> None:
+        if source.name in self.data_sources:
+            raise DBOSError(f"A data source named {source.name!r} is already registered")
+        self.data_sources[source.name] = source
+
+    def check_data_sources(self) -> None:
+        """Refuse to enter with a transaction naming a data source never registered."""
+        for transaction, source in sorted(self.transaction_sources.items()):
+            if source not in self.data_sources:
+                known = ", ".join(sorted(self.data_sources)) or "none"
+                raise ConfigurationError(
+                    f"Transaction {transaction!r} names the data source {source!r}, which is "
+                    f"not registered (registered: {known}); register it with "
+                    "dbos.data_source()")
 
     def add_instance(self, instance: object, name: str) -> None:
         check_identifier(name, "instance name")

@@ -20,6 +20,7 @@ from dbos_async.executor.claim_gate import ClaimGate
 from dbos_async.executor.registry import Registry
 from dbos_async.executor.serialization import Formats, Signature
 from dbos_async.executor.tasks import ExecutorHealth, TaskOwner
+from dbos_async.sysdb.application import ApplicationDatabase
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
@@ -102,6 +103,9 @@ class Runtime:
         # The PENDING and ENQUEUED work of other application versions, as last counted
         # (see dbos_async/executor/versions.py).
         self.waiting_versions: tuple[VersionBacklog, ...] = ()
+        # The application databases of the registered data sources, by name (opened at
+        # entry, see lifecycle.py).
+        self.application_databases: dict[str, ApplicationDatabase] = {}
 
     @property
     def executor_id(self) -> str:

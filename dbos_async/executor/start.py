@@ -338,7 +338,7 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
                              arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms,
                              plan.shard_key, plan.row.attributes, plan.authentication,
-                             plan.row.serialization)
+                             plan.row.serialization, first_run=True)
         else:
             check_name(started, plan.workflow_id, info.name)
         return workflow_handle(runtime, plan.workflow_id, signature=info.signature,

@@ -203,7 +203,6 @@ async def run_checkpointed(
     recorded = ctx.recorded(step_id, name)
     if recorded is not None:
         return replay(ctx, step_id, name, recorded, info.signature)
-    sysdb = ctx.runtime.system_database
     started = now_ms()
     try:
         with ctx.runtime.cancellation.region(ctx, info.options.cancellable):
@@ -214,23 +213,36 @@ async def run_checkpointed(
             if isinstance(error, WorkflowCancelledError):
                 raise
             raise WorkflowCancelledError(ctx.workflow_id) from error
-        # The workflow body gets the error as a replay will: in its recorded form.
-        formats = ctx.runtime.formats
-        text, failure = recorded_error(error, formats)
-        existing = await sysdb.record_step(
-            ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
-            error=text, started_at_ms=started, completed_at_ms=now_ms(),
-            serialization=formats.name,
-        )
-        if existing is not None:
-            return replay(ctx, step_id, name, existing, info.signature)
-        raise failure from failure.__cause__  # the original, or a replayed error's own
-    # A value that cannot be serialized fails here, before anything is written.
-    output = info.signature.serialize_result(value, ctx.runtime.formats)
-    existing = await sysdb.record_step(
+        return await record_failed_step(ctx, step_id, name, started, error, info.signature)
+    return await record_step_output(ctx, step_id, name, started, value, info.signature)
+
+
+async def record_failed_step(ctx: WorkflowContext, step_id: int, name: str, started: int,
+                             error: Exception, signature: Signature) -> Any:
+    """Record ``error`` as the outcome of step ``step_id`` and raise it as a replay will (in
+    its recorded form); an outcome recorded first is replayed instead."""
+    formats = ctx.runtime.formats
+    text, failure = recorded_error(error, formats)
+    existing = await ctx.runtime.system_database.record_step(
+        ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
+        error=text, started_at_ms=started, completed_at_ms=now_ms(),
+        serialization=formats.name,
+    )
+    if existing is not None:
+        return replay(ctx, step_id, name, existing, signature)
+    raise failure from failure.__cause__  # the original, or a replayed error's own
+
+
+async def record_step_output(ctx: WorkflowContext, step_id: int, name: str, started: int,
+                             value: Any, signature: Signature) -> Any:
+    """Record ``value`` as the output of step ``step_id`` and return it; an outcome
+    recorded first is replayed instead. A value that cannot be serialized fails here,
+    before anything is written."""
+    output = signature.serialize_result(value, ctx.runtime.formats)
+    existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
         started_at_ms=started, completed_at_ms=now_ms(), serialization=output.serialization,
     )
     if existing is not None:
-        return replay(ctx, step_id, name, existing, info.signature)
+        return replay(ctx, step_id, name, existing, signature)
     return value

@@ -108,13 +108,15 @@ def start_workflow_span(workflow_id: str, name: str, executor_id: str,
     })
 
 
-def start_step_span(name: str, step_id: int | None, attempt: int) -> Span | None:
+def start_step_span(name: str, step_id: int | None, attempt: int,
+                    kind: str = "step") -> Span | None:
     """A step attempt's span, a child of the active span (its workflow's, or the calling
-    step's); None while tracing is off."""
+    step's), saying its ``kind`` ("step" or "transaction"); None while tracing is off."""
     tracer = _tracer()
     if tracer is None:
         return None
-    attributes: dict[str, str | int] = {"dbos.step.name": name, "dbos.step.attempt": attempt}
+    attributes: dict[str, str | int] = {"dbos.step.name": name, "dbos.step.attempt": attempt,
+                                        "dbos.step.kind": kind}
     workflow = workflow_of_step()
     if workflow is not None:
         attributes["dbos.workflow.id"] = workflow.workflow_id

@@ -65,13 +65,14 @@ def launch(
     attributes: str | None = None,
     authentication: Authentication = NO_AUTHENTICATION,
     serialization: str | None = None,
+    first_run: bool = False,
 ) -> Execution:
     """Run a workflow body this execution owns, as a task of the runtime (``attributes``:
     its stored attributes, which may carry the trace its span continues; ``authentication``:
     the identity it runs under; ``serialization``: the format of its row)."""
     execution = Execution(info)
     ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
-                          shard_key, authentication, serialization)
+                          shard_key, authentication, serialization, first_run=first_run)
     runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
     runtime.workflows.spawn(_run(ctx, execution, args, kwargs, attributes),

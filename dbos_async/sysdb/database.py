@@ -9,8 +9,9 @@ the queues' in :mod:`dbos_async.sysdb.queues`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -24,6 +25,12 @@ from dbos_async.errors import (
     workflow_id_taken,
 )
 from dbos_async.sysdb.admin import AdminOperations
+from dbos_async.sysdb.application import (
+    Connection,
+    IsolationLevel,
+    OpenTransaction,
+    transaction,
+)
 from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
 from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.exports import ExportOperations
@@ -572,6 +579,52 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         what = f"checkpointing step {function_id} of {workflow_id}"
         verdict = await self._fetchrow(self.sql.fence_verdict(workflow_id, owner_xid), what)
         return await self._recorded_or_existing(verdict, workflow_id, function_id, function_name)
+
+    # ---- Transactions (see dbos_async/executor/transactions.py) ----
+
+    def transaction(self, isolation: IsolationLevel, read_only: bool
+                    ) -> contextlib.AbstractAsyncContextManager[OpenTransaction]:
+        """A user's transaction on the system database's pool (its checkpoint is then
+        recorded in it with :meth:`record_step_on`)."""
+        if self.routes_single_tables:
+            raise DBOSError("Transactions on the system database are not supported on Citus "
+                            "(its checkpoint would span shards): use an application database")
+        return transaction(self.pool, isolation, read_only)
+
+    async def record_step_on(self, conn: Connection, row: Checkpoint) -> bool:
+        """Record a step's checkpoint in the caller's transaction, fenced as
+        :meth:`record_step` is, the workflow's status row locked until that transaction
+        ends (and bounded by ``idle_transaction_timeout``, so a frozen caller cannot keep
+        it); whether it landed (if not, roll back and ask :meth:`why_not_recorded`)."""
+        q = self.sql.record_step(row.workflow_id, row.function_id, row.function_name,
+                                 row.owner_xid, row.output, row.error, row.started_at_ms,
+                                 row.completed_at_ms, serialization=row.serialization,
+                                 hold_ms=self.idle_transaction_timeout_ms or None)
+        return await conn.fetchrow(q.sql, *q.params) is not None
+
+    @contextlib.asynccontextmanager
+    async def holding_fence(self, row: Checkpoint) -> AsyncIterator[bool]:
+        """Record a step's checkpoint in a transaction of its own that keeps the workflow's
+        status row locked for the block (no hand-off commits meanwhile); whether it landed.
+        Committed when the block ends if it did, else rolled back."""
+        async with transaction(self.pool, "READ COMMITTED", False) as tx:
+            landed = await self.record_step_on(tx.conn, row)
+            yield landed
+            if landed:
+                await tx.commit()
+
+    async def why_not_recorded(self, row: Checkpoint) -> StepRecord:
+        """After a checkpoint of :meth:`record_step_on` did not land: raise if the workflow
+        is gone, cancelled or owned elsewhere, else return the record already there."""
+        what = f"checkpointing step {row.function_id} of {row.workflow_id}"
+        verdict = await self._fetchrow(self.sql.fence_verdict(row.workflow_id, row.owner_xid),
+                                       what)
+        record = await self._recorded_or_existing(verdict, row.workflow_id, row.function_id,
+                                                  row.function_name)
+        if record is None:
+            raise RuntimeError(f"Step {row.function_id} of {row.workflow_id}: the fence "
+                               "refused nothing, yet nothing was recorded")
+        return record
 
     async def _write_checkpoints(self, lane: Hashable, rows: Sequence[Keyed[Checkpoint]]
                                  ) -> list[bool | BaseException]:

@@ -341,6 +341,7 @@ class WorkflowStatements(StatementBase):
         child_workflow_id: str | None = None,
         child_shard_key: str | None = None,
         serialization: str = PORTABLE_JSON,
+        hold_ms: int | None = None,
     ) -> Query:
         """Fence, notice cancellation and record a step's outcome, in one statement: the
         checkpoint is selected from the workflow's status row, locked FOR NO KEY UPDATE so no
@@ -348,17 +349,24 @@ class WorkflowStatements(StatementBase):
         insert, and it lands only while this execution owns a PENDING workflow. The row's own
         key feeds the insert, so Citus runs it as one task on that key's shard. RETURNING
         its (workflow, step) and key, as :meth:`record_steps` does, when it landed; when
-        nothing did, :meth:`fence_verdict` says why."""
+        nothing did, :meth:`fence_verdict` says why.
+
+        With ``hold_ms``, run in a transaction that keeps the status row locked while it
+        commits elsewhere (a transaction on an application database): the transaction may
+        then sit idle that long at most before PostgreSQL ends its session, and the lock."""
         p = Params()
         values = self._checkpoint_values(
             self._key_values_of("ws"), workflow_id, function_id, function_name, p,
             output=output, error=error, started_at_ms=started_at_ms,
             completed_at_ms=completed_at_ms, child_workflow_id=child_workflow_id,
             child_shard_key=child_shard_key, serialization=serialization)
-        source = f"""{self.table('workflow_status')} ws
+        held = "" if hold_ms is None else (
+            " CROSS JOIN pg_catalog.set_config('idle_in_transaction_session_timeout', "
+            f"{p(str(hold_ms))}, true) AS held")
+        source = f"""{self.table('workflow_status')} ws{held}
                      WHERE {self.wf('ws', workflow_id, p)} AND ws.status = {p(PENDING)}
                        AND ws.owner_xid = {p(owner_xid)}
-                     FOR NO KEY UPDATE"""
+                     FOR NO KEY UPDATE{' OF ws' if held else ''}"""
         insert = self._insert_select("operation_outputs", values, source,
                                      self._checkpoint_conflict())
         return Query(f"{insert} RETURNING workflow_uuid, function_id{self.key_columns()}",
