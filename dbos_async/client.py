@@ -57,6 +57,7 @@ from dbos_async.executor.start import (
 )
 from dbos_async.executor.tasks import TaskOwner
 from dbos_async.executor.tracing import traced_attributes
+from dbos_async.sysdb.application import ApplicationDatabase
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
@@ -97,6 +98,9 @@ class DBOSClient(Operator, Peer):
         self.application_name = self.config.application_name
         self.formats = Formats.of(self.config)
         self._sysdb: SystemDatabase | None = None
+        # A client opens no application database: rewinding or deleting a workflow whose
+        # transactions ran on one is an executor's job (see the README's Transactions).
+        self.application_databases: dict[str, ApplicationDatabase] = {}
         self._background = TaskOwner("client")
         self._state = "new"
 

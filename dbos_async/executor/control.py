@@ -199,6 +199,10 @@ async def delete(peer: Peer, workflow_ids: Sequence[str], delete_children: bool)
     sysdb = peer.system_database
     descendants = await sysdb.descendants(workflow_ids) if delete_children else []
     await sysdb.delete(workflow_ids, descendants)
+    # Their transactions' outcomes too, once nothing can run them any more.
+    refs = [*((i, sysdb.sql.key_hint(i)) for i in workflow_ids), *descendants]
+    for database in peer.application_databases.values():
+        await database.delete_outputs(refs)
 
 
 # ---- Listing ----
@@ -375,8 +379,17 @@ async def rewind(peer: Peer, workflow_id: str, start_step: int, *,
     """Discard a finished workflow's history from ``start_step`` on and re-enqueue it
     under its own ID; steps from ``start_step`` run again."""
     queue = queue_name or INTERNAL_QUEUE_NAME
-    await peer.system_database.rewind(workflow_id, start_step, queue_name=queue,
-                                      application_version=application_version)
+    sysdb = peer.system_database
+    ref = (workflow_id, sysdb.sql.key_hint(workflow_id))
+
+    async def discard_transactions() -> None:
+        # The outcomes transactions recorded from the cut on, or they would replay.
+        for database in peer.application_databases.values():
+            await database.delete_outputs([ref], start_step)
+
+    await sysdb.rewind(workflow_id, start_step, queue_name=queue,
+                       application_version=application_version,
+                       while_locked=discard_transactions)
     _announce_enqueued(peer, queue)
     logger.info("Rewound workflow %s to step %s", workflow_id, start_step)
 

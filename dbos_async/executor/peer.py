@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from dbos_async.config import DBOSConfig
     from dbos_async.executor.serialization import Formats, Signature
+    from dbos_async.sysdb.application import ApplicationDatabase
     from dbos_async.sysdb.database import SystemDatabase
     from dbos_async.sysdb.notifications import Supervise
 
@@ -29,6 +30,10 @@ class Peer(Protocol):
 
     @property
     def system_database(self) -> SystemDatabase: ...
+
+    # The application databases whose transactions' outcomes it discards with the
+    # workflows (rewind, delete), by data source name.
+    application_databases: dict[str, ApplicationDatabase]
 
     def signature_of(self, workflow_name: str) -> Signature | None:
         """The registered workflow's signature (types its values), or None."""

@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import asyncpg
 
@@ -33,7 +33,7 @@ ISOLATION_LEVELS: dict[str, str] = {
 }
 """The isolation levels a transaction may ask for, as asyncpg names them."""
 
-Connection = asyncpg.Connection | PooledConnection
+Connection: TypeAlias = "asyncpg.Connection | PooledConnection"
 """A connection, pooled or not."""
 
 WorkflowRef = tuple[str, str | None]

@@ -382,9 +382,13 @@ class WorkflowOperations(DatabaseCore):
                             "workflow with that ID exists") from None
 
     async def rewind(self, workflow_id: str, start_step: int, *, queue_name: str,
-                     application_version: str | None) -> None:
+                     application_version: str | None,
+                     while_locked: Callable[[], Awaitable[None]] | None = None) -> None:
         """Discard the workflow's history from ``start_step`` on and re-enqueue it under
-        its own ID, in one transaction; only a finished (terminal) workflow is rewound."""
+        its own ID, in one transaction; only a finished (terminal) workflow is rewound.
+        ``while_locked`` runs once the workflow is found finished, before the commit (it
+        discards what other databases hold of that history: nothing runs the workflow
+        until the commit)."""
         now = now_ms()
 
         async def run() -> None:
@@ -393,6 +397,8 @@ class WorkflowOperations(DatabaseCore):
                 if status in ACTIVE_STATUSES:
                     raise DBOSError(f"Cannot rewind {workflow_id!r} ({status}): only a "
                                     "finished workflow can be rewound; cancel it first")
+                if while_locked is not None:
+                    await while_locked()
                 for q in self.sql.rewind(workflow_id, start_step):
                     await conn.execute(q.sql, *q.params)
                 q = self.sql.requeue_rewound(workflow_id, status, queue_name,
