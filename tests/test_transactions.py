@@ -15,7 +15,16 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import execute, fetch, fetchval, new_dbos, step_rows, wait_until
+from helpers import (
+    execute,
+    fetch,
+    fetchval,
+    new_dbos,
+    step_rows,
+    take_executor_id_away,
+    wait_until,
+    workflow_row,
+)
 
 from dbos_async import (
     DBOS,
@@ -319,8 +328,8 @@ async def test_cancel_reaches_a_transaction_waiting_on_a_lock(database_url: str,
 
 
 async def _lock_waiters(url: str) -> bool:
-    return bool(await fetchval(url, "SELECT count(*) FROM pg_stat_activity "
-                                    "WHERE wait_event_type = 'Lock' AND datname = current_database()"))
+    return bool(await fetchval(url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                                    "wait_event_type = 'Lock' AND datname = current_database()"))
 
 
 async def _no_lock_waiters(url: str) -> bool:
@@ -388,7 +397,8 @@ async def test_two_data_sources_and_the_dbos_table_shape(database_url: str, app_
         ("workflow_id", "text", "NO"), ("step_id", "integer", "NO"), ("output", "text", "YES"),
         ("error", "text", "YES"), ("serialization", "text", "YES"),
         ("created_at", "bigint", "NO")]
-    assert await fetchval(other, "SELECT version FROM ledger_schema.dbos_datasource_migrations") == 1
+    versions = "SELECT version FROM ledger_schema.dbos_datasource_migrations"
+    assert await fetchval(other, versions) == 1
 
 
 async def test_sharded_system_database_prefixes_the_key(create_database: Any,
@@ -411,3 +421,54 @@ async def test_sharded_system_database_prefixes_the_key(create_database: Any,
     ids = [r["workflow_id"] for r in await fetch(
         app_url, "SELECT workflow_id FROM dbos.datasource_outputs ORDER BY 1")]
     assert ids == ["8:tenant-a:same", "8:tenant-b:same"]
+
+
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_a_stale_execution_racing_the_taker_commits_nothing(
+        database_url: str, app_url: str, on: str) -> None:
+    """Two executors on one workflow's transaction: A runs its SQL and stalls before the
+    commit; A looks dead, B takes the workflow over and runs the transaction; A resumes and
+    its commit is refused by the fence (its SQL rolled back): one effect, B's."""
+    url = database_url if on == "system" else app_url
+    await execute(url, "CREATE TABLE IF NOT EXISTS effects (workflow_id text, executor text)")
+    source = None if on == "system" else "shop"
+
+    def register(dbos: DBOS, label: str, gate: asyncio.Event | None,
+                 reached: asyncio.Event | None) -> Any:
+        if source:
+            dbos.data_source("shop", app_url)
+
+        @dbos.transaction(data_source=source, name="effect", isolation="READ COMMITTED")
+        async def effect() -> str:
+            await transaction_connection().execute(
+                "INSERT INTO effects VALUES ($1, $2)", "raced", label)
+            if reached is not None:
+                reached.set()
+            if gate is not None:
+                await gate.wait()
+            return label
+
+        @dbos.workflow(name="racing")
+        async def racing() -> str:
+            return await effect()
+
+        return racing
+
+    a = new_dbos(database_url, failover_after=None)
+    gate, reached = asyncio.Event(), asyncio.Event()
+    racing = register(a, "A", gate, reached)
+    async with a:
+        with SetWorkflowID("raced"):
+            handle_a = await a.start_workflow(racing)
+        await asyncio.wait_for(reached.wait(), 30)
+        await take_executor_id_away(database_url, a)
+        b = new_dbos(database_url, executor_id="taker", failover_after=0.2)
+        register(b, "B", None, None)
+        async with b:
+            assert await asyncio.wait_for(
+                (await b.retrieve_workflow("raced")).get_result(), 60) == "B"
+        gate.set()
+        assert await asyncio.wait_for(handle_a.get_result(), 60) == "B"
+    assert [tuple(r) for r in await fetch(url, "SELECT * FROM effects")] == [("raced", "B")]
+    row = await workflow_row(database_url, "raced")
+    assert row is not None and row["executor_id"] == "taker"
