@@ -243,45 +243,47 @@ class _Retry(Exception):
         self.maybe_committed = maybe_committed
 
 
-def _refusal(info: TransactionInfo, error: BaseException) -> BaseException:
-    """The error a driver error of the user's transaction becomes: a :class:`_Retry` for
-    a conflict or a lost connection, a :class:`TransactionError` naming its SQLSTATE for
-    any other the server sent; anything else stays itself."""
-    if isinstance(error, asyncpg.PostgresError):
-        wrapped = TransactionError(info.options.name, error.sqlstate or "", str(error))
-        wrapped.__cause__ = error
-        if error.sqlstate in CONFLICT_SQLSTATES or is_transient(error):
-            return _Retry(wrapped)
-        return wrapped
-    if isinstance(error, asyncpg.InterfaceError | OSError) and is_transient(error):
-        lost = TransactionError(info.options.name, "08006", f"connection lost: {error}")
+def _refusal(info: TransactionInfo, tx: OpenTransaction,
+             error: BaseException) -> BaseException:
+    """The error a driver error of the user's transaction ``tx`` becomes: a
+    :class:`_Retry` for a conflict or a lost connection (``tx``'s connection closed under
+    it), a :class:`TransactionError` naming its SQLSTATE for any other the server sent;
+    anything else (the user's own errors) stays itself."""
+    name = info.options.name
+    if tx.conn.is_closed() and is_transient(error):
+        lost = TransactionError(name, "08006", f"connection lost: {error}")
         lost.__cause__ = error
         return _Retry(lost, maybe_committed=True)
+    if isinstance(error, asyncpg.PostgresError):
+        wrapped = TransactionError(name, error.sqlstate or "", str(error))
+        wrapped.__cause__ = error
+        return _Retry(wrapped) if error.sqlstate in CONFLICT_SQLSTATES else wrapped
     return error
+
+
+@contextmanager
+def _driver_errors(info: TransactionInfo, tx: OpenTransaction) -> Iterator[None]:
+    """Raise what a driver error in the block becomes (see :func:`_refusal`)."""
+    try:
+        yield
+    except Exception as error:
+        refusal = _refusal(info, tx, error)
+        if refusal is error:
+            raise
+        raise refusal from error
 
 
 async def _user_sql(tx: OpenTransaction, info: TransactionInfo, args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
     """Run the user's function on the transaction's connection."""
-    with _in_transaction(tx.conn):
-        try:
-            return await info.fn(*args, **kwargs)
-        except Exception as error:
-            refusal = _refusal(info, error)
-            if refusal is error:
-                raise
-            raise refusal from error
+    with _in_transaction(tx.conn), _driver_errors(info, tx):
+        return await info.fn(*args, **kwargs)
 
 
 async def _committed(info: TransactionInfo, tx: OpenTransaction) -> None:
     """Commit; a conflict found at the commit is retried, a lost reply leaves it unknown."""
-    try:
+    with _driver_errors(info, tx):
         await tx.commit()
-    except Exception as error:
-        refusal = _refusal(info, error)
-        if isinstance(refusal, _Retry):
-            refusal.maybe_committed = not isinstance(error, asyncpg.PostgresError)
-        raise refusal from error
 
 
 class _Attempt:
@@ -318,7 +320,7 @@ class _Attempt:
                 return await steps.record_step_output(self.ctx, self.step_id, self.name,
                                                       self.started, value, self.info.signature)
             checkpoint = self._checkpoint(output.text, output.serialization)
-            if await self._guarded(sysdb.record_step_on(tx.conn, checkpoint)):
+            if await self._guarded(tx, sysdb.record_step_on(tx.conn, checkpoint)):
                 await _committed(self.info, tx)
                 return value
         record = await sysdb.why_not_recorded(checkpoint)
@@ -331,8 +333,8 @@ class _Attempt:
         workflow = (self.ctx.workflow_id, self.ctx.shard_key)
         async with app.transaction(options.isolation, options.read_only) as tx:
             if maybe_committed or not self.ctx.first_run:
-                stored = await self._guarded(app.recorded_output(workflow, self.step_id,
-                                                                 tx.conn))
+                stored = await self._guarded(
+                    tx, app.recorded_output(workflow, self.step_id, tx.conn))
                 if stored is not None:
                     return await self._adopt(stored)
             value = await _user_sql(tx, self.info, self.args, self.kwargs)
@@ -341,12 +343,12 @@ class _Attempt:
                 await _committed(self.info, tx)
                 return await steps.record_step_output(self.ctx, self.step_id, self.name,
                                                       self.started, value, self.info.signature)
-            if await self._guarded(app.record_output(tx.conn, workflow, self.step_id,
-                                                     output.text, output.serialization)):
+            if await self._guarded(tx, app.record_output(tx.conn, workflow, self.step_id,
+                                                         output.text, output.serialization)):
                 checkpoint = self._checkpoint(output.text, output.serialization)
                 return await self._commit_fenced(tx, checkpoint, value)
         # An earlier execution committed this step: the read comes after our rollback.
-        stored = await self._guarded(app.recorded_output(workflow, self.step_id))
+        stored = await app.recorded_output(workflow, self.step_id)
         assert stored is not None, "a record that stopped an insert is there"
         return await self._adopt(stored)
 
@@ -395,13 +397,8 @@ class _Attempt:
         return self.info.signature.deserialize_result(stored.output, serialization,
                                                       self.ctx.runtime.formats)
 
-    async def _guarded(self, operation: Coroutine[Any, Any, Any]) -> Any:
-        """One of our own statements in the user's transaction: a conflict or a lost
+    async def _guarded(self, tx: OpenTransaction, operation: Coroutine[Any, Any, Any]) -> Any:
+        """One of our own statements in the user's transaction ``tx``: a conflict or a lost
         connection is retried like the user's SQL."""
-        try:
+        with _driver_errors(self.info, tx):
             return await operation
-        except Exception as error:
-            refusal = _refusal(self.info, error)
-            if refusal is error:
-                raise
-            raise refusal from error

@@ -17,10 +17,11 @@ from typing import Literal, TypeAlias
 import asyncpg
 
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError, DBOSError
-from dbos_async.sysdb.connection import parsed_url
+from dbos_async.sysdb.connection import keep_session, parsed_url
 from dbos_async.sysdb.core import PooledConnection
 from dbos_async.sysdb.migrations import quote_schema
 from dbos_async.sysdb.retry import is_transient
+from dbos_async.sysdb.statements.base import Query
 from dbos_async.sysdb.statements.transactions import ApplicationStatements, checkpoint_id
 
 logger = logging.getLogger("dbos_async")
@@ -77,15 +78,19 @@ class OpenTransaction:
 
 
 @contextlib.asynccontextmanager
-async def transaction(pool: asyncpg.Pool, isolation: IsolationLevel,
-                      read_only: bool) -> AsyncIterator[OpenTransaction]:
+async def transaction(pool: asyncpg.Pool, isolation: IsolationLevel, read_only: bool,
+                      idle_timeout: Query | None = None) -> AsyncIterator[OpenTransaction]:
     """A pooled connection in a new transaction at ``isolation``; rolled back at the exit
-    unless the block committed it (a connection whose rollback fails is closed)."""
+    unless the block committed it (a connection whose rollback fails is closed).
+    ``idle_timeout``: the statement bounding how long it may sit idle, for a pool whose
+    sessions are not bounded already."""
     async with pool.acquire() as conn:
         tx = conn.transaction(isolation=ISOLATION_LEVELS[isolation],  # type: ignore[arg-type]
                               readonly=read_only)
         await tx.start()
         opened = OpenTransaction(conn, tx)
+        if idle_timeout is not None:
+            await conn.execute(idle_timeout.sql, *idle_timeout.params)
         try:
             yield opened
         finally:
@@ -133,7 +138,7 @@ class ApplicationDatabase:
         try:
             self._pool = await asyncpg.create_pool(
                 self.url, min_size=1, max_size=self.pool_size, timeout=self._connect_timeout,
-                server_settings=settings)
+                server_settings=settings, reset=keep_session)
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             raise DatabaseUnavailableError(
                 f"Cannot connect to the application database of data source {self.name!r} "

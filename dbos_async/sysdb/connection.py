@@ -189,7 +189,7 @@ async def ensure_database(url: str, connect_timeout: float, name: str,
         await admin.close()
 
 
-async def _keep_session(connection: asyncpg.Connection) -> None:
+async def keep_session(connection: asyncpg.Connection) -> None:
     """Skip asyncpg's reset query on release.
 
     The default reset (UNLISTEN, RESET ALL, advisory unlock, CLOSE ALL) is a round trip per
@@ -212,7 +212,7 @@ async def create_pool(url: str, size: int, connect_timeout: float, name: str,
             min_size=1,
             max_size=size,
             connect=open_one,
-            reset=_keep_session,
+            reset=keep_session,
         )
     except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
         raise connection_failure(url, error,

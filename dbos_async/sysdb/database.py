@@ -585,11 +585,15 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     def transaction(self, isolation: IsolationLevel, read_only: bool
                     ) -> contextlib.AbstractAsyncContextManager[OpenTransaction]:
         """A user's transaction on the system database's pool (its checkpoint is then
-        recorded in it with :meth:`record_step_on`)."""
+        recorded in it with :meth:`record_step_on`), bounded by ``idle_transaction_timeout``
+        from its start: a frozen process holding row locks of the user's tables (the pool's
+        sessions are not bounded) loses them with its session."""
         if self.routes_single_tables:
             raise DBOSError("Transactions on the system database are not supported on Citus "
                             "(its checkpoint would span shards): use an application database")
-        return transaction(self.pool, isolation, read_only)
+        bound = self.idle_transaction_timeout_ms
+        return transaction(self.pool, isolation, read_only,
+                           self.sql.idle_transaction_timeout(bound) if bound > 0 else None)
 
     async def record_step_on(self, conn: Connection, row: Checkpoint) -> bool:
         """Record a step's checkpoint in the caller's transaction, fenced as
