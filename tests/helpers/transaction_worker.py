@@ -29,6 +29,7 @@ from dbos_async import (
 )
 
 STEPS = 3
+TRANSACTION_SECONDS = 0.03
 PAUSING = False
 """Whether this process is the zombie, whose transaction pauses before its commit."""
 APP_VERSION = "transactions-test"
@@ -56,6 +57,7 @@ def build(system_url: str, app_url: str, on: str, cycle: int, executor_id: str,
         await conn.execute("INSERT INTO effects VALUES ($1, $2, $3)", current_workflow_id(),
                            current_step_id(), os.getpid())
         n = await conn.fetchval("UPDATE counter SET n = n + 1 RETURNING n")
+        await asyncio.sleep(TRANSACTION_SECONDS)  # kills land inside transactions too
         global PAUSING
         if PAUSING and current_workflow_id() == "zombie":
             PAUSING = False  # once: a retry after the pause runs straight through
