@@ -41,6 +41,10 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
         assert first.count("charging") == 1
         assert "charging" not in second
         assert second.splitlines()[-1] == "order-7 shipped with receipt-order-7"
+    if example.stem == "transactions":
+        assert first.count("transaction: inserting") == 1
+        assert "inserting" not in second and "confirming" not in second
+        assert second.splitlines()[-1] == "order-1 confirmed, 1 order(s) in all"
     if example.stem == "replay_check":
         assert "DIVERGES order-1 (checkout, SUCCESS): step 1: recorded ship, new code " \
             "calls ship_fast" in first
