@@ -40,6 +40,7 @@ from dbos_async.sysdb.connection import keep_session
 TABLE = "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, v int NOT NULL)"
 INSERT = "INSERT INTO bench_orders (v) VALUES ($1)"
 STEPS = 5
+ADDED_TARGET = 2
 """Transactions per workflow: the workflow's own start and finish are shared by them."""
 
 _KINDS = [
@@ -159,6 +160,13 @@ async def run(url: str, prefix: str, count: int, concurrency: int) -> dict[str, 
         await drop_database(url, f"{prefix}_app")
 
 
+def added_per_transaction(results: dict[str, Any]) -> float:
+    """The statements a transactional step adds beyond the user's SQL and the transaction
+    control, per transaction, on whichever database adds more."""
+    return max(results[n]["kinds"]["added by the step"] / results["transactions"]
+               for n in ("system database", "application database"))
+
+
 def report(results: dict[str, Any]) -> list[str]:
     """One line per way: throughput, its ratio to bare, statements per transaction."""
     count = results["transactions"]
@@ -174,10 +182,10 @@ def report(results: dict[str, Any]) -> list[str]:
                      f"{k['added by the step'] / count:.2f}"))
     lines = [f"Transactions: {count} single-row INSERTs, statements per transaction"]
     lines += table(rows, "lrrrrrr")
-    added = max(results[n]["kinds"]["added by the step"] / count
-                for n in ("system database", "application database"))
-    lines.append(f"  statements a transactional step adds beyond the user's SQL (target <= 2): "
-                 f"{added:.2f} {"PASS" if round(added, 2) <= 2 else "FAIL"}")
+    added = added_per_transaction(results)
+    lines.append(f"  statements a transactional step adds beyond the user's SQL (target <= "
+                 f"{ADDED_TARGET}): {added:.2f} "
+                 f"{'PASS' if round(added, 2) <= ADDED_TARGET else 'FAIL'}")
     return lines
 
 

@@ -28,6 +28,10 @@ Then, unless --skip-waiters (--waiters-only runs only this part), many workflows
 once in one process (bench_waiters.py, a child process per system): start time, memory and
 threads while they wait, statements sent while idle, and the time to wake them all.
 
+Then, unless --skip-transactions, transactional steps (bench_transactions.py): single-row
+INSERTs run bare, in @dbos.transaction() steps on the system database and on an application
+database, with throughput and every statement counted per transaction.
+
 Then, unless --skip-latency (--latency-only runs only this part), the latency of single
 operations, one at a time: send -> recv wake-up, set_event -> get_event, write_stream ->
 read_stream and start_workflow -> get_result, median and p99, for dbos_async
@@ -59,6 +63,7 @@ import bench_latency_dbos
 import bench_latency_dbos_async
 import bench_queues
 import bench_raw
+import bench_transactions
 import bench_waiters
 import latency
 from common import DEFAULT_URL, drop_database, recreate_database, server_facts, table
@@ -134,6 +139,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="leave out the queue section")
     parser.add_argument("--skip-waiters", action="store_true",
                         help="leave out the waiting-workflows section")
+    parser.add_argument("--skip-transactions", action="store_true",
+                        help="leave out the transactions section")
+    parser.add_argument("--transactions", type=int, default=2000,
+                        help="single-row INSERTs per way in the transactions section "
+                             "(default 2000)")
     parser.add_argument("--waiters", type=int, default=10_000,
                         help="dbos_async workflows waiting at once (default 10000)")
     parser.add_argument("--dbos-waiters", type=int, default=1_000,
@@ -214,6 +224,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             progress=_progress)
     if not args.skip_waiters and (args.waiters_only or not only):
         results["waiters"] = await run_waiters(args)
+    if not args.skip_transactions and not only:
+        _progress(f"transactions: {args.transactions} INSERTs bare, on the system database, "
+                  "on an application database")
+        results["transactions"] = await bench_transactions.run(
+            args.url, f"{args.db_prefix}_txn", args.transactions, args.pool_size)
     if not args.skip_latency and (args.latency_only or not only):
         results["latency"] = await run_latency(args)
     return results
@@ -526,6 +541,8 @@ def report(results: dict[str, Any], profiled: bool) -> str:
         out += waiters_report(results["waiters"])
     if "latency" in results:
         out += latency_report(results["latency"])
+    if "transactions" in results:
+        out += ["", *bench_transactions.report(results["transactions"])]
     out += targets_report(results)
     return "\n".join(out)
 
@@ -582,6 +599,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         rows.append(("enqueue -> start median (notified)", f"{notify['median_ms']:.1f} ms",
                      f"< {QUEUE_LATENCY_TARGET_MS:.0f} ms",
                      notify["median_ms"] < QUEUE_LATENCY_TARGET_MS))
+    if "transactions" in results:
+        added = bench_transactions.added_per_transaction(results["transactions"])
+        rows.append(("statements a transactional step adds beyond the user's SQL",
+                     f"{added:.2f}", f"<= {bench_transactions.ADDED_TARGET}",
+                     round(added, 2) <= bench_transactions.ADDED_TARGET))
     return rows
 
 
