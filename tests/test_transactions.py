@@ -472,3 +472,33 @@ async def test_a_stale_execution_racing_the_taker_commits_nothing(
     assert [tuple(r) for r in await fetch(url, "SELECT * FROM effects")] == [("raced", "B")]
     row = await workflow_row(database_url, "raced")
     assert row is not None and row["executor_id"] == "taker"
+
+
+async def test_export_and_import_carry_application_records(
+        database_url: str, app_url: str, create_database: Any) -> None:
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    _, place, _ = _ordering(dbos, "shop")
+    async with dbos:
+        with SetWorkflowID("wf-x"):
+            await place("o1", 2)
+        lines = [w.to_json() async for w in dbos.export_workflows()]
+    assert '"datasource_outputs":{"shop":[{"step_id":0' in lines[0]
+
+    # A target that does not register the data source refuses the line, writing nothing.
+    target_url = await create_database()
+    bare = new_dbos(target_url, executor_id="bare")
+    async with bare:
+        with pytest.raises(DBOSError, match="data source 'shop', which this executor"):
+            await bare.import_workflows(lines)
+        assert await bare.list_workflows() == []
+
+    target_app = await create_database()
+    target = new_dbos(target_url, executor_id="target")
+    target.data_source("shop", target_app)
+    async with target:
+        summary = await target.import_workflows(lines)
+        assert summary.imported == 1
+    rows = await fetch(target_app, "SELECT workflow_id, step_id, output "
+                                   "FROM dbos.datasource_outputs")
+    assert [tuple(r) for r in rows] == [("wf-x", 0, "1")]

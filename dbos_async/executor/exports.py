@@ -10,17 +10,21 @@ The line format (version :data:`EXPORT_VERSION`) is one JSON object per workflow
 Each table lists the workflow's rows, each row an object of exactly that table's columns
 (:data:`~dbos_async.sysdb.statements.EXPORT_COLUMNS`), as stored: payloads stay the
 serialized text the database holds, so a line moves a workflow without reading its values.
+``datasource_outputs`` (present only when it holds rows) carries the records its
+transactions left in the exporting executor's application databases, by data source name
+(:data:`~dbos_async.sysdb.application.OUTPUT_COLUMNS`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dbos_async.errors import DBOSError, WorkflowImportConflictError, WorkflowImportError
 from dbos_async.executor.peer import Peer
+from dbos_async.sysdb.application import OUTPUT_COLUMNS
 from dbos_async.sysdb.exports import WorkflowRows
 from dbos_async.sysdb.shard_keys import validate_shard_key
 from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter
@@ -28,13 +32,18 @@ from dbos_async.sysdb.statements.exports import WORKFLOW_COLUMN
 
 EXPORT_FORMAT = "dbos_async.workflow"
 EXPORT_VERSION = 1
+TRANSACTIONS_KEY = "datasource_outputs"
 SINGLE_ROW_TABLES = ("workflow_status",)
 AT_MOST_ONE_ROW_TABLES = ("workflow_input", "workflow_output")
 
 
+@dataclass(frozen=True)
 class ExportedWorkflow(WorkflowRows):
     """One workflow with every row it owns, as an export yields it and an import takes
-    it. ``status`` is its ``workflow_status`` row (name, status, attributes, ...)."""
+    it. ``status`` is its ``workflow_status`` row (name, status, attributes, ...);
+    ``transactions`` its records in application databases, by data source name."""
+
+    transactions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @property
     def status(self) -> dict[str, Any]:
@@ -42,9 +51,12 @@ class ExportedWorkflow(WorkflowRows):
 
     def to_json(self) -> str:
         """The workflow as one line of the export format (no newline)."""
-        return json.dumps({"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-                           "workflow_id": self.workflow_id, "shard_key": self.shard_key,
-                           "tables": self.tables}, separators=(",", ":"))
+        line: dict[str, Any] = {"format": EXPORT_FORMAT, "version": EXPORT_VERSION,
+                                "workflow_id": self.workflow_id, "shard_key": self.shard_key,
+                                "tables": self.tables}
+        if self.transactions:
+            line[TRANSACTIONS_KEY] = self.transactions
+        return json.dumps(line, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, line: str, line_number: int | None = None) -> ExportedWorkflow:
@@ -74,7 +86,16 @@ class ExportedWorkflow(WorkflowRows):
                 f"{where}: \"tables\" must hold exactly {', '.join(EXPORT_COLUMNS)}")
         for table, rows in tables.items():
             _check_rows(where, workflow_id, table, rows)
-        return cls(workflow_id, shard_key, tables)
+        transactions = data.get(TRANSACTIONS_KEY, {})
+        if not isinstance(transactions, dict):
+            raise WorkflowImportError(f"{where}: {TRANSACTIONS_KEY} must be an object")
+        for source, rows in transactions.items():
+            if not isinstance(rows, list) or not all(
+                    isinstance(row, dict) and set(row) == set(OUTPUT_COLUMNS) for row in rows):
+                raise WorkflowImportError(
+                    f"{where}: {TRANSACTIONS_KEY} of data source {source!r} must be a list of "
+                    f"rows of the columns {', '.join(OUTPUT_COLUMNS)}")
+        return cls(workflow_id, shard_key, tables, transactions)
 
 
 def _check_rows(where: str, workflow_id: str, table: str, rows: Any) -> None:
@@ -113,7 +134,12 @@ async def export_workflows(peer: Peer, f: WorkflowFilter, batch_size: int
                            ) -> AsyncIterator[ExportedWorkflow]:
     _check_batch_size(batch_size)
     async for rows in peer.system_database.export_workflows(f, batch_size):
-        yield ExportedWorkflow(rows.workflow_id, rows.shard_key, rows.tables)
+        transactions = {}
+        for name, database in peer.application_databases.items():
+            found = await database.export_outputs(rows.ref)
+            if found:
+                transactions[name] = found
+        yield ExportedWorkflow(rows.workflow_id, rows.shard_key, rows.tables, transactions)
 
 
 async def import_workflows(
@@ -135,8 +161,18 @@ async def import_workflows(
         nonlocal imported, unchanged
         if batch:
             targeted = keys.target(batch)
+            for workflow in batch:  # checked before anything is written
+                for source in workflow.transactions:
+                    if source not in peer.application_databases:
+                        raise WorkflowImportError(
+                            f"Workflow {workflow.workflow_id!r} holds records of the data "
+                            f"source {source!r}, which this executor does not register")
             written = await sysdb.import_workflows(targeted)
             imported, unchanged = imported + written, unchanged + len(targeted) - written
+            for workflow in batch:
+                for source, found in workflow.transactions.items():
+                    await peer.application_databases[source].import_outputs(
+                        (workflow.workflow_id, keys.key_of(workflow)), found)
             batch.clear()
 
     line_number = 0
@@ -186,7 +222,7 @@ class _Keys:
     def target(self, batch: Sequence[ExportedWorkflow]) -> list[WorkflowRows]:
         """The batch as the target stores it, once each (the same workflow twice with
         other rows is a conflict)."""
-        keyed = [(workflow, self._key_of(workflow)) for workflow in batch]
+        keyed = [(workflow, self.key_of(workflow)) for workflow in batch]
         targeted: dict[tuple[str, str | None], WorkflowRows] = {}
         for workflow, key in keyed:
             rows = WorkflowRows(workflow.workflow_id, key, self._tables(workflow, key))
@@ -196,7 +232,7 @@ class _Keys:
                     workflow.workflow_id, "the import holds it twice, with different rows")
         return list(targeted.values())
 
-    def _key_of(self, workflow: ExportedWorkflow) -> str | None:
+    def key_of(self, workflow: ExportedWorkflow) -> str | None:
         if not self.sharded:
             return None
         if self.shard_key_of is None:

@@ -12,7 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import asyncpg
 
@@ -50,17 +50,9 @@ class StoredOutput:
     serialization: str | None
 
 
-@dataclass(frozen=True)
-class ExportedOutput:
-    """A ``datasource_outputs`` row, as exports carry it (``workflow_id`` without its shard
-    key prefix: the key travels with the workflow)."""
-
-    data_source: str
-    step_id: int
-    output: str | None
-    error: str | None
-    serialization: str | None
-    created_at: int
+OUTPUT_COLUMNS = ("step_id", "output", "error", "serialization", "created_at")
+"""The columns of a ``datasource_outputs`` row an export carries (its ``workflow_id`` is the
+exported workflow's, with its key)."""
 
 
 class OpenTransaction:
@@ -222,22 +214,24 @@ class ApplicationDatabase:
                 if attempt == 2 or not is_transient(error):
                     raise self.failure("deleting outcomes", error) from error
 
-    async def export_outputs(self, workflow: WorkflowRef) -> list[ExportedOutput]:
+    async def export_outputs(self, workflow: WorkflowRef) -> list[dict[str, Any]]:
+        """The workflow's rows, each of :data:`OUTPUT_COLUMNS`."""
         q = self.sql.export_outputs([checkpoint_id(*workflow)])
         try:
             rows = await self.pool.fetch(q.sql, *q.params)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
             raise self.failure("exporting outcomes", error) from error
-        return [ExportedOutput(self.name, r["step_id"], r["output"], r["error"],
-                               r["serialization"], r["created_at"]) for r in rows]
+        return [{column: r[column] for column in OUTPUT_COLUMNS} for r in rows]
 
     async def import_outputs(self, workflow: WorkflowRef,
-                             rows: Sequence[ExportedOutput]) -> None:
+                             rows: Sequence[dict[str, Any]]) -> None:
+        """Insert exported rows (each of :data:`OUTPUT_COLUMNS`); those there stand."""
         try:
             async with self.pool.acquire() as conn, conn.transaction():
                 for r in rows:
-                    q = self.sql.import_output(checkpoint_id(*workflow), r.step_id, r.output,
-                                               r.error, r.serialization, r.created_at)
+                    q = self.sql.import_output(checkpoint_id(*workflow), r["step_id"],
+                                               r["output"], r["error"], r["serialization"],
+                                               r["created_at"])
                     await conn.execute(q.sql, *q.params)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
             raise self.failure("importing outcomes", error) from error
