@@ -31,6 +31,7 @@ from dbos_async import (
     ConfigurationError,
     DBOSError,
     SetWorkflowID,
+    SetWorkflowTimeout,
     TransactionError,
     WorkflowCancelledError,
     transaction_connection,
@@ -290,9 +291,11 @@ async def _noop() -> None:
     pass
 
 
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
 @pytest.mark.parametrize("on", ["system", "application"])
 async def test_cancel_reaches_a_transaction_waiting_on_a_lock(database_url: str,
-                                                              app_url: str, on: str) -> None:
+                                                              app_url: str, on: str,
+                                                              how: str) -> None:
     url = database_url if on == "system" else app_url
     if on == "system":
         await execute(database_url, ORDERS)
@@ -315,9 +318,11 @@ async def test_cancel_reaches_a_transaction_waiting_on_a_lock(database_url: str,
         async with holder.transaction():
             await holder.execute("SELECT * FROM orders FOR UPDATE")
             async with dbos:
-                handle = await dbos.start_workflow(bumping)
+                with SetWorkflowTimeout(1.0 if how == "deadline" else None):
+                    handle = await dbos.start_workflow(bumping)
                 await wait_until(lambda: _lock_waiters(url))
-                await dbos.cancel_workflow(handle.workflow_id)
+                if how == "cancel":
+                    await dbos.cancel_workflow(handle.workflow_id)
                 with pytest.raises(WorkflowCancelledError):
                     await handle.get_result()
                 await wait_until(lambda: _no_lock_waiters(url))
@@ -502,3 +507,21 @@ async def test_export_and_import_carry_application_records(
     rows = await fetch(target_app, "SELECT workflow_id, step_id, output "
                                    "FROM dbos.datasource_outputs")
     assert [tuple(r) for r in rows] == [("wf-x", 0, "1")]
+
+
+async def test_the_console_shows_a_transaction_as_such(database_url: str, app_url: str) -> None:
+    import httpx2
+
+    from dbos_async.console import console_app
+
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    _, place, _ = _ordering(dbos, "shop")
+    async with dbos:
+        with SetWorkflowID("wf-c"):
+            await place("o1", 1)
+        transport = httpx2.ASGITransport(console_app(dbos), client=("127.0.0.1", 5000))
+        async with httpx2.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            page = await http.get("/workflow", params={"id": "wf-c"})
+    assert page.status_code == 200
+    assert 'insert_order <span class="muted">transaction</span>' in page.text

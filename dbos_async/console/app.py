@@ -222,6 +222,7 @@ class Console:
         return self.page(
             request, "workflow.html", wf=status, shard_key=shard_key, values=values,
             unreadable=unreadable, bars=views.timeline(status, steps, now_ms()),
+            transactions=op.transaction_names(),
             step_outputs={s.function_id: views.shown(views.pretty(s.output))
                           for s in steps if s.error is None and s.output is not None},
             children=children, unreadable_parts=unreadable_parts,

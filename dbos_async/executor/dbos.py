@@ -210,6 +210,7 @@ class DBOS(Operator):
                 name=name or fn.__qualname__, isolation=isolation, read_only=read_only,
                 data_source=data_source, max_retries=max_retries)
             info = TransactionInfo(fn, options, Signature(fn))
+            self._registry.transactions.add(options.name)
             if data_source is not None:
                 self._registry.transaction_sources[options.name] = data_source
 
@@ -551,6 +552,9 @@ class DBOS(Operator):
 
     def _peer(self, during_shutdown: bool = False) -> Peer:
         return self.runtime if during_shutdown else self._operating()
+
+    def transaction_names(self) -> frozenset[str]:
+        return frozenset(self._registry.transactions)
 
     def _contexts(self) -> tuple[WorkflowContext | None, WorkflowContext | None]:
         return current_workflow(), workflow_of_step()

@@ -113,6 +113,11 @@ class Operator(ScheduleOperator):
         (each None when there is none)."""
         return None, None
 
+    def transaction_names(self) -> frozenset[str]:
+        """The names of the transactions (``@dbos.transaction()``) this executor registers,
+        so a step recorded under one can be shown as a transaction; none for a client."""
+        return frozenset()
+
     def _fork_call(self, workflow_id: str | None, timeout: float | None) -> CallContext:
         """The start context of a fork given these arguments."""
         return CallContext(workflow_id=workflow_id, timeout=timeout)

@@ -99,6 +99,8 @@ class Registry:
         # Application databases, by name, and the data source each transaction names.
         self.data_sources: dict[str, DataSource] = {}
         self.transaction_sources: dict[str, str] = {}
+        # The names of the transactions, shown as such where steps are listed.
+        self.transactions: set[str] = set()
         # Schedules declared with @dbos.scheduled, stored at every entry.
         self.schedules: list[ScheduleRecord] = []
         self.instances: dict[tuple[str, str], object] = {}
