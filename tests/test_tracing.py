@@ -58,11 +58,20 @@ def test_span_tree_of_a_workflow_with_two_steps_and_a_child(database_url: str) -
         "dbos.workflow.id": parent_id, "dbos.workflow.name": "parent",
         "dbos.executor.id": "tracing-worker", "dbos.workflow.status": "SUCCESS"}
     assert step_a["attributes"] == {"dbos.workflow.id": parent_id, "dbos.step.id": 0,
-                                    "dbos.step.name": "step_a", "dbos.step.attempt": 1}
+                                    "dbos.step.name": "step_a", "dbos.step.attempt": 1,
+                                    "dbos.step.kind": "step"}
     assert step_b["attributes"]["dbos.step.id"] == 1
     assert child["attributes"]["dbos.workflow.id"] == f"{parent_id}-2"
     assert child_step["attributes"]["dbos.workflow.id"] == f"{parent_id}-2"
     assert all(s["status"] == "UNSET" and s["events"] == [] for s in spans)
+
+
+def test_a_transaction_is_a_step_span_of_its_kind(database_url: str) -> None:
+    spans = run_worker(database_url, "transaction")
+    workflow, step = one(spans, "transacting"), one(spans, "read_one")
+    assert step["parent_span_id"] == workflow["span_id"]
+    assert step["attributes"]["dbos.step.kind"] == "transaction"
+    assert step["attributes"]["dbos.step.id"] == 0
 
 
 def test_each_attempt_of_a_retried_step_is_a_span(database_url: str) -> None:

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from dbos_async import DBOS
+from dbos_async import DBOS, transaction_connection
 
 
 def span_json(span: ReadableSpan) -> dict[str, Any]:
@@ -105,6 +105,21 @@ async def retry(url: str) -> None:
         assert await retrying() == "ok"
 
 
+async def transaction(url: str) -> None:
+    dbos = new_dbos(url)
+
+    @dbos.transaction(name="read_one")
+    async def read_one() -> int:
+        return int(await transaction_connection().fetchval("SELECT 1"))
+
+    @dbos.workflow(name="transacting")
+    async def transacting() -> int:
+        return await read_one()
+
+    async with dbos:
+        assert await transacting() == 1
+
+
 async def failure(url: str) -> None:
     dbos = new_dbos(url)
 
@@ -169,7 +184,7 @@ def main() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     url, scenario, *rest = sys.argv[1:]
-    scenarios = {"tree": tree, "retry": retry, "failure": failure}
+    scenarios = {"tree": tree, "retry": retry, "failure": failure, "transaction": transaction}
     if scenario in ("worker", "recover"):
         asyncio.run({"worker": worker, "recover": recover}[scenario](url, rest[0]))
     else:
