@@ -525,3 +525,36 @@ async def test_the_console_shows_a_transaction_as_such(database_url: str, app_ur
             page = await http.get("/workflow", params={"id": "wf-c"})
     assert page.status_code == 200
     assert 'insert_order <span class="muted">transaction</span>' in page.text
+
+
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_a_lost_connection_is_retried_in_a_new_transaction(
+        database_url: str, app_url: str, on: str) -> None:
+    """The server ends the transaction's session mid-way: nothing of it committed, the
+    transaction runs again on another connection, and its effect is there once."""
+    url = database_url if on == "system" else app_url
+    if on == "system":
+        await execute(database_url, ORDERS)
+    dbos = new_dbos(database_url)
+    source = None if on == "system" else "shop"
+    if source:
+        dbos.data_source("shop", app_url)
+    attempts = {"n": 0}
+
+    @dbos.transaction(data_source=source)
+    async def insert() -> int:
+        conn = transaction_connection()
+        attempts["n"] += 1
+        await conn.execute("INSERT INTO orders VALUES ('o1', 1)")
+        if attempts["n"] == 1:
+            await execute(url, "SELECT pg_terminate_backend($1)", conn.get_server_pid())
+        return int(await conn.fetchval("SELECT count(*) FROM orders"))
+
+    @dbos.workflow()
+    async def inserting() -> int:
+        return await insert()
+
+    async with dbos:
+        assert await inserting() == 1
+    assert attempts["n"] == 2
+    assert await _orders(url) == [("o1", 1)]

@@ -67,6 +67,12 @@ from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.statements import Checkpoint
 from dbos_async.validation import check_identifier
 
+CLIENT_ERRORS = (asyncpg.InterfaceError, asyncpg.InternalClientError)
+"""What asyncpg raises of its own (not the server's)."""
+
+DRIVER_ERRORS = (asyncpg.PostgresError, *CLIENT_ERRORS, OSError)
+"""What a connection that closed under a transaction raises (then retried)."""
+
 CONFLICT_SQLSTATES = frozenset({"40001", "40P01"})
 """Serialization failure and deadlock: the transaction is retried, new each time."""
 
@@ -250,7 +256,7 @@ def _refusal(info: TransactionInfo, tx: OpenTransaction,
     it), a :class:`TransactionError` naming its SQLSTATE for any other the server sent;
     anything else (the user's own errors) stays itself."""
     name = info.options.name
-    if tx.conn.is_closed() and is_transient(error):
+    if tx.lost() and isinstance(error, DRIVER_ERRORS):
         lost = TransactionError(name, "08006", f"connection lost: {error}")
         lost.__cause__ = error
         return _Retry(lost, maybe_committed=True)
@@ -258,6 +264,10 @@ def _refusal(info: TransactionInfo, tx: OpenTransaction,
         wrapped = TransactionError(name, error.sqlstate or "", str(error))
         wrapped.__cause__ = error
         return _Retry(wrapped) if error.sqlstate in CONFLICT_SQLSTATES else wrapped
+    if isinstance(error, CLIENT_ERRORS):  # misuse of the connection (a closed cursor, ...)
+        misused = TransactionError(name, "", f"{type(error).__name__}: {error}")
+        misused.__cause__ = error
+        return misused
     return error
 
 

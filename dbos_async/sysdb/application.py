@@ -64,6 +64,14 @@ class OpenTransaction:
         self._tx = tx
         self.committed = False
 
+    def lost(self) -> bool:
+        """Whether the connection closed under the transaction (a pooled one is detached
+        from its proxy then)."""
+        try:
+            return bool(self.conn.is_closed())
+        except asyncpg.InterfaceError:
+            return True
+
     async def commit(self) -> None:
         self.committed = True  # whatever the reply: a lost one leaves it unknown, not undone
         await self._tx.commit()
@@ -90,7 +98,9 @@ async def transaction(pool: asyncpg.Pool, isolation: IsolationLevel, read_only: 
                 try:
                     await tx.rollback()
                 except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                    conn.terminate()
+                    # Unusable: closed (a lost one is already detached from the pool).
+                    with contextlib.suppress(asyncpg.InterfaceError):
+                        conn.terminate()
 
 
 class ApplicationDatabase:
