@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -37,6 +38,7 @@ import asyncpg
 
 from dbos_async.errors import (
     ConfigurationError,
+    DatabaseUnavailableError,
     DBOSError,
     NondeterminismError,
     NonExistentWorkflowError,
@@ -187,7 +189,7 @@ async def _run_plain(info: TransactionInfo, source: RuntimeSource, args: tuple[A
             return value
 
     with running_step(None), observe.step_attempt(options.name, None, 1, "transaction"):
-        return await _retrying(info, None, once)
+        return await _retrying(info, None, runtime.config.db_retry_timeout, once)
 
 
 async def _run_checkpointed(ctx: WorkflowContext, step_id: int, info: TransactionInfo,
@@ -208,8 +210,9 @@ async def _run_checkpointed(ctx: WorkflowContext, step_id: int, info: Transactio
     try:
         with ctx.runtime.cancellation.region(ctx), running_step(step_id), \
                 observe.step_attempt(options.name, step_id, 1, "transaction"):
-            return await _retrying(info, step_id, attempt)
-    except _FENCE_ERRORS:
+            return await _retrying(info, step_id, ctx.runtime.config.db_retry_timeout,
+                                   attempt)
+    except (*_FENCE_ERRORS, DatabaseUnavailableError):
         raise
     except Exception as error:
         if ctx.cancelled:
@@ -218,35 +221,46 @@ async def _run_checkpointed(ctx: WorkflowContext, step_id: int, info: Transactio
                                               info.signature)
 
 
-async def _retrying(info: TransactionInfo, step_id: int | None,
+async def _retrying(info: TransactionInfo, step_id: int | None, retry_timeout: float,
                     attempt: Callable[[bool], Coroutine[Any, Any, Any]]) -> Any:
     """Run ``attempt`` (given whether an earlier one may have committed) until it is not
-    refused by a serialization failure, a deadlock or a lost connection, with backoff, up
-    to the transaction's ``max_retries``."""
+    refused by a serialization failure or a deadlock (up to the transaction's
+    ``max_retries``, then the error is raised) or a lost connection (for up to
+    ``retry_timeout`` seconds, then :class:`DatabaseUnavailableError`: an outage is never
+    a transaction's outcome), with backoff, each time in a new transaction."""
     options = info.options
     delay = options.retry_interval
     maybe_committed = False
-    for number in range(options.max_retries + 1):
+    conflicts = 0
+    give_up = time.monotonic() + retry_timeout
+    while True:
         try:
             return await attempt(maybe_committed)
         except _Retry as retry:
             maybe_committed = maybe_committed or retry.maybe_committed
-            if number == options.max_retries:
-                raise retry.error from retry.error.__cause__
-            logs.step_retrying(options.name, step_id, number + 1, options.max_retries + 1,
+            if retry.lost and time.monotonic() + delay > give_up:
+                raise DatabaseUnavailableError(
+                    f"Transaction {options.name!r} lost its connection for "
+                    f"{retry_timeout:g} s (db_retry_timeout): {retry.error}") from retry.error
+            if not retry.lost:
+                conflicts += 1
+                if conflicts > options.max_retries:
+                    raise retry.error from retry.error.__cause__
+            logs.step_retrying(options.name, step_id, conflicts + 1, options.max_retries + 1,
                                delay, retry.error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, options.max_retry_interval)
-    raise AssertionError("unreachable")
 
 
 class _Retry(Exception):
     """An attempt to run again in a new transaction (``error``: what to raise when no
-    attempts are left)."""
+    attempts are left; ``lost``: its connection was lost, and then whether the commit may
+    have landed)."""
 
-    def __init__(self, error: Exception, maybe_committed: bool = False) -> None:
+    def __init__(self, error: Exception, lost: bool = False) -> None:
         self.error = error
-        self.maybe_committed = maybe_committed
+        self.lost = lost
+        self.maybe_committed = lost
 
 
 def _refusal(info: TransactionInfo, tx: OpenTransaction,
@@ -259,7 +273,7 @@ def _refusal(info: TransactionInfo, tx: OpenTransaction,
     if tx.lost() and isinstance(error, DRIVER_ERRORS):
         lost = TransactionError(name, "08006", f"connection lost: {error}")
         lost.__cause__ = error
-        return _Retry(lost, maybe_committed=True)
+        return _Retry(lost, lost=True)
     if isinstance(error, asyncpg.PostgresError):
         wrapped = TransactionError(name, error.sqlstate or "", str(error))
         wrapped.__cause__ = error
@@ -372,6 +386,10 @@ class _Attempt:
                 if landed:
                     await _committed(self.info, tx)
         except Exception as error:
+            if not tx.committed and is_transient(error):
+                # The system database's side was lost before the commit: run it all again.
+                raise _Retry(TransactionError(self.name, "08006",
+                                              f"connection lost: {error}"), lost=True) from error
             if not (tx.committed and is_transient(error)):
                 raise
             # Committed, but the fence's own commit was lost: record the checkpoint again
