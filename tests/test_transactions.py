@@ -10,6 +10,7 @@ processes are in test_transactions_processes.py.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -558,3 +559,18 @@ async def test_a_lost_connection_is_retried_in_a_new_transaction(
         assert await inserting() == 1
     assert attempts["n"] == 2
     assert await _orders(url) == [("o1", 1)]
+
+
+async def test_retention_deletes_old_application_records(database_url: str,
+                                                         app_url: str) -> None:
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    _, place, _ = _ordering(dbos, "shop")
+    async with dbos:
+        for i in range(3):
+            await place(f"o{i}", i)
+        assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 3
+        later = int(time.time() * 1000) + 60_000
+        assert await dbos.garbage_collect(later, batch_size=2) == 3
+    assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
+    assert len(await _orders(app_url)) == 3  # the user's rows are the user's

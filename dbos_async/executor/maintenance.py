@@ -30,6 +30,10 @@ async def run_retention(runtime: Runtime, cutoff_ms: int, batch_size: int) -> in
     total = await runtime.system_database.delete_finished_before(cutoff_ms, batch_size)
     if total is None:
         return None
+    for database in runtime.application_databases.values():
+        # Their transactions' records too: by then every one is in its workflow's
+        # checkpoints (or its workflow is gone).
+        await database.delete_outputs_before(cutoff_ms, batch_size)
     if total:
         logger.info("Retention deleted %d workflows finished before %d", total, cutoff_ms)
     return total

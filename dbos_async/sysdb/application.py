@@ -224,6 +224,20 @@ class ApplicationDatabase:
                 if attempt == 2 or not is_transient(error):
                     raise self.failure("deleting outcomes", error) from error
 
+    async def delete_outputs_before(self, cutoff_ms: int, batch_size: int) -> int:
+        """Delete the records created before ``cutoff_ms``, ``batch_size`` per statement;
+        returns how many."""
+        q = self.sql.delete_outputs_before(cutoff_ms, batch_size)
+        total = 0
+        try:
+            while True:
+                deleted = int(await self.pool.fetchval(q.sql, *q.params))
+                total += deleted
+                if deleted < batch_size:
+                    return total
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
+            raise self.failure("deleting old outcomes", error) from error
+
     async def export_outputs(self, workflow: WorkflowRef) -> list[dict[str, Any]]:
         """The workflow's rows, each of :data:`OUTPUT_COLUMNS`."""
         q = self.sql.export_outputs([checkpoint_id(*workflow)])

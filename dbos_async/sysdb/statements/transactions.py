@@ -128,6 +128,20 @@ class ApplicationStatements:
                   AND step_id >= {p(from_step, 'integer')}""",
             p.values)
 
+    def delete_outputs_before(self, cutoff_ms: int, batch_size: int) -> Query:
+        """Delete up to ``batch_size`` records created before ``cutoff_ms`` (retention: by
+        then their workflows' own checkpoints hold the outcomes); returns how many."""
+        p = Params()
+        return Query(
+            f"""WITH gone AS (
+                  DELETE FROM {self.outputs} WHERE ctid IN (
+                    SELECT ctid FROM {self.outputs}
+                    WHERE created_at < {p(cutoff_ms, 'bigint')}
+                    LIMIT {p(batch_size, 'integer')})
+                  RETURNING 1)
+                SELECT count(*) FROM gone""",
+            p.values)
+
     def export_outputs(self, checkpoint_ids: Sequence[str]) -> Query:
         p = Params()
         return Query(
