@@ -69,11 +69,18 @@ async def app_url(create_database: Callable[[], Awaitable[str]]) -> str:
 @pytest.mark.parametrize("on", ["system", "application"])
 async def test_kill_nine_at_random_points_leaves_each_effect_once(
         database_url: str, app_url: str, on: str, tmp_path: Path) -> None:
+    await kill_cycles(database_url, app_url, on, tmp_path, CYCLES)
+
+
+async def kill_cycles(database_url: str, app_url: str, on: str, tmp_path: Path,
+                      cycles: int) -> int:
+    """``cycles`` kill -9 cycles, a drain, and the checks; returns how many kills landed
+    while workflows were running (the chaos suite runs more cycles)."""
     effects_url = database_url if on == "system" else app_url
     await execute(effects_url, tw.TABLES)
     stderr = tmp_path / "worker.err"
     pending_at_kill = 0
-    for cycle in range(CYCLES):
+    for cycle in range(cycles):
         proc = await spawn(database_url, app_url, on, cycle, PER_CYCLE, stderr)
         await expect(proc, "ready", stderr)
         await asyncio.sleep(random.uniform(0.0, 0.25))  # a random point, not a wait
@@ -81,14 +88,14 @@ async def test_kill_nine_at_random_points_leaves_each_effect_once(
         await proc.wait()
         for url in {database_url, app_url}:
             await wait_no_connections(url, tw.connection_name(cycle), patience=60)
-        pending_at_kill += int(await fetchval(
+        pending_at_kill += bool(await fetchval(
             database_url, "SELECT count(*) FROM dbos.workflow_status WHERE status = 'PENDING'"))
-    last = await spawn(database_url, app_url, on, CYCLES, 0, stderr)
+    last = await spawn(database_url, app_url, on, cycles, 0, stderr)
     await expect(last, "drained", stderr)
     await last.wait()
     assert pending_at_kill > 0, "no kill landed while workflows were running"
 
-    total = CYCLES * PER_CYCLE
+    total = cycles * PER_CYCLE
     statuses = await fetch(database_url, "SELECT status, count(*) AS n "
                                          "FROM dbos.workflow_status GROUP BY status")
     assert {r["status"]: r["n"] for r in statuses} == {"SUCCESS": total}
@@ -99,6 +106,7 @@ async def test_kill_nine_at_random_points_leaves_each_effect_once(
     assert duplicated == []
     assert await fetchval(effects_url, "SELECT count(*) FROM effects") == total * tw.STEPS
     assert await fetchval(effects_url, "SELECT n FROM counter") == total * tw.STEPS
+    return pending_at_kill
 
 
 @pytest.mark.parametrize("on", ["system", "application"])
