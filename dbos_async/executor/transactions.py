@@ -185,7 +185,7 @@ async def _run_plain(info: TransactionInfo, source: RuntimeSource, args: tuple[A
     async def once(_: bool) -> Any:
         async with opener(options.isolation, options.read_only) as tx:
             value = await _user_sql(tx, info, args, kwargs)
-            await tx.commit()
+            await _committed(info, tx)
             return value
 
     with running_step(None), observe.step_attempt(options.name, None, 1, "transaction"):
@@ -405,7 +405,9 @@ class _Attempt:
             return value
         if landed:
             return value
-        record = await sysdb.why_not_recorded(checkpoint)  # after the rollback
+        # Refused: the fence raises, or the record there is replayed (either way the
+        # caller's block then rolls the application's transaction back).
+        record = await sysdb.why_not_recorded(checkpoint)
         return steps.replay(self.ctx, self.step_id, self.name, record, self.info.signature)
 
     async def _adopt(self, stored: StoredOutput) -> Any:
