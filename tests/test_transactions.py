@@ -258,6 +258,8 @@ async def test_clear_errors(database_url: str, app_url: str) -> None:
         dbos.transaction(isolation="CHAOS")(_noop)  # type: ignore[arg-type]
     with pytest.raises(DBOSError, match="already registered"):
         dbos.data_source("shop", app_url)
+    with pytest.raises(ConfigurationError, match="Data source 'bad': the URL"):
+        dbos.data_source("bad", "postgresql://host:notaport/db")
 
     @dbos.transaction(data_source="shop")
     async def inner() -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbos_async.config import DBOSConfig
+from dbos_async.database_url import parse_database_url
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor.serialization import Signature
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
@@ -89,6 +90,10 @@ class DataSource:
         check_identifier(self.name, "data source name")
         if not isinstance(self.url, str) or not self.url:
             raise DBOSError(f"Data source {self.name!r} needs a database URL")
+        try:
+            parse_database_url(self.url)
+        except ValueError as error:
+            raise ConfigurationError(f"Data source {self.name!r}: the URL {error}") from None
         if not isinstance(self.pool_size, int) or self.pool_size < 1:
             raise DBOSError(f"Data source {self.name!r}: pool_size must be >= 1")
 

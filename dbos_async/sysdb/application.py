@@ -21,7 +21,7 @@ from dbos_async.sysdb.connection import keep_session, parsed_url
 from dbos_async.sysdb.core import PooledConnection
 from dbos_async.sysdb.migrations import quote_schema
 from dbos_async.sysdb.retry import is_transient
-from dbos_async.sysdb.statements.base import Query
+from dbos_async.sysdb.statements.base import Query, WorkflowRef
 from dbos_async.sysdb.statements.transactions import ApplicationStatements, checkpoint_id
 
 logger = logging.getLogger("dbos_async")
@@ -36,9 +36,6 @@ ISOLATION_LEVELS: dict[str, str] = {
 
 Connection: TypeAlias = "asyncpg.Connection | PooledConnection"
 """A connection, pooled or not."""
-
-WorkflowRef = tuple[str, str | None]
-"""A workflow's ID and shard key."""
 
 
 @dataclass(frozen=True)
