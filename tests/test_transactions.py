@@ -576,3 +576,16 @@ async def test_retention_deletes_old_application_records(database_url: str,
         assert await dbos.garbage_collect(later, batch_size=2) == 3
     assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
     assert len(await _orders(app_url)) == 3  # the user's rows are the user's
+
+
+async def test_without_migrations_an_unmigrated_data_source_is_refused(
+        database_url: str, app_url: str) -> None:
+    migrated = new_dbos(database_url)
+    async with migrated:
+        pass  # the system database's schema, not the application database's
+    dbos = new_dbos(database_url, run_migrations=False)
+    dbos.data_source("shop", app_url)
+    with pytest.raises(ConfigurationError, match="no up-to-date dbos.datasource_outputs"):
+        async with dbos:
+            pass
+    assert await fetchval(app_url, "SELECT to_regclass('dbos.datasource_outputs')") is None
