@@ -585,7 +585,7 @@ async def test_without_migrations_an_unmigrated_data_source_is_refused(
         pass  # the system database's schema, not the application database's
     dbos = new_dbos(database_url, run_migrations=False)
     dbos.data_source("shop", app_url)
-    with pytest.raises(ConfigurationError, match="no up-to-date dbos.datasource_outputs"):
+    with pytest.raises(ConfigurationError, match=r"no up-to-date dbos\.datasource_outputs"):
         async with dbos:
             pass
     assert await fetchval(app_url, "SELECT to_regclass('dbos.datasource_outputs')") is None
