@@ -15,7 +15,9 @@ same transaction:
   application-database session ends after ``idle_transaction_timeout`` idle in its
   transaction, counted from its last statement, which came before the fence's; the fence's
   session ends after the same time counted from later, so the user's transaction is gone
-  before the lock is.
+  before the lock is. (A commit already under way then, held up at commit time, may land:
+  it began under the fence, and the next owner's insert of the same record waits for it and
+  replays it.)
 
 A crash between the application database's commit and the system database's leaves the
 ``datasource_outputs`` row: an execution that did not create the workflow looks for it first
