@@ -589,3 +589,72 @@ async def test_without_migrations_an_unmigrated_data_source_is_refused(
         async with dbos:
             pass
     assert await fetchval(app_url, "SELECT to_regclass('dbos.datasource_outputs')") is None
+
+
+async def test_a_commit_under_way_when_the_fence_ends_lands_once(database_url: str,
+                                                                 app_url: str) -> None:
+    """A's application commit is held up at commit time (a deferred trigger waits on a lock
+    the test holds) while A's fence holds the workflow; A freezes that way until its fence's
+    session ends (idle_transaction_timeout), B takes the workflow over and runs the
+    transaction, whose record insert waits for A's commit; released, A's commit lands and B
+    replays it: one effect, A's, and one outcome."""
+    await execute(app_url, """
+        CREATE TABLE effects (workflow_id text, executor text);
+        CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN
+            IF NEW.executor = 'A' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+            RETURN NULL;
+          END $$;
+        CREATE CONSTRAINT TRIGGER held AFTER INSERT ON effects
+          DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold()""")
+
+    def register(dbos: DBOS, label: str) -> Any:
+        dbos.data_source("shop", app_url)
+
+        @dbos.transaction(data_source="shop", name="effect", isolation="READ COMMITTED")
+        async def effect() -> str:
+            await transaction_connection().execute(
+                "INSERT INTO effects VALUES ('held', $1)", label)
+            return label
+
+        @dbos.workflow(name="holding")
+        async def holding() -> str:
+            return await effect()
+
+        return holding
+
+    async def waiters(kind: str) -> int:
+        return int(await fetchval(app_url, "SELECT count(*) FROM pg_locks "
+                                           "WHERE NOT granted AND locktype = $1", kind))
+
+    holder = await asyncpg.connect(app_url)
+    try:
+        await holder.execute("SELECT pg_advisory_lock(4242)")
+        a = new_dbos(database_url, failover_after=None, idle_transaction_timeout=1.0)
+        holding = register(a, "A")
+        async with a:
+            with SetWorkflowID("held"):
+                handle_a = await a.start_workflow(holding)
+
+            async def a_commit_held() -> bool:
+                return await waiters("advisory") == 1
+
+            await wait_until(a_commit_held, what="A's commit to wait on the trigger's lock")
+            await take_executor_id_away(database_url, a)
+            b = new_dbos(database_url, executor_id="taker", failover_after=0.2)
+            register(b, "B")
+            async with b:
+                async def b_waits_for_a() -> bool:
+                    return await waiters("transactionid") == 1
+
+                await wait_until(b_waits_for_a, patience=60,
+                                 what="B's record insert to wait for A's commit")
+                await holder.execute("SELECT pg_advisory_unlock(4242)")
+                assert await asyncio.wait_for(
+                    (await b.retrieve_workflow("held")).get_result(), 60) == "A"
+            assert await asyncio.wait_for(handle_a.get_result(), 60) == "A"
+    finally:
+        await holder.close()
+    assert [tuple(r) for r in await fetch(app_url, "SELECT * FROM effects")] == [("held", "A")]
+    steps = await step_rows(database_url, "held")
+    assert [(s.function_name, s.output) for s in steps] == [("effect", "A")]
