@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from datetime import UTC, datetime
 from typing import Protocol
 
 
@@ -63,6 +64,17 @@ class SystemClock:
 
 SYSTEM_CLOCK = SystemClock()
 """The clock of every executor and client not given another."""
+
+
+def now_utc(clock: Clock) -> datetime:
+    """The clock's now as an aware UTC datetime (what schedules count in)."""
+    return datetime.fromtimestamp(clock.now_ms() / 1000, UTC)
+
+
+def epoch_ms(moment: datetime) -> int:
+    """An aware datetime in epoch milliseconds, rounded up (a wait for it never ends
+    early)."""
+    return math.ceil(moment.timestamp() * 1000)
 
 
 def after(clock: Clock, seconds: float) -> int:

@@ -126,11 +126,9 @@ class ClaimLoop:
                     continue  # There may be more: claim again before sleeping.
                 await self._report_unregistered()
                 if retry_at is not None or spent or self._room() == 0:
-                    # Work in flight: the queue's own polling interval, or the rate limit.
-                    timeout = poll
-                    if retry_at is not None:
-                        timeout = min(timeout, max(0.001, retry_at / 1000 - time.time()))
-                    await waiter.wait(timeout)
+                    # Work in flight: the queue's own polling interval, or the rate limit
+                    # (a durable period: on the clock).
+                    await waiter.wait(poll, until_ms=retry_at)
                     continue
                 # Nothing to start: the watcher polls for this queue until it is woken.
                 self.watcher.idle(self.queue.name)
