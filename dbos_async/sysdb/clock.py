@@ -18,7 +18,24 @@ import asyncio
 import math
 import time
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Protocol
+
+
+class TimeoutScope(Protocol):
+    """What :meth:`Clock.wait_until` and :meth:`Clock.deadline` return: an async context
+    manager that raises :class:`TimeoutError` at its deadline, as ``asyncio.timeout``'s
+    does."""
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> bool | None:
+        ...
+
+    def expired(self) -> bool:
+        """Whether the deadline was reached (the scope's own :class:`TimeoutError`)."""
+        ...
 
 
 class Clock(Protocol):
@@ -28,12 +45,12 @@ class Clock(Protocol):
         """The current time, in epoch milliseconds."""
         ...
 
-    def wait_until(self, until_ms: int | None, cap: float | None = None) -> asyncio.Timeout:
+    def wait_until(self, until_ms: int | None, cap: float | None = None) -> TimeoutScope:
         """A scope around a wait that raises :class:`TimeoutError` once the clock reaches
         ``until_ms`` or after ``cap`` real seconds, whichever comes first (None: no bound)."""
         ...
 
-    def deadline(self, until_ms: int) -> asyncio.Timeout:
+    def deadline(self, until_ms: int) -> TimeoutScope:
         """A scope around work (not a wait) that is cancelled, raising
         :class:`TimeoutError`, once the clock reaches ``until_ms``."""
         ...
@@ -49,13 +66,13 @@ class SystemClock:
     def now_ms(self) -> int:
         return int(time.time() * 1000)
 
-    def wait_until(self, until_ms: int | None, cap: float | None = None) -> asyncio.Timeout:
+    def wait_until(self, until_ms: int | None, cap: float | None = None) -> TimeoutScope:
         delay = None if until_ms is None else max(0.0, until_ms / 1000 - time.time())
         if cap is not None:
             delay = cap if delay is None else min(delay, cap)
         return asyncio.timeout(delay)
 
-    def deadline(self, until_ms: int) -> asyncio.Timeout:
+    def deadline(self, until_ms: int) -> TimeoutScope:
         return self.wait_until(until_ms)
 
     async def sleep_until(self, until_ms: int) -> None:
