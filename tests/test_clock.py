@@ -142,6 +142,31 @@ async def test_a_cron_schedule_fires_each_time_of_an_advanced_day_once(
     assert len(workflows) == 24
 
 
+async def test_a_schedule_backfills_the_hours_its_executor_was_down(
+        database_url: str) -> None:
+    clock = TestClock(START)
+    dbos = new_dbos(database_url, clock=clock, shutdown_grace_period=0)
+    fired: list[datetime] = []
+
+    @dbos.workflow(name="hourly")
+    async def hourly(scheduled_time: datetime, context: Any) -> None:
+        fired.append(scheduled_time)
+
+    async with dbos:
+        await dbos.create_schedule("hourly", hourly, "0 * * * *", automatic_backfill=True)
+        await clock.wait_for_timers()
+        await clock.advance(hours=1)  # fires 01:00
+        for status in await dbos.list_workflows(name="hourly"):
+            await (await dbos.retrieve_workflow(status.workflow_id)).get_result()
+    await clock.advance(hours=3)  # down at 02:00, 03:00 and 04:00
+    async with dbos:
+        await clock.wait_for_timers()  # entered, backfilled, waiting for 05:00
+        for status in await dbos.list_workflows(name="hourly"):
+            await (await dbos.retrieve_workflow(status.workflow_id)).get_result()
+        assert clock.next_due == START + timedelta(hours=4, minutes=30)
+    assert sorted(fired) == [START + timedelta(minutes=30 + 60 * i) for i in range(4)]
+
+
 async def test_a_rate_limit_of_one_an_hour_admits_the_next_job_after_an_hour(
         database_url: str) -> None:
     clock = TestClock(START)

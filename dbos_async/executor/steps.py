@@ -131,6 +131,7 @@ async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
                 with observe.step_attempt(options.name, step_id, attempt_number + 1):
                     if options.timeout is None:
                         return await info.fn(*args, **kwargs)
+                    # Real time: it bounds the body's own work, not a durable wait.
                     with anyio.fail_after(options.timeout):
                         return await info.fn(*args, **kwargs)
             except Exception as error:
