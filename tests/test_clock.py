@@ -377,6 +377,7 @@ async def test_maintenance_ages_count_on_the_clock(database_url: str) -> None:
     async with dbos:
         with SetWorkflowID("old"):
             await quick()
+        await clock.wait_for_timers()  # the jobs ran at start, and wait for the next round
         await clock.advance(hours=24)
         assert [w.workflow_id for w in await dbos.list_workflows()] == ["old"]
         await clock.advance(hours=1)  # the next run of the job: "old" is 25 hours old

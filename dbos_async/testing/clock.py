@@ -8,9 +8,10 @@ periods, cron fire times and maintenance ages. The values recorded are the clock
 run under it writes what a real run would have written at those times.
 
 :meth:`TestClock.advance` moves time forward from timer to timer: each timer that falls due
-fires, and the clock waits until the tasks it woke have reacted (finished, or started
-waiting on the clock again) before moving to the next one, so a chain of timers (a retry
-backoff that grows, a cron schedule firing hourly) fires as it would have in real time.
+fires, and the clock waits until the tasks it woke, and the others that use the clock, are
+quiet (finished, or waiting on the clock again) before moving to the next one, so a chain
+of timers (a retry backoff that grows, a cron schedule firing hourly) fires as it would
+have in real time, and none is missed because its task was busy when time moved.
 
 Poll intervals, reconnect backoff and liveness checks stay on real time (see
 ``dbos_async/sysdb/clock.py``): they are not durable time.
@@ -28,8 +29,9 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
 SETTLE_LIMIT = 5.0
-"""Real seconds :meth:`TestClock.advance` waits for the tasks a timer woke to react (a task
-woken into a long step of its own is left to it after that)."""
+"""Real seconds :meth:`TestClock.advance` waits, before each move, for the tasks that use the
+clock to be quiet again (a task busy with something else, a step awaiting an event the test
+sets later, is left to it after that)."""
 
 
 @dataclass(eq=False)
@@ -105,6 +107,10 @@ class TestClock:
         # Futures of the waits for a change of registrations (a wait begun or ended, a
         # woken task done).
         self._watchers: list[asyncio.Future[None]] = []
+        # The tasks that have waited on the clock and not ended; those with a deadline on
+        # it too, each followed to its end.
+        self._users: set[asyncio.Task[object]] = set()
+        self._followed: set[asyncio.Task[object]] = set()
 
     # ---- The clock (see dbos_async/sysdb/clock.py) ----
 
@@ -150,6 +156,7 @@ class TestClock:
         if span < timedelta():
             raise ValueError(f"A clock only moves forward: advance({span}) is negative")
         target = self._now_ms + math.ceil(span / timedelta(milliseconds=1))
+        await self._settle(self._others())
         while (due := self._earliest()) is not None and due <= target:
             await self._move_to(due)
         await self._move_to(target)
@@ -157,6 +164,7 @@ class TestClock:
     async def advance_to_next(self) -> datetime | None:
         """Skip to when the earliest pending timer falls due and fire it (and any due at
         the same time); returns that time, or None (not moving) when no timer waits."""
+        await self._settle(self._others())
         due = self._earliest()
         if due is None:
             return None
@@ -182,14 +190,24 @@ class TestClock:
 
     def _register(self, due_ms: int | None, scope: _ClockTimeout,
                   parks: bool) -> _Registration:
-        registration = _Registration(due_ms, asyncio.current_task(), scope, parks,
-                                     next(self._order))
+        task = asyncio.current_task()
+        registration = _Registration(due_ms, task, scope, parks, next(self._order))
         self._registrations.add(registration)
+        if task is not None and task not in self._followed:  # its end is a change too
+            self._followed.add(task)
+            task.add_done_callback(self._ended)
+        if parks and task is not None:
+            self._users.add(task)
         self._wake()
         return registration
 
     def _unregister(self, registration: _Registration) -> None:
         self._registrations.discard(registration)
+        self._wake()
+
+    def _ended(self, task: asyncio.Task[object]) -> None:
+        self._followed.discard(task)
+        self._users.discard(task)
         self._wake()
 
     def _wake(self) -> None:
@@ -206,8 +224,9 @@ class TestClock:
             await watcher
 
     async def _move_to(self, moment_ms: int) -> None:
-        """Set the time to ``moment_ms`` (never back), fire what is due, and wait for the
-        woken tasks to react."""
+        """Set the time to ``moment_ms`` (never back), fire what is due, and wait until the
+        tasks it woke, and those its effects woke, are quiet again."""
+        quiet = {task for task in self._others() if self._reacted(task)}
         self._now_ms = max(self._now_ms, moment_ms)
         due = sorted((r for r in self._registrations
                       if r.due_ms is not None and r.due_ms <= self._now_ms),
@@ -218,18 +237,23 @@ class TestClock:
             registration.scope.fire()
             if registration.task is not None:
                 woken.add(registration.task)
-                registration.task.add_done_callback(lambda _: self._wake())
-        await self._settle(woken)
+        await self._settle(quiet | woken)
+
+    def _others(self) -> set[asyncio.Task[object]]:
+        """The tasks that use the clock, but the one moving it (a test that waited for a
+        result on it before)."""
+        return self._users - {asyncio.current_task()}
 
     def _reacted(self, task: asyncio.Task[object]) -> bool:
+        """Whether ``task`` is quiet: ended, or waiting on the clock."""
         return task.done() or any(r.task is task and r.parks for r in self._registrations)
 
-    async def _settle(self, woken: set[asyncio.Task[object]]) -> None:
-        """Wait (at most :data:`SETTLE_LIMIT` real seconds) until every woken task has
-        finished or waits on the clock again."""
+    async def _settle(self, tasks: set[asyncio.Task[object]]) -> None:
+        """Wait (at most :data:`SETTLE_LIMIT` real seconds) until each of ``tasks`` has
+        ended or waits on the clock."""
         await asyncio.sleep(0)  # the woken tasks run first
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SETTLE_LIMIT):
-                await self._until(lambda: all(self._reacted(task) for task in woken))
+                await self._until(lambda: all(self._reacted(task) for task in tasks))
         for _ in range(3):  # what their last step scheduled
             await asyncio.sleep(0)
