@@ -13,7 +13,13 @@ import asyncpg
 import pytest
 from helpers import new_dbos
 
-from dbos_async import DBOS, SetEnqueueOptions, SetWorkflowID, SetWorkflowTimeout
+from dbos_async import (
+    DBOS,
+    ConfigurationError,
+    SetEnqueueOptions,
+    SetWorkflowID,
+    SetWorkflowTimeout,
+)
 from dbos_async.errors import WorkflowCancelledError
 from dbos_async.testing import TestClock
 
@@ -391,3 +397,9 @@ async def test_time_only_moves_forward() -> None:
     assert clock.now() == START
     assert await clock.advance_to_next() is None  # no timer: it stays
     assert clock.now() == START
+
+
+def test_a_clock_setting_that_is_no_clock_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="a clock needs the methods now_ms"):
+        DBOS(name="app", clock=object())
+    assert DBOS(name="app").config.clock is None  # the wall clock

@@ -107,6 +107,8 @@ class ClaimLoop:
                     # was found out): claim nothing more under it.
                     return
                 except CONFLICTS as conflict:
+                    # Conflict and error backoff are real time, not the clock of durable
+                    # timers: another process's transaction ends in real seconds.
                     backoff = min(max(backoff * 2, 0.005), poll)
                     logger.debug("Queue %s: claim conflict (%s), retrying in %.3fs",
                                  self.queue.name, type(conflict).__name__, backoff)
