@@ -109,7 +109,7 @@ async def test_get_event_times_out_on_the_clock(database_url: str) -> None:
 
     @dbos.workflow()
     async def silent() -> None:
-        await dbos.recv("never")
+        await dbos.recv("never", timeout=None)
 
     @dbos.workflow()
     async def watcher() -> Any:
@@ -203,7 +203,7 @@ async def test_a_workflow_timeout_cancels_when_the_clock_passes_it(database_url:
 
     @dbos.workflow()
     async def stuck() -> None:
-        await dbos.recv("never")
+        await dbos.recv("never", timeout=None)
 
     async with dbos:
         with SetWorkflowTimeout(7200):
