@@ -270,7 +270,8 @@ class DBOSClient(Operator, Peer):
         inputs = self.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name)
         return plan_start(call, name=workflow_name, inputs=inputs,
                           executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
-                          application_version=application_version, placement=placement,
+                          application_version=application_version,
+                          now_ms=self.system_database.clock.now_ms(), placement=placement,
                           **columns)
 
     async def enqueue_many(self, queue_name: str,

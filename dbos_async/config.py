@@ -189,6 +189,13 @@ class DBOSConfig(BaseModel):
         "Unpickling runs code chosen by whoever can write the system database: this trusts "
         "everyone who can.",
     )
+    clock: Any = Field(
+        None,
+        description="The clock durable time is read from (timestamps, sleeps, timeouts, "
+        "delays, schedules; an object with now_ms(), wait_until(), deadline() and "
+        "sleep_until(), see dbos_async/sysdb/clock.py); None: the wall clock. Tests pass "
+        "a dbos_async.testing.TestClock.",
+    )
     failover_after: float | None = Field(
         5.0, gt=0, le=_MAX_TIMEOUT_SECONDS,
         description="Seconds after an executor's process is gone (its executor-ID lock "
@@ -227,6 +234,17 @@ class DBOSConfig(BaseModel):
             raise ValueError(f"a serializer may not be named {name!r}: that name is DBOS's "
                              f"own format (use allow_pickle=True to read py_pickle)")
         return serializer
+
+    @field_validator("clock")
+    @classmethod
+    def _check_clock(cls, clock: Any) -> Any:
+        missing = [m for m in ("now_ms", "wait_until", "deadline", "sleep_until")
+                   if clock is not None and not callable(getattr(clock, m, None))]
+        if missing:
+            raise ValueError(f"a clock needs the methods now_ms(), wait_until(), deadline() "
+                             f"and sleep_until(); {type(clock).__name__} lacks "
+                             f"{', '.join(missing)}")
+        return clock
 
     # Before pydantic's own parsing, which refuses a lone surrogate without saying so.
     @field_validator("name", "executor_id", "application_version", "application_name",

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from helpers import wait_until
+
+from dbos_async import SetWorkflowID
+from dbos_async.testing import TestClock
 
 # The web services run until stopped: tests/test_fastapi.py and tests/test_aiohttp.py start
 # them as servers and drive them over HTTP.
@@ -50,3 +56,39 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
             "calls ship_fast" in first
         assert "version 2-unpatched: 0 of 2 workflows replay" in second
         assert second.splitlines()[-1] == "version 2: 2 of 2 workflows replay"
+
+
+def load_example(name: str) -> ModuleType:
+    path = Path(__file__).parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_order_pipeline_waits_on_a_test_clock(database_url: str) -> None:
+    """The order pipeline's durable waits (the approval's 30 s timeout, the sleep before
+    shipping) pass when the test moves its clock, not in real time."""
+    example = load_example("order_pipeline")
+    clock = TestClock()
+    example.dbos.configure(system_database_url=database_url, clock=clock)
+    async with example.dbos:
+        with SetWorkflowID("unapproved"):
+            unapproved = await example.dbos.start_workflow(example.fulfil, "unapproved")
+        with SetWorkflowID("approved"):
+            approved = await example.dbos.start_workflow(example.fulfil, "approved")
+        await clock.wait_for_timers(2)  # both wait for their approval
+        await clock.advance(seconds=29)
+        await example.dbos.send("approved", "approved", topic="approval")
+
+        async def paid() -> bool:
+            return await example.dbos.get_event("approved", "status") == "paid"
+
+        await wait_until(paid, what="the approved order to be paid")
+        # Paid, then asleep before shipping: done only once the clock has moved on.
+        await clock.wait_for_timers(2)
+        assert (await approved.get_status()).status == "PENDING"
+        await clock.advance(seconds=1)
+        assert await unapproved.get_result() == "unapproved rejected"
+        assert await approved.get_result() == "approved shipped with receipt-approved"

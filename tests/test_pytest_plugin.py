@@ -5,7 +5,9 @@ session's server (``DBOS_TEST_DATABASE_URL``), so they start none of their own."
 
 from __future__ import annotations
 
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +170,24 @@ def test_an_app_from_a_fixture_and_a_suite_that_names_none(
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*dbos_executor needs the application's DBOS: set `dbos_app"
                                  " = \"package.module:attribute\"`*"])
+
+
+def readme_block(first_line: str) -> str:
+    """The README's Python block that begins with ``first_line``."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+               if b.startswith(first_line + "\n")]
+    return block
+
+
+def test_the_readmes_clock_example(user_project: pytest.Pytester) -> None:
+    """The README's "Durable time without waiting" example, run as written there."""
+    user_project.makeini(textwrap.dedent("""
+        [pytest]
+        asyncio_mode = auto
+        dbos_app = reminders:dbos
+    """))
+    user_project.makepyfile(reminders=readme_block("# reminders.py"),
+                            test_reminders=readme_block("# test_reminders.py"))
+    result = user_project.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)

@@ -26,6 +26,7 @@ from dbos_async import (
     WorkflowNotRegisteredError,
 )
 from dbos_async.executor.claim_gate import ClaimGate
+from dbos_async.testing import TestClock
 
 
 def with_workflows(dbos: DBOS) -> tuple[dict[str, Any], list[str]]:
@@ -134,56 +135,70 @@ async def test_deduplication_reject_and_return_existing(database_url: str) -> No
 
 
 async def test_delayed_start(database_url: str) -> None:
-    dbos = new_dbos(database_url)
+    clock = TestClock()
+    dbos = new_dbos(database_url, clock=clock)
     queue = dbos.queue("later", polling_interval=0.2)
     wfs, _ = with_workflows(dbos)
     async with dbos:
-        with SetEnqueueOptions(delay=0.4):
+        with SetEnqueueOptions(delay=40):
             handle = await queue.enqueue(wfs["echo"], "late")
+        await clock.advance(seconds=39)
         assert (await handle.get_status()).status == "DELAYED"
+        await clock.advance(seconds=1)
         assert await handle.get_result() == "late"
-        row = (await fetch(database_url, "SELECT delay_until_epoch_ms, started_at_epoch_ms "
-                                         "FROM dbos.workflow_status WHERE workflow_uuid = $1",
-                           handle.workflow_id))[0]
-        assert row["started_at_epoch_ms"] >= row["delay_until_epoch_ms"]
+        row = (await fetch(database_url, "SELECT created_at, delay_until_epoch_ms, "
+                                         "started_at_epoch_ms FROM dbos.workflow_status "
+                                         "WHERE workflow_uuid = $1", handle.workflow_id))[0]
+        assert row["started_at_epoch_ms"] == row["delay_until_epoch_ms"] \
+            == row["created_at"] + 40_000
 
 
 async def test_debounce_collapses_a_burst_into_one_run_with_the_latest_arguments(
         database_url: str) -> None:
-    dbos = new_dbos(database_url)
+    clock = TestClock()
+    dbos = new_dbos(database_url, clock=clock)
     queue = dbos.queue("bounce", polling_interval=0.2)
     wfs, log = with_workflows(dbos)
     async with dbos:
-        debouncer = queue.debouncer(wfs["echo"], period=0.5, max_delay=5.0)
-        handles = [await debouncer.debounce("user-1", f"v{i}") for i in range(5)]
+        debouncer = queue.debouncer(wfs["echo"], period=30, max_delay=300)
+        handles = []
+        for i in range(5):  # a call every 10 s: the window never closes
+            handles.append(await debouncer.debounce("user-1", f"v{i}"))
+            await clock.advance(seconds=10)
         other = await debouncer.debounce("user-2", "w")
         assert len({h.workflow_id for h in handles}) == 1
         assert other.workflow_id != handles[0].workflow_id
+        assert log == []
+        await clock.advance(seconds=30)
         assert await handles[-1].get_result() == "v4"
         assert await other.get_result() == "w"
         # The window closed: the same key starts a new workflow.
         after = await debouncer.debounce("user-1", "next")
         assert after.workflow_id != handles[0].workflow_id
+        await clock.advance(seconds=30)
         assert await after.get_result() == "next"
         assert sorted(log) == ["next", "v4", "w"]
 
 
 async def test_debounce_is_bounded_by_max_delay(database_url: str) -> None:
-    dbos = new_dbos(database_url)
+    clock = TestClock()
+    dbos = new_dbos(database_url, clock=clock)
     queue = dbos.queue("bounded", polling_interval=0.2)
     wfs, _ = with_workflows(dbos)
     async with dbos:
-        debouncer = queue.debouncer(wfs["echo"], period=0.3, max_delay=0.6)
+        debouncer = queue.debouncer(wfs["echo"], period=3, max_delay=6)
         first = await debouncer.debounce("k", "a")
-        for _ in range(15):  # keeps pushing the start back for ~1.5 s
-            await debouncer.debounce("k", "b")
-            await asyncio.sleep(0.1)
-        assert await first.get_result() in ("a", "b")
+        for _ in range(5):  # keeps pushing the start back, to 5 + 3 s
+            await clock.advance(seconds=1)
+            assert (await debouncer.debounce("k", "b")).workflow_id == first.workflow_id
+        await clock.advance(seconds=1)  # 6 s: max_delay, before the period's end
+        assert await first.get_result() == "b"
         row = (await fetch(database_url, "SELECT created_at, delay_until_epoch_ms, "
-                                         "debounce_deadline_epoch_ms FROM dbos.workflow_status "
-                                         "WHERE workflow_uuid = $1", first.workflow_id))[0]
-        assert row["delay_until_epoch_ms"] <= row["debounce_deadline_epoch_ms"]
-        assert row["debounce_deadline_epoch_ms"] - row["created_at"] <= 600 + 50
+                                         "debounce_deadline_epoch_ms, started_at_epoch_ms "
+                                         "FROM dbos.workflow_status WHERE workflow_uuid = $1",
+                           first.workflow_id))[0]
+        assert row["delay_until_epoch_ms"] == row["debounce_deadline_epoch_ms"] \
+            == row["started_at_epoch_ms"] == row["created_at"] + 6000
 
 
 async def test_debounce_from_a_workflow_is_checkpointed(database_url: str) -> None:

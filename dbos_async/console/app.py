@@ -47,7 +47,7 @@ from dbos_async.console.safety import (
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.executor.operator import Operator
-from dbos_async.sysdb.core import now_ms
+from dbos_async.sysdb.clock import SYSTEM_CLOCK
 from dbos_async.sysdb.statements import (
     CANCELLED,
     DELAYED,
@@ -221,7 +221,7 @@ class Console:
                 values["error"] = views.shown(views.error_text(loaded.error) or "")
         return self.page(
             request, "workflow.html", wf=status, shard_key=shard_key, values=values,
-            unreadable=unreadable, bars=views.timeline(status, steps, now_ms()),
+            unreadable=unreadable, bars=views.timeline(status, steps, SYSTEM_CLOCK.now_ms()),
             transactions=op.transaction_names(),
             step_outputs={s.function_id: views.shown(views.pretty(s.output))
                           for s in steps if s.error is None and s.output is not None},
@@ -352,7 +352,7 @@ class Console:
             op.oldest_waiting_workflows())
         by_name = {q.name: q for q in stored}
         names = sorted(set(by_name) | set(depths) | {a.queue_name for a in activity})
-        now = now_ms()
+        now = SYSTEM_CLOCK.now_ms()  # an operator watches by the wall clock
         rows = [{"name": name, "queue": by_name.get(name), "depth": depths.get(name, {}),
                  "oldest": oldest.get(name),
                  "chart": views.queue_chart([a for a in activity if a.queue_name == name],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.enqueue import DELAYED_KEY
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.recorded_errors import deserialize_error
+from dbos_async.sysdb.clock import Clock
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
@@ -407,8 +407,9 @@ LAST_EPOCH_MS = 2**63 - 1
 """The latest time a bigint column stores."""
 
 
-def delay_until_ms(delay_seconds: float | None, delay_until_epoch_ms: int | None) -> int:
-    """The time (epoch ms) a delay given either way ends."""
+def delay_until_ms(clock: Clock, delay_seconds: float | None,
+                   delay_until_epoch_ms: int | None) -> int:
+    """The time (epoch ms) a delay given either way ends (from ``clock``'s now)."""
     if (delay_seconds is None) == (delay_until_epoch_ms is None):
         raise DBOSError("Give either delay_seconds or delay_until_epoch_ms (exactly one)")
     if delay_until_epoch_ms is not None:
@@ -419,7 +420,7 @@ def delay_until_ms(delay_seconds: float | None, delay_until_epoch_ms: int | None
         return delay_until_epoch_ms
     check_options({"delay": delay_seconds})
     assert delay_seconds is not None
-    return int((time.time() + delay_seconds) * 1000)
+    return clock.now_ms() + int(delay_seconds * 1000)
 
 
 async def set_delay(peer: Peer, workflow_id: str, until_ms: int) -> None:

@@ -39,7 +39,7 @@ from dbos_async.executor.context import WorkflowContext, current_workflow, workf
 from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.handles import WorkflowHandle
 from dbos_async.executor.operator import Operator
-from dbos_async.executor.peer import Peer
+from dbos_async.executor.peer import Peer, clock_of
 from dbos_async.executor.queues import batch
 from dbos_async.executor.queues.batch import EnqueueRequest, EnqueueResult
 from dbos_async.executor.queues.declaration import Queue, queue_settings
@@ -437,7 +437,7 @@ class DBOS(Operator):
         check_seconds(seconds, "sleep duration", optional=False)
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.sleep(ctx, step_id, seconds)
+        return messaging.sleep(clock_of(self.config), ctx, step_id, seconds)
 
     # ---- Maintenance jobs (see executor/maintenance.py) ----
 

@@ -13,13 +13,12 @@ the runtime runs them every ``maintenance_interval`` seconds, the first time at 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 
 from dbos_async.executor.control import announce_cancelled
 from dbos_async.executor.runtime import Runtime
-from dbos_async.sysdb.database import now_ms
+from dbos_async.sysdb.clock import after
 
 logger = logging.getLogger("dbos_async")
 
@@ -56,7 +55,7 @@ async def run_global_timeout(runtime: Runtime, cutoff_ms: int) -> list[str] | No
 
 async def run_jobs_once(runtime: Runtime) -> None:
     config = runtime.config
-    now = now_ms()
+    now = runtime.system_database.clock.now_ms()
     if config.retention_hours is not None:
         await run_retention(runtime, now - int(config.retention_hours * 3_600_000),
                             config.retention_batch_size)
@@ -70,7 +69,9 @@ async def maintenance_loop(runtime: Runtime) -> None:
             await run_jobs_once(runtime)
         except Exception as error:  # the database may be down: next round
             logger.warning("A maintenance job failed: %r", error)
-        await asyncio.sleep(runtime.config.maintenance_interval)
+        # On the clock the ages are read from, so a test clock moved on runs the jobs too.
+        clock = runtime.system_database.clock
+        await clock.sleep_until(after(clock, runtime.config.maintenance_interval))
 
 
 def start(runtime: Runtime) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
@@ -24,7 +23,8 @@ from dbos_async.errors import DBOSError, NonExistentWorkflowError, StreamTimeout
 from dbos_async.executor.context import WorkflowContext
 from dbos_async.executor.serialization import Formats, to_json
 from dbos_async.executor.steps import record_failure, record_read, recorded_read, replay
-from dbos_async.sysdb.database import SystemDatabase, now_ms
+from dbos_async.sysdb.clock import Clock, after
+from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     STREAMS_CHANNEL,
@@ -32,7 +32,6 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
     keyed,
-    remaining,
 )
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import (
@@ -83,8 +82,9 @@ async def durable_deadline(ctx: WorkflowContext, step_id: int, seconds: float,
     done, value = recorded_read(ctx, step_id, SLEEP)
     if done:
         return int(value)
-    started = now_ms()
-    deadline = started + math.ceil(seconds * 1000)  # checked non-negative by the API
+    clock = ctx.runtime.system_database.clock
+    started = clock.now_ms()
+    deadline = after(clock, seconds)  # checked non-negative by the API
     existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, SLEEP, ctx.owner_xid, output=to_json(deadline, "a deadline"),
         error=None, started_at_ms=started,
@@ -248,12 +248,11 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
                 )
             if found:
                 return ctx.runtime.formats.decode(message, serialization, "a received message")
-            left = remaining(deadline)
-            if left is not None and left <= 0:
+            if deadline is not None and sysdb.clock.now_ms() >= deadline:
                 return await record_read(ctx, step_id, RECV, NOTHING)
             # Interrupted if the workflow is cancelled meanwhile.
             with ctx.runtime.cancellation.region(ctx):
-                await w.wait(left)
+                await w.wait(None, until_ms=deadline)
 
 
 # ---- Events ----
@@ -291,17 +290,16 @@ async def _poll_event(sysdb: SystemDatabase, workflow_id: str, key: str,
                 found = await sysdb.get_event(workflow_id, key)
             if found is not None:
                 return found
-            left = remaining(deadline)
-            if left is not None and left <= 0:
+            if deadline is not None and sysdb.clock.now_ms() >= deadline:
                 return None
-            await waiter.wait(left)
+            await waiter.wait(None, until_ms=deadline)
 
 
 async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None,
                     timeout_id: int | None, workflow_id: str, key: str,
                     timeout: float | None) -> Any:  # noqa: ASYNC109
     if ctx is None or step_id is None or timeout_id is None:
-        deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
+        deadline = after(peer.system_database.clock, timeout) if timeout is not None else None
         found = await _poll_event(peer.system_database, workflow_id, key, deadline)
         return (peer.formats.decode(found[0], found[1], "an event") if found is not None
                 else None)
@@ -400,7 +398,7 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                     offset += 1
                     continue
                 replaying = False
-            deadline = (now_ms() + math.ceil(timeout * 1000)) if timeout is not None else None
+            deadline = after(sysdb.clock, timeout) if timeout is not None else None
             while True:
                 async with dispatcher.polling():
                     with route():
@@ -422,20 +420,18 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                         with ctx.routed():
                             await record_read(ctx, step_id, READ_STREAM, CLOSED_MARKER)
                     return
-                left = remaining(deadline)
-                if left is not None and left <= 0:
+                if deadline is not None and sysdb.clock.now_ms() >= deadline:
                     error = StreamTimeoutError(workflow_id, key, timeout or 0.0)
                     if ctx is None or step_id is None:
                         raise error
                     with ctx.routed():
                         raise await record_failure(ctx, step_id, READ_STREAM,
                                                         error) from error
-                wait = cap if left is None else min(cap, left)
                 if ctx is None:
-                    await waiter.wait(wait)
+                    await waiter.wait(cap, until_ms=deadline)
                 else:
                     with ctx.runtime.cancellation.region(ctx):
-                        await waiter.wait(wait)
+                        await waiter.wait(cap, until_ms=deadline)
             if ctx is not None and step_id is not None:
                 # Recorded before it is handed over: a crash after the workflow acted on
                 # the value replays the same value.
@@ -448,15 +444,16 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
 # ---- Sleep ----
 
 
-async def sleep(ctx: WorkflowContext | None, step_id: int | None, seconds: float) -> None:
+async def sleep(clock: Clock, ctx: WorkflowContext | None, step_id: int | None,
+                seconds: float) -> None:
+    """Sleep ``seconds`` on ``clock`` (the caller's executor's), durably in a workflow."""
     if ctx is None or step_id is None:
-        await asyncio.sleep(seconds)
+        await clock.sleep_until(after(clock, seconds))
         return
     deadline = await durable_deadline(ctx, step_id, seconds, complete_at_deadline=True)
-    left = remaining(deadline)
-    if left and not ctx.replaying:  # a replay check waits for nothing
+    if not ctx.replaying:  # a replay check waits for nothing
         with ctx.runtime.cancellation.region(ctx):
-            await asyncio.sleep(left)
+            await clock.sleep_until(deadline)
 
 
 # ---- Waiting for workflows ----

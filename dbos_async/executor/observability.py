@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbos_async.executor.peer import Peer
-from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.statements.observability import MINUTE_MS
 
 
@@ -91,7 +90,7 @@ async def stream_values(peer: Peer, workflow_id: str, limit: int) -> list[Stream
 async def queue_activity(peer: Peer, minutes: int) -> list[QueueMinute]:
     """Per queue, the minutes of the last ``minutes`` in which any workflow started or
     finished, oldest first."""
-    since = (now_ms() // MINUTE_MS - minutes + 1) * MINUTE_MS
+    since = (peer.system_database.clock.now_ms() // MINUTE_MS - minutes + 1) * MINUTE_MS
     counts: dict[tuple[str, int], dict[str, int]] = {}
     for r in await peer.system_database.queue_activity(since):
         counts.setdefault((r["queue_name"], r["minute"] * MINUTE_MS), {})[r["kind"]] = (
@@ -133,7 +132,7 @@ async def executors(peer: Peer, recent_minutes: int, shown: int) -> list[Executo
     """The executors owning PENDING workflows or having started one in the last
     ``recent_minutes``; alive ones first, then by ID."""
     sysdb = peer.system_database
-    since = now_ms() - recent_minutes * MINUTE_MS
+    since = sysdb.clock.now_ms() - recent_minutes * MINUTE_MS
     pending = {(r["application_name"], r["executor_id"]): r
                for r in await sysdb.pending_by_executor(shown)}
     seen = {(r["application_name"], r["executor_id"])

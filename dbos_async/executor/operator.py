@@ -548,9 +548,11 @@ class Operator(ScheduleOperator):
         DELAYED until then, and ENQUEUED when due (at once for a time already past). An
         unknown ID raises :class:`NonExistentWorkflowError`, a started or finished
         workflow :class:`WorkflowStateError`; nothing changes then."""
-        until = control.delay_until_ms(delay_seconds, delay_until_epoch_ms)
+        peer = self._peer()
+        until = control.delay_until_ms(peer.system_database.clock, delay_seconds,
+                                       delay_until_epoch_ms)
         with bind_shard_keys({workflow_id: shard_key}):
-            await control.set_delay(self._peer(), workflow_id, until)
+            await control.set_delay(peer, workflow_id, until)
 
     async def update_workflow_attributes(self, workflow_id: str,
                                          attributes: dict[str, Any] | None, *,

@@ -23,7 +23,6 @@ from collections.abc import Coroutine
 from typing import Any
 
 from dbos_async.executor.context import WorkflowContext
-from dbos_async.sysdb.database import now_ms
 
 PATCH_PREFIX = "DBOS.patch-"
 
@@ -37,7 +36,7 @@ async def _value(value: bool) -> bool:
 
 
 async def _record(ctx: WorkflowContext, step_id: int, marker: str) -> bool:
-    started = now_ms()
+    started = ctx.runtime.system_database.clock.now_ms()
     existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, marker, ctx.owner_xid, output=None, error=None,
         started_at_ms=started, completed_at_ms=started,

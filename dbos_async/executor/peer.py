@@ -13,6 +13,8 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
+
 if TYPE_CHECKING:
     from dbos_async.config import DBOSConfig
     from dbos_async.executor.serialization import Formats, Signature
@@ -49,6 +51,11 @@ class Peer(Protocol):
         ...
 
 
+def clock_of(config: DBOSConfig) -> Clock:
+    """The clock an executor or client with these settings reads durable time from."""
+    return config.clock if config.clock is not None else SYSTEM_CLOCK
+
+
 def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
     """The system database of an executor or client with these settings."""
     from dbos_async.sysdb.database import SystemDatabase
@@ -64,6 +71,7 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
         sharded=config.sharding,
         idle_transaction_timeout_ms=math.ceil(config.idle_transaction_timeout * 1000),
         observability_query_timeout_ms=math.ceil(config.observability_query_timeout * 1000),
+        clock=clock_of(config),
     )
 
 
@@ -90,6 +98,7 @@ async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfi
         trigger_fed=frozenset() if sysdb.routes_single_tables else TRIGGER_FED_CHANNELS,
         cluster=CitusNodes(url, config.connect_timeout, config.connection_name)
         if sysdb.routes_single_tables else None,
+        clock=sysdb.clock,
     )
     sysdb.notifications = dispatcher
     await dispatcher.start(supervise)

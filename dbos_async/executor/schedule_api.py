@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import ScheduleError
@@ -16,6 +16,7 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.schedules import WorkflowSchedule, public_schedule
+from dbos_async.sysdb.clock import now_utc
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
 from dbos_async.validation import check_lookup
@@ -180,7 +181,8 @@ class ScheduleOperator:
         peer = self._writing("trigger_schedule")
         record = await schedules.stored(peer, name)
         workflow_id = await schedules.fire(peer, self._firing_executor_id(), record,
-                                           datetime.now(UTC), triggered=True)
+                                           now_utc(peer.system_database.clock),
+                                           triggered=True)
         return workflow_handle(peer, workflow_id, shard_key=record.shard_key)
 
     async def backfill_schedule(self, name: str, start: datetime,

@@ -13,12 +13,13 @@ import contextlib
 import heapq
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from dbos_async.errors import ScheduleError
 from dbos_async.executor import schedules
 from dbos_async.executor.runtime import Runtime
+from dbos_async.sysdb.clock import epoch_ms, now_utc
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
 
@@ -66,29 +67,30 @@ class Scheduler:
 
     async def _run(self) -> None:
         interval = self._runtime.config.schedule_reread_interval
+        clock = self._runtime.system_database.clock
         while True:
             self._changed.clear()
             try:
                 await self._reread()
             except Exception:
                 logger.exception("Reading the schedules failed; retrying")
+            # Re-reads look for other writers' changes: real time. Fire times are durable
+            # time: on the clock.
             loop = asyncio.get_running_loop()
             reread_at = loop.time() + interval
             while not self._changed.is_set() and loop.time() < reread_at:
-                wait = reread_at - loop.time()
-                if self._heap:
-                    due = (self._heap[0].time - datetime.now(UTC)).total_seconds()
-                    if due <= 0:
-                        await self._fire_due()
-                        continue
-                    wait = min(wait, due)
+                if self._heap and self._heap[0].time <= now_utc(clock):
+                    await self._fire_due()
+                    continue
+                due = epoch_ms(self._heap[0].time) if self._heap else None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), wait)
+                    async with clock.wait_until(due, max(0.0, reread_at - loop.time())):
+                        await self._changed.wait()
 
     async def _reread(self) -> None:
         records = {r.schedule_name: r for r in
                    await self._runtime.system_database.list_schedules(status=ACTIVE)}
-        now = datetime.now(UTC)
+        now = now_utc(self._runtime.system_database.clock)
         for name, record in records.items():
             old = self._records.get(name)
             if old is not None and _definition(old) == _definition(record):

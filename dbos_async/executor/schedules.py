@@ -173,7 +173,7 @@ async def fire(peer: Peer, executor_id: str, record: ScheduleRecord, time: datet
     # Portable JSON whatever the firing peer writes: schedules are shared with every SDK.
     plan = plan_start(CallContext(workflow_id=workflow_id, shard_key=record.shard_key),
                       name=record.workflow_name, inputs=Payload(inputs), executor_id=executor_id,
-                      application_version=None,
+                      application_version=None, now_ms=peer.system_database.clock.now_ms(),
                       placement=Placement(record.queue_name or INTERNAL_QUEUE_NAME),
                       class_name=record.workflow_class_name)
     await peer.system_database.fire_schedule(

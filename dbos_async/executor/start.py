@@ -41,7 +41,7 @@ from dbos_async.executor.recorded_errors import deserialize_error, recorded_erro
 from dbos_async.executor.registry import WorkflowInfo, instance_name
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.serialization import Formats
-from dbos_async.sysdb.database import StartResult, StepRecord, now_ms
+from dbos_async.sysdb.database import StartResult, StepRecord
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import (
     DELAYED,
@@ -167,11 +167,13 @@ class StartPlan:
 
 
 def plan_start(call: CallContext, *, name: str, inputs: Payload, executor_id: str,
-               application_version: str | None, placement: Placement | None = None,
-               class_name: str | None = None, config_name: str | None = None) -> StartPlan:
-    """The row of a new workflow. Started now (no ``placement``), its own timeout counts
-    from now; enqueued, from when a claim starts it. A parent's deadline bounds both."""
-    created_at = now_ms()
+               application_version: str | None, now_ms: int,
+               placement: Placement | None = None, class_name: str | None = None,
+               config_name: str | None = None) -> StartPlan:
+    """The row of a new workflow created at ``now_ms``. Started now (no ``placement``), its
+    own timeout counts from now; enqueued, from when a claim starts it. A parent's deadline
+    bounds both."""
+    created_at = now_ms
     authentication = call.authentication
     parent = call.parent
     deadline = parent.deadline_epoch_ms if parent is not None else None
@@ -254,6 +256,7 @@ def plan_registered(runtime: Runtime, call: CallContext, info: WorkflowInfo,
     return plan_start(authorized(call, info), name=info.name, inputs=arguments.inputs,
                       executor_id=runtime.executor_id,
                       application_version=application_version or runtime.application_version,
+                      now_ms=runtime.system_database.clock.now_ms(),
                       placement=placement, class_name=info.class_name,
                       config_name=arguments.config_name)
 
@@ -308,7 +311,8 @@ async def record_child_step(
     with bind_shard_keys({child_id: child_shard_key} if child_id is not None else {}):
         existing = await runtime.system_database.record_step(
             parent.workflow_id, step.function_id, info.name, parent.owner_xid, output=None,
-            error=text, started_at_ms=step.started_at_ms, completed_at_ms=now_ms(),
+            error=text, started_at_ms=step.started_at_ms,
+            completed_at_ms=runtime.system_database.clock.now_ms(),
             child_workflow_id=child_id, serialization=formats.name,
         )
     if existing is not None:  # Another execution of the parent recorded this step first.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +21,16 @@ from dbos_async.executor.authentication import (
     current_authentication,
     running_as,
 )
-from dbos_async.executor.context import WorkflowContext, current_workflow, running_step
+from dbos_async.executor.context import (
+    WorkflowContext,
+    current_workflow,
+    running_step,
+    workflow_of_step,
+)
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
 from dbos_async.executor.serialization import Signature
-from dbos_async.sysdb.database import StepRecord, now_ms
+from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock, after
+from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.statements import Payload
 from dbos_async.validation import check_identifier, check_seconds
 
@@ -95,8 +100,11 @@ def call(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
                                    authentication)
     ctx = current_workflow()
     if ctx is None:
-        # Outside a workflow, or inside another step: just run it.
-        run = attempt(info, args, kwargs)
+        # Outside a workflow, or inside another step: just run it (its backoff on the
+        # workflow's clock, if any).
+        outer = workflow_of_step()
+        run = attempt(info, args, kwargs, outer.runtime.system_database.clock
+                      if outer is not None else SYSTEM_CLOCK)
     else:
         # Allocated now, in call order, so concurrent fan-out replays identically.
         run = run_checkpointed(ctx, ctx.allocate_step_id(), info, args, kwargs)
@@ -109,9 +117,10 @@ async def _running_as(authentication: Authentication, run: Coroutine[Any, Any, A
 
 
 async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  step_id: int | None = None) -> Any:
-    """Run the step under its retry policy, marked as inside step ``step_id`` (None: a step
-    called outside a workflow, or inside another step)."""
+                  clock: Clock, step_id: int | None = None) -> Any:
+    """Run the step under its retry policy, waiting out its backoff on ``clock``, marked as
+    inside step ``step_id`` (None: a step called outside a workflow, or inside another
+    step)."""
     options = info.options
     errors: list[BaseException] = []
     delay = options.retry_interval
@@ -122,6 +131,7 @@ async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
                 with observe.step_attempt(options.name, step_id, attempt_number + 1):
                     if options.timeout is None:
                         return await info.fn(*args, **kwargs)
+                    # Real time: it bounds the body's own work, not a durable wait.
                     with anyio.fail_after(options.timeout):
                         return await info.fn(*args, **kwargs)
             except Exception as error:
@@ -132,7 +142,7 @@ async def attempt(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
                     break
                 logs.step_retrying(options.name, step_id, attempt_number + 1,
                                    options.retries + 1, delay, error)
-                await asyncio.sleep(delay)
+                await clock.sleep_until(after(clock, delay))
                 delay = min(delay * options.backoff_rate, options.max_retry_interval)
     if options.retries == 0:
         raise errors[-1]
@@ -167,7 +177,7 @@ def recorded_read(ctx: WorkflowContext, step_id: int, name: str) -> tuple[bool, 
 async def record_read(ctx: WorkflowContext, step_id: int, name: str, output: Payload) -> Any:
     """Record a read's result (``output``, as stored, in its own format) as its checkpoint;
     a record already there wins."""
-    started = now_ms()
+    started = ctx.runtime.system_database.clock.now_ms()
     existing = await ctx.runtime.system_database.record_step(
         ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
         started_at_ms=started, completed_at_ms=started, serialization=output.serialization,
@@ -183,7 +193,7 @@ async def record_failure(ctx: WorkflowContext, step_id: int, name: str,
     """Record ``error`` as the outcome of a checkpoint (a send to no one, a read that timed
     out), so a replay raises it too; returns the error to raise (in its recorded form,
     caused by ``error``)."""
-    started = now_ms()
+    started = ctx.runtime.system_database.clock.now_ms()
     formats = ctx.runtime.formats
     text, failure = recorded_error(error, formats)
     existing = await ctx.runtime.system_database.record_step(
@@ -203,10 +213,11 @@ async def run_checkpointed(
     recorded = ctx.recorded(step_id, name)
     if recorded is not None:
         return replay(ctx, step_id, name, recorded, info.signature)
-    started = now_ms()
+    sysdb = ctx.runtime.system_database
+    started = sysdb.clock.now_ms()
     try:
         with ctx.runtime.cancellation.region(ctx, info.options.cancellable):
-            value = await attempt(info, args, kwargs, step_id)
+            value = await attempt(info, args, kwargs, sysdb.clock, step_id)
     except Exception as error:
         if ctx.cancelled:
             # Interrupted (or cancelled meanwhile): nothing to record, the workflow stops.
@@ -223,9 +234,10 @@ async def record_failed_step(ctx: WorkflowContext, step_id: int, name: str, star
     its recorded form); an outcome recorded first is replayed instead."""
     formats = ctx.runtime.formats
     text, failure = recorded_error(error, formats)
-    existing = await ctx.runtime.system_database.record_step(
+    sysdb = ctx.runtime.system_database
+    existing = await sysdb.record_step(
         ctx.workflow_id, step_id, name, ctx.owner_xid, output=None,
-        error=text, started_at_ms=started, completed_at_ms=now_ms(),
+        error=text, started_at_ms=started, completed_at_ms=sysdb.clock.now_ms(),
         serialization=formats.name,
     )
     if existing is not None:
@@ -239,9 +251,11 @@ async def record_step_output(ctx: WorkflowContext, step_id: int, name: str, star
     recorded first is replayed instead. A value that cannot be serialized fails here,
     before anything is written."""
     output = signature.serialize_result(value, ctx.runtime.formats)
-    existing = await ctx.runtime.system_database.record_step(
+    sysdb = ctx.runtime.system_database
+    existing = await sysdb.record_step(
         ctx.workflow_id, step_id, name, ctx.owner_xid, output=output.text, error=None,
-        started_at_ms=started, completed_at_ms=now_ms(), serialization=output.serialization,
+        started_at_ms=started, completed_at_ms=sysdb.clock.now_ms(),
+        serialization=output.serialization,
     )
     if existing is not None:
         return replay(ctx, step_id, name, existing, signature)

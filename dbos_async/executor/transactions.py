@@ -66,7 +66,6 @@ from dbos_async.sysdb.application import (
     OpenTransaction,
     StoredOutput,
 )
-from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.statements import Checkpoint
 from dbos_async.validation import check_identifier
@@ -202,7 +201,7 @@ async def _run_checkpointed(ctx: WorkflowContext, step_id: int, info: Transactio
     recorded = ctx.recorded(step_id, options.name)
     if recorded is not None:
         return steps.replay(ctx, step_id, options.name, recorded, info.signature)
-    started = now_ms()
+    started = ctx.runtime.system_database.clock.now_ms()
     run = _Attempt(ctx, step_id, info, args, kwargs, started)
     attempt: Callable[[bool], Coroutine[Any, Any, Any]] = run.on_system_database
     if options.data_source is not None:
@@ -329,8 +328,9 @@ class _Attempt:
         return self.info.options.name
 
     def _checkpoint(self, output: str | None, serialization: str) -> Checkpoint:
+        now = self.ctx.runtime.system_database.clock.now_ms()
         return Checkpoint(self.ctx.workflow_id, self.step_id, self.name, self.ctx.owner_xid,
-                          output, None, self.started, now_ms(), serialization=serialization)
+                          output, None, self.started, now, serialization=serialization)
 
     async def on_system_database(self, _maybe_committed: bool) -> Any:
         """The user's SQL and the fenced checkpoint in one transaction on the system
@@ -399,7 +399,7 @@ class _Attempt:
             existing = await sysdb.record_step(
                 checkpoint.workflow_id, checkpoint.function_id, checkpoint.function_name,
                 checkpoint.owner_xid, output=checkpoint.output, error=None,
-                started_at_ms=checkpoint.started_at_ms, completed_at_ms=now_ms(),
+                started_at_ms=checkpoint.started_at_ms, completed_at_ms=sysdb.clock.now_ms(),
                 serialization=checkpoint.serialization)
             if existing is not None:
                 return steps.replay(self.ctx, self.step_id, self.name, existing,
@@ -420,7 +420,7 @@ class _Attempt:
         existing = await sysdb.record_step(
             self.ctx.workflow_id, self.step_id, self.name, self.ctx.owner_xid,
             output=stored.output, error=stored.error, started_at_ms=self.started,
-            completed_at_ms=now_ms(), serialization=serialization)
+            completed_at_ms=sysdb.clock.now_ms(), serialization=serialization)
         if existing is not None:
             return steps.replay(self.ctx, self.step_id, self.name, existing,
                                 self.info.signature)

@@ -13,8 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
 from dbos_async.errors import (
     DBOSError,
     ExecutorIdLostError,
@@ -32,7 +30,7 @@ from dbos_async.executor.handles import outcome_value
 from dbos_async.executor.recorded_errors import recorded_error
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.runtime import Runtime
-from dbos_async.sysdb.database import StepRecord, WorkflowRow, now_ms
+from dbos_async.sysdb.database import StepRecord, WorkflowRow
 from dbos_async.sysdb.retry import outlasting_outages
 from dbos_async.sysdb.shard_keys import bind_shard_keys
 from dbos_async.sysdb.statements import PORTABLE_JSON
@@ -168,10 +166,14 @@ async def _body_within_deadline(ctx: WorkflowContext, info: WorkflowInfo,
     with running_workflow(ctx):
         if ctx.deadline_epoch_ms is None:
             return await info.fn(*args, **kwargs)
-        with anyio.move_on_after((ctx.deadline_epoch_ms - now_ms()) / 1000) as deadline:
-            return await info.fn(*args, **kwargs)
-        assert deadline.cancelled_caught
-        raise _DeadlineExceeded()
+        deadline = ctx.runtime.system_database.clock.deadline(ctx.deadline_epoch_ms)
+        try:
+            async with deadline:
+                return await info.fn(*args, **kwargs)
+        except TimeoutError:
+            if deadline.expired():
+                raise _DeadlineExceeded() from None
+            raise  # the body's own
 
 
 async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = None,

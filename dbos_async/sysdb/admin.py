@@ -5,7 +5,7 @@ delay, a workflow's attributes, and renaming an application (see
 from __future__ import annotations
 
 from dbos_async.errors import NonExistentWorkflowError, WorkflowStateError
-from dbos_async.sysdb.core import DatabaseCore, now_ms
+from dbos_async.sysdb.core import DatabaseCore
 from dbos_async.sysdb.statements import APPLICATION_TABLES, DELAYED, ENQUEUED, Query
 
 QUEUED_STATUSES = (ENQUEUED, DELAYED)
@@ -38,17 +38,17 @@ class AdminOperations(DatabaseCore):
         """Give a waiting workflow a new priority."""
         await self._change_queued(
             workflow_id, "change the priority of",
-            self.sql.set_priority(workflow_id, priority, now_ms()))
+            self.sql.set_priority(workflow_id, priority, self.clock.now_ms()))
 
     async def set_delay(self, workflow_id: str, until_ms: int) -> None:
         """Make a waiting workflow wait until ``until_ms``."""
         await self._change_queued(
-            workflow_id, "delay", self.sql.set_delay(workflow_id, until_ms, now_ms()))
+            workflow_id, "delay", self.sql.set_delay(workflow_id, until_ms, self.clock.now_ms()))
 
     async def update_attributes(self, workflow_id: str, attributes: str | None,
                                 merge: bool) -> None:
         row = await self._fetchrow(
-            self.sql.set_attributes(workflow_id, attributes, merge, now_ms()),
+            self.sql.set_attributes(workflow_id, attributes, merge, self.clock.now_ms()),
             f"updating the attributes of workflow {workflow_id}")
         if row is None:
             raise NonExistentWorkflowError(workflow_id)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Literal, TypeAlias, TypeVar
 
@@ -22,6 +21,7 @@ from dbos_async.errors import (
     QueryTimeoutError,
 )
 from dbos_async.sysdb import connection, migrations, setup
+from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
 from dbos_async.sysdb.fencing import TimelineFence
 from dbos_async.sysdb.health import DatabaseHealth, DatabaseWatch, describe_waits
 from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
@@ -52,10 +52,6 @@ MIN_KEYS_PER_ROUND_TRIP = 8
 the server's time it saves."""
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class DatabaseCore:
     """The system database's pool and retries, and its lifecycle."""
 
@@ -72,8 +68,11 @@ class DatabaseCore:
         sharded: bool = False,
         idle_transaction_timeout_ms: int = DEFAULT_IDLE_TRANSACTION_TIMEOUT_MS,
         observability_query_timeout_ms: int = DEFAULT_OBSERVABILITY_QUERY_TIMEOUT_MS,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.url = url
+        # The time every timestamp written and every durable timer is read from.
+        self.clock = clock
         # Every connection of this handle goes to a server the fence admits.
         self.fence = TimelineFence(url)
         self.schema = schema

@@ -32,7 +32,6 @@ from dbos_async.sysdb.application import (
     transaction,
 )
 from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
-from dbos_async.sysdb.core import now_ms
 from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.group_commit import GroupCommit
 from dbos_async.sysdb.notifications import (
@@ -86,7 +85,6 @@ __all__ = [
     "StepRecord",
     "SystemDatabase",
     "WorkflowRow",
-    "now_ms",
 ]
 
 
@@ -354,7 +352,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 with parent_ref.routed():
                     q = self.sql.record_step(parent.workflow_id, parent.function_id,
                                              function_name, parent.owner_xid, output, None,
-                                             parent.started_at_ms, now_ms())
+                                             parent.started_at_ms, self.clock.now_ms())
                 if await conn.fetchrow(q.sql, *q.params) is None:
                     raise _NotRecorded  # rolls the batch back
                 return results
@@ -682,7 +680,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         two router statements, see routed), goes row by row."""
         verdicts: list[bool | BaseException]
         if self.routes_single_tables:
-            at = now_ms()
+            at = self.clock.now_ms()
             programs = []
             for key, r in rows:
                 with WorkflowAddress(r.workflow_id, key).routed():
@@ -692,7 +690,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         elif len({(key, r.workflow_id) for key, r in rows}) < len(rows):
             verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
-            at = now_ms()
+            at = self.clock.now_ms()
 
             def one(key: str | None, r: FinalOutcome, at: int) -> Query:
                 with WorkflowAddress(r.workflow_id, key).routed():
@@ -715,7 +713,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     async def _write_outcome(self, key: str | None, r: FinalOutcome) -> bool:
         with WorkflowAddress(r.workflow_id, key).routed():
             query = self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid, r.output,
-                                            r.error, now_ms())
+                                            r.error, self.clock.now_ms())
         row = await self._fetchrow(query, f"recording the outcome of {r.workflow_id}")
         return row is not None
 
@@ -756,8 +754,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         self, executor_id: str, application_version: str | None,
         exclude: Sequence[WorkflowRef] = (), to_executor_id: str | None = None,
     ) -> list[WorkflowRow]:
-        query = self.sql.claim_pending(executor_id, application_version, now_ms(), exclude,
-                                       to_executor_id)
+        query = self.sql.claim_pending(executor_id, application_version, self.clock.now_ms(),
+                                       exclude, to_executor_id)
         # Not retried here: a lost reply would leave rows claimed under tokens we never
         # learned; a recovery run again (start-up retries it) claims them afresh.
         try:
@@ -779,7 +777,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     async def requeue_pending(self, executor_id: str, application_version: str | None,
                               exclude: Sequence[WorkflowRef] = ()) -> list[tuple[str, str]]:
         """Re-enqueue this executor's PENDING queued workflows: [(workflow, queue)]."""
-        query = self.sql.requeue_pending(executor_id, application_version, now_ms(), exclude)
+        query = self.sql.requeue_pending(executor_id, application_version,
+                                         self.clock.now_ms(), exclude)
         rows = await self._fetch(query, "re-enqueuing pending workflows")
         return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
 
@@ -788,7 +787,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                                   ) -> list[tuple[str, str | None]]:
         """Dead-letter this executor's workflows past ``max_attempts``: [(workflow, key)]."""
         query = self.sql.dead_letter_pending(executor_id, application_version, max_attempts,
-                                             now_ms(), exclude)
+                                             self.clock.now_ms(), exclude)
         rows = await self._fetch(query, "dead-lettering workflows")
         return [(row["workflow_uuid"], row.get("shard_key")) for row in rows]
 
@@ -869,7 +868,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 message_uuid, topic, message)
         query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
                                                destination_id, message_uuid, topic, message,
-                                               now_ms())
+                                               self.clock.now_ms())
         row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
         return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.send")
 
@@ -881,7 +880,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         and the message, one statement per key, in one transaction, so the message lands
         only with the checkpoint. Each statement is built under its own key alone: the
         destination may have the sender's ID."""
-        now = now_ms()
+        now = self.clock.now_ms()
         with sender.routed():
             checkpoint = self.sql.record_step(sender.workflow_id, function_id, "DBOS.send",
                                               owner_xid, None, None, now, now)
@@ -921,7 +920,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
         attempt: Callable[[], Awaitable[Row | None]] = (
-            self._send_many_routed(groups, sender, owner_xid, function_id, now_ms())
+            self._send_many_routed(groups, sender, owner_xid, function_id, self.clock.now_ms())
             if self.routes_single_tables
             else self._send_many_attempt(groups, sender, owner_xid, function_id))
 
@@ -952,7 +951,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             assert owner_xid is not None
             with sender.routed():
                 head = (self.sql.send_messages_recorded(sender.workflow_id, function_id,
-                                                        owner_xid, own, now_ms())
+                                                        owner_xid, own, self.clock.now_ms())
                         if function_id is not None
                         else self.sql.send_messages_fenced(sender.workflow_id, owner_xid, own))
         rest = [self.sql.send_messages(batch, key) for key, batch in groups.items()]
@@ -1015,10 +1014,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         row: Row | None
         if self.routes_single_tables:
             row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
-                                                     topic, now_ms())
+                                                     topic, self.clock.now_ms())
         else:
             query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic,
-                                             now_ms())
+                                             self.clock.now_ms())
             row = await self._fetchrow(query, f"receiving for {workflow_id}")
         self._check_fence(row, workflow_id)
         assert row is not None
@@ -1035,10 +1034,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         row: Row | None
         if self.routes_single_tables:
             row = await self._set_event_routed(workflow_id, owner_xid, key, value,
-                                               function_id, now_ms())
+                                               function_id, self.clock.now_ms())
         else:
             query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key,
-                                                value, now_ms())
+                                                value, self.clock.now_ms())
             row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
         return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
 
@@ -1046,7 +1045,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                                ) -> None:
         if self.routes_single_tables:
             self._check_fence(await self._set_event_routed(workflow_id, owner_xid, key, value,
-                                                           None, now_ms()), workflow_id)
+                                                           None, self.clock.now_ms()), workflow_id)
             return
         query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
         self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
@@ -1063,14 +1062,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                             function_id: int, function_name: str | None) -> Row | None:
         """A stream write; with ``function_name``, the workflow's own, recorded."""
         if self.routes_single_tables:
-            at = now_ms()
+            at = self.clock.now_ms()
 
             def write() -> Awaitable[Row | None]:
                 return self._write_stream_routed(workflow_id, owner_xid, key, value,
                                                  function_id, function_name, at)
         else:
             query = (self.sql.write_stream_recorded(workflow_id, function_id, function_name,
-                                                    owner_xid, key, value, now_ms())
+                                                    owner_xid, key, value, self.clock.now_ms())
                      if function_name is not None else
                      self.sql.write_stream_fenced(workflow_id, owner_xid, key, value,
                                                   function_id))

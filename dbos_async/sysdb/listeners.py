@@ -151,6 +151,8 @@ class ServerListener:
             while True:
                 if self._connection is None:
                     if not await self.listen_once():
+                        # Reconnect backoff is real time (a server returns in real
+                        # seconds), never the clock of durable timers.
                         await asyncio.sleep(delay)
                         delay = min(delay * 2, self._reconnect_max_delay)
                         continue

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
@@ -33,6 +32,7 @@ import anyio.abc
 import asyncpg
 
 from dbos_async.database_url import Host
+from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
 from dbos_async.sysdb.listeners import ClusterNodes, Connect, ServerListener, still_answers
 from dbos_async.sysdb.retry import is_transient
 
@@ -125,8 +125,10 @@ class Waiter:
     def woken(self) -> bool:
         return self._event.is_set()
 
-    async def wait(self, timeout: float | None, *, polled: bool = False) -> bool:  # noqa: ASYNC109
-        """Wait for a notification or ``timeout`` seconds; True if notified.
+    async def wait(self, timeout: float | None, *, until_ms: int | None = None,  # noqa: ASYNC109
+                   polled: bool = False) -> bool:
+        """Wait for a notification, ``timeout`` real seconds, or the dispatcher's clock to
+        reach ``until_ms`` (a durable deadline, epoch milliseconds); True if notified.
 
         The wait is capped by the dispatcher (:meth:`NotificationDispatcher.wait_cap`), so the
         caller re-reads the database at least that often; ``polled``: the caller's work is
@@ -138,7 +140,7 @@ class Waiter:
             timeout = cap if timeout is None else min(timeout, cap)
         if timeout is None or timeout > 0:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+                async with self._dispatcher.clock.wait_until(until_ms, timeout):
                     await self._event.wait()
         notified = self._event.is_set()
         self._event.clear()
@@ -180,8 +182,11 @@ class NotificationDispatcher:
         reconnect_max_delay: float = 5.0,
         trigger_fed: frozenset[str] = TRIGGER_FED_CHANNELS,
         cluster: ClusterNodes | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._pool = pool
+        # Durable deadlines of waits (a recv's timeout) are on this clock; caps are real time.
+        self.clock = clock
         self.use_listen_notify = use_listen_notify
         self.coalesce = coalesce_ms / 1000
         self.poll_interval = poll_interval
@@ -469,9 +474,3 @@ class NotificationDispatcher:
         self._drop_connections()
         self.wake_all()
 
-
-def remaining(deadline_ms: int | None) -> float | None:
-    """Seconds until ``deadline_ms`` (epoch milliseconds), or None for no deadline."""
-    if deadline_ms is None:
-        return None
-    return max(0.0, deadline_ms / 1000 - time.time())

@@ -16,7 +16,7 @@ from typing import TypeAlias, TypeVar
 import asyncpg
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.sysdb.core import DatabaseCore, PooledConnection, now_ms
+from dbos_async.sysdb.core import DatabaseCore, PooledConnection
 from dbos_async.sysdb.records import StatusRecord, status_record
 from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
 from dbos_async.sysdb.statements import (
@@ -69,7 +69,7 @@ class WorkflowOperations(DatabaseCore):
         Returns the workflows whose status changed, with the queue each one was on. On a
         sharded database each statement addresses one key (children may live under others)."""
         refs = self._refs(workflow_ids)
-        now = now_ms()
+        now = self.clock.now_ms()
 
         async def run(again: bool) -> list[CancelledWorkflow]:
             async with self.locking_transaction() as conn:
@@ -174,7 +174,7 @@ class WorkflowOperations(DatabaseCore):
     # ---- Application versions ----
 
     async def register_version(self, version_name: str) -> None:
-        await self._execute(self.sql.register_version(version_name, now_ms()),
+        await self._execute(self.sql.register_version(version_name, self.clock.now_ms()),
                             "registering the application version")
         await self.check_version_owner(version_name)
 
@@ -195,7 +195,7 @@ class WorkflowOperations(DatabaseCore):
         return VersionRecord(**dict(rows[0])) if rows else None
 
     async def set_latest_version(self, version_name: str) -> None:
-        await self._execute(self.sql.set_latest_version(version_name, now_ms()),
+        await self._execute(self.sql.set_latest_version(version_name, self.clock.now_ms()),
                             "setting the latest application version")
         await self.check_version_owner(version_name)
 
@@ -262,7 +262,7 @@ class WorkflowOperations(DatabaseCore):
         async def job(conn: JobConnection) -> list[CancelledWorkflow]:
             if not self.sharded:
                 return _cancelled(await _fetch_on(
-                    conn, self.sql.cancel_created_before(cutoff_ms, now_ms())))
+                    conn, self.sql.cancel_created_before(cutoff_ms, self.clock.now_ms())))
             # Sharded: read the candidates across keys, then cancel each key's (one
             # statement per key, as a lock may not span shards).
             candidates = _refs_of(await _fetch_on(conn, self.sql.active_created_before(cutoff_ms)))
@@ -270,7 +270,7 @@ class WorkflowOperations(DatabaseCore):
             for key, ids in _by_key(candidates).items():
                 with bind_shard_keys(dict.fromkeys(ids, key)):
                     cancelled += _cancelled(
-                        await _fetch_on(conn, self.sql.cancel(ids, now_ms())))
+                        await _fetch_on(conn, self.sql.cancel(ids, self.clock.now_ms())))
             return cancelled
 
         ran, rows = await self.run_locked(GLOBAL_TIMEOUT_JOB, job)
@@ -300,7 +300,7 @@ class WorkflowOperations(DatabaseCore):
         :class:`NonExistentWorkflowError` and change nothing. Returns the IDs that were
         re-enqueued (a SUCCESS or ERROR one is not)."""
         ids = list(dict.fromkeys(workflow_ids))
-        now = now_ms()
+        now = self.clock.now_ms()
 
         async def run(again: bool) -> list[str]:
             async with self.locking_transaction() as conn:
@@ -343,7 +343,7 @@ class WorkflowOperations(DatabaseCore):
         locked in one order, so two batches over the same workflows cannot deadlock. Safe
         to retry: the forks carry one creator token, so a retry finding the first fork
         created by its lost attempt knows the whole batch committed."""
-        now = now_ms()
+        now = self.clock.now_ms()
         creator_xid = str(uuid.uuid4())
         ordered = sorted(forks, key=lambda f: (f.shard_key or "", f.original_id, f.fork_id))
 
@@ -389,7 +389,7 @@ class WorkflowOperations(DatabaseCore):
         ``while_locked`` runs once the workflow is found finished, before the commit (it
         discards what other databases hold of that history: nothing runs the workflow
         until the commit)."""
-        now = now_ms()
+        now = self.clock.now_ms()
 
         async def run() -> None:
             async with self.locking_transaction() as conn:

@@ -10,7 +10,7 @@ from typing import TypeVar
 import asyncpg
 
 from dbos_async.errors import QueueNotFoundError
-from dbos_async.sysdb.core import DatabaseCore, now_ms
+from dbos_async.sysdb.core import DatabaseCore
 from dbos_async.sysdb.operations import JobConnection
 from dbos_async.sysdb.records import WorkflowRow, workflow_row
 from dbos_async.sysdb.statements import QUEUE_COLUMNS, Payload, QueueRecord
@@ -47,7 +47,7 @@ def _claimed(row: asyncpg.Record) -> tuple[WorkflowRow, str | None]:
 
 class QueueOperations(DatabaseCore):
     async def upsert_queue(self, queue: QueueRecord) -> None:
-        query = self.sql.upsert_queue(queue, now_ms())
+        query = self.sql.upsert_queue(queue, self.clock.now_ms())
         row = await self._fetchrow(query, f"registering queue {queue.name!r}")
         if row is None:  # the name belongs to another application
             owner = await self._fetchrow(self.sql.queue_owner(queue.name),
@@ -64,7 +64,7 @@ class QueueOperations(DatabaseCore):
 
         async def run(conn: JobConnection, current: QueueRecord) -> QueueRecord:
             updated = change(current)
-            q = self.sql.update_queue(updated, now_ms())
+            q = self.sql.update_queue(updated, self.clock.now_ms())
             await conn.execute(q.sql, *q.params)
             return updated
 
@@ -128,7 +128,7 @@ class QueueOperations(DatabaseCore):
         and starts the rows. Not retried here: a lost reply leaves the rows PENDING on this
         executor, and recovery re-enqueues them.
         """
-        now = now_ms()
+        now = self.clock.now_ms()
         if not queue.shared_budget:
             q = self.sql.claim_startable(queue.name, partition_key, names, application_version,
                                          room, executor_id, now)
@@ -205,7 +205,7 @@ class QueueOperations(DatabaseCore):
             if not locked:
                 return Claim([])
             q = self.sql.flip_claimed(locked, queue.name, executor_id, application_version,
-                                      False, now_ms(), partition_heads=True)
+                                      False, self.clock.now_ms(), partition_heads=True)
             flipped = {r["workflow_uuid"]: r for r in await conn.fetch(q.sql, *q.params)}
         return Claim([_claimed(flipped[i]) for i in heads if i in flipped])
 
@@ -223,7 +223,7 @@ class QueueOperations(DatabaseCore):
                           application_version: str | None) -> QueuePoll:
         """Promote due DELAYED workflows and look for startable work on ``queue_names``,
         in one statement (see the statement's builder)."""
-        query = self.sql.poll_queues(now_ms(), queue_names, names, application_version)
+        query = self.sql.poll_queues(self.clock.now_ms(), queue_names, names, application_version)
         row = await self._fetchrow(query, "polling the queues")
         if row is None:
             return QueuePoll([], [], None)
@@ -239,7 +239,7 @@ class QueueOperations(DatabaseCore):
     async def debounce_existing(self, queue_name: str, key: str, name: str, inputs: Payload,
                                 delay_until_ms: int) -> str | None:
         query = self.sql.debounce_existing(queue_name, key, name, inputs, delay_until_ms,
-                                           now_ms())
+                                           self.clock.now_ms())
         # Idempotent: a retry sets the same delay and inputs again.
         row = await self._fetchrow(query, f"debouncing {key!r} on {queue_name!r}")
         return row["workflow_uuid"] if row is not None else None

@@ -187,6 +187,8 @@ class RetryPolicy:
                     watch.answered()
                     return result
                 again = True
+                # Real time, not the clock of durable timers (sysdb/clock.py): the server
+                # comes back in real seconds, whatever a test clock says.
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.max_delay)
         finally:

@@ -1,6 +1,7 @@
 """Testing workflows: a PostgreSQL server for a test suite, a throwaway database per test
-(on plain PostgreSQL or on every node of a Citus cluster), and a crash in the middle of a
-workflow followed by its recovery; the replay check of recorded workflows against new code.
+(on plain PostgreSQL or on every node of a Citus cluster), a crash in the middle of a
+workflow followed by its recovery, a clock the test moves instead of waiting out durable
+time; the replay check of recorded workflows against new code.
 
 The pytest plugin (:mod:`dbos_async.testing.plugin`, loaded by pytest once the ``testing``
 extra is installed) offers these as fixtures; this module offers them to other runners.
@@ -14,6 +15,7 @@ from dbos_async.testing.citus import (
     drop_citus_database,
     node_url,
 )
+from dbos_async.testing.clock import TestClock
 from dbos_async.testing.crash import CrashSimulator
 from dbos_async.testing.databases import (
     create_database,
@@ -29,6 +31,7 @@ __all__ = [
     "CrashSimulator",
     "NoServerError",
     "PgServer",
+    "TestClock",
     "citus_nodes",
     "create_citus_database",
     "create_database",

@@ -13,7 +13,9 @@ Fixtures, all named ``dbos_*`` so they do not shadow a suite's own:
 - ``dbos_executor`` (async): ``dbos_app`` configured on ``dbos_database_url`` and entered;
   left after the test, its settings restored;
 - ``dbos_client`` (async): a :class:`~dbos_async.DBOSClient` on ``dbos_database_url``;
-- ``dbos_crash``: a :class:`~dbos_async.testing.CrashSimulator` on ``dbos_executor``.
+- ``dbos_crash``: a :class:`~dbos_async.testing.CrashSimulator` on ``dbos_executor``;
+- ``dbos_clock``: a :class:`~dbos_async.testing.TestClock`; a test that uses it runs
+  ``dbos_executor`` and ``dbos_client`` on it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 import pytest
 
 from dbos_async.executor.dbos import DBOS
+from dbos_async.testing.clock import TestClock
 from dbos_async.testing.crash import CrashSimulator
 from dbos_async.testing.databases import fresh_database
 from dbos_async.testing.servers import HOW_TO_PROVIDE, NoServerError, PgServer, find_server
@@ -108,6 +111,13 @@ def dbos_settings() -> dict[str, Any]:
     """Settings ``dbos_executor`` gives the DBOS besides its database (override to add
     some, e.g. ``{"shutdown_grace_period": 0}``)."""
     return {}
+
+
+@pytest.fixture
+def dbos_clock() -> TestClock:
+    """A clock the test moves (``await dbos_clock.advance(hours=1)``); ``dbos_executor`` and
+    ``dbos_client`` run on it when the test uses it."""
+    return TestClock()
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from dbos_async.executor.start import (
 from dbos_async.executor.steps import replay
 from dbos_async.executor.tracing import traced_attributes
 from dbos_async.sysdb.chunks import spans
-from dbos_async.sysdb.database import BatchStart, StepRecord, SystemDatabase, now_ms
+from dbos_async.sysdb.database import BatchStart, StepRecord, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements import NewWorkflow, ParentStep
 
@@ -262,7 +262,8 @@ async def enqueue_registered(
                 info.signature)
 
     plans = await planned_rows(requests, plan)
-    step = (ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms(),
+    step = (ParentStep(parent.workflow_id, step_id, parent.owner_xid,
+                       runtime.system_database.clock.now_ms(),
                        parent.shard_key)
             if parent is not None and step_id is not None else None)
     return await enqueue_batch(runtime, plans, step)

@@ -107,6 +107,8 @@ class ClaimLoop:
                     # was found out): claim nothing more under it.
                     return
                 except CONFLICTS as conflict:
+                    # Conflict and error backoff are real time, not the clock of durable
+                    # timers: another process's transaction ends in real seconds.
                     backoff = min(max(backoff * 2, 0.005), poll)
                     logger.debug("Queue %s: claim conflict (%s), retrying in %.3fs",
                                  self.queue.name, type(conflict).__name__, backoff)
@@ -126,11 +128,9 @@ class ClaimLoop:
                     continue  # There may be more: claim again before sleeping.
                 await self._report_unregistered()
                 if retry_at is not None or spent or self._room() == 0:
-                    # Work in flight: the queue's own polling interval, or the rate limit.
-                    timeout = poll
-                    if retry_at is not None:
-                        timeout = min(timeout, max(0.001, retry_at / 1000 - time.time()))
-                    await waiter.wait(timeout)
+                    # Work in flight: the queue's own polling interval, or the rate limit
+                    # (a durable period: on the clock).
+                    await waiter.wait(poll, until_ms=retry_at)
                     continue
                 # Nothing to start: the watcher polls for this queue until it is woken.
                 self.watcher.idle(self.queue.name)

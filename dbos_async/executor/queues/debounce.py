@@ -25,7 +25,6 @@ from dbos_async.executor.start import (
     record_child_step,
     replayed_child,
 )
-from dbos_async.sysdb.database import now_ms
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import shard_key_scope
 from dbos_async.sysdb.statements import ParentStep, is_dedup_conflict
@@ -84,7 +83,8 @@ class Debouncer(Generic[P, R]):
         recorded = parent.recorded(step_id, info.name)
         if recorded is not None:
             return replayed_child(runtime, parent, step_id, info, recorded)
-        step = ParentStep(parent.workflow_id, step_id, parent.owner_xid, now_ms())
+        step = ParentStep(parent.workflow_id, step_id, parent.owner_xid,
+                          runtime.system_database.clock.now_ms())
         handle = await self._debounce(owner, info, call, options, args, kwargs)
         return await record_child_step(runtime, parent, step, info,
                                        child=(handle.workflow_id, info.name),
@@ -103,7 +103,7 @@ class Debouncer(Generic[P, R]):
         arguments = Arguments.of(info, args, kwargs, runtime.formats)
         sysdb = runtime.system_database
         for _ in range(50):
-            until = now_ms() + int(self.period * 1000)
+            until = sysdb.clock.now_ms() + int(self.period * 1000)
             # Deduplication, so debouncing, is per shard key.
             with shard_key_scope(call.shard_key):
                 bounced = await sysdb.debounce_existing(queue.name, key, info.name,
@@ -120,7 +120,8 @@ class Debouncer(Generic[P, R]):
             except asyncpg.UniqueViolationError as error:
                 if not is_dedup_conflict(error):
                     raise
-                # A concurrent call started the burst first: join it.
+                # A concurrent call started the burst first: join it (a real pause, for
+                # its commit to land; no durable time).
                 await asyncio.sleep(0.001)
                 continue
             announce(sysdb, plan.row)

@@ -73,10 +73,9 @@ class QueueWatcher:
             try:
                 while True:
                     next_due = await self._poll_once()
-                    timeout = self.backoff.interval
-                    if next_due is not None:
-                        timeout = min(timeout, max(0.001, next_due / 1000 - time.time()))
-                    if await waiter.wait(timeout, polled=True):
+                    # The poll's backoff is real time; a delay falls due on the clock.
+                    if await waiter.wait(self.backoff.interval, until_ms=next_due,
+                                         polled=True):
                         self.backoff.reset()
             finally:
                 self._waiter = None

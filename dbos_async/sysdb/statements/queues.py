@@ -353,7 +353,11 @@ class QueueStatements(StatementBase):
               application_version: str | None, rate_limited: bool, now_ms: int, guard: str,
               p: Params) -> str:
         """The UPDATE that starts the ``target`` rows (a predicate on ``ws``)."""
-        now = p(now_ms, "bigint")
+        # Never earlier than the write that made the row startable (an enqueue, a resume,
+        # a delay falling due): a claimer whose clock was read before that write committed
+        # must not make the retry of a resume (which finds its work by updated_at) take the
+        # claim for undone, nor record a start before the delay's end.
+        now = f"GREATEST(ws.updated_at, {p(now_ms, 'bigint')})"
         return f"""UPDATE {self.table('workflow_status')} ws
                 SET status = {p(PENDING)},
                     owner_xid = {self.fresh_owner(p)},
@@ -366,10 +370,7 @@ class QueueStatements(StatementBase):
                     -- leaves ownership untouched.
                     application_name = COALESCE(ws.application_name, {p(self.app_name)}),
                     recovery_attempts = recovery_attempts + 1,
-                    -- Never earlier than the write that enqueued it: a claimer whose clock
-                    -- was read before a resume committed must not make the retry of that
-                    -- resume (which finds its work by updated_at) take the claim for undone.
-                    updated_at = GREATEST(ws.updated_at, {now}),
+                    updated_at = {now},
                     -- The start-to-close timeout starts now, when the workflow starts.
                     workflow_deadline_epoch_ms = CASE
                       WHEN workflow_timeout_ms IS NOT NULL AND workflow_deadline_epoch_ms IS NULL
