@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from dbos_async.extras import needs_extra
+
+with needs_extra("aiohttp", __name__):
+    from aiohttp import web
+    from aiohttp.typedefs import Handler, Middleware
 
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError

@@ -14,11 +14,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any, TypeVar, overload
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
-from starlette.applications import Starlette
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from dbos_async.extras import needs_extra
+
+with needs_extra("fastapi", __name__):
+    from fastapi import APIRouter, Depends, Request
+    from fastapi.responses import JSONResponse
+    from starlette.applications import Starlette
+    from starlette.datastructures import Headers
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError
