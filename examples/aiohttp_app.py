@@ -32,7 +32,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from dbos_async import DBOS, SetWorkflowAttributes
-from dbos_async.aiohttp import DBOS_KEY, setup, workflow_routes
+from dbos_async.aiohttp import DBOS_KEY, problem_response, setup, workflow_routes
 
 dbos = DBOS(name="aiohttp-checkout")
 
@@ -100,8 +100,7 @@ async def place_order(request: web.Request) -> web.Response:
     try:
         order = Order.model_validate_json(await request.read())
     except ValidationError as error:
-        problems = error.errors(include_url=False, include_context=False, include_input=False)
-        return web.json_response({"detail": problems}, status=422)
+        return problem_response(error)  # 422, as every error: application/problem+json
     # With an Idempotency-Key header, the key is this workflow's ID.
     with SetWorkflowAttributes({"customer": order.customer}):
         handle = await request.app[DBOS_KEY].start_workflow(checkout, order)
