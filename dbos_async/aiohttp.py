@@ -124,10 +124,10 @@ def dbos_middleware(*, idempotency_header: str | None = DEFAULT_HEADER,
     """Middleware mapping every ``DBOSError`` a handler raises (a failed workflow's
     ``RecordedError`` among them) to a problem response, and aiohttp's own error responses
     (an ``HTTPException`` of status 400 or more: a 404 route, a 405 method) to problems of
-    their status, and, unless ``idempotency_header``
-    is None, making requests that carry the header idempotent: the handler's first workflow
-    starts under the key as ID, and a key that names a workflow another request (method,
-    path, query, body) started is answered with a 409 problem, checked before the handler
+    their status; and, unless ``idempotency_header`` is None, making requests that carry
+    the header idempotent: the handler's first workflow starts under the key as ID, and a
+    key that names a workflow another request (method, path, query, body) started is
+    answered with a 409 problem, checked before the handler
     and again after it (a response the handler already streamed is sent as it is).
     ``error_statuses`` maps error type names (``{"PaymentDeclined": 402}``) to statuses
     over the built-in table. On a sharded system database, ``shard_key_header`` names the

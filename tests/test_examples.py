@@ -46,3 +46,22 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
             "calls ship_fast" in first
         assert "version 2-unpatched: 0 of 2 workflows replay" in second
         assert second.splitlines()[-1] == "version 2: 2 of 2 workflows replay"
+
+
+def test_the_readme_first_workflow_runs_and_logs_where_its_database_is(
+        database_url: str, tmp_path: Path) -> None:
+    """The first example of the README, as written there: it runs, and the logging it sets
+    up shows the system database it uses."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## A first workflow", 1)[1]
+    program = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "shop.py").write_text(program)
+    env = dict(os.environ, DBOS_SYSTEM_DATABASE_URL=database_url)
+    done = subprocess.run([sys.executable, "shop.py"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["shipment-o-1", "order-o-2 shipment-o-2"]
+    (started,) = [line for line in done.stderr.splitlines()
+                  if line.startswith("INFO:dbos_async:DBOS shop started: ")]
+    assert "system database postgresql://" in started
+    assert started.endswith("/" + database_url.rsplit("/", 1)[1]), started
