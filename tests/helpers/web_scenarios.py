@@ -117,12 +117,16 @@ async def same_key_same_answer_other_body_conflicts(service: Service,
 async def every_error_is_a_problem(service: Service, warehouse: Warehouse) -> None:
     """One format for every error: a body failing validation is a 422 problem listing what
     is wrong (not the framework's own ``{"detail": ...}``), an unknown route a 404 problem,
-    a key reused for another request a 409 (see above)."""
+    a method the route lacks a 405 problem with its ``Allow`` header, a key reused for
+    another request a 409 (see above)."""
     invalid = problem(await place(service, {"order_id": "o-bad"}), 422)
     assert {tuple(e["loc"])[-1] for e in invalid["errors"]} >= {"customer"}, invalid
     assert all(e["msg"] for e in invalid["errors"])
     missing = problem(await service.client.get("/no/such/route"), 404)
     assert missing["title"] == "Not Found"
+    wrong_method = await service.client.delete("/orders")
+    assert problem(wrong_method, 405)["title"] == "Method Not Allowed"
+    assert "POST" in wrong_method.headers["allow"]  # the framework's header is kept
     assert warehouse.calls == []
 
 
