@@ -100,7 +100,7 @@ LOWEST_STAMP := $(LOWEST)/.installed
 LOWEST_TESTS := tests/test_workflows.py tests/test_queues.py tests/test_events_streams.py \
 	tests/test_serializers.py tests/test_input_validation.py tests/test_recorded_errors.py \
 	tests/test_schedules.py tests/test_fastapi.py tests/test_aiohttp.py tests/test_tracing.py \
-	tests/test_config.py tests/test_packaging.py \
+	tests/test_config.py tests/test_packaging.py tests/test_imports.py \
 	tests/test_cli.py::test_workflow_get_and_steps
 LOWEST_SKIP  := tests/test_recorded_errors.py::test_the_dbos_package_reads_our_recorded_errors
 
