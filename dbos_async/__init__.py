@@ -1,96 +1,212 @@
-"""dbos_async: durable workflows for asyncio, checkpointed in PostgreSQL."""
+"""dbos_async: durable workflows for asyncio, checkpointed in PostgreSQL.
 
-from dbos_async.client import DBOSClient
-from dbos_async.config import DBOSConfig
-from dbos_async.errors import (
-    ApplicationOwnershipError,
-    ConfigurationError,
-    DatabaseAuthenticationError,
-    DatabaseUnavailableError,
-    DBOSError,
-    DeadLetteredError,
-    ExecutorIdLostError,
-    IdempotencyKeyConflictError,
-    InvalidArgumentError,
-    InvalidRequestError,
-    MigrationError,
-    NondeterminismError,
-    NonExistentWorkflowError,
-    NotAuthorizedError,
-    QueryTimeoutError,
-    QueueDeduplicatedError,
-    QueueNotFoundError,
-    RecordedError,
-    ScheduleError,
-    SerializationError,
-    StaleServerError,
-    StatementCanceledError,
-    StepRetriesExceededError,
-    StreamTimeoutError,
-    TransactionError,
-    WorkflowCancelledError,
-    WorkflowConflictError,
-    WorkflowImportConflictError,
-    WorkflowImportError,
-    WorkflowNotRegisteredError,
-    WorkflowStateError,
-)
-from dbos_async.eventloop import run
-from dbos_async.executor.authentication import (
-    Authentication,
-    SetAuthentication,
-    current_authentication,
-)
-from dbos_async.executor.context import (
-    SetShardKey,
-    SetWorkflowAttributes,
-    SetWorkflowID,
-    SetWorkflowTimeout,
-    current_shard_key,
-    current_step_attempt,
-    current_step_id,
-    current_workflow_id,
-)
-from dbos_async.executor.control import (
-    ApplicationVersion,
-    ForkRequest,
-    TimeBound,
-    WorkflowStepInfo,
-)
-from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
-from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
-from dbos_async.executor.logs import log_to_stderr
-from dbos_async.executor.messaging import SendMessage
-from dbos_async.executor.observability import (
-    EventChange,
-    ExecutorActivity,
-    PendingMessage,
-    QueueMinute,
-    RunningWorkflow,
-    StreamValue,
-    WaitingWorkflow,
-)
-from dbos_async.executor.queues import (
-    Debouncer,
-    DeduplicationPolicy,
-    LimiterSpec,
-    Queue,
-    RateLimit,
-    SetEnqueueOptions,
-)
-from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
-from dbos_async.executor.replay import Divergence, ReplayResult
-from dbos_async.executor.schedule_api import ScheduleDefinition
-from dbos_async.executor.schedules import WorkflowSchedule
-from dbos_async.executor.serialization import Serializer
-from dbos_async.executor.steps import RetryOn
-from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
-from dbos_async.executor.transactions import transaction_connection
-from dbos_async.sysdb.health import DatabaseHealth
-from dbos_async.sysdb.migrations import holds_sharded_schema
-from dbos_async.sysdb.records import VersionBacklog
-from dbos_async.sysdb.setup import migrate
+The public names load on first use (PEP 562), so ``import dbos_async`` is quick and
+importing one name loads only what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dbos_async.client import DBOSClient
+    from dbos_async.config import DBOSConfig
+    from dbos_async.errors import (
+        ApplicationOwnershipError,
+        ConfigurationError,
+        DatabaseAuthenticationError,
+        DatabaseUnavailableError,
+        DBOSError,
+        DeadLetteredError,
+        ExecutorIdLostError,
+        IdempotencyKeyConflictError,
+        InvalidArgumentError,
+        InvalidRequestError,
+        MigrationError,
+        MissingExtraError,
+        NondeterminismError,
+        NonExistentWorkflowError,
+        NotAuthorizedError,
+        QueryTimeoutError,
+        QueueDeduplicatedError,
+        QueueNotFoundError,
+        RecordedError,
+        ScheduleError,
+        SerializationError,
+        StaleServerError,
+        StatementCanceledError,
+        StepRetriesExceededError,
+        StreamTimeoutError,
+        TransactionError,
+        WorkflowCancelledError,
+        WorkflowConflictError,
+        WorkflowImportConflictError,
+        WorkflowImportError,
+        WorkflowNotRegisteredError,
+        WorkflowStateError,
+    )
+    from dbos_async.eventloop import run
+    from dbos_async.executor.authentication import (
+        Authentication,
+        SetAuthentication,
+        current_authentication,
+    )
+    from dbos_async.executor.context import (
+        SetShardKey,
+        SetWorkflowAttributes,
+        SetWorkflowID,
+        SetWorkflowTimeout,
+        current_shard_key,
+        current_step_attempt,
+        current_step_id,
+        current_workflow_id,
+    )
+    from dbos_async.executor.control import (
+        ApplicationVersion,
+        ForkRequest,
+        TimeBound,
+        WorkflowStepInfo,
+    )
+    from dbos_async.executor.dbos import DBOS
+    from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
+    from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
+    from dbos_async.executor.logs import log_to_stderr
+    from dbos_async.executor.messaging import SendMessage
+    from dbos_async.executor.observability import (
+        EventChange,
+        ExecutorActivity,
+        PendingMessage,
+        QueueMinute,
+        RunningWorkflow,
+        StreamValue,
+        WaitingWorkflow,
+    )
+    from dbos_async.executor.queues import (
+        Debouncer,
+        DeduplicationPolicy,
+        LimiterSpec,
+        Queue,
+        RateLimit,
+        SetEnqueueOptions,
+    )
+    from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
+    from dbos_async.executor.replay import Divergence, ReplayResult
+    from dbos_async.executor.schedule_api import ScheduleDefinition
+    from dbos_async.executor.schedules import WorkflowSchedule
+    from dbos_async.executor.serialization import Serializer
+    from dbos_async.executor.steps import RetryOn
+    from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
+    from dbos_async.executor.transactions import transaction_connection
+    from dbos_async.sysdb.health import DatabaseHealth
+    from dbos_async.sysdb.migrations import holds_sharded_schema
+    from dbos_async.sysdb.records import VersionBacklog
+    from dbos_async.sysdb.setup import migrate
+
+# Each public name and the module defining it.
+_EXPORTS: dict[str, str] = {
+    "DBOSClient": "dbos_async.client",
+    "DBOSConfig": "dbos_async.config",
+    "ApplicationOwnershipError": "dbos_async.errors",
+    "ConfigurationError": "dbos_async.errors",
+    "DatabaseAuthenticationError": "dbos_async.errors",
+    "DatabaseUnavailableError": "dbos_async.errors",
+    "DBOSError": "dbos_async.errors",
+    "DeadLetteredError": "dbos_async.errors",
+    "ExecutorIdLostError": "dbos_async.errors",
+    "IdempotencyKeyConflictError": "dbos_async.errors",
+    "InvalidArgumentError": "dbos_async.errors",
+    "InvalidRequestError": "dbos_async.errors",
+    "MigrationError": "dbos_async.errors",
+    "MissingExtraError": "dbos_async.errors",
+    "NondeterminismError": "dbos_async.errors",
+    "NonExistentWorkflowError": "dbos_async.errors",
+    "NotAuthorizedError": "dbos_async.errors",
+    "QueryTimeoutError": "dbos_async.errors",
+    "QueueDeduplicatedError": "dbos_async.errors",
+    "QueueNotFoundError": "dbos_async.errors",
+    "RecordedError": "dbos_async.errors",
+    "ScheduleError": "dbos_async.errors",
+    "SerializationError": "dbos_async.errors",
+    "StaleServerError": "dbos_async.errors",
+    "StatementCanceledError": "dbos_async.errors",
+    "StepRetriesExceededError": "dbos_async.errors",
+    "StreamTimeoutError": "dbos_async.errors",
+    "TransactionError": "dbos_async.errors",
+    "WorkflowCancelledError": "dbos_async.errors",
+    "WorkflowConflictError": "dbos_async.errors",
+    "WorkflowImportConflictError": "dbos_async.errors",
+    "WorkflowImportError": "dbos_async.errors",
+    "WorkflowNotRegisteredError": "dbos_async.errors",
+    "WorkflowStateError": "dbos_async.errors",
+    "run": "dbos_async.eventloop",
+    "Authentication": "dbos_async.executor.authentication",
+    "SetAuthentication": "dbos_async.executor.authentication",
+    "current_authentication": "dbos_async.executor.authentication",
+    "SetShardKey": "dbos_async.executor.context",
+    "SetWorkflowAttributes": "dbos_async.executor.context",
+    "SetWorkflowID": "dbos_async.executor.context",
+    "SetWorkflowTimeout": "dbos_async.executor.context",
+    "current_shard_key": "dbos_async.executor.context",
+    "current_step_attempt": "dbos_async.executor.context",
+    "current_step_id": "dbos_async.executor.context",
+    "current_workflow_id": "dbos_async.executor.context",
+    "ApplicationVersion": "dbos_async.executor.control",
+    "ForkRequest": "dbos_async.executor.control",
+    "TimeBound": "dbos_async.executor.control",
+    "WorkflowStepInfo": "dbos_async.executor.control",
+    "DBOS": "dbos_async.executor.dbos",
+    "ExportedWorkflow": "dbos_async.executor.exports",
+    "ImportSummary": "dbos_async.executor.exports",
+    "WorkflowHandle": "dbos_async.executor.handles",
+    "WorkflowInputs": "dbos_async.executor.handles",
+    "WorkflowStatus": "dbos_async.executor.handles",
+    "log_to_stderr": "dbos_async.executor.logs",
+    "SendMessage": "dbos_async.executor.messaging",
+    "EventChange": "dbos_async.executor.observability",
+    "ExecutorActivity": "dbos_async.executor.observability",
+    "PendingMessage": "dbos_async.executor.observability",
+    "QueueMinute": "dbos_async.executor.observability",
+    "RunningWorkflow": "dbos_async.executor.observability",
+    "StreamValue": "dbos_async.executor.observability",
+    "WaitingWorkflow": "dbos_async.executor.observability",
+    "Debouncer": "dbos_async.executor.queues",
+    "DeduplicationPolicy": "dbos_async.executor.queues",
+    "LimiterSpec": "dbos_async.executor.queues",
+    "Queue": "dbos_async.executor.queues",
+    "RateLimit": "dbos_async.executor.queues",
+    "SetEnqueueOptions": "dbos_async.executor.queues",
+    "EnqueueOutcome": "dbos_async.executor.queues.batch",
+    "EnqueueRequest": "dbos_async.executor.queues.batch",
+    "EnqueueResult": "dbos_async.executor.queues.batch",
+    "Divergence": "dbos_async.executor.replay",
+    "ReplayResult": "dbos_async.executor.replay",
+    "ScheduleDefinition": "dbos_async.executor.schedule_api",
+    "WorkflowSchedule": "dbos_async.executor.schedules",
+    "Serializer": "dbos_async.executor.serialization",
+    "RetryOn": "dbos_async.executor.steps",
+    "ExecutorHealth": "dbos_async.executor.tasks",
+    "TaskHealth": "dbos_async.executor.tasks",
+    "transaction_connection": "dbos_async.executor.transactions",
+    "DatabaseHealth": "dbos_async.sysdb.health",
+    "holds_sharded_schema": "dbos_async.sysdb.migrations",
+    "VersionBacklog": "dbos_async.sysdb.records",
+    "migrate": "dbos_async.sysdb.setup",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dbos_async' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __version__ = "0.1.0"
 
@@ -125,6 +241,7 @@ __all__ = [
     "InvalidRequestError",
     "LimiterSpec",
     "MigrationError",
+    "MissingExtraError",
     "NonExistentWorkflowError",
     "NondeterminismError",
     "NotAuthorizedError",

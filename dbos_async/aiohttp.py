@@ -14,8 +14,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from dbos_async.extras import needs_extra
+
+with needs_extra("aiohttp", __name__):
+    from aiohttp import web
+    from aiohttp.typedefs import Handler, Middleware
 
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError
@@ -27,7 +30,13 @@ from dbos_async.web.idempotency import (
     current_idempotent_request,
     idempotent_request,
 )
-from dbos_async.web.problems import PROBLEM_CONTENT_TYPE, checked_statuses, problem_for
+from dbos_async.web.problems import (
+    PROBLEM_CONTENT_TYPE,
+    Problem,
+    checked_statuses,
+    problem,
+    problem_for,
+)
 
 __all__ = [
     "CLIENT_KEY",
@@ -90,19 +99,35 @@ def executor_of(request: web.Request) -> DBOS | DBOSClient:
 def problem_response(error: BaseException,
                      statuses: Mapping[str, int] | None = None) -> web.Response:
     """The ``application/problem+json`` response answering ``error``."""
-    problem = problem_for(error, statuses)
-    return web.json_response(problem.body, status=problem.status,
+    return _problem_json(problem_for(error, statuses))
+
+
+def _problem_json(answer: Problem, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.json_response(answer.body, status=answer.status, headers=headers,
                              content_type=PROBLEM_CONTENT_TYPE)
+
+
+def _refused(error: web.HTTPException) -> web.Response:
+    """An ``HTTPException`` of aiohttp's (a 404 route, a 405 method, one a handler raised)
+    as a problem, keeping its status, its text when the handler gave one, and its headers
+    (``Allow``, ``WWW-Authenticate``, ...)."""
+    default_text = f"{error.status}: {error.reason}"
+    detail = error.text if error.text and error.text != default_text else None
+    headers = {name: value for name, value in error.headers.items()
+               if name.lower() not in ("content-type", "content-length")}
+    return _problem_json(problem(error.status, detail), headers)
 
 
 def dbos_middleware(*, idempotency_header: str | None = DEFAULT_HEADER,
                     shard_key_header: str | None = None,
                     error_statuses: Mapping[str, int] | None = None) -> Middleware:
     """Middleware mapping every ``DBOSError`` a handler raises (a failed workflow's
-    ``RecordedError`` among them) to a problem response, and, unless ``idempotency_header``
-    is None, making requests that carry the header idempotent: the handler's first workflow
-    starts under the key as ID, and a key that names a workflow another request (method,
-    path, query, body) started is answered with a 422 problem, checked before the handler
+    ``RecordedError`` among them) to a problem response, and aiohttp's own error responses
+    (an ``HTTPException`` of status 400 or more: a 404 route, a 405 method) to problems of
+    their status; and, unless ``idempotency_header`` is None, making requests that carry
+    the header idempotent: the handler's first workflow starts under the key as ID, and a
+    key that names a workflow another request (method, path, query, body) started is
+    answered with a 409 problem, checked before the handler
     and again after it (a response the handler already streamed is sent as it is).
     ``error_statuses`` maps error type names (``{"PaymentDeclined": 402}``) to statuses
     over the built-in table. On a sharded system database, ``shard_key_header`` names the
@@ -114,6 +139,10 @@ def dbos_middleware(*, idempotency_header: str | None = DEFAULT_HEADER,
             return await handler(request)
         except DBOSError as error:
             return problem_response(error, statuses)
+        except web.HTTPException as error:
+            if error.status < 400:
+                raise  # a redirect, say: not an error
+            return _refused(error)
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:

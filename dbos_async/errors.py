@@ -51,6 +51,18 @@ class MigrationError(DBOSError):
     """The system database schema is missing, too old, or from an unknown future version."""
 
 
+class MissingExtraError(DBOSError, ModuleNotFoundError):
+    """A part of dbos_async was imported without the extra it needs installed. Also a
+    :class:`ModuleNotFoundError`."""
+
+    def __init__(self, module: str, extra: str, missing: str) -> None:
+        super().__init__(
+            f"{module} needs the {extra!r} extra ({missing} is not installed): "
+            f"pip install 'dbos_async[{extra}]'")
+        self.name = missing
+        self.extra = extra
+
+
 class SerializationError(DBOSError):
     """A value could not be serialized for, or read back from, the system database."""
 

@@ -14,11 +14,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any, TypeVar, overload
 
-from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
-from starlette.applications import Starlette
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from dbos_async.extras import needs_extra
+
+with needs_extra("fastapi", __name__):
+    from fastapi import APIRouter, Depends, Request
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exception_handlers import http_exception_handler
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response
+    from starlette.applications import Starlette
+    from starlette.datastructures import Headers
+    from starlette.exceptions import HTTPException
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError
@@ -30,7 +37,14 @@ from dbos_async.web.idempotency import (
     current_idempotent_request,
     idempotent_request,
 )
-from dbos_async.web.problems import PROBLEM_CONTENT_TYPE, checked_statuses, problem_for
+from dbos_async.web.problems import (
+    PROBLEM_CONTENT_TYPE,
+    Problem,
+    checked_statuses,
+    problem,
+    problem_for,
+    validation_problem,
+)
 
 __all__ = [
     "DBOSClientDep",
@@ -134,26 +148,55 @@ DBOSClientDep = Annotated[DBOSClient, Depends(get_client)]
 def problem_response(error: BaseException,
                      statuses: Mapping[str, int] | None = None) -> JSONResponse:
     """The ``application/problem+json`` response answering ``error``."""
-    problem = problem_for(error, statuses)
-    return JSONResponse(problem.body, status_code=problem.status,
+    return _problem_json(problem_for(error, statuses))
+
+
+def _problem_json(answer: Problem, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(answer.body, status_code=answer.status, headers=headers,
                         media_type=PROBLEM_CONTENT_TYPE)
 
 
 def install(app: Starlette, *, idempotency_header: str | None = DEFAULT_HEADER,
             error_statuses: Mapping[str, int] | None = None,
             shard_key_header: str | None = None) -> None:
-    """Map every ``DBOSError`` an endpoint raises (a failed workflow's ``RecordedError``
-    among them) to a problem response, and, unless ``idempotency_header`` is None, make
-    requests carrying that header idempotent. ``error_statuses`` maps error type names
-    (``{"PaymentDeclined": 402}``) to statuses over the built-in table. On a sharded system
-    database, ``shard_key_header`` names the header (``X-Tenant``, say) giving the shard key
-    an idempotent request's workflows run under."""
+    """Answer errors with problem responses and make keyed requests idempotent.
+
+    Every ``DBOSError`` an endpoint raises (a failed workflow's ``RecordedError`` among
+    them) is answered by the status table, and so are the framework's own errors: a request
+    failing validation is a 422 listing the errors under ``errors``, an ``HTTPException``
+    (a 404 route among them) keeps its status, detail and headers. Handlers added after
+    this call take precedence.
+
+    Args:
+        app: the FastAPI or Starlette application.
+        idempotency_header: the header whose value makes a request idempotent (None:
+            no idempotency middleware).
+        error_statuses: error type names (``{"PaymentDeclined": 402}``) to statuses, over
+            the built-in table.
+        shard_key_header: on a sharded system database, the header (``X-Tenant``, say)
+            giving the shard key an idempotent request's workflows run under.
+
+    Raises:
+        ConfigurationError: ``error_statuses`` names something that is not an error status.
+    """
     statuses = checked_statuses(error_statuses)
 
     async def handle(request: Request, error: Exception) -> JSONResponse:
         return problem_response(error, statuses)
 
+    async def invalid(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        return _problem_json(validation_problem(jsonable_encoder(error.errors())))
+
+    async def refused(request: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        if error.status_code < 400:  # not an error (a 304, say): the framework's answer
+            return await http_exception_handler(request, error)
+        return _problem_json(problem(error.status_code, error.detail), error.headers)
+
     app.add_exception_handler(DBOSError, handle)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, refused)
     if idempotency_header is not None:
         app.add_middleware(IdempotencyMiddleware, header=idempotency_header,
                            error_statuses=statuses, shard_key_header=shard_key_header)
@@ -163,7 +206,7 @@ def install(app: Starlette, *, idempotency_header: str | None = DEFAULT_HEADER,
 
 class IdempotencyMiddleware:
     """ASGI middleware: a request with the idempotency header starts its first workflow
-    under the key as workflow ID, and is answered with a 422 problem when the key names a
+    under the key as workflow ID, and is answered with a 409 problem when the key names a
     workflow another request (method, path, query, body) started: checked before the
     endpoint runs and again when its response starts, so that the loser of two concurrent
     requests with one key and different bodies does not answer with the winner's result.

@@ -12,7 +12,7 @@ and place an order, idempotently:
          -d '{"order_id": "o-1", "customer": "acme", "items": ["book"], "total_cents": 4200}'
 
 Sending the same request again returns the same checkout without charging twice; the same
-key with another body is refused (422). A card "0000" is declined: the answer is a 402
+key with another body is refused (409). A card "0000" is declined: the answer is a 402
 problem, the same on every retry. Kill the server while an order is being shipped and start
 it again: the order resumes where it stopped, and the retried request gets its result.
 ``GET /workflows``, ``/workflows/{id}`` and ``/workflows/{id}/steps`` show what ran.
@@ -32,7 +32,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from dbos_async import DBOS, SetWorkflowAttributes
-from dbos_async.aiohttp import DBOS_KEY, setup, workflow_routes
+from dbos_async.aiohttp import DBOS_KEY, problem_response, setup, workflow_routes
 
 dbos = DBOS(name="aiohttp-checkout")
 
@@ -100,8 +100,7 @@ async def place_order(request: web.Request) -> web.Response:
     try:
         order = Order.model_validate_json(await request.read())
     except ValidationError as error:
-        problems = error.errors(include_url=False, include_context=False, include_input=False)
-        return web.json_response({"detail": problems}, status=422)
+        return problem_response(error)  # 422, as every error: application/problem+json
     # With an Idempotency-Key header, the key is this workflow's ID.
     with SetWorkflowAttributes({"customer": order.customer}):
         handle = await request.app[DBOS_KEY].start_workflow(checkout, order)

@@ -12,7 +12,7 @@ and place an order, idempotently:
          -d '{"order_id": "o-1", "customer": "acme", "items": ["book"], "total_cents": 4200}'
 
 Sending the same request again returns the same checkout without charging twice; the same
-key with another body is refused (422). A card "0000" is declined: the answer is a 402
+key with another body is refused (409). A card "0000" is declined: the answer is a 402
 problem, the same on every retry. Kill the server while an order is being shipped and start
 it again: the order resumes where it stopped, and the retried request gets its result.
 ``GET /workflows``, ``/workflows/{id}`` and ``/workflows/{id}/steps`` show what ran.

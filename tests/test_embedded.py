@@ -204,9 +204,42 @@ def test_as_root_the_log_line_names_widened_directories(script: Path, data_dir: 
     proc = run_child(script, data_dir, "create")
     lines = log_lines(proc, "dbos_async")
     assert len(lines) == 1, proc.stderr
-    assert "OS user 'embedded_postgres'" in lines[0]
+    assert "OS user 'embedded_postgres'" in lines[0] and "created now" not in lines[0]
+    assert lines[0].startswith("LOG dbos_async INFO ")
     assert f"traversable: {data_dir.parent}" in lines[0]
     assert data_dir.parent.stat().st_mode & 0o777 == 0o755  # what the wheel did
+    assert_stopped(data_dir)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="root only")
+def test_as_root_creating_the_os_user_is_a_warning(
+        script: Path, data_dir: Path, tmp_path: Path) -> None:
+    """Where the wheel's OS user does not exist yet, the start creates it and the log line
+    says so, as a warning. The machine's own user list is left alone: the child runs in a
+    mount namespace of its own, over a copy of /etc without that user."""
+    etc = tmp_path / "etc"
+    shutil.copytree("/etc", etc, symlinks=True)
+    for name in ("passwd", "group", "shadow", "gshadow"):
+        if (etc / name).exists():
+            lines = (etc / name).read_text().splitlines(keepends=True)
+            (etc / name).write_text("".join(
+                line for line in lines if not line.startswith(f"{embedded.OS_USER}:")))
+    command = (f"mount --bind {etc} /etc && exec {sys.executable} -W default {script} "
+               f"{data_dir} create")
+    try:
+        proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               command], env=child_env(), capture_output=True, text=True,
+                              timeout=120)
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if proc.returncode != 0 and "mount" in proc.stderr and "Traceback" not in proc.stderr:
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = log_lines(proc, "dbos_async")
+    assert line.startswith("LOG dbos_async WARNING Embedded PostgreSQL: data in "), line
+    assert (f"runs as OS user '{embedded.OS_USER}', created now (useradd), as PostgreSQL "
+            "refuses to run as root") in line
+    assert f"{embedded.OS_USER}:" in (etc / "passwd").read_text()  # the copy, not /etc
     assert_stopped(data_dir)
 
 

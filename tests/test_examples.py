@@ -92,3 +92,22 @@ async def test_order_pipeline_waits_on_a_test_clock(database_url: str) -> None:
         await clock.advance(seconds=1)
         assert await unapproved.get_result() == "unapproved rejected"
         assert await approved.get_result() == "approved shipped with receipt-approved"
+
+
+def test_the_readme_first_workflow_runs_and_logs_where_its_database_is(
+        database_url: str, tmp_path: Path) -> None:
+    """The first example of the README, as written there: it runs, and the logging it sets
+    up shows the system database it uses."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## A first workflow", 1)[1]
+    program = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "shop.py").write_text(program)
+    env = dict(os.environ, DBOS_SYSTEM_DATABASE_URL=database_url)
+    done = subprocess.run([sys.executable, "shop.py"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["shipment-o-1", "order-o-2 shipment-o-2"]
+    (started,) = [line for line in done.stderr.splitlines()
+                  if line.startswith("INFO:dbos_async:DBOS shop started: ")]
+    assert "system database postgresql://" in started
+    assert started.endswith("/" + database_url.rsplit("/", 1)[1]), started

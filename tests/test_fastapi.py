@@ -47,6 +47,10 @@ async def test_same_key_same_answer_other_body_conflicts(
     await scenarios.same_key_same_answer_other_body_conflicts(*service)
 
 
+async def test_every_error_is_a_problem(service: tuple[Service, Warehouse]) -> None:
+    await scenarios.every_error_is_a_problem(*service)
+
+
 async def test_declined_payment_reads_the_same(service: tuple[Service, Warehouse]) -> None:
     await scenarios.declined_payment_reads_the_same(*service)
 
@@ -91,7 +95,7 @@ async def serving(app: FastAPI) -> AsyncIterator[httpx2.AsyncClient]:
 async def test_the_loser_of_a_race_for_a_key_answers_conflict(database_url: str) -> None:
     """Two requests with one key and different bodies both pass the check before the
     endpoint (no workflow yet); one start wins, the other joins its workflow, and the check
-    when the response starts turns the joiner's answer into a 422."""
+    when the response starts turns the joiner's answer into a 409."""
     dbos = new_dbos(database_url)
     arrived: list[str] = []
     both_arrived = asyncio.Event()
@@ -120,9 +124,9 @@ async def test_the_loser_of_a_race_for_a_key_answers_conflict(database_url: str)
         same = await asyncio.gather(*(
             client.post("/echo", content="c", headers={"Idempotency-Key": "same"})
             for _ in range(2)))
-    assert sorted(r.status_code for r in racing) == [200, 422], [r.text for r in racing]
+    assert sorted(r.status_code for r in racing) == [200, 409], [r.text for r in racing]
     winner = next(r for r in racing if r.status_code == 200)
-    loser = next(r for r in racing if r.status_code == 422)
+    loser = next(r for r in racing if r.status_code == 409)
     assert winner.json() == {"echo": winner.request.content.decode()}
     assert loser.json()["error_type"] == "IdempotencyKeyConflictError"
     assert [r.json() for r in same] == [{"echo": "c"}] * 2
@@ -207,7 +211,7 @@ async def test_lifespan_composes_with_the_apps_and_serves_a_client(database_url:
                                             headers={"Idempotency-Key": "g1"})
                      for name in ("ann", "ann", "bob")]
         wrong_dependency = await client_http.get("/wrong")
-    assert [g.status_code for g in greetings] == [200, 200, 422], [g.text for g in greetings]
+    assert [g.status_code for g in greetings] == [200, 200, 409], [g.text for g in greetings]
     assert greetings[0].json() == greetings[1].json() == {"workflow_id": "g1",
                                                           "greeting": "hello ann"}
     assert wrong_dependency.status_code == 500
@@ -250,7 +254,7 @@ async def test_idempotent_requests_on_a_sharded_database(database_url: str) -> N
     assert first.json() == again.json() == {"id": "k-1", "result": "acme:lamp"}
     assert other.json() == {"id": "k-1", "result": "globex:lamp"}
     assert runs == ["lamp", "lamp"]
-    assert conflict.status_code == 422
+    assert conflict.status_code == 409
     assert missing.status_code == 400
     assert "X-Tenant" in missing.json()["detail"]
 

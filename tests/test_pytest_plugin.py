@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+README = Path(__file__).resolve().parent.parent / "README.md"
+
 SERVICES = '''
 async def charge(order_id: str, cents: int) -> str:
     raise RuntimeError("the payment API is not reachable from tests")
@@ -191,3 +193,23 @@ def test_the_readmes_clock_example(user_project: pytest.Pytester) -> None:
                             test_reminders=readme_block("# test_reminders.py"))
     result = user_project.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
+
+
+def test_the_readme_example_runs_as_written_without_warnings(
+    user_project: pytest.Pytester,
+) -> None:
+    """The files of the README's "Testing your workflows" example, as they are there: the
+    suite passes, and pytest (pytest-asyncio among its plugins) warns of nothing."""
+    section = README.read_text().split("## Testing your workflows", 1)[1].split("\n## ", 1)[0]
+    files = {}
+    for block in re.findall(r"```(?:toml|python)\n(.*?)```", section, re.DOTALL):
+        first, _, body = block.partition("\n")
+        if re.fullmatch(r"# (pyproject\.toml|shop\.py|test_shop\.py)", first):
+            files[first[2:]] = body
+    assert sorted(files) == ["pyproject.toml", "shop.py", "test_shop.py"]
+    for name, body in files.items():
+        (user_project.path / name).write_text(body)
+    result = user_project.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    output = result.stdout.str() + result.stderr.str()
+    assert "Warning" not in output and "warnings summary" not in output, output

@@ -13,6 +13,7 @@ import asyncio
 import json
 import sys
 import textwrap
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -360,6 +361,41 @@ async def test_a_stored_error_of_unknown_or_local_class_reads_as_a_recorded_erro
     assert type(unimported.value) is RecordedError
     assert (unimported.value.name, unimported.value.code) == ("Fancy", 7)
     assert "no_such_module_here" not in sys.modules
+    # A traceback says which type was recorded and why it is not the one raised.
+    assert _last_lines(unimported.value)[-2:] == [
+        "dbos_async.errors.RecordedError: nowhere",
+        "Recorded as 'Fancy', read back as a RecordedError: its class "
+        "no_such_module_here:Fancy is not in a module this process has imported. Its .name, "
+        ".message, .code and .data are the recorded ones."]
+    assert "defined inside a function" in _last_lines(local.value)[-1]
+
+
+async def test_a_traceback_names_the_type_the_workflow_raised(database_url: str) -> None:
+    """The error a caller gets prints as the user's own type (``ValueError: ...``), on the
+    first run as on a replay, not as a class of dbos_async's."""
+    dbos = new_dbos(database_url)
+
+    @dbos.workflow(name="fails")
+    async def fails(kind: str) -> None:
+        await fail(dbos, kind)
+
+    async with dbos:
+        for kind, last in [("builtin", "ValueError: bad 3"),
+                           ("user", "helpers.user_errors.CardDeclinedError: "
+                                    "card 4242 declined for 1999 cents"),
+                           ("library", "dbos_async.errors.NonExistentWorkflowError: ")]:
+            with SetWorkflowID(f"tb-{kind}"), pytest.raises(RecordedError) as first:
+                await fails(kind)
+            with SetWorkflowID(f"tb-{kind}"), pytest.raises(RecordedError) as replayed:
+                await fails(kind)
+            for error in (first.value, replayed.value):
+                assert _last_lines(error)[-1].startswith(last), kind
+                assert isinstance(error, ORIGINAL[kind])
+
+
+def _last_lines(error: BaseException) -> list[str]:
+    """The lines a traceback of ``error`` ends with: the exception, then its notes."""
+    return [line.rstrip("\n") for line in traceback.format_exception_only(error)]
 
 
 async def _store_failure(url: str, workflow_id: str, error: dict[str, Any]) -> None:

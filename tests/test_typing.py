@@ -15,10 +15,19 @@ dbos = DBOS()
 async def greet(name: str, times: int = 1) -> str:
     return name * times
 
+@dbos.step
+async def shout(name: str) -> str:
+    return name.upper()
+
+@dbos.workflow
+async def loud(name: str) -> str:
+    return await shout(name)
+
 async def main() -> None:
     handle: WorkflowHandle[str] = await dbos.start_workflow(greet, "a", times=2)
     result: str = await handle.get_result()
     direct: str = await greet("b")
+    bare: str = await loud(await shout("c"))
     {extra}
 """
 
@@ -44,3 +53,10 @@ def test_wrong_arguments_are_rejected(tmp_path: Path) -> None:
     )
     assert wrong_result.returncode == 1
     assert "Incompatible types in assignment" in wrong_result.stdout
+
+
+def test_bare_decorators_keep_the_signature(tmp_path: Path) -> None:
+    bad = run_mypy(tmp_path, "n: int = await loud('a')\n    await dbos.start_workflow(loud, 3)")
+    assert bad.returncode == 1
+    assert "Incompatible types in assignment" in bad.stdout
+    assert 'Argument 2 to "start_workflow" of "DBOS" has incompatible type "int"' in bad.stdout

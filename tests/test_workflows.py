@@ -143,6 +143,36 @@ async def test_steps_run_once_and_results_flow(database_url: str) -> None:
         assert len(await step_rows(database_url, "arith-1")) == 2
 
 
+async def test_decorators_without_parentheses(database_url: str) -> None:
+    """``@dbos.workflow`` and ``@dbos.step`` bare are the same as with ``()``; an option
+    passed by position, or ``@dbos.scheduled`` without its cron expression, is refused with
+    what to write."""
+    dbos = new_dbos(database_url)
+
+    @dbos.step
+    async def double(x: int) -> int:
+        return x * 2
+
+    @dbos.workflow
+    async def doubled(x: int) -> int:
+        return await double(x)
+
+    async with dbos:
+        with SetWorkflowID("bare-1"):
+            assert await doubled(21) == 42
+        rows = await step_rows(database_url, "bare-1")
+        assert [(r.function_name, r.output) for r in rows] == [(double.__qualname__, 42)]
+        status = await (await dbos.retrieve_workflow("bare-1")).get_status()
+        assert (status.status, status.name) == ("SUCCESS", doubled.__qualname__)
+
+    with pytest.raises(DBOSError, match=r"@dbos.workflow takes its options by keyword"):
+        dbos.workflow("by_position")  # type: ignore[call-overload]
+    with pytest.raises(DBOSError, match=r"@dbos.step needs an `async def` function"):
+        dbos.step(lambda: None)  # type: ignore[call-overload]
+    with pytest.raises(DBOSError, match=r"@dbos.scheduled\('\*/5 \* \* \* \*'\)"):
+        dbos.scheduled(doubled)  # type: ignore[arg-type]
+
+
 async def test_arguments_and_results_are_coerced_to_annotations_on_recovery(
     database_url: str,
 ) -> None:

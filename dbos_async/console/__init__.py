@@ -4,7 +4,10 @@
 or Starlette service. Needs the ``console`` extra (Starlette and Jinja2).
 """
 
-from dbos_async.console.app import console_app
-from dbos_async.console.safety import ConsoleAuth
+from dbos_async.extras import needs_extra
+
+with needs_extra("console", __name__):
+    from dbos_async.console.app import console_app
+    from dbos_async.console.safety import ConsoleAuth
 
 __all__ = ["ConsoleAuth", "console_app"]

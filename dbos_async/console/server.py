@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import http
 
-import h11
-import uvicorn
-from starlette.types import ASGIApp
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from dbos_async.extras import needs_extra
+
+with needs_extra("console", __name__):
+    import h11
+    import uvicorn
+    from starlette.types import ASGIApp
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from dbos_async.console.app import MAX_URL_BYTES
 

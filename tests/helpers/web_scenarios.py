@@ -73,7 +73,7 @@ async def concurrent_orders_each_run_once(service: Service, warehouse: Warehouse
 async def same_key_same_answer_other_body_conflicts(service: Service,
                                                     warehouse: Warehouse) -> None:
     """The same key twice: one workflow, one shipment, the same answer. The same key with
-    another body, path or query: a 422 problem, never the first order's receipt. A key on a
+    another body, path or query: a 409 problem, never the first order's receipt. A key on a
     safe method is ignored; a malformed key is a 400."""
     k = key()
     first = await place(service, order("o-1"), k)
@@ -85,7 +85,7 @@ async def same_key_same_answer_other_body_conflicts(service: Service,
     assert len(warehouse.calls) == 1
     assert [w["workflow_id"] for w in await workflows(service, name="checkout")] == [k]
 
-    conflict = problem(await place(service, order("o-1", total_cents=1), k), 422)
+    conflict = problem(await place(service, order("o-1", total_cents=1), k), 409)
     assert conflict["error_type"] == "IdempotencyKeyConflictError"
     assert k in conflict["detail"]
     # Another query string is another request too.
@@ -93,7 +93,7 @@ async def same_key_same_answer_other_body_conflicts(service: Service,
                                          content=json.dumps(order("o-1")),
                                          headers={"Content-Type": "application/json",
                                                   "Idempotency-Key": k})
-    problem(response, 422)
+    problem(response, 409)
     assert len(warehouse.calls) == 1
 
     # The workflow keeps the endpoint's own attributes next to the request digest.
@@ -112,6 +112,22 @@ async def same_key_same_answer_other_body_conflicts(service: Service,
     # A quoted key (the IETF draft's structured-field form) is the same key.
     quoted = await place(service, order("o-1"), f'"{k}"')
     assert quoted.status_code == 200 and quoted.json() == first.json()
+
+
+async def every_error_is_a_problem(service: Service, warehouse: Warehouse) -> None:
+    """One format for every error: a body failing validation is a 422 problem listing what
+    is wrong (not the framework's own ``{"detail": ...}``), an unknown route a 404 problem,
+    a method the route lacks a 405 problem with its ``Allow`` header, a key reused for
+    another request a 409 (see above)."""
+    invalid = problem(await place(service, {"order_id": "o-bad"}), 422)
+    assert {tuple(e["loc"])[-1] for e in invalid["errors"]} >= {"customer"}, invalid
+    assert all(e["msg"] for e in invalid["errors"])
+    missing = problem(await service.client.get("/no/such/route"), 404)
+    assert missing["title"] == "Not Found"
+    wrong_method = await service.client.delete("/orders")
+    assert problem(wrong_method, 405)["title"] == "Method Not Allowed"
+    assert "POST" in wrong_method.headers["allow"]  # the framework's header is kept
+    assert warehouse.calls == []
 
 
 async def declined_payment_reads_the_same(service: Service, warehouse: Warehouse) -> None:
