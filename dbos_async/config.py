@@ -98,6 +98,13 @@ class DBOSConfig(BaseModel):
     db_retry_timeout: float = Field(
         60.0, ge=0, description="How long transient database errors are retried."
     )
+    startup_wait: float = Field(
+        3.0, ge=0,
+        description="Seconds a system database that refuses connections and has never "
+        "answered this process is retried before entering fails: a wrong host or port "
+        "fails fast. Raise it where the database starts alongside the application; once "
+        "it has answered, an outage is retried for db_retry_timeout.",
+    )
     result_poll_interval: float = Field(
         1.0, gt=0, description="Longest wait between polls for a remote workflow's result."
     )

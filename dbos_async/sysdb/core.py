@@ -67,6 +67,7 @@ class DatabaseCore:
         pool_size: int = 10,
         connect_timeout: float = 10.0,
         retry_timeout: float = 60.0,
+        startup_wait: float = 3.0,
         connection_name: str = "dbos_async",
         application_name: str | None = None,
         sharded: bool = False,
@@ -93,7 +94,7 @@ class DatabaseCore:
         self._closing = False
         self._retry_timeout = retry_timeout
         # Which operations wait on the database, and whether it answers (see health()).
-        self.watch = DatabaseWatch(connection.parsed_url(url).describe())
+        self.watch = DatabaseWatch(connection.parsed_url(url).describe(), startup_wait)
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing,
                                   watch=self.watch, on_standby=self._replace_connections)
         # Safety limits (0: the session's own, off unless the URL sets them): see
