@@ -11,7 +11,13 @@ itself (``?statement_timeout=30s``) keeps its own value: that is the way to choo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.database_url import DatabaseUrl, parse_database_url
 from dbos_async.errors import (
@@ -23,6 +29,8 @@ from dbos_async.errors import (
 )
 from dbos_async.sysdb.fencing import TimelineFence
 from dbos_async.sysdb.retry import is_canceled
+
+T = TypeVar("T")
 
 DEFAULT_CONNECTION_NAME = "dbos_async"
 
@@ -218,3 +226,42 @@ async def create_pool(url: str, size: int, connect_timeout: float, name: str,
         raise connection_failure(url, error,
                                  "Cannot open a connection pool to the system database") from error
     return pool
+
+
+@contextlib.asynccontextmanager
+async def pooled_transaction(pool: asyncpg.Pool, **options: Any
+                             ) -> AsyncIterator[PoolConnectionProxy]:
+    """A pooled connection in a transaction (``options`` as for asyncpg's
+    ``Connection.transaction``) whose end, COMMIT or ROLLBACK, runs to completion even when
+    the task is cancelled meanwhile (an executor closing, a timeout): asyncpg's own would
+    stop at the cancellation and hand the pool a connection still in its transaction, which
+    the pool rolls back with a "Resetting connection with an active transaction" warning."""
+    async with pool.acquire() as conn:
+        transaction = conn.transaction(**options)
+        await transaction.start()
+        try:
+            yield conn
+        except BaseException:
+            # A dead connection cannot roll back: the error that ended the block says more.
+            with contextlib.suppress(Exception):
+                await uninterrupted(transaction.rollback())
+            raise
+        await uninterrupted(transaction.commit())
+
+
+async def uninterrupted(step: Awaitable[T]) -> T:
+    """Await ``step`` to its end even if this task is cancelled meanwhile; the
+    cancellation is raised once it has ended."""
+    task = asyncio.ensure_future(step)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as error:
+            if task.cancelled():
+                raise
+            cancelled = error
+    result = task.result()
+    if cancelled is not None:
+        raise cancelled
+    return result

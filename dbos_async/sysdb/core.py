@@ -315,7 +315,7 @@ class DatabaseCore:
         fork, rewind, delete or claim): bounded by ``idle_in_transaction_session_timeout``,
         so a caller that stalls in it (a frozen process, a lost network) cannot keep a
         workflow locked forever. The background jobs' lock sets its own, shorter bound."""
-        async with self.pool.acquire() as conn, conn.transaction(isolation=isolation):
+        async with connection.pooled_transaction(self.pool, isolation=isolation) as conn:
             if self.idle_transaction_timeout_ms > 0:
                 q = self.sql.idle_transaction_timeout(self.idle_transaction_timeout_ms)
                 await conn.execute(q.sql, *q.params)
@@ -331,7 +331,7 @@ class DatabaseCore:
             return await self._fetch(query, what)
 
         async def run() -> list[asyncpg.Record]:
-            async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+            async with connection.pooled_transaction(self.pool, readonly=True) as conn:
                 limit = self.sql.statement_timeout(timeout_ms)
                 await conn.execute(limit.sql, *limit.params)
                 try:
