@@ -21,6 +21,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import ErrorDetails
 
 from dbos_async.database_url import parse_database_url
 from dbos_async.errors import ConfigurationError
@@ -283,11 +284,19 @@ class DBOSConfig(BaseModel):
         try:
             return cls(**values)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in e['loc']) or 'config'}: {e['msg']}"
-                for e in error.errors()
-            )
+            problems = "; ".join(_problem(e) for e in error.errors())
             raise ConfigurationError(f"Invalid DBOS configuration: {problems}") from None
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One problem of a configuration, for a message: the setting and what is wrong, in
+    the words of our own check where one raised (without pydantic's "Value error, ")."""
+    where = ".".join(str(part) for part in error["loc"]) or "config"
+    raised = error.get("ctx", {}).get("error")
+    if error["type"] != "value_error" or raised is None:
+        return f"{where}: {error['msg']}"
+    text = str(raised)
+    return text if text.startswith(where) else f"{where}: {text}"
 
 
 def file_settings(path: str | Path | None = None) -> dict[str, Any]:
