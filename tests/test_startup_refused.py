@@ -25,7 +25,7 @@ from dbos_async.database_url import Host, parse_database_url
 CHILD = textwrap.dedent(
     """
     import asyncio, logging, sys, time
-    from dbos_async import DBOS, DBOSError
+    from dbos_async import DBOS, DatabaseUnavailableError
 
     logging.basicConfig(level=logging.DEBUG, format="LOG %(levelname)s %(message)s")
     logging.getLogger("asyncio").setLevel(logging.WARNING)
@@ -35,8 +35,8 @@ CHILD = textwrap.dedent(
         try:
             async with DBOS(name="refused", system_database_url=url, startup_wait=wait):
                 print("ENTERED", flush=True)
-        except DBOSError as error:
-            print(f"ERROR {type(error).__name__}: {error}", flush=True)
+        except DatabaseUnavailableError as error:
+            print(f"ERROR DatabaseUnavailableError: {error}", flush=True)
         print(f"ELAPSED {time.monotonic() - started:.2f}", flush=True)
 
     asyncio.run(main(sys.argv[1], float(sys.argv[2])))
@@ -69,7 +69,8 @@ def test_a_closed_port_fails_within_seconds_with_one_error_line(database_url: st
     out, logs = finish(start_child(url, 3.0))
     errors = [line for line in out if line.startswith("ERROR")]
     assert len(errors) == 1, out
-    assert "NeverAnsweredError" in errors[0] and f"127.0.0.1:{port}" in errors[0]
+    assert errors[0].startswith("ERROR DatabaseUnavailableError: Cannot connect to the "
+                                "system database") and f"127.0.0.1:{port}" in errors[0]
     assert "ConnectionRefusedError" in errors[0] and "startup_wait" in errors[0]
     assert float(out[-1].split()[1]) < 5.0
     assert [line for line in logs if not line.startswith("LOG DEBUG")] == []

@@ -237,16 +237,19 @@ async def pooled_transaction(pool: asyncpg.Pool, **options: Any
     stop at the cancellation and hand the pool a connection still in its transaction, which
     the pool rolls back with a "Resetting connection with an active transaction" warning."""
     async with pool.acquire() as conn:
+        # Entered as asyncpg's context manager, so that a start cut by a cancellation is
+        # still its own to roll back on release (not an unmanaged one the pool warns of).
         transaction = conn.transaction(**options)
-        await transaction.start()
+        await transaction.__aenter__()
         try:
             yield conn
-        except BaseException:
+        except BaseException as error:
             # A dead connection cannot roll back: the error that ended the block says more.
             with contextlib.suppress(Exception):
-                await uninterrupted(transaction.rollback())
+                await uninterrupted(transaction.__aexit__(type(error), error,
+                                                          error.__traceback__))
             raise
-        await uninterrupted(transaction.commit())
+        await uninterrupted(transaction.__aexit__(None, None, None))
 
 
 async def uninterrupted(step: Awaitable[T]) -> T:
