@@ -30,6 +30,7 @@ import anyio
 
 from dbos_async.sysdb.health import DatabaseHealth
 from dbos_async.sysdb.records import VersionBacklog
+from dbos_async.sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 
@@ -122,6 +123,7 @@ class SupervisedTask:
 
     async def run(self) -> None:
         delay = RESTART_INITIAL_DELAY
+        repeats = Repeats(logger)
         try:
             with self._scope:
                 while True:
@@ -130,8 +132,9 @@ class SupervisedTask:
                         await self._factory()
                         return
                     except Exception as error:
-                        logger.exception("Background task %s failed; restarting it in %.1fs",
-                                         self.name, delay)
+                        repeats.log(logging.ERROR,
+                                    "Background task %s failed; restarting it in %.1fs",
+                                    self.name, delay, exc_info=True)
                         health = self.health
                         self.health = TaskHealth(self.name, "restarting", health.restarts,
                                                  repr(error), time.time())

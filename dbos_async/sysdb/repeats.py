@@ -21,9 +21,10 @@ class Repeats:
         self._first = 0.0
         self._next = 0.0
 
-    def log(self, level: int, message: str, *args: object) -> None:
-        """Log ``message % args`` at ``level``, or at DEBUG when it repeats the previous
-        line before its next doubling is due."""
+    def log(self, level: int, message: str, *args: object, exc_info: bool = False) -> None:
+        """Log ``message % args`` at ``level`` (``exc_info``: with the exception being
+        handled), or at DEBUG when it repeats the previous line before its next doubling
+        is due."""
         line = message % args if args else message
         now = time.monotonic()
         if line != self._line:
@@ -32,7 +33,7 @@ class Repeats:
             self._next = now + max(now - self._first, FIRST_REPEAT_AFTER)
         else:
             level = logging.DEBUG
-        self._logger.log(level, "%s", line)
+        self._logger.log(level, "%s", line, exc_info=exc_info)
 
     def reset(self) -> None:
         """The loop succeeded: its next failure is news again."""
