@@ -34,6 +34,9 @@ T = TypeVar("T")
 
 DEFAULT_CONNECTION_NAME = "dbos_async"
 
+TRANSACTION_END_LIMIT = 5.0
+"""Seconds a cancelled task still waits for the COMMIT or ROLLBACK it had sent."""
+
 SESSION_SETTINGS = {
     # Off: the statements here are short, but a migration or an import on a large database
     # may take minutes, and the bounds that matter are set per transaction where they
@@ -253,18 +256,23 @@ async def pooled_transaction(pool: asyncpg.Pool, **options: Any
 
 
 async def uninterrupted(step: Awaitable[T]) -> T:
-    """Await ``step`` to its end even if this task is cancelled meanwhile; the
-    cancellation is raised once it has ended."""
+    """Await ``step`` to its end even if this task is cancelled meanwhile (for up to
+    :data:`TRANSACTION_END_LIMIT` seconds more: a server that stopped answering does not
+    hold the canceller forever); the cancellation is raised once it has ended."""
     task = asyncio.ensure_future(step)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as error:
-            if task.cancelled():
-                raise
-            cancelled = error
-    result = task.result()
-    if cancelled is not None:
-        raise cancelled
-    return result
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.cancelled():
+            raise
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TRANSACTION_END_LIMIT
+        while not task.done():
+            if loop.time() >= deadline:
+                task.cancel()
+            # A level-triggered canceller (an anyio scope) cancels every wait here again.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task}, timeout=max(deadline - loop.time(), 0.01))
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller gets
+        raise
