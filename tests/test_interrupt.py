@@ -11,8 +11,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
-from helpers import fetchval, wait_until, workflow_row
+from helpers import fetchval, new_dbos, wait_until, workflow_row
+
+from dbos_async import SetWorkflowID
 
 SCRIPT = textwrap.dedent(
     """
@@ -76,3 +79,34 @@ async def test_sigint_during_a_durable_sleep_exits_at_once_and_the_sleep_resumes
     assert "RESULT rested" in out, err
     row = await workflow_row(database_url, "nap-1")
     assert row is not None and row["status"] == "SUCCESS"
+
+
+async def test_leaving_releases_workflows_waiting_in_recv_or_get_event_at_once(
+        database_url: str) -> None:
+    """Only the wait is cut: a grace period of 60 s is not waited out, and both stay
+    PENDING, to wait again on the next start."""
+    dbos = new_dbos(database_url, shutdown_grace_period=60)
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv("go", timeout=120)
+
+    @dbos.workflow()
+    async def watcher() -> Any:
+        return await dbos.get_event("nobody", "ready", timeout=120)
+
+    async with dbos:
+        for workflow_id, workflow in (("recv-1", receiver), ("event-1", watcher)):
+            with SetWorkflowID(workflow_id):
+                await dbos.start_workflow(workflow)
+
+        async def both_waiting() -> bool:
+            # Each wait's deadline is checkpointed just before it waits.
+            return await fetchval(database_url, "SELECT count(*) FROM dbos.operation_outputs "
+                                  "WHERE workflow_uuid IN ('recv-1', 'event-1')") == 2
+        await wait_until(both_waiting, what="both workflows to wait")
+        leaving = time.monotonic()
+    assert time.monotonic() - leaving < 5.0
+    for workflow_id in ("recv-1", "event-1"):
+        row = await workflow_row(database_url, workflow_id)
+        assert row is not None and row["status"] == "PENDING"
