@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
 import time
@@ -145,6 +146,11 @@ def is_refused(error: BaseException) -> bool:
     seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, ConnectionRefusedError | FileNotFoundError):
+            return True
+        # asyncio's error for a host name with several addresses, each refused.
+        text = str(seen)
+        if isinstance(seen, OSError) and text.startswith("Multiple exceptions: ") \
+                and text.count("[Errno ") == text.count(f"[Errno {errno.ECONNREFUSED}]"):
             return True
         seen = seen.__cause__
     return False
