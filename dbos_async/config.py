@@ -21,6 +21,7 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
+from pydantic_core import ErrorDetails
 
 from dbos_async.database_url import parse_database_url
 from dbos_async.errors import ConfigurationError
@@ -97,6 +98,13 @@ class DBOSConfig(BaseModel):
     connect_timeout: float = Field(10.0, gt=0)
     db_retry_timeout: float = Field(
         60.0, ge=0, description="How long transient database errors are retried."
+    )
+    startup_wait: float = Field(
+        3.0, ge=0,
+        description="Seconds a system database that refuses connections and has never "
+        "answered this process is retried before entering fails: a wrong host or port "
+        "fails fast. Raise it where the database starts alongside the application; once "
+        "it has answered, an outage is retried for db_retry_timeout.",
     )
     result_poll_interval: float = Field(
         1.0, gt=0, description="Longest wait between polls for a remote workflow's result."
@@ -294,11 +302,19 @@ class DBOSConfig(BaseModel):
         try:
             return cls(**values)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in e['loc']) or 'config'}: {e['msg']}"
-                for e in error.errors()
-            )
+            problems = "; ".join(_problem(e) for e in error.errors())
             raise ConfigurationError(f"Invalid DBOS configuration: {problems}") from None
+
+
+def _problem(error: ErrorDetails) -> str:
+    """One problem of a configuration, for a message: the setting and what is wrong, in
+    the words of our own check where one raised (without pydantic's "Value error, ")."""
+    where = ".".join(str(part) for part in error["loc"]) or "config"
+    raised = error.get("ctx", {}).get("error")
+    if error["type"] != "value_error" or raised is None:
+        return f"{where}: {error['msg']}"
+    text = str(raised)
+    return text if text.startswith(where) else f"{where}: {text}"
 
 
 def file_settings(path: str | Path | None = None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from dbos_async import (
     DBOSError,
     EnqueueRequest,
     ForkRequest,
+    InvalidArgumentError,
     NonExistentWorkflowError,
     SendMessage,
     SerializationError,
@@ -355,8 +356,10 @@ async def test_enqueue_many_refuses_bad_batches_and_writes_nothing(database_url:
             await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest("nope")])
         with pytest.raises(DBOSError, match="is partitioned"):
             await dbos.enqueue_many(jobs.parts, [EnqueueRequest(jobs.job, (1,), shard_key=a)])
-        with pytest.raises(SerializationError, match="portable JSON"):
+        with pytest.raises(InvalidArgumentError, match=r"argument 'n' .*: expected int"):
             await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, (object(),))])
+        with pytest.raises(SerializationError, match="lone surrogate"):
+            await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, (1, "\ud800"))])
         if sharding:
             with pytest.raises(DBOSError, match="needs a shard key"):
                 await dbos.enqueue_many(jobs.queue, [good, EnqueueRequest(jobs.job, (1,))])

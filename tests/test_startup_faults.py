@@ -68,8 +68,11 @@ async def entering(dbos: Any) -> AsyncIterator[asyncio.Task[None]]:
 
 async def test_entering_while_the_server_is_down_waits_for_it(
         cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="dbos_async")
-    dbos = new_dbos(cluster.url("startup_outage"), db_retry_timeout=120, connect_timeout=2)
+    # Refused retries of a server that never answered are logged at DEBUG only.
+    caplog.set_level(logging.DEBUG, logger="dbos_async")
+    # An explicit startup_wait: waiting for a server that starts with the application.
+    dbos = new_dbos(cluster.url("startup_outage"), db_retry_timeout=120, startup_wait=120,
+                    connect_timeout=2)
 
     @dbos.workflow()
     async def hello() -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import textwrap
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -42,12 +44,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
 
 
 def fields(pairs: Sequence[tuple[str, Any]]) -> None:
-    """Print ``name: value`` lines, values aligned (empty ones left out)."""
+    """Print ``name: value`` lines, values aligned (empty ones left out) and shown whole:
+    a long one wraps to the terminal's width, continued under its first line."""
     shown = [(name, value if isinstance(value, str) else compact_json(value))
              for name, value in pairs if value is not None and value != ""]
     width = max(len(name) for name, _ in shown) + 1
     for name, value in shown:
-        click.echo(f"{name + ':':<{width}} {value}")
+        click.echo(f"{name + ':':<{width}} {wrapped(value, width + 1)}")
+
+
+def wrapped(text: str, indent: int) -> str:
+    """``text`` whole, each of its lines wrapped to the terminal's width less ``indent``,
+    every line after the first indented by ``indent``."""
+    width = max(shutil.get_terminal_size().columns - indent, 40)
+    lines = [part for line in text.splitlines() or [""]
+             for part in textwrap.wrap(line, width, break_on_hyphens=False) or [""]]
+    return ("\n" + " " * indent).join(lines)
 
 
 def print_json(value: Any) -> None:

@@ -21,6 +21,7 @@ from dbos_async.client import DBOSClient
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.eventloop import run as run_loop
+from dbos_async.sysdb.embedded import embedded_database_url, has_embedded_database
 from dbos_async.sysdb.setup import sharded
 
 T = TypeVar("T")
@@ -28,6 +29,9 @@ T = TypeVar("T")
 NO_URL = ("no system database URL: pass --url, set DBOS_SYSTEM_DATABASE_URL, or set "
           "system_database_url in the configuration file (--config, DBOS_CONFIG_FILE, or "
           "[tool.dbos_async] in ./pyproject.toml)")
+
+_ANNOUNCED: set[str] = set()
+"""The embedded databases this process has said it uses."""
 
 
 @dataclass(frozen=True)
@@ -41,15 +45,26 @@ class Target:
     config_file: Path | None
 
     def config(self) -> DBOSConfig:
-        """These options over the environment and the configuration file; fails without a
-        URL (a command line tool never starts an embedded server)."""
+        """These options over the environment and the configuration file. Without a URL,
+        the embedded database an application run here kept (under ``data_dir``, ``.dbos/``
+        by default: the same defaults, the same folder) is started or joined; fails when
+        there is none."""
         config = DBOSConfig.load(self.config_file, system_database_url=self.url,
                                  schema_name=self.schema,
                                  application_name=self.application_name,
                                  sharding=self.sharding)
-        if config.system_database_url is None:
-            raise ConfigurationError(NO_URL)
-        return config
+        if config.system_database_url is not None:
+            return config
+        if not has_embedded_database(config.data_dir):
+            raise ConfigurationError(
+                f"{NO_URL}; nor is there an embedded database in {config.data_dir}/ (an "
+                "application run without a URL keeps one there)")
+        url = embedded_database_url(config.data_dir)
+        if url not in _ANNOUNCED:
+            _ANNOUNCED.add(url)
+            click.echo(f"Using the embedded PostgreSQL in {config.data_dir.resolve()}",
+                       err=True)
+        return config.model_copy(update={"system_database_url": url})
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[DBOSClient]:

@@ -14,17 +14,9 @@ from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.sysdb.statements import (
-    CANCELLED,
-    DELAYED,
-    ENQUEUED,
-    ERROR,
-    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
-    PENDING,
     SUCCESS,
+    WORKFLOW_STATUSES,
 )
-
-STATUSES = (PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR, CANCELLED,
-            MAX_RECOVERY_ATTEMPTS_EXCEEDED)
 
 
 @click.group("workflow")
@@ -72,7 +64,7 @@ def filter_options(command: Any) -> Any:
     command receives them as ``filters``, the keyword arguments of ``list_workflows``."""
     options = [
         click.option("--status", "statuses", multiple=True, metavar="STATUS",
-                     type=click.Choice(STATUSES, case_sensitive=False),
+                     type=click.Choice(WORKFLOW_STATUSES, case_sensitive=False),
                      help="Keep workflows in this status (repeatable)."),
         click.option("--name", "names", multiple=True,
                      help="Workflow function name (repeatable)."),
@@ -207,6 +199,7 @@ def get_workflow(target: Target, workflow_id: str, shard_key: str | None,
         ("Application version", status.application_version),
         ("Application", status.application_name),
         ("Created (UTC)", render.timestamp(status.created_at)),
+        ("Started (UTC)", render.timestamp(status.started_at)),
         ("Updated (UTC)", render.timestamp(status.updated_at)),
         ("Completed (UTC)", render.timestamp(status.completed_at)),
         ("Recovery attempts", str(status.recovery_attempts)),
@@ -216,7 +209,7 @@ def get_workflow(target: Target, workflow_id: str, shard_key: str | None,
         ("Attributes", status.attributes or None),
         ("Input", data["input"]),
         ("Output", status.output if status.status == SUCCESS else None),
-        ("Error", render.cell(f"{data['error']['name']}: {data['error']['message']}")
+        ("Error", f"{data['error']['name']}: {data['error']['message']}"
          if data["error"] else None),
     ])
 

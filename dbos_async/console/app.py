@@ -52,15 +52,13 @@ from dbos_async.sysdb.statements import (
     CANCELLED,
     DELAYED,
     ENQUEUED,
-    ERROR,
     MAX_RECOVERY_ATTEMPTS_EXCEEDED,
     PENDING,
     SUCCESS,
+    WORKFLOW_STATUSES,
 )
 
 PAGE_SIZE = 50
-STATUSES = (PENDING, ENQUEUED, DELAYED, SUCCESS, ERROR, CANCELLED,
-            MAX_RECOVERY_ATTEMPTS_EXCEEDED)
 CHILD_DEPTH = 3
 """How many generations of children the tree shows."""
 CHILDREN_SHOWN = 50
@@ -147,7 +145,7 @@ class Console:
             load_input=False, load_output=False)
         more = len(rows) > PAGE_SIZE
         return self.page(request, "workflows.html", workflows=rows[:PAGE_SIZE], page=page,
-                         more=more, query=q, statuses=STATUSES,
+                         more=more, query=q, statuses=WORKFLOW_STATUSES,
                          chosen=set(q.getlist("status")),
                          sharded=self.operator.sharded,
                          page_params={k: q.getlist(k) for k in q if k != "page"})
@@ -228,7 +226,8 @@ class Console:
             children=children, unreadable_parts=unreadable_parts,
             events={k: views.pretty(v) for k, v in events.items()},
             history=[(h.function_id, h.key, views.pretty(h.value)) for h in history],
-            streams=[(s.key, s.offset, views.pretty(s.value)) for s in streams],
+            streams=[(s.key, s.offset, None if s.closed else views.pretty(s.value))
+                     for s in streams],
             messages=[(m, views.pretty(m.value)) for m in messages],
             can_cancel=status.status in (PENDING, ENQUEUED, DELAYED),
             can_resume=status.status in (CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED,
@@ -385,7 +384,11 @@ class Console:
 def workflow_filters(q: QueryParams) -> dict[str, Any]:
     """The arguments of ``list_workflows`` a list page's query asks for."""
     get = q.get
-    chosen = [s for s in q.getlist("status") if s]
+    chosen = [s.upper() for s in q.getlist("status") if s]
+    unknown = [s for s in chosen if s not in WORKFLOW_STATUSES]
+    if unknown:
+        raise ConsoleError(400, f"Unknown status {unknown[0]!r}: choose from "
+                                f"{', '.join(WORKFLOW_STATUSES)}")
     attributes = None
     text = get("attributes")
     if text:

@@ -29,6 +29,7 @@ from dbos_async.errors import WorkflowCancelledError
 from dbos_async.executor.backoff import IdleBackoff
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Supervise, keyed
+from dbos_async.sysdb.repeats import Repeats
 from dbos_async.sysdb.shard_keys import bind_shard_keys
 
 logger = logging.getLogger("dbos_async")
@@ -104,6 +105,7 @@ class CancellationWatcher:
         self._waiting_untimed = False
         self.polls = 0
         """How many status reads the watcher made (for tests and diagnostics)."""
+        self._repeats = Repeats(logger)
 
     def region(self, ctx: Execution, cancellable: bool = True) -> Region:
         return Region(self, ctx, cancellable)
@@ -198,8 +200,10 @@ class CancellationWatcher:
                 self.polls += 1
                 cancelled = await self._cancelled_among(sysdb, ids)
             except Exception as error:  # the database is down: try again next round
-                logger.warning("The cancellation watcher could not read statuses: %r", error)
+                self._repeats.log(logging.WARNING,
+                                  "The cancellation watcher could not read statuses: %r", error)
                 continue
+            self._repeats.reset()
             if timed_out:
                 self.backoff.polled(bool(cancelled))
             if cancelled:

@@ -42,6 +42,7 @@ from dbos_async.executor.backoff import IdleBackoff
 from dbos_async.executor.runtime import EXECUTOR_BUSY_KEY, Runtime
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async.sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 
@@ -72,6 +73,7 @@ def start(runtime: Runtime) -> None:
 async def _watch(runtime: Runtime, lock: ExecutorIdLock, poll: IdleBackoff,
                  busy_elsewhere: asyncio.Event) -> None:
     suspects: set[str] = set()
+    repeats = Repeats(logger)
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(busy_elsewhere.wait(), poll.interval)
@@ -79,9 +81,11 @@ async def _watch(runtime: Runtime, lock: ExecutorIdLock, poll: IdleBackoff,
         try:
             suspects, busy = await scan(runtime, lock, suspects)
             poll.polled(busy)
+            repeats.reset()
         except DBOSError as error:
             poll.reset()
-            logger.warning("Failover scan failed (retried in %.1f s): %s", poll.fast, error)
+            repeats.log(logging.WARNING, "Failover scan failed (retried in %.1f s): %s",
+                        poll.fast, error)
             suspects = set()
         except Exception:
             # One failed round must not end failover for the executor's lifetime.

@@ -77,6 +77,14 @@ class WorkflowStatus:
     output: Any = None
     error: BaseException | None = None
 
+    @property
+    def started_at(self) -> int | None:
+        """When it began to run (epoch milliseconds): when a claim took it from its queue,
+        or its creation for one started directly; None while it waits on a queue."""
+        if self.started_at_epoch_ms is not None:
+            return self.started_at_epoch_ms
+        return self.created_at if self.queue_name is None else None
+
     @classmethod
     def from_record(cls, record: StatusRecord) -> WorkflowStatus:
         """The status of a row the system database read (payloads left unloaded)."""

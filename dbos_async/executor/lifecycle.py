@@ -153,6 +153,7 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
     to finish (those that do not stay PENDING and resume on recovery)."""
     sysdb = runtime.system_database
     runtime.state = "stopping"
+    _say_stopping(runtime, grace_period)
     try:
         await runtime.queue_tasks.close(0)
         await runtime.workflows.close(grace_period)
@@ -171,3 +172,20 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
             # Last: nothing is written under the executor ID once it is released.
             if runtime.executor_lock is not None:
                 await runtime.executor_lock.close()
+
+
+def _say_stopping(runtime: Runtime, grace_period: float) -> None:
+    """Log at once that the executor stops, and what it waits for."""
+    owner = runtime.workflows
+    busy, parked = owner.busy, len(owner) - owner.busy
+    if not busy and not parked:
+        return
+    waits = []
+    if busy:
+        waits.append(f"waiting up to {grace_period:g}s for {busy} running workflows to reach "
+                     "their end")
+    if parked:
+        waits.append(f"releasing at once {parked} waiting in a durable sleep, recv or "
+                     "get_event")
+    logger.info("DBOS %s stopping: %s (a workflow that does not finish stays PENDING and "
+                "resumes on the next start)", runtime.config.name, "; ".join(waits))

@@ -19,6 +19,7 @@ import logging
 from dbos_async.executor.control import announce_cancelled
 from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.clock import after
+from dbos_async.sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 
@@ -64,11 +65,13 @@ async def run_jobs_once(runtime: Runtime) -> None:
 
 
 async def maintenance_loop(runtime: Runtime) -> None:
+    repeats = Repeats(logger)
     while True:
         try:
             await run_jobs_once(runtime)
+            repeats.reset()
         except Exception as error:  # the database may be down: next round
-            logger.warning("A maintenance job failed: %r", error)
+            repeats.log(logging.WARNING, "A maintenance job failed: %r", error)
         # On the clock the ages are read from, so a test clock moved on runs the jobs too.
         clock = runtime.system_database.clock
         await clock.sleep_until(after(clock, runtime.config.maintenance_interval))

@@ -251,7 +251,7 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
             if deadline is not None and sysdb.clock.now_ms() >= deadline:
                 return await record_read(ctx, step_id, RECV, NOTHING)
             # Interrupted if the workflow is cancelled meanwhile.
-            with ctx.runtime.cancellation.region(ctx):
+            with ctx.runtime.cancellation.region(ctx), ctx.runtime.workflows.parked():
                 await w.wait(None, until_ms=deadline)
 
 
@@ -313,7 +313,8 @@ async def get_event(peer: Peer, ctx: WorkflowContext | None, step_id: int | None
     with ctx.routed():
         deadline = (await durable_deadline(ctx, timeout_id, timeout, complete_at_deadline=False)
                     if timeout is not None else None)
-    with ctx.runtime.cancellation.region(ctx), target.routed():
+    with ctx.runtime.cancellation.region(ctx), target.routed(), \
+            ctx.runtime.workflows.parked():
         found = await _poll_event(sysdb, workflow_id, key, deadline)
     with ctx.routed():
         if found is None:
@@ -452,7 +453,7 @@ async def sleep(clock: Clock, ctx: WorkflowContext | None, step_id: int | None,
         return
     deadline = await durable_deadline(ctx, step_id, seconds, complete_at_deadline=True)
     if not ctx.replaying:  # a replay check waits for nothing
-        with ctx.runtime.cancellation.region(ctx):
+        with ctx.runtime.cancellation.region(ctx), ctx.runtime.workflows.parked():
             await clock.sleep_until(deadline)
 
 

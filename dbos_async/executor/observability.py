@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dbos_async.executor.peer import Peer
+from dbos_async.sysdb.statements import STREAM_CLOSED_SERIALIZED
 from dbos_async.sysdb.statements.observability import MINUTE_MS
 
 
@@ -32,11 +33,13 @@ class PendingMessage:
 
 @dataclass(frozen=True)
 class StreamValue:
-    """One value of a workflow's stream ``key``, at ``offset``."""
+    """One value of a workflow's stream ``key``, at ``offset``; or, with ``closed``, the
+    mark that the stream was closed there (its ``value`` None)."""
 
     key: str
     offset: int
     value: Any
+    closed: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,11 @@ async def unconsumed_messages(peer: Peer, workflow_id: str,
 
 async def stream_values(peer: Peer, workflow_id: str, limit: int) -> list[StreamValue]:
     rows = await peer.system_database.stream_values(workflow_id, limit)
-    return [StreamValue(r["key"], r["stream_offset"],
-                        peer.formats.decode(r["value"], r["serialization"],
-                                            f"stream {r['key']!r}"))
+    return [StreamValue(r["key"], r["stream_offset"], None, closed=True)
+            if r["value"] == STREAM_CLOSED_SERIALIZED
+            else StreamValue(r["key"], r["stream_offset"],
+                             peer.formats.decode(r["value"], r["serialization"],
+                                                 f"stream {r['key']!r}"))
             for r in rows]
 
 

@@ -66,6 +66,7 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
         pool_size=config.pool_size,
         connect_timeout=config.connect_timeout,
         retry_timeout=config.db_retry_timeout,
+        startup_wait=config.startup_wait,
         connection_name=config.connection_name,
         application_name=config.application_name,
         sharded=config.sharding,

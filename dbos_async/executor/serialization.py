@@ -20,14 +20,14 @@ import base64
 import inspect
 import json
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from dbos_async.errors import SerializationError
+from dbos_async.errors import InvalidArgumentError, SerializationError
 from dbos_async.sysdb.statements import PORTABLE_JSON, Payload
 from dbos_async.validation import check_serialized
 
@@ -229,6 +229,15 @@ class Formats:
         return list(positional), dict(named)
 
 
+def _type_name(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else repr(hint).replace("typing.", "")
+
+
+def _short(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -263,9 +272,14 @@ class Signature:
         hint = self._hints.get(name)
         if hint is None or hint is Any:
             return None
-        adapters: dict[str, TypeAdapter[Any]] = self.__dict__.setdefault("_adapters", {})
+        adapters: dict[str, TypeAdapter[Any] | None] = self.__dict__.setdefault("_adapters", {})
         if name not in adapters:
-            adapters[name] = TypeAdapter(hint)
+            try:
+                adapters[name] = TypeAdapter(hint)
+            except PydanticUserError:
+                # A type pydantic has no schema for (a lock, a connection): its values
+                # are neither checked nor coerced.
+                adapters[name] = None
         return adapters[name]
 
     def coerce(self, name: str, value: Any, what: str) -> Any:
@@ -277,37 +291,78 @@ class Signature:
         except ValidationError as error:
             raise SerializationError(f"{what} does not match its annotation: {error}") from None
 
-    def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                         formats: Formats) -> Payload:
+    @cached_property
+    def _checks_arguments(self) -> bool:
+        """Whether any parameter has an annotation a value is checked against."""
+        return any(self._adapter(p.name) is not None for p in self.parameters)
+
+    def _parameter_names(self, positional: int, named: Iterable[str]
+                         ) -> tuple[list[str], dict[str, str]]:
+        """The parameter each of ``positional`` arguments and each ``named`` one binds to
+        ("" for none): the annotation its value is checked against."""
+        names: list[str] = []
+        params = iter(self.parameters)
+        current: inspect.Parameter | None = None
+        for _ in range(positional):
+            if current is None or current.kind is not inspect.Parameter.VAR_POSITIONAL:
+                current = next(params, None)
+            names.append(current.name if current is not None else "")
+        by_name = {p.name for p in self.parameters
+                   if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+        var_keyword = next((p.name for p in self.parameters
+                            if p.kind is inspect.Parameter.VAR_KEYWORD), "")
+        return names, {k: k if k in by_name else var_keyword for k in named}
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The arguments of a call as the function receives them: checked against its
+        parameters (:class:`TypeError` for a call that does not bind) and validated against
+        their annotations, as a recovery reads stored inputs back (pydantic's lax mode: a
+        model given as a dict arrives as the model, ``"3"`` for an ``int`` as ``3``).
+
+        Raises:
+            InvalidArgumentError: an argument does not match its annotation.
+        """
         counts = self._positional_counts
         if kwargs or counts is None or not counts[0] <= len(args) <= counts[1]:
             try:
                 self._signature.bind(*((None,) if self.skip_first else ()), *args, **kwargs)
             except TypeError as error:
                 raise TypeError(f"{self.qualname}(): {error}") from None
+        if not self._checks_arguments:
+            return args, kwargs
+        positional, named = self._parameter_names(len(args), kwargs)
+        return (tuple(self._check(n, v) for n, v in zip(positional, args, strict=True)),
+                {k: self._check(named[k], v) for k, v in kwargs.items()})
+
+    def _check(self, name: str, value: Any) -> Any:
+        adapter = self._adapter(name)
+        if adapter is None:
+            return value
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as error:
+            problems = "; ".join(e["msg"] for e in error.errors())
+            raise InvalidArgumentError(
+                f"argument {name!r} of {self.qualname}",
+                f"expected {_type_name(self._hints[name])}, got {type(value).__name__} "
+                f"{_short(value)} ({problems})") from None
+
+    def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                         formats: Formats) -> Payload:
+        """Arguments :meth:`bind` returned, in ``formats``."""
         return formats.encode_inputs(args, kwargs, self.qualname)
 
     def deserialize_inputs(
         self, text: str | None, serialization: str | None, formats: Formats
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         positional, named = formats.decode_inputs(text, serialization, self.qualname)
-        args: list[Any] = []
-        params = iter(self.parameters)
-        current: inspect.Parameter | None = None
-        for index, value in enumerate(positional):
-            if current is None or current.kind is not inspect.Parameter.VAR_POSITIONAL:
-                current = next(params, None)
-            name = current.name if current is not None else ""
-            args.append(self.coerce(name, value, f"argument {index} of {self.qualname}"))
-        by_name = {p.name: p for p in self.parameters}
-        var_keyword = next((p.name for p in self.parameters
-                            if p.kind is inspect.Parameter.VAR_KEYWORD), "")
-        kwargs = {
-            k: self.coerce(k if k in by_name else var_keyword, v,
-                           f"argument {k!r} of {self.qualname}")
-            for k, v in named.items()
-        }
-        return tuple(args), kwargs
+        names, keywords = self._parameter_names(len(positional), named)
+        args = tuple(self.coerce(name, value, f"argument {index} of {self.qualname}")
+                     for index, (name, value) in enumerate(zip(names, positional, strict=True)))
+        kwargs = {k: self.coerce(keywords[k], v, f"argument {k!r} of {self.qualname}")
+                  for k, v in named.items()}
+        return args, kwargs
 
     def serialize_result(self, value: Any, formats: Formats,
                          serialization: str | None = None) -> Payload:

@@ -212,8 +212,9 @@ def plan_start(call: CallContext, *, name: str, inputs: Payload, executor_id: st
 @dataclass(frozen=True)
 class Arguments:
     """A registered workflow's call arguments: the instance of a workflow method split off
-    and named, the rest serialized before anything is written (a bad argument leaves no
-    row behind)."""
+    and named, the rest validated against their annotations and serialized before anything
+    is written (a bad argument leaves no row behind). The workflow runs with the validated
+    values, the ones a recovery reads back."""
 
     instance: object | None
     args: tuple[Any, ...]
@@ -229,6 +230,7 @@ class Arguments:
             if not args:
                 raise DBOSError(f"Workflow method {info.name} was called without its instance")
             instance, args = args[0], args[1:]
+        args, kwargs = info.signature.bind(args, kwargs)
         return cls(instance, args, kwargs,
                    instance_name(instance) if instance is not None else None,
                    info.signature.serialize_inputs(args, kwargs, formats))
@@ -340,7 +342,7 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
                                                                plan.parent_step)
         if started.created:
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
-                             arguments.call_args, kwargs, {}, plan.row.deadline_epoch_ms,
+                             arguments.call_args, arguments.kwargs, {}, plan.row.deadline_epoch_ms,
                              plan.shard_key, plan.row.attributes, plan.authentication,
                              plan.row.serialization, first_run=True)
         else:

@@ -93,7 +93,9 @@ def call(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
          ) -> Coroutine[Any, Any, Any]:
     """A call of a step: checkpointed in a workflow body, else a plain call with its
     retries. A caller without a required role is refused at the call, before its position
-    is taken; an authorized one runs it under the role it holds."""
+    is taken; an authorized one runs it under the role it holds. Its arguments are
+    validated against their annotations at the call, as a workflow's are."""
+    args, kwargs = info.signature.bind(args, kwargs)
     authentication = current_authentication()
     if info.required_roles is not None:
         authentication = authorize("step", info.options.name, info.required_roles,

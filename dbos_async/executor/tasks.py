@@ -19,9 +19,10 @@ backoff, and its :class:`TaskHealth` says so, so no background task ever dies si
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ import anyio
 
 from dbos_async.sysdb.health import DatabaseHealth
 from dbos_async.sysdb.records import VersionBacklog
+from dbos_async.sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 
@@ -121,6 +123,7 @@ class SupervisedTask:
 
     async def run(self) -> None:
         delay = RESTART_INITIAL_DELAY
+        repeats = Repeats(logger)
         try:
             with self._scope:
                 while True:
@@ -129,8 +132,9 @@ class SupervisedTask:
                         await self._factory()
                         return
                     except Exception as error:
-                        logger.exception("Background task %s failed; restarting it in %.1fs",
-                                         self.name, delay)
+                        repeats.log(logging.ERROR,
+                                    "Background task %s failed; restarting it in %.1fs",
+                                    self.name, delay, exc_info=True)
                         health = self.health
                         self.health = TaskHealth(self.name, "restarting", health.restarts,
                                                  repr(error), time.time())
@@ -163,6 +167,10 @@ class TaskOwner:
         self._scopes: dict[asyncio.Task[None], anyio.CancelScope] = {}
         self._drained = asyncio.Event()
         self._drained.set()
+        # The tasks waiting in parked() blocks, and a wake-up for close() whenever a task
+        # ends or parks.
+        self._parked: set[asyncio.Task[Any]] = set()
+        self._changed = asyncio.Event()
         self.closed = False
         self._supervised_tasks: list[SupervisedTask] = []
 
@@ -203,22 +211,47 @@ class TaskOwner:
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         del self._scopes[task]
+        self._parked.discard(task)
+        self._changed.set()
         if not self._scopes:
             self._drained.set()
+
+    @contextlib.contextmanager
+    def parked(self) -> Iterator[None]:
+        """Within the block the calling task (one of this owner's) waits with nothing of
+        its own to finish (a workflow in a durable sleep, ``recv`` or ``get_event``):
+        closing cancels it at once instead of giving it the grace period."""
+        task = asyncio.current_task()
+        if task is None or task not in self._scopes:
+            yield
+            return
+        self._parked.add(task)
+        self._changed.set()
+        try:
+            yield
+        finally:
+            self._parked.discard(task)
+
+    @property
+    def busy(self) -> int:
+        """How many tasks are not parked: what a closing grace period waits for."""
+        return len(self._scopes) - len(self._parked)
 
     def __len__(self) -> int:
         return len(self._scopes)
 
     async def close(self, grace_period: float) -> None:
-        """Give the tasks up to ``grace_period`` seconds, then cancel and reap the rest.
+        """Give the tasks up to ``grace_period`` seconds, then cancel and reap the rest;
+        parked tasks (see :meth:`parked`) are not waited for.
 
         Tasks may still start others during the grace period (a workflow starting a child);
         those share what is left of it. Closing again is harmless.
         """
         try:
             with anyio.move_on_after(grace_period):
-                while self._scopes:
-                    await self._drained.wait()
+                while self.busy:
+                    self._changed.clear()
+                    await self._changed.wait()
         finally:
             # Even when the closer is cancelled while it waits, nothing is left running.
             self.closed = True

@@ -11,7 +11,13 @@ itself (``?statement_timeout=30s``) keeps its own value: that is the way to choo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from dbos_async.database_url import DatabaseUrl, parse_database_url
 from dbos_async.errors import (
@@ -24,7 +30,12 @@ from dbos_async.errors import (
 from dbos_async.sysdb.fencing import TimelineFence
 from dbos_async.sysdb.retry import is_canceled
 
+T = TypeVar("T")
+
 DEFAULT_CONNECTION_NAME = "dbos_async"
+
+TRANSACTION_END_LIMIT = 5.0
+"""Seconds a cancelled task still waits for the COMMIT or ROLLBACK it had sent."""
 
 SESSION_SETTINGS = {
     # Off: the statements here are short, but a migration or an import on a large database
@@ -218,3 +229,50 @@ async def create_pool(url: str, size: int, connect_timeout: float, name: str,
         raise connection_failure(url, error,
                                  "Cannot open a connection pool to the system database") from error
     return pool
+
+
+@contextlib.asynccontextmanager
+async def pooled_transaction(pool: asyncpg.Pool, **options: Any
+                             ) -> AsyncIterator[PoolConnectionProxy]:
+    """A pooled connection in a transaction (``options`` as for asyncpg's
+    ``Connection.transaction``) whose end, COMMIT or ROLLBACK, runs to completion even when
+    the task is cancelled meanwhile (an executor closing, a timeout): asyncpg's own would
+    stop at the cancellation and hand the pool a connection still in its transaction, which
+    the pool rolls back with a "Resetting connection with an active transaction" warning."""
+    async with pool.acquire() as conn:
+        # Entered as asyncpg's context manager, so that a start cut by a cancellation is
+        # still its own to roll back on release (not an unmanaged one the pool warns of).
+        transaction = conn.transaction(**options)
+        await transaction.__aenter__()
+        try:
+            yield conn
+        except BaseException as error:
+            # A dead connection cannot roll back: the error that ended the block says more.
+            with contextlib.suppress(Exception):
+                await uninterrupted(transaction.__aexit__(type(error), error,
+                                                          error.__traceback__))
+            raise
+        await uninterrupted(transaction.__aexit__(None, None, None))
+
+
+async def uninterrupted(step: Awaitable[T]) -> T:
+    """Await ``step`` to its end even if this task is cancelled meanwhile (for up to
+    :data:`TRANSACTION_END_LIMIT` seconds more: a server that stopped answering does not
+    hold the canceller forever); the cancellation is raised once it has ended."""
+    task = asyncio.ensure_future(step)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if task.cancelled():
+            raise
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TRANSACTION_END_LIMIT
+        while not task.done():
+            if loop.time() >= deadline:
+                task.cancel()
+            # A level-triggered canceller (an anyio scope) cancels every wait here again.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task}, timeout=max(deadline - loop.time(), 0.01))
+        if not task.cancelled():
+            task.exception()  # retrieved: the cancellation is what the caller gets
+        raise

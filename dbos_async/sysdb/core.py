@@ -63,6 +63,7 @@ class DatabaseCore:
         pool_size: int = 10,
         connect_timeout: float = 10.0,
         retry_timeout: float = 60.0,
+        startup_wait: float = 3.0,
         connection_name: str = "dbos_async",
         application_name: str | None = None,
         sharded: bool = False,
@@ -92,7 +93,7 @@ class DatabaseCore:
         self._closing = False
         self._retry_timeout = retry_timeout
         # Which operations wait on the database, and whether it answers (see health()).
-        self.watch = DatabaseWatch(connection.parsed_url(url).describe())
+        self.watch = DatabaseWatch(connection.parsed_url(url).describe(), startup_wait)
         self._retry = RetryPolicy(max_elapsed=retry_timeout, stopping=lambda: self._closing,
                                   watch=self.watch, on_standby=self._replace_connections)
         # Safety limits (0: the session's own, off unless the URL sets them): see
@@ -313,7 +314,7 @@ class DatabaseCore:
         fork, rewind, delete or claim): bounded by ``idle_in_transaction_session_timeout``,
         so a caller that stalls in it (a frozen process, a lost network) cannot keep a
         workflow locked forever. The background jobs' lock sets its own, shorter bound."""
-        async with self.pool.acquire() as conn, conn.transaction(isolation=isolation):
+        async with connection.pooled_transaction(self.pool, isolation=isolation) as conn:
             if self.idle_transaction_timeout_ms > 0:
                 q = self.sql.idle_transaction_timeout(self.idle_transaction_timeout_ms)
                 await conn.execute(q.sql, *q.params)
@@ -329,7 +330,7 @@ class DatabaseCore:
             return await self._fetch(query, what)
 
         async def run() -> list[asyncpg.Record]:
-            async with self.pool.acquire() as conn, conn.transaction(readonly=True):
+            async with connection.pooled_transaction(self.pool, readonly=True) as conn:
                 limit = self.sql.statement_timeout(timeout_ms)
                 await conn.execute(limit.sql, *limit.params)
                 try:

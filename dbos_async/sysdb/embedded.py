@@ -59,7 +59,8 @@ from typing import Any
 
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError
 
-__all__ = ["PGDATA_DIRNAME", "embedded_database_url", "start_embedded_server"]
+__all__ = ["PGDATA_DIRNAME", "embedded_database_url", "has_embedded_database",
+           "start_embedded_server"]
 
 logger = logging.getLogger("dbos_async")
 
@@ -127,6 +128,12 @@ def _os_user_exists() -> bool:
     except KeyError:
         return False
     return True
+
+
+def has_embedded_database(data_dir: Path) -> bool:
+    """Whether an embedded database was created under ``data_dir`` (a run without a URL
+    initialized it there): what the command line and the console use without a URL."""
+    return (Path(data_dir).expanduser() / PGDATA_DIRNAME / "PG_VERSION").is_file()
 
 
 def _import_wheel() -> Any:

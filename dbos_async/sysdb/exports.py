@@ -21,6 +21,7 @@ from dbos_async.errors import (
     WorkflowImportConflictError,
     WorkflowImportError,
 )
+from dbos_async.sysdb import connection
 from dbos_async.sysdb.core import DatabaseCore
 from dbos_async.sysdb.operations import JobConnection
 from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter, WorkflowRef
@@ -63,8 +64,8 @@ class ExportOperations(DatabaseCore):
         bounded by ``observability_query_timeout``."""
         query = self.sql.export_status(f)
         timeout_ms = self.observability_query_timeout_ms
-        async with self.pool.acquire() as conn, conn.transaction(
-                isolation="repeatable_read", readonly=True):
+        async with connection.pooled_transaction(self.pool, isolation="repeatable_read",
+                                                 readonly=True) as conn:
             if timeout_ms > 0:
                 limit = self.sql.statement_timeout(timeout_ms)
                 await conn.execute(limit.sql, *limit.params)

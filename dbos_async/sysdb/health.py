@@ -89,9 +89,12 @@ class DatabaseHealth:
 class DatabaseWatch:
     """The operations waiting on one system database, and whether it answers."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, startup_wait: float = 3.0) -> None:
         # The database's name and hosts, for log lines.
         self.target = target
+        # Seconds a database that refuses connections and never answered is retried (see
+        # RetryPolicy) and left unlogged here: its caller's error says it.
+        self.startup_wait = startup_wait
         self._in_flight: dict[int, tuple[str, float]] = {}  # token -> (what, monotonic start)
         self._tokens = itertools.count()
         self._unreachable_since: float | None = None  # monotonic
@@ -99,6 +102,9 @@ class DatabaseWatch:
         self.last_error: str | None = None
         self._waiting_on: str | None = None
         self._outage_logged = False
+        # Whether any operation has succeeded: until then a refused connection is more
+        # likely a wrong address than an outage (see RetryPolicy).
+        self.has_answered = False
 
     # ---- Bookkeeping on every operation ----
 
@@ -119,6 +125,7 @@ class DatabaseWatch:
 
     def answered(self) -> None:
         """An operation succeeded: the database answers (again)."""
+        self.has_answered = True
         if self._unreachable_since is None:
             return
         lasted = time.monotonic() - self._unreachable_since
@@ -154,7 +161,9 @@ class DatabaseWatch:
             now = time.monotonic()
             if self._unreachable_since is not None:
                 lasted = now - self._unreachable_since
-                if lasted >= UNREACHABLE_LOG_AFTER and _due(reminded, "outage", now):
+                quiet = UNREACHABLE_LOG_AFTER if self.has_answered \
+                    else max(UNREACHABLE_LOG_AFTER, self.startup_wait)
+                if lasted >= quiet and _due(reminded, "outage", now):
                     self._outage_logged = True
                     logger.warning(
                         "The system database %s has been unreachable for %.0fs (%s); %d "

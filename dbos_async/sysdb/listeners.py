@@ -25,6 +25,7 @@ from typing import Protocol
 import asyncpg
 
 from dbos_async.database_url import Host
+from dbos_async.sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 
@@ -92,6 +93,8 @@ class ServerListener:
         connect at first."""
         self.error: str | None = None
         """Why its latest attempt to connect or LISTEN failed (None once one succeeded)."""
+        # The failures of the reconnect loop, logged without a flood.
+        self._repeats = Repeats(logger)
 
     @property
     def listening(self) -> bool:
@@ -109,8 +112,9 @@ class ServerListener:
         try:
             conn = await self._connect()
         except Exception as error:  # any failure means: retry later
-            logger.warning("The notification listener could not connect%s: %r",
-                           self.where, error)
+            self._repeats.log(logging.WARNING,
+                              "The notification listener could not connect%s: %r",
+                              self.where, error)
             self.error = f"{type(error).__name__}: {error}"
             return False
         try:
@@ -121,8 +125,9 @@ class ServerListener:
                 async with asyncio.timeout(CHECK_TIMEOUT):
                     await self._on_connect(conn)
         except Exception as error:
-            logger.warning("The notification listener could not LISTEN%s: %r",
-                           self.where, error)
+            self._repeats.log(logging.WARNING,
+                              "The notification listener could not LISTEN%s: %r",
+                              self.where, error)
             self.error = f"{type(error).__name__}: {error}"
             conn.terminate()
             return False
@@ -130,6 +135,7 @@ class ServerListener:
             conn.terminate()
             raise
         self.error = None
+        self._repeats.reset()
         self._lost.clear()
         self._connection = conn
         return True

@@ -34,6 +34,7 @@ import asyncpg
 from dbos_async.database_url import Host
 from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
 from dbos_async.sysdb.listeners import ClusterNodes, Connect, ServerListener, still_answers
+from dbos_async.sysdb.repeats import Repeats
 from dbos_async.sysdb.retry import is_transient
 
 logger = logging.getLogger("dbos_async")
@@ -200,6 +201,8 @@ class NotificationDispatcher:
         self._subscribers: dict[str, list[Callable[[str], None]]] = {}
         self._pending: list[Target] = []
         self._pending_event = asyncio.Event()
+        # The notifier's failures to send, logged without a flood.
+        self._send_failures = Repeats(logger)
         # The other nodes of a Citus cluster (None on plain PostgreSQL): the listener on the
         # system database URL's server reads them, and each has a listener of its own.
         self._cluster = cluster
@@ -366,8 +369,10 @@ class NotificationDispatcher:
                 self._pending_event.set()
                 raise
             # Waiters elsewhere fall back to their poll intervals; nothing is lost for good.
-            logger.warning("Could not send %d notifications: %r", len(unique), error)
+            self._send_failures.log(logging.WARNING, "Could not send notifications: %r",
+                                    error)
             return
+        self._send_failures.reset()
         self.notifications_sent += len(unique)
         self.batches_sent += 1
 

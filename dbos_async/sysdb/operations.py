@@ -16,6 +16,7 @@ from typing import TypeAlias, TypeVar
 import asyncpg
 
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.sysdb import connection
 from dbos_async.sysdb.core import DatabaseCore, PooledConnection
 from dbos_async.sysdb.records import StatusRecord, status_record
 from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
@@ -213,7 +214,7 @@ class WorkflowOperations(DatabaseCore):
         grants = self.sql.grant_schema_permissions(role)
 
         async def run() -> None:
-            async with self.pool.acquire() as conn, conn.transaction():
+            async with connection.pooled_transaction(self.pool) as conn:
                 if not await conn.fetchval(exists.sql, *exists.params):
                     raise DBOSError(f"Role {role!r} does not exist (CREATE ROLE it first)")
                 for q in grants:
@@ -235,7 +236,7 @@ class WorkflowOperations(DatabaseCore):
         run in that transaction; the lock goes when it ends (rolled back or committed by
         the job's outcome)."""
         q = self.sql.try_job_lock(job_lock_key(self.schema, self.application_name, job_name))
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with connection.pooled_transaction(self.pool) as conn:
             if not await conn.fetchval(q.sql, *q.params):
                 return False, None
             return True, await job(conn)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
 import time
@@ -77,6 +78,18 @@ class UnavailableAfterRetries(DatabaseUnavailableError):
     retried again by a retry around the operation that gave up."""
 
 
+class NeverAnsweredError(UnavailableAfterRetries):
+    """A database that refused every connection within ``startup_wait`` and had never
+    answered this process: a wrong host, port or socket path, most likely."""
+
+    def __init__(self, error: BaseException, startup_wait: float) -> None:
+        super().__init__(
+            f"{error} (refused throughout startup_wait={startup_wait:g}s, and it has never "
+            "answered this process: "
+            "check the host and port of the system database URL, or raise startup_wait "
+            "(DBOS_STARTUP_WAIT) to wait for a server that starts with the application)")
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether ``error`` is a connection loss or a server condition that retrying can outlive.
 
@@ -127,8 +140,29 @@ def is_connection_loss(error: BaseException) -> bool:
     return is_transient(error)
 
 
+def is_refused(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is a connection refused: nothing listens at
+    the address (or no socket file is at the path)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError | FileNotFoundError):
+            return True
+        # asyncio's error for a host name with several addresses, each refused.
+        text = str(seen)
+        if isinstance(seen, OSError) and text.startswith("Multiple exceptions: ") \
+                and text.count("[Errno ") == text.count(f"[Errno {errno.ECONNREFUSED}]"):
+            return True
+        seen = seen.__cause__
+    return False
+
+
 class RetryPolicy:
-    """Exponential backoff with jitter, bounded in total time and stopped by shutdown."""
+    """Exponential backoff with jitter, bounded in total time and stopped by shutdown.
+
+    A database that refuses connections and has never answered this process is most
+    likely a wrong host or port: it is retried for the watch's ``startup_wait`` seconds
+    only, quietly, and then raised. Once it has answered, a refusal is an outage like any
+    other."""
 
     def __init__(
         self,
@@ -174,14 +208,18 @@ class RetryPolicy:
                     if not (is_transient(error) or (patient and is_canceled(error))) \
                             or self.stopping():
                         raise
-                    if is_connection_loss(error):
+                    if is_connection_loss(error) or isinstance(error, DatabaseUnavailableError):
                         watch.lost(error)
                     if isinstance(error, asyncpg.PostgresError) \
                             and error.sqlstate == _STANDBY_SQLSTATE and self.on_standby:
                         await self.on_standby()
-                    if time.monotonic() + delay > deadline:
+                    now = time.monotonic()
+                    if now + delay > deadline:
                         raise
-                    log = logger.debug if again else logger.warning
+                    never_answered = not watch.has_answered and is_refused(error)
+                    if never_answered and now + delay > started + watch.startup_wait:
+                        raise NeverAnsweredError(error, watch.startup_wait) from error
+                    log = logger.debug if again or never_answered else logger.warning
                     log("Retrying %s after a transient database error: %r", what, error)
                 else:
                     watch.answered()

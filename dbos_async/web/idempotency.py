@@ -114,11 +114,21 @@ def parse_key(header: str, value: str) -> str:
     if len(key) >= 2 and key[0] == key[-1] == '"':
         key = key[1:-1]
     if not 0 < len(key) <= MAX_KEY_LENGTH or not all("!" <= c <= "~" for c in key):
-        shown = value if len(value) <= 40 else value[:40] + "..."
+        sent = as_sent(value)
+        shown = sent if len(sent) <= 40 else sent[:40] + "..."
         raise InvalidRequestError(
             f"{header} must be 1 to {MAX_KEY_LENGTH} visible ASCII characters (a UUID, say), "
             f"got {shown!r}")
     return key
+
+
+def as_sent(value: str) -> str:
+    """A header value as its sender most likely wrote it: servers decode header bytes as
+    Latin-1, so UTF-8 text (``é``) arrives garbled (``Ã©``) unless decoded again."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
 
 
 def request_digest(method: str, path: str, query: str, body: bytes) -> str:

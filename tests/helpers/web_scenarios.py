@@ -109,6 +109,11 @@ async def same_key_same_answer_other_body_conflicts(service: Service,
     malformed = problem(await place(service, order("o-2"), "bad key with spaces"), 400)
     assert malformed["error_type"] == "InvalidRequestError"
     assert "Idempotency-Key" in malformed["detail"]
+    # Header bytes arrive decoded as Latin-1: the error shows UTF-8 text as it was sent.
+    accented = problem(await service.client.post(
+        "/orders", content=json.dumps(order("o-2")),
+        headers={"Content-Type": "application/json", "Idempotency-Key": "clé 1".encode()}), 400)
+    assert "got 'clé 1'" in accented["detail"], accented
     # A quoted key (the IETF draft's structured-field form) is the same key.
     quoted = await place(service, order("o-1"), f'"{k}"')
     assert quoted.status_code == 200 and quoted.json() == first.json()

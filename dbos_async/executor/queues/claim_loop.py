@@ -39,6 +39,7 @@ from dbos_async.executor.runtime import ClaimLoopState, Runtime
 from dbos_async.sysdb.database import WorkflowRow
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.queues import Claim
+from dbos_async.sysdb.repeats import Repeats
 from dbos_async.sysdb.retry import is_transient
 from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
 from dbos_async.sysdb.statements import PORTABLE_JSON, QueueRecord
@@ -93,6 +94,7 @@ class ClaimLoop:
         assert notifications is not None
         backoff = 0.0
         poll = self.queue.polling_interval_sec
+        repeats = Repeats(logger)
         # Registered before the first read: a notification arriving mid-claim is kept.
         with notifications.register(ENQUEUE_CHANNEL, self.queue.name) as waiter:
             while True:
@@ -102,6 +104,7 @@ class ClaimLoop:
                     async with self.runtime.claim_gate.claiming():
                         started, retry_at, spent = await self.claim_once()
                     backoff = 0.0
+                    repeats.reset()
                 except ExecutorIdLostError:
                     # Another process holds this executor's ID now (logged once, where it
                     # was found out): claim nothing more under it.
@@ -117,8 +120,9 @@ class ClaimLoop:
                 except Exception as error:
                     # Database trouble or a bug: keep the claim loop alive, try again later.
                     if is_transient(error):
-                        logger.warning("Queue %s: claim failed, retrying in %.1fs: %r",
-                                       self.queue.name, poll, error)
+                        repeats.log(logging.WARNING,
+                                    "Queue %s: claim failed, retrying in %.1fs: %r",
+                                    self.queue.name, poll, error)
                     else:
                         logger.exception("Queue %s: claim failed", self.queue.name)
                     await asyncio.sleep(poll)

@@ -30,6 +30,9 @@ TERMINAL_STATUSES = (SUCCESS, ERROR, CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED)
 others, ``ACTIVE_STATUSES``, are what the global timeout cancels, what
 ``list_queued_workflows`` lists by default and what a rewind refuses."""
 
+WORKFLOW_STATUSES = (*ACTIVE_STATUSES, *TERMINAL_STATUSES)
+"""Every status a workflow may have, active ones first: what a listing filters by."""
+
 PAYLOAD_TABLES = ("workflow_input", "workflow_output", "operation_outputs")
 """Tables of a workflow without a foreign key to workflow_status: deleted explicitly.
 notifications, workflow_events, workflow_events_history and streams cascade."""
