@@ -403,9 +403,9 @@ async def test_a_fork_refuses_to_replace_a_child_id_recorded_under_two_keys(
             assert await twins() == ["acme:child", "globex:child", "acme:child"]
         with SetShardKey("acme"), SetWorkflowID("replacement"):
             await (await dbos.start_workflow(app.child, "acme")).get_result()
-        with pytest.raises(DBOSError, match="^Can't replace child workflow twin: the forked "
-                           "steps refer to children with that ID under more than one shard "
-                           "key$"):
+        with pytest.raises(DBOSError, match=r"^Can't replace child workflow twin: the forked "
+                           r"steps refer to children with that ID under more than one shard "
+                           r"key$"):
             await dbos.fork_workflow("twins", 3, shard_key="acme", new_workflow_id="refused",
                                      replacement_children={"twin": "replacement"})
         assert await dbos.get_workflow_status("refused", shard_key="acme") is None
