@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from dbos_async.errors import WorkflowIDInUseError
 from dbos_async.sysdb.statements import ACTIVE_STATUSES
 
 
@@ -92,6 +93,12 @@ class StartResult:
 
     row: WorkflowRow
     created: bool
+
+    def refuse_reuse(self) -> None:
+        """The reuse policy "reject": a row another start created refuses this one
+        (raises :class:`WorkflowIDInUseError`)."""
+        if not self.created:
+            raise WorkflowIDInUseError(self.row.workflow_id, self.row.status, self.row.name)
 
 
 @dataclass(frozen=True)
