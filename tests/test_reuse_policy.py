@@ -6,7 +6,11 @@ On the unsharded and the sharded schema, and against the ``dbos`` package both w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -192,3 +196,84 @@ async def test_a_debounce_refuses_the_reject_policy(database_url: str) -> None:
                 pytest.raises(DBOSError, match="Cannot debounce a workflow with "
                               "workflow_id_reuse_policy 'reject'"):
             await debouncer.debounce("k", 1)
+
+
+# ---- Against the dbos package (in subprocesses: its DBOS is a process singleton) ----
+
+_DBOS_ENQUEUES_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from dbos import DBOSClient, WorkflowSerializationFormat
+
+    client = DBOSClient(system_database_url=sys.argv[1])
+    try:
+        for workflow_id in sys.argv[2:]:
+            try:
+                client.enqueue({"workflow_name": "double", "queue_name": "jobs",
+                                "workflow_id": workflow_id, "workflow_id_reuse_policy": "reject",
+                                "serialization_type": WorkflowSerializationFormat.PORTABLE}, 1)
+                print("OUTCOME", json.dumps([workflow_id, "enqueued"]), flush=True)
+            except Exception as error:
+                print("OUTCOME", json.dumps([workflow_id, type(error).__name__,
+                                             getattr(error, "workflow_status", None),
+                                             getattr(error, "workflow_name", None)]),
+                      flush=True)
+    finally:
+        client.destroy()
+    """
+)
+
+_DBOS_SCHEMA_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import sqlalchemy as sa
+    from dbos._migration import ensure_dbos_schema, run_dbos_migrations
+
+    engine = sa.create_engine("postgresql+psycopg://" + sys.argv[1].split("://", 1)[1])
+    try:
+        ensure_dbos_schema(engine, "dbos")
+        run_dbos_migrations(engine, "dbos", True)
+    finally:
+        engine.dispose()
+    """
+)
+
+
+async def run_script(script: str, *args: str) -> list[Any]:
+    """Run ``script`` with ``args``; the JSON of its OUTCOME lines."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), PATIENCE)
+    assert proc.returncode == 0, f"{out.decode()}\n{err.decode()}"
+    return [json.loads(line.split(" ", 1)[1]) for line in out.decode().splitlines()
+            if line.startswith("OUTCOME ")]
+
+
+async def test_the_dbos_client_rejects_on_our_database(database_url: str) -> None:
+    app = App(database_url, False)
+    async with app.dbos as dbos:
+        with named("ours", False, app.key()):
+            assert await app.double(1) == 2
+        outcomes = await run_script(_DBOS_ENQUEUES_SCRIPT, database_url, "ours", "fresh")
+        assert outcomes == [["ours", "DBOSWorkflowIDInUseError", "SUCCESS", "double"],
+                            ["fresh", "enqueued"]]
+        # Its enqueue under the policy runs here.
+        assert await (await dbos.retrieve_workflow("fresh")).get_result() == 2
+
+
+async def test_we_reject_on_a_dbos_database(database_url: str) -> None:
+    await run_script(_DBOS_SCHEMA_SCRIPT, database_url)
+    assert await run_script(_DBOS_ENQUEUES_SCRIPT, database_url, "theirs") == [
+        ["theirs", "enqueued"]]
+    async with DBOSClient(system_database_url=database_url) as client:
+        with pytest.raises(WorkflowIDInUseError) as refused:
+            await client.enqueue("jobs", "double", 2, workflow_id="theirs",
+                                 workflow_id_reuse_policy="reject")
+        assert (refused.value.workflow_status, refused.value.workflow_name) == (
+            "ENQUEUED", "double")
+        await client.enqueue("jobs", "double", 3, workflow_id="mine",
+                             workflow_id_reuse_policy="reject")
+    # And its client refuses the ID our client took.
+    assert await run_script(_DBOS_ENQUEUES_SCRIPT, database_url, "mine") == [
+        ["mine", "DBOSWorkflowIDInUseError", "ENQUEUED", "double"]]
