@@ -26,7 +26,8 @@ from dbos_async import (
     WorkflowIDInUseError,
     migrate,
 )
-from dbos_async.executor.start import Placement, read_call
+from dbos_async.executor.start import Placement, StartPlan, plan_start, read_call
+from dbos_async.sysdb.statements import Payload
 
 PATIENCE = 60.0
 
@@ -141,23 +142,28 @@ async def test_a_child_refused_is_the_parents_checkpoint(schema: tuple[str, bool
 
 async def test_a_retry_of_the_creating_start_is_not_refused(schema: tuple[str, bool]) -> None:
     """The start that created the row (its creator token) finds it again, as a retry whose
-    first reply was lost does."""
+    first reply was lost does; another start of the same plan is refused."""
     url, sharded = schema
     app = App(url, sharded)
-    async with app.dbos as dbos, DBOSClient(system_database_url=url, sharding=sharded,
-                                            application_name="retry-app") as client:
-        sysdb = client.system_database
-        # Planned once, written twice: what a retried insert does.
-        call = read_call(workflow_id="r", as_child=False,
-                         shard_key="acme" if sharded else None, reuse_policy="reject")
-        plan = client._plan(call, "double", [4], {}, None, Placement("jobs"))
-        first = await sysdb.start_workflow(plan.row, plan.creator_xid, reject=True)
-        again = await sysdb.start_workflow(plan.row, plan.creator_xid, reject=True)
+    key = "acme" if sharded else None
+    async with app.dbos as dbos:
+        sysdb = dbos.system_database
+        call = read_call(workflow_id="r", as_child=False, shard_key=key,
+                         reuse_policy="reject")
+
+        def plan() -> StartPlan:
+            return plan_start(call, name="double", inputs=Payload('{"positionalArgs": [4]}'),
+                              executor_id="retrying", application_version=None,
+                              placement=Placement("jobs"))
+
+        once = plan()  # Planned once, written twice: what a retried insert does.
+        first = await sysdb.start_workflow(once.row, once.creator_xid, reject=True)
+        again = await sysdb.start_workflow(once.row, once.creator_xid, reject=True)
         assert first.created and again.created
-        other = client._plan(call, "double", [4], {}, None, Placement("jobs"))
+        other = plan()
         with pytest.raises(WorkflowIDInUseError):
             await sysdb.start_workflow(other.row, other.creator_xid, reject=True)
-        handle = await dbos.retrieve_workflow("r", shard_key="acme" if sharded else None)
+        handle = await dbos.retrieve_workflow("r", shard_key=key)
         assert await handle.get_result() == 8
 
 
