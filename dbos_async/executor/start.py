@@ -316,9 +316,8 @@ async def record_child_step(
 ) -> WorkflowHandle[Any]:
     """Checkpoint a start from a workflow body that created no child of its own
     (deduplication or the ID's reuse policy rejected it, deduplication returned the holder,
-    a debounce joined a burst), so a
-    replay does the same even after that workflow has finished; returns the (ID, name)
-    ``child``'s handle, or raises ``error`` (recorded)."""
+    a debounce joined a burst), so a replay does the same even after that workflow has
+    finished; returns the (ID, name) ``child``'s handle, or raises ``error`` (recorded)."""
     child_id = child[0] if child is not None else None
     # A rejection reaches the body in its recorded form, as a replay raises it.
     formats = runtime.formats

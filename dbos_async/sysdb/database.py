@@ -1094,4 +1094,3 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                     return outcome
                 await waiter.wait(delay)
                 delay = min(delay * 2, poll_interval)
-
