@@ -28,7 +28,7 @@ from dbos_async.database_url import redact
 from dbos_async.errors import ConfigurationError, DBOSError
 from dbos_async.executor import messaging
 from dbos_async.executor.authentication import Authentication
-from dbos_async.executor.context import attributes_json
+from dbos_async.executor.context import WorkflowIDReusePolicy, attributes_json, check_reuse_policy
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.operator import Operator
@@ -195,6 +195,7 @@ class DBOSClient(Operator, Peer):
         connection: asyncpg.Connection | None = None,
         shard_key: str | None = None,
         app_version: str | None = None,
+        workflow_id_reuse_policy: WorkflowIDReusePolicy | None = None,
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
         """Enqueue workflow ``workflow_name`` on ``queue_name`` with these arguments (stored
@@ -211,6 +212,8 @@ class DBOSClient(Operator, Peer):
         runs under; the executor that dequeues it checks them against the workflow's
         ``required_roles``.
         ``app_version`` is the deprecated name of ``application_version``.
+        ``workflow_id_reuse_policy="reject"`` raises :class:`WorkflowIDInUseError` if
+        ``workflow_id`` is in use (by default that workflow's handle is returned).
 
         With ``connection``, the insert runs on that connection, inside the transaction the
         caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
@@ -236,6 +239,7 @@ class DBOSClient(Operator, Peer):
                         "application_version": application_version})
         plan = self._plan(
             CallContext(workflow_id=workflow_id, timeout=timeout,
+                        reuse_policy=check_reuse_policy(workflow_id_reuse_policy),
                         attributes=attributes_json(traced_attributes(attributes)),
                         shard_key=shard_key,
                         authentication=Authentication.of(authenticated_user,
@@ -257,6 +261,8 @@ class DBOSClient(Operator, Peer):
                                            deduplication_policy, shard_key)
         if isinstance(started, tuple):  # "return_existing": the holder's handle
             return workflow_handle(self, started[0], shard_key=shard_key)
+        if workflow_id_reuse_policy == "reject":
+            started.refuse_reuse()
         check_name(started, plan.workflow_id, workflow_name)
         if started.created and connection is None:
             announce(sysdb, plan.row)

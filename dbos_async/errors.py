@@ -92,6 +92,18 @@ def workflow_id_taken(workflow_id: str, used_by: str, name: str) -> DBOSError:
                      f"not {name!r}")
 
 
+class WorkflowIDInUseError(DBOSError):
+    """A start under ``workflow_id_reuse_policy="reject"`` found its workflow ID in use
+    (as the ``dbos`` package's ``DBOSWorkflowIDInUseError``)."""
+
+    def __init__(self, workflow_id: str, workflow_status: str, workflow_name: str) -> None:
+        super().__init__(f"Workflow ID {workflow_id!r} is already in use by workflow "
+                         f"{workflow_name!r} with status {workflow_status}")
+        self.workflow_id = workflow_id
+        self.workflow_status = workflow_status
+        self.workflow_name = workflow_name
+
+
 class WorkflowNotRegisteredError(DBOSError):
     """A workflow's function is not registered with this executor."""
 

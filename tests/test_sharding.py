@@ -380,6 +380,49 @@ async def test_resume_fork_rewind_and_sleep_under_keys(database_url: str) -> Non
                             ("globex", 2): 2})
 
 
+async def test_a_fork_refuses_to_replace_a_child_id_recorded_under_two_keys(
+        database_url: str) -> None:
+    """A replacement names a child by ID alone: a fork whose copied steps record that ID
+    under two keys is refused, naming the child, and nothing is written; an ID recorded
+    under one key is replaced."""
+    app = Tenants(database_url)
+    dbos = app.dbos
+
+    @dbos.workflow(name="twins")
+    async def twins() -> list[str]:
+        results = []
+        for key in ("acme", "globex"):
+            with SetShardKey(key), SetWorkflowID("twin"):
+                results.append(await (await dbos.start_workflow(app.child, key)).get_result())
+        with SetShardKey("acme"), SetWorkflowID("single"):
+            results.append(await (await dbos.start_workflow(app.child, "acme")).get_result())
+        return results
+
+    async with dbos:
+        with SetShardKey("acme"), SetWorkflowID("twins"):
+            assert await twins() == ["acme:child", "globex:child", "acme:child"]
+        with SetShardKey("acme"), SetWorkflowID("replacement"):
+            await (await dbos.start_workflow(app.child, "acme")).get_result()
+        with pytest.raises(DBOSError, match=r"^Can't replace child workflow twin: the forked "
+                           r"steps refer to children with that ID under more than one shard "
+                           r"key$"):
+            await dbos.fork_workflow("twins", 3, shard_key="acme", new_workflow_id="refused",
+                                     replacement_children={"twin": "replacement"})
+        assert await dbos.get_workflow_status("refused", shard_key="acme") is None
+        # Below the second start the ID names one child only.
+        fork = await dbos.fork_workflow("twins", 1, shard_key="acme", new_workflow_id="one",
+                                        replacement_children={"twin": "replacement"})
+        assert await fork.get_result() == ["acme:child", "globex:child", "acme:child"]
+        steps = await dbos.list_workflow_steps("one", shard_key="acme")
+        assert [(s.child_workflow_id, s.child_shard_key) for s in steps][:1] == [
+            ("replacement", "acme")]
+        fork = await dbos.fork_workflow("twins", 3, shard_key="acme", new_workflow_id="other",
+                                        replacement_children={"single": "replacement"})
+        assert await fork.get_result() == ["acme:child", "globex:child", "acme:child"]
+        steps = await dbos.list_workflow_steps("other", shard_key="acme")
+        assert [s.child_workflow_id for s in steps] == ["twin", "twin", "replacement"]
+
+
 async def test_maintenance_jobs_span_every_key(database_url: str) -> None:
     dbos = sharded(database_url)
 

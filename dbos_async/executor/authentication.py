@@ -61,22 +61,27 @@ class Authentication:
     @classmethod
     def from_columns(cls, user: str | None, roles_json: str | None,
                      assumed_role: str | None) -> Authentication:
-        """The identity a workflow row records."""
-        return cls(user, roles_from_column(roles_json), assumed_role)
+        """The identity a workflow row records, read as every DBOS SDK writes it: DBOS's
+        TypeScript client records "nobody" as an empty user and role and an empty JSON
+        list of roles, the ``dbos`` package as NULLs; both read as none."""
+        return cls(user or None, roles_from_column(roles_json), assumed_role or None)
 
 
 NO_AUTHENTICATION = Authentication()
 
 
 def roles_from_column(text: str | None) -> tuple[str, ...] | None:
-    """The roles of an ``authenticated_roles`` column (a JSON list of names, or NULL)."""
+    """The roles of an ``authenticated_roles`` column: a JSON list of names; NULL, an
+    empty list or JSON null are none. Anything else raises, naming the column."""
     if not text:
         return None
     try:
         roles = json.loads(text)
     except ValueError:
         roles = text
-    return _role_list(roles, f"The recorded authenticated roles {text!r}")
+    if roles is None or roles == []:
+        return None
+    return _role_list(roles, f"Column authenticated_roles ({text!r})")
 
 
 _authentication: ContextVar[Authentication] = ContextVar(

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from dbos_async.errors import DBOSError
+from dbos_async.errors import DBOSError, InvalidArgumentError
 from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, running_as
 from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress
@@ -107,9 +107,34 @@ class StepContext:
         _step.reset(self._token)
 
 
+WorkflowIDReusePolicy = Literal["return-existing", "reject"]
+"""What a start does when its workflow ID is in use: return that workflow (the default),
+or raise :class:`~dbos_async.WorkflowIDInUseError`."""
+
+REUSE_POLICIES: tuple[WorkflowIDReusePolicy, ...] = ("return-existing", "reject")
+
+
+def check_reuse_policy(policy: object) -> WorkflowIDReusePolicy | None:
+    """``policy`` if it is None or one of :data:`REUSE_POLICIES`; raises otherwise."""
+    if policy is not None and policy not in REUSE_POLICIES:
+        raise InvalidArgumentError("workflow_id_reuse_policy",
+                                   f"must be one of {', '.join(map(repr, REUSE_POLICIES))} "
+                                   f"(or None), got {policy!r}")
+    return policy
+
+
+@dataclass(frozen=True)
+class AssignedWorkflowID:
+    """The ID :class:`SetWorkflowID` gives the next start, and its reuse policy."""
+
+    workflow_id: str
+    reuse_policy: WorkflowIDReusePolicy | None = None
+
+
 _workflow: ContextVar[WorkflowContext | None] = ContextVar("dbos_workflow", default=None)
 _step: ContextVar[StepContext | None] = ContextVar("dbos_step", default=None)
-_next_workflow_id: ContextVar[str | None] = ContextVar("dbos_next_workflow_id", default=None)
+_next_workflow_id: ContextVar[AssignedWorkflowID | None] = ContextVar(
+    "dbos_next_workflow_id", default=None)
 _timeout: ContextVar[float | None] = ContextVar("dbos_workflow_timeout", default=None)
 _attributes: ContextVar[str | None] = ContextVar("dbos_workflow_attributes", default=None)
 # Integrations' own keys, kept apart from the user's so SetWorkflowAttributes inside their
@@ -193,8 +218,9 @@ def current_shard_key() -> str | None:
     return ctx.shard_key if ctx is not None else None
 
 
-def take_workflow_id() -> str | None:
-    """The ID set by :class:`SetWorkflowID` for the next start; using it clears it."""
+def take_workflow_id() -> AssignedWorkflowID | None:
+    """The ID (and reuse policy) set by :class:`SetWorkflowID` for the next start; using
+    it clears it."""
     workflow_id = _next_workflow_id.get()
     if workflow_id is not None:
         _next_workflow_id.set(None)
@@ -252,15 +278,29 @@ class SetWorkflowID:
     """Give the next workflow started in this block a chosen ID, making the start idempotent.
 
     Starting a workflow with an ID that already exists returns that workflow (its recorded
-    result once it finished) instead of running it again.
+    result once it finished) instead of running it again, unless
+    ``workflow_id_reuse_policy="reject"``: then that start raises
+    :class:`~dbos_async.WorkflowIDInUseError` (a retry of the start that created the row
+    is not refused). As the ``dbos`` package's ``SetWorkflowID``.
+
+    Args:
+        workflow_id: The ID of the next workflow started in the block.
+        workflow_id_reuse_policy: ``"return-existing"`` (the default, also None) or
+            ``"reject"``.
+
+    Raises:
+        InvalidArgumentError: an empty ID or an unknown policy.
     """
 
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, *,
+                 workflow_id_reuse_policy: WorkflowIDReusePolicy | None = None) -> None:
         check_identifier(workflow_id, "workflow ID given to SetWorkflowID")
         self.workflow_id = workflow_id
+        self.workflow_id_reuse_policy = check_reuse_policy(workflow_id_reuse_policy)
 
     def __enter__(self) -> SetWorkflowID:
-        self._token = _next_workflow_id.set(self.workflow_id)
+        self._token = _next_workflow_id.set(
+            AssignedWorkflowID(self.workflow_id, self.workflow_id_reuse_policy))
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -16,7 +16,7 @@ from dbos_async.errors import (
     SerializationError,
     WorkflowCancelledError,
 )
-from dbos_async.executor.authentication import roles_from_column
+from dbos_async.executor.authentication import Authentication
 from dbos_async.executor.context import WorkflowContext, current_workflow
 from dbos_async.executor.recorded_errors import deserialize_error
 from dbos_async.executor.serialization import Formats, Signature, to_json
@@ -91,8 +91,11 @@ class WorkflowStatus:
         fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)
                   if f.name not in _LOADED_ON_REQUEST}
         fields["attributes"] = _attributes(record.attributes)
-        roles = roles_from_column(record.authenticated_roles)
-        fields["authenticated_roles"] = list(roles) if roles is not None else None
+        identity = Authentication.from_columns(record.authenticated_user,
+                                               record.authenticated_roles, record.assumed_role)
+        fields["authenticated_user"] = identity.user
+        fields["assumed_role"] = identity.assumed_role
+        fields["authenticated_roles"] = list(identity.roles) if identity.roles else None
         return cls(**fields)
 
     def checkpoint_json(self) -> str:

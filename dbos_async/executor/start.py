@@ -19,6 +19,7 @@ from dbos_async.errors import (
     DBOSError,
     NondeterminismError,
     QueueDeduplicatedError,
+    WorkflowIDInUseError,
     workflow_id_taken,
 )
 from dbos_async.executor import tracing, workflows
@@ -30,6 +31,8 @@ from dbos_async.executor.authentication import (
 )
 from dbos_async.executor.context import (
     WorkflowContext,
+    WorkflowIDReusePolicy,
+    check_reuse_policy,
     current_workflow,
     next_shard_key,
     take_workflow_id,
@@ -67,6 +70,12 @@ class CallContext:
     shard_key: str | None = None
     # The identity the new workflow records and runs under (SetAuthentication).
     authentication: Authentication = NO_AUTHENTICATION
+    # "reject": a start that finds its ID in use raises (SetWorkflowID's policy).
+    reuse_policy: WorkflowIDReusePolicy | None = None
+
+    @property
+    def rejects_reuse(self) -> bool:
+        return self.reuse_policy == "reject"
 
     @property
     def timeout_ms(self) -> int | None:
@@ -75,21 +84,28 @@ class CallContext:
 
 def read_call(*, workflow_id: str | None = None, timeout: float | None = None,
               as_child: bool = True, shard_key: str | None = None,
-              take_id: bool = True) -> CallContext:
+              take_id: bool = True,
+              reuse_policy: WorkflowIDReusePolicy | None = None) -> CallContext:
     """Read the context of a start being called now. A start from a workflow body is its
     child (``as_child``) and takes the body's next step position; ``workflow_id``,
     ``timeout`` and ``shard_key``, when given, win over ``SetWorkflowID``,
-    ``SetWorkflowTimeout`` and ``SetShardKey``. Without ``take_id`` the ``SetWorkflowID``
-    of the block is left for a start that names one workflow (a batch's rows do not)."""
+    ``SetWorkflowTimeout`` and ``SetShardKey``; ``reuse_policy`` goes with the ID given
+    here, else with the ID of ``SetWorkflowID``. Without ``take_id`` the
+    ``SetWorkflowID`` of the block is left for a start that names one workflow (a batch's
+    rows do not)."""
     validate_shard_key(shard_key)
     check_identifier(workflow_id, "workflow ID", optional=True)
     check_seconds(timeout, "workflow timeout")
+    check_reuse_policy(reuse_policy)
     parent = current_workflow() if as_child else None
     with tracing.propagated():
         attributes = workflow_attributes()
+    assigned = take_workflow_id() if take_id and workflow_id is None else None
+    if assigned is not None:
+        workflow_id, reuse_policy = assigned.workflow_id, assigned.reuse_policy
     return CallContext(
-        workflow_id=(workflow_id if workflow_id is not None
-                     else take_workflow_id() if take_id else None),
+        workflow_id=workflow_id,
+        reuse_policy=reuse_policy,
         timeout=timeout if timeout is not None else workflow_timeout(),
         parent=parent,
         parent_step_id=parent.allocate_step_id() if parent is not None else None,
@@ -299,13 +315,14 @@ def replayed_child(runtime: Runtime, parent: WorkflowContext, step_id: int,
 
 async def record_child_step(
     runtime: Runtime, parent: WorkflowContext, step: ParentStep, info: WorkflowInfo, *,
-    error: QueueDeduplicatedError | None = None, child: tuple[str, str] | None = None,
+    error: QueueDeduplicatedError | WorkflowIDInUseError | None = None,
+    child: tuple[str, str] | None = None,
     child_shard_key: str | None = None,
 ) -> WorkflowHandle[Any]:
     """Checkpoint a start from a workflow body that created no child of its own
-    (deduplication rejected it or returned the holder; a debounce joined a burst), so a
-    replay does the same even after that workflow has finished; returns the (ID, name)
-    ``child``'s handle, or raises ``error`` (recorded)."""
+    (deduplication or the ID's reuse policy rejected it, deduplication returned the holder,
+    a debounce joined a burst), so a replay does the same even after that workflow has
+    finished; returns the (ID, name) ``child``'s handle, or raises ``error`` (recorded)."""
     child_id = child[0] if child is not None else None
     # A rejection reaches the body in its recorded form, as a replay raises it.
     formats = runtime.formats
@@ -325,6 +342,17 @@ async def record_child_step(
     return workflow_handle(runtime, child[0], workflow_name=child[1], shard_key=child_shard_key)
 
 
+async def refused_child(runtime: Runtime, call: CallContext, plan: StartPlan,
+                        info: WorkflowInfo, rejected: WorkflowIDInUseError
+                        ) -> WorkflowHandle[Any]:
+    """A start the reuse policy "reject" refused: from a workflow body, the refusal is
+    checkpointed (a replay raises it again) and raised as recorded; elsewhere, raised."""
+    if call.parent is None or plan.parent_step is None:
+        raise rejected
+    return await record_child_step(runtime, call.parent, plan.parent_step, info,
+                                   error=rejected)
+
+
 # ---- Starting now: a direct call, start_workflow, a child start ----
 
 
@@ -338,8 +366,11 @@ async def start_workflow(runtime: Runtime, info: WorkflowInfo, call: CallContext
     plan = plan_registered(runtime, call, info, arguments)
     # From the insert until the launch, the new PENDING row must not look crashed to recovery.
     async with runtime.claim_gate.claiming():
-        started = await runtime.system_database.start_workflow(plan.row, plan.creator_xid,
-                                                               plan.parent_step)
+        try:
+            started = await runtime.system_database.start_workflow(
+                plan.row, plan.creator_xid, plan.parent_step, reject=call.rejects_reuse)
+        except WorkflowIDInUseError as rejected:
+            return await refused_child(runtime, call, plan, info, rejected)
         if started.created:
             workflows.launch(runtime, info, plan.workflow_id, plan.creator_xid,
                              arguments.call_args, arguments.kwargs, {}, plan.row.deadline_epoch_ms,

@@ -212,13 +212,25 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     # ---- Workflows ----
 
     async def start_workflow(
-        self, wf: NewWorkflow, creator_xid: str, parent: ParentStep | None = None
+        self, wf: NewWorkflow, creator_xid: str, parent: ParentStep | None = None, *,
+        reject: bool = False,
     ) -> StartResult:
         """Insert a workflow (or find the existing one with its ID), in one round trip.
 
         Safe to retry: a row carrying our creator token is ours even if the first attempt's
-        reply was lost.
+        reply was lost. With ``reject`` (the reuse policy "reject") finding another start's
+        row raises :class:`WorkflowIDInUseError`; a child's is then refused in the
+        transaction of the parent's checkpoint, which it rolls back.
         """
+        if parent is not None and reject:
+            return await self._start_child_across(wf, creator_xid, parent, reject=True)
+        started = await self._start_any(wf, creator_xid, parent)
+        if reject:
+            started.refuse_reuse()
+        return started
+
+    async def _start_any(self, wf: NewWorkflow, creator_xid: str,
+                         parent: ParentStep | None) -> StartResult:
         if parent is None and wf.deduplication_id is None:
             return await self._starts.submit((await self._lane(wf.shard_key),
                                               self.sql.status_shape(wf)), (wf, creator_xid))
@@ -484,11 +496,12 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         return self._started(results, creator_xid)
 
     async def _start_child_across(self, wf: NewWorkflow, creator_xid: str,
-                                  parent: ParentStep) -> StartResult:
-        """A child under another shard key than its parent's: the parent's checkpoint of the
-        start, fenced by the parent's owner, and the child's row, one statement per key in
-        one transaction, so neither lands without the other. Each statement is built under
-        its own key alone: the child may have the parent's ID."""
+                                  parent: ParentStep, *, reject: bool = False) -> StartResult:
+        """A child under another shard key than its parent's (or any child, when it refuses
+        an ID in use): the parent's checkpoint of the start, fenced by the parent's owner,
+        and the child's row, one statement per key in one transaction, so neither lands
+        without the other. Each statement is built under its own key alone: the child may
+        have the parent's ID."""
         with WorkflowAddress(parent.workflow_id, parent.shard_key).routed():
             checkpoint = self.sql.record_step(
                 parent.workflow_id, parent.function_id, wf.name, parent.owner_xid, None, None,
@@ -505,7 +518,10 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                             raise WorkflowCancelledError(parent.workflow_id)
                         raise WorkflowConflictError(parent.workflow_id)
                     # Recorded by an attempt whose reply was lost: the child's row follows.
-                return await self._start_on(conn, wf, creator_xid, parent.shard_key)
+                started = await self._start_on(conn, wf, creator_xid, parent.shard_key)
+                if reject:
+                    started.refuse_reuse()  # rolls the checkpoint back
+                return started
 
         return await self._retried(f"starting workflow {wf.workflow_id}", attempt)
 

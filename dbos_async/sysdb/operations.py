@@ -372,6 +372,13 @@ class WorkflowOperations(DatabaseCore):
         queries = self.sql.insert_fork(spec.original_id, spec.fork_id, queue_name,
                                        application_version, timeout_ms, now, creator_xid,
                                        partition_key)
+        if spec.start_step > 0 and spec.replacement_children and self.sharded:
+            q = self.sql.ambiguous_children(spec.original_id, spec.start_step,
+                                            list(spec.replacement_children))
+            ambiguous = await conn.fetchval(q.sql, *q.params)
+            if ambiguous is not None:
+                raise DBOSError(f"Can't replace child workflow {ambiguous}: the forked steps "
+                                "refer to children with that ID under more than one shard key")
         if spec.start_step > 0:
             queries += self.sql.copy_history(spec.original_id, spec.fork_id, spec.start_step,
                                              spec.replacement_children)

@@ -191,12 +191,13 @@ class QueueOperations(DatabaseCore):
 
     async def claim_partition_heads(
         self, queue: QueueRecord, *, executor_id: str, application_version: str | None,
-        names: Sequence[str], cap: int,
+        names: Sequence[str], cap: int, after: str | None = None,
     ) -> Claim:
         """Partition concurrency 1 without queue-wide limits: start each idle partition's
-        head-of-line workflow, in one READ COMMITTED transaction (see the statements)."""
+        head-of-line workflow, the partitions walked from just after ``after``, in one
+        READ COMMITTED transaction (see the statements). The rows come in the walk's order."""
         async with self.locking_transaction() as conn:
-            q = self.sql.partition_heads(queue.name, application_version, cap)
+            q = self.sql.partition_heads(queue.name, application_version, cap, after)
             heads = [r["workflow_uuid"] for r in await conn.fetch(q.sql, *q.params)]
             if not heads:
                 return Claim([])
@@ -215,8 +216,12 @@ class QueueOperations(DatabaseCore):
         rows = await self._fetch(query, "reading dequeue scopes")
         return [row["shard_key"] for row in rows]
 
-    async def queue_partitions(self, queue_name: str, cap: int) -> list[str]:
-        rows = await self._fetch(self.sql.queue_partitions(queue_name, cap), "reading partitions")
+    async def queue_partitions(self, queue_name: str, cap: int,
+                               after: str | None = None) -> list[str]:
+        """The queue's partitions with ENQUEUED work (at most ``cap``), in key order from
+        just after ``after`` round to it."""
+        rows = await self._fetch(self.sql.queue_partitions(queue_name, cap, after),
+                                 "reading partitions")
         return [row["pk"] for row in rows]
 
     async def poll_queues(self, queue_names: Sequence[str], *, names: Sequence[str],

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from dbos_async.errors import WorkflowIDInUseError
 from dbos_async.sysdb.statements import ACTIVE_STATUSES
 
 
@@ -93,6 +94,12 @@ class StartResult:
     row: WorkflowRow
     created: bool
 
+    def refuse_reuse(self) -> None:
+        """The reuse policy "reject": a row another start created refuses this one
+        (raises :class:`WorkflowIDInUseError`)."""
+        if not self.created:
+            raise WorkflowIDInUseError(self.row.workflow_id, self.row.status, self.row.name)
+
 
 @dataclass(frozen=True)
 class BatchStart:
@@ -138,13 +145,19 @@ class Outcome:
 R = TypeVar("R", bound=WorkflowRow)
 
 
+def _named(value: str | None) -> str | None:
+    """An optional name column: DBOS's TypeScript client writes "" for none (an enqueued
+    row's executor_id and application_id; class and instance names in older versions)."""
+    return value or None
+
+
 def _from_row(cls: type[R], row: asyncpg.Record | Mapping[str, Any], **columns: Any) -> R:
     return cls(
         workflow_id=row["workflow_uuid"],
         status=row["status"],
         name=row["name"],
-        class_name=row["class_name"],
-        config_name=row["config_name"],
+        class_name=_named(row["class_name"]),
+        config_name=_named(row["config_name"]),
         serialization=row["serialization"],
         deadline_epoch_ms=row["workflow_deadline_epoch_ms"],
         recovery_attempts=row["recovery_attempts"] or 0,
@@ -170,9 +183,9 @@ def status_record(row: asyncpg.Record) -> StatusRecord:
     return _from_row(
         StatusRecord, row,
         queue_name=row["queue_name"],
-        executor_id=row["executor_id"],
+        executor_id=_named(row["executor_id"]),
         application_version=row["application_version"],
-        application_id=row["application_id"],
+        application_id=_named(row["application_id"]),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         timeout_ms=row["workflow_timeout_ms"],

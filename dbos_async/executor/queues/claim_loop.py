@@ -33,6 +33,7 @@ from dbos_async.errors import (
 )
 from dbos_async.executor import workflows
 from dbos_async.executor.backoff import IdleBackoff
+from dbos_async.executor.queues.rotation import Rotation, fair_share
 from dbos_async.executor.queues.watcher import QueueWatcher
 from dbos_async.executor.recorded_errors import PORTABLE_ONLY, serialize_error
 from dbos_async.executor.runtime import ClaimLoopState, Runtime
@@ -75,6 +76,9 @@ class ClaimLoop:
         self._scope_keys: list[str] = []
         self._scopes_due = 0.0
         self._fresh_scopes = False
+        # Whose turn it is: among the keys, and among each key's (scope's) partitions.
+        self._scope_turn = Rotation()
+        self._partition_turns: dict[str | None, Rotation] = {}
 
     def _room(self) -> int | None:
         if self.queue.worker_concurrency is None:
@@ -159,22 +163,26 @@ class ClaimLoop:
         return started, retry_at, spent
 
     async def _claim_in(self, scopes: list[str | None]) -> tuple[int, int | None, bool]:
-        """Claim in each scope in turn. A key whose node is out of reach does not stop the
-        round: the keys after it are claimed, and its error is raised (for the loop to
-        report and wait) only if nothing started."""
+        """Claim in each scope in turn, each taking at most its fair share of the worker
+        budget left. A key whose node is out of reach does not stop the round: the keys
+        after it are claimed, and its error is raised (for the loop to report and wait)
+        only if nothing started."""
         started = 0
         retry_at: int | None = None
         spent = False
         unreachable: DatabaseUnavailableError | None = None
-        for scope in scopes:
+        for index, scope in enumerate(scopes):
+            room = fair_share(self._room(), len(scopes) - index)
             try:
                 with shard_key_scope(scope):
-                    count, at, limited = await self._claim_scope()
+                    count, at, limited = await self._claim_scope(scope, room)
             except DatabaseUnavailableError as error:
                 if scope is None:
                     raise
                 unreachable = unreachable or error
                 continue
+            if count and scope is not None:
+                self._scope_turn.served(scope)
             started += count
             spent = spent or limited
             if at is not None:
@@ -185,8 +193,8 @@ class ClaimLoop:
 
     async def _scopes(self) -> list[str | None]:
         """The scopes of a round: one, unsharded; sharded, the keys with ENQUEUED work on
-        the queue, read at most every polling interval, in a random order each round so
-        that no key waits behind the others."""
+        the queue, read at most every polling interval, each round from the key after the
+        last one that started work, so that the keys share the worker budget in turns."""
         sysdb = self.runtime.system_database
         if not sysdb.sharded:
             return [None]
@@ -195,15 +203,19 @@ class ClaimLoop:
         if self._fresh_scopes:
             self._scope_keys = await sysdb.dequeue_scopes(self.queue.name)
             self._scopes_due = now + self.queue.polling_interval_sec
-        scopes: list[str | None] = list(self._scope_keys)
-        random.shuffle(scopes)
+            kept = set(self._scope_keys)  # the turns of keys without work are forgotten
+            self._partition_turns = {k: t for k, t in self._partition_turns.items()
+                                     if k in kept}
+        scopes: list[str | None] = [*self._scope_turn.order(self._scope_keys)]
         return scopes
 
-    async def _claim_scope(self) -> tuple[int, int | None, bool]:
+    async def _claim_scope(self, scope: str | None,
+                           room: int | None) -> tuple[int, int | None, bool]:
+        """Claim in one scope, at most ``room`` workflows (None: no worker limit), the
+        partitions of a partitioned queue in turns, each its fair share."""
         queue, runtime = self.queue, self.runtime
         sysdb = runtime.system_database
         names = list(runtime.registry.workflows)
-        room = self._room()
         if room == 0 or not names:
             return 0, None, False
         executor_id, version = runtime.executor_id, runtime.application_version
@@ -212,25 +224,32 @@ class ClaimLoop:
                                              application_version=version, names=names)
             await self._start(claim)
             return len(claim.rows), claim.retry_at_ms, claim.spent
+        turn = self._partition_turns.setdefault(scope, Rotation())
         # The sweep of every partition's head joins rows across keys: sharded, each
         # partition is claimed in turn instead.
         if queue.head_of_line and not sysdb.sharded:
             claim = await sysdb.claim_partition_heads(
                 queue, cap=min(room, SWEEP_CAP) if room is not None else SWEEP_CAP,
-                executor_id=executor_id, application_version=version, names=names)
+                executor_id=executor_id, application_version=version, names=names,
+                after=turn.last)
             await self._start(claim)
+            if claim.rows and claim.rows[-1][1] is not None:
+                turn.served(claim.rows[-1][1])
             return len(claim.rows), None, False
         started = 0
         retry_at: int | None = None
         spent = False
-        for key in await sysdb.queue_partitions(queue.name, SWEEP_CAP):
-            partition_room = self._partition_room(key, room)
+        keys = await sysdb.queue_partitions(queue.name, SWEEP_CAP, turn.last)
+        for index, key in enumerate(keys):
+            partition_room = self._partition_room(key, fair_share(room, len(keys) - index))
             if partition_room == 0:
                 continue
             claim = await sysdb.claim_queued(queue, key, room=partition_room,
                                              executor_id=executor_id,
                                              application_version=version, names=names)
             await self._start(claim)
+            if claim.rows:
+                turn.served(key)
             started += len(claim.rows)
             spent = spent or claim.spent
             if claim.retry_at_ms is not None:

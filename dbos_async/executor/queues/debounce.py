@@ -66,6 +66,9 @@ class Debouncer(Generic[P, R]):
         # Not a child of a calling workflow: the burst may gather calls from many.
         call = read_call(workflow_id=options.workflow_id, timeout=options.timeout,
                          as_child=False)
+        if call.rejects_reuse:
+            raise DBOSError("Cannot debounce a workflow with workflow_id_reuse_policy "
+                            "'reject': a debounce owns how its workflow is started")
         parent = current_workflow()
         if parent is None:
             return self._debounce(owner, info, call, options, full_args, dict(kwargs))

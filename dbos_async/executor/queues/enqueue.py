@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from dbos_async.errors import DBOSError, QueueDeduplicatedError
+from dbos_async.errors import DBOSError, QueueDeduplicatedError, WorkflowIDInUseError
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.queues.options import DeduplicationPolicy, EnqueueOptions
 from dbos_async.executor.registry import WorkflowInfo
@@ -26,6 +26,7 @@ from dbos_async.executor.start import (
     check_name,
     plan_registered,
     record_child_step,
+    refused_child,
     replayed_start,
 )
 from dbos_async.sysdb.database import StartResult, SystemDatabase
@@ -114,9 +115,12 @@ async def enqueue(runtime: Runtime, queue: EnqueueTarget, info: WorkflowInfo,
     sysdb, parent, step = runtime.system_database, call.parent, plan.parent_step
     try:
         started = await start_deduplicated(
-            sysdb, lambda: sysdb.start_workflow(plan.row, plan.creator_xid, step),
+            sysdb, lambda: sysdb.start_workflow(plan.row, plan.creator_xid, step,
+                                                reject=call.rejects_reuse),
             queue.name, options.deduplication_id, options.deduplication_policy,
             plan.shard_key)
+    except WorkflowIDInUseError as rejected:
+        return await refused_child(runtime, call, plan, info, rejected)
     except QueueDeduplicatedError as rejected:
         if parent is not None and step is not None:
             await record_child_step(runtime, parent, step, info, error=rejected)

@@ -471,6 +471,23 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
+    def ambiguous_children(self, original_id: str, start_step: int,
+                           child_ids: Sequence[str]) -> Query:
+        """One of ``child_ids`` that the original's steps below ``start_step`` record
+        under more than one child key (sharded: IDs are unique per key, and a replacement
+        names a child by ID alone, so it could not say which one it replaces)."""
+        p = Params()
+        return Query(
+            f"""SELECT child_workflow_id FROM {self.table('operation_outputs')}
+                WHERE {self.wf(None, original_id, p)}
+                  AND function_id < {p(start_step, 'integer')}
+                  AND child_workflow_id = ANY({p(list(child_ids), 'text[]')})
+                GROUP BY child_workflow_id
+                HAVING COUNT(DISTINCT child_shard_key) > 1
+                LIMIT 1""",
+            p.values,
+        )
+
     def copy_history(self, original_id: str, fork_id: str, start_step: int,
                      replacement_children: dict[str, str]) -> list[Query]:
         """Copy what the original recorded below ``start_step`` to the fork: its

@@ -384,25 +384,44 @@ class QueueStatements(StatementBase):
                           EXISTS (SELECT 1 FROM {self.table('operation_outputs')} oo
                                   WHERE {self.scoped_join('oo', 'ws', p)}) AS has_checkpoints"""
 
-    def _partitions_cte(self, queue_name: str, p: Params) -> str:
-        # Recursive loose index scan: one seek per distinct key on
-        # idx_workflow_status_partition_dequeue_v3, so the cost follows the number of
-        # partitions, not the depth of the backlog.
+    def _partitions_cte(self, queue_name: str, after: str | None, p: Params) -> str:
+        """CTEs ending in ``partitions(pk)``: the queue's partition keys with ENQUEUED
+        work, in key order starting just after ``after`` and wrapping around to it (a claim
+        loop's rotation, see ``dbos_async.executor.queues.rotation``).
+
+        Each lap is a recursive loose index scan: one seek per distinct key on
+        idx_workflow_status_partition_dequeue_v3, so the cost follows the number of
+        partitions, not the depth of the backlog. The laps are joined by UNION ALL, whose
+        Append returns its first input, then its second, and stops pulling as soon as the
+        consumer's LIMIT is met.
+        """
         table = self.table("workflow_status")
         q, enq = p(queue_name), p(ENQUEUED)
-        scope = f"{self.scoped(None, p)} AND {self.own_scope(None, p)}"
-        return f"""partitions AS (
-              (SELECT queue_partition_key AS pk FROM {table}
-               WHERE {scope} AND queue_name = {q} AND status = {enq}
-                 AND queue_partition_key IS NOT NULL
-               ORDER BY queue_partition_key LIMIT 1)
-              UNION ALL
-              SELECT (SELECT queue_partition_key FROM {table}
-                      WHERE {scope} AND queue_name = {q} AND status = {enq}
-                        AND queue_partition_key > partitions.pk
-                      ORDER BY queue_partition_key LIMIT 1)
-              FROM partitions WHERE partitions.pk IS NOT NULL
-            )"""
+        scope = f"""{self.scoped(None, p)} AND {self.own_scope(None, p)}
+                    AND queue_name = {q} AND status = {enq}"""
+
+        def lap(name: str, bound: str) -> str:
+            return f"""{name} AS (
+                  (SELECT queue_partition_key AS pk FROM {table}
+                   WHERE {scope} AND queue_partition_key IS NOT NULL {bound}
+                   ORDER BY queue_partition_key LIMIT 1)
+                  UNION ALL
+                  SELECT (SELECT queue_partition_key FROM {table}
+                          WHERE {scope} AND queue_partition_key > {name}.pk {bound}
+                          ORDER BY queue_partition_key LIMIT 1)
+                  FROM {name} WHERE {name}.pk IS NOT NULL
+                )"""
+
+        if after is None:
+            return f"""{lap('later', '')},
+                partitions AS (SELECT pk FROM later WHERE pk IS NOT NULL)"""
+        cursor = p(after)
+        return f"""{lap('later', f'AND queue_partition_key > {cursor}')},
+                {lap('earlier', f'AND queue_partition_key <= {cursor}')},
+                partitions AS (
+                  SELECT pk FROM later WHERE pk IS NOT NULL
+                  UNION ALL
+                  SELECT pk FROM earlier WHERE pk IS NOT NULL)"""
 
     def dequeue_scopes(self, queue_name: str, *, distributed: bool = False) -> Query:
         """The keys a sharded queue's claim rounds visit: those with ENQUEUED work of
@@ -460,25 +479,29 @@ class QueueStatements(StatementBase):
             f"WHERE {enqueued}" for shard_id in shard_ids)
         return Query(parts, p.values)
 
-    def queue_partitions(self, queue_name: str, cap: int) -> Query:
-        """The distinct partition keys with ENQUEUED workflows, at most ``cap`` of them."""
+    def queue_partitions(self, queue_name: str, cap: int, after: str | None = None) -> Query:
+        """The distinct partition keys with ENQUEUED workflows, at most ``cap`` of them, in
+        key order from just after ``after`` round to it."""
         p = Params()
         return Query(
-            f"""WITH RECURSIVE {self._partitions_cte(queue_name, p)}
-                SELECT pk FROM partitions WHERE pk IS NOT NULL LIMIT {p(cap, 'bigint')}""",
+            f"""WITH RECURSIVE {self._partitions_cte(queue_name, after, p)}
+                SELECT pk FROM partitions LIMIT {p(cap, 'bigint')}""",
             p.values,
         )
 
     def partition_heads(self, queue_name: str, application_version: str | None,
-                        cap: int) -> Query:
-        """The head-of-line workflow of each partition that has none running.
+                        cap: int, after: str | None = None) -> Query:
+        """The head-of-line workflow of each partition that has none running, the
+        partitions walked from just after ``after`` (see :meth:`_partitions_cte`).
 
         For partition concurrency 1: the head is taken whatever its function, so a partition
-        whose head this executor cannot run waits for one that can, in order.
+        whose head this executor cannot run waits for one that can, in order. The idle test
+        sits inside the per-partition subquery, so the heads come out in the walk's order
+        (an anti-join outside it could be planned as a merge join, sorted by key).
         """
         p = Params()
         table = self.table("workflow_status")
-        partitions = self._partitions_cte(queue_name, p)
+        partitions = self._partitions_cte(queue_name, after, p)
         q = p(queue_name)
         return Query(
             f"""WITH RECURSIVE {partitions}
@@ -489,13 +512,13 @@ class QueueStatements(StatementBase):
                     AND status = {p(ENQUEUED)} AND queue_partition_key = partitions.pk
                     AND {self._version_clause(application_version, p)}
                     AND {self.own_scope(None, p)}
+                    AND NOT EXISTS (
+                      SELECT 1 FROM {table} running
+                      WHERE {self.scoped('running', p)} AND running.queue_name = {q}
+                        AND running.status = {p(PENDING)}
+                        AND running.queue_partition_key = partitions.pk)
                   ORDER BY priority ASC, created_at ASC, workflow_uuid
                   LIMIT 1) head
-                WHERE partitions.pk IS NOT NULL
-                  AND NOT EXISTS (
-                    SELECT 1 FROM {table}
-                    WHERE {self.scoped(None, p)} AND queue_name = {q}
-                      AND status = {p(PENDING)} AND queue_partition_key = partitions.pk)
                 LIMIT {p(cap, 'bigint')}""",
             p.values,
         )
