@@ -154,7 +154,7 @@ async def test_a_retry_of_the_creating_start_is_not_refused(schema: tuple[str, b
         def plan() -> StartPlan:
             return plan_start(call, name="double", inputs=Payload('{"positionalArgs": [4]}'),
                               executor_id="retrying", application_version=None,
-                              placement=Placement("jobs"))
+                              now_ms=sysdb.clock.now_ms(), placement=Placement("jobs"))
 
         once = plan()  # Planned once, written twice: what a retried insert does.
         first = await sysdb.start_workflow(once.row, once.creator_xid, reject=True)

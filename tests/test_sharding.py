@@ -45,6 +45,7 @@ from dbos_async import (
     current_workflow_id,
 )
 from dbos_async.sysdb.core import MIN_KEYS_PER_ROUND_TRIP
+from dbos_async.testing import TestClock
 
 PATIENCE = 15.0
 
@@ -564,8 +565,9 @@ async def test_recovery_tells_same_id_workflows_of_two_keys_apart(database_url: 
 async def test_debounce_per_key(database_url: str) -> None:
     """A burst under one key collapses into one run with its latest arguments; the same
     debounce key under another key is another burst."""
-    app = Tenants(database_url)
-    debouncer = app.queue.debouncer(app.child, period=0.2)
+    clock = TestClock()  # the window closes when the test says, not under a slow machine
+    app = Tenants(database_url, clock=clock)
+    debouncer = app.queue.debouncer(app.child, period=30)
     async with app.dbos:
         handles = {}
         for key in ("acme", "globex"):
@@ -574,6 +576,7 @@ async def test_debounce_per_key(database_url: str) -> None:
                 handles[key] = await debouncer.debounce("burst", f"{key}-2")
             assert first.workflow_id == handles[key].workflow_id
             assert handles[key].shard_key == key
+        await clock.advance(seconds=30)
         assert {key: await h.get_result() for key, h in handles.items()} == {
             "acme": "acme-2:child", "globex": "globex-2:child"}
     assert app.runs == Counter({("acme-2", "child"): 1, ("globex-2", "child"): 1})
