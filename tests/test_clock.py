@@ -142,6 +142,7 @@ async def test_a_cron_schedule_fires_each_time_of_an_advanced_day_once(
         workflows = await dbos.list_workflows(name="hourly")
         for status in workflows:
             await (await dbos.retrieve_workflow(status.workflow_id)).get_result()
+        await clock.wait_for_timers()  # the schedule re-arms for the next day
         assert clock.next_due == START + timedelta(days=1, minutes=30)
     expected = [START + timedelta(minutes=30 + 60 * i) for i in range(24)]
     assert sorted(fired) == expected
