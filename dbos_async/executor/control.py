@@ -111,6 +111,14 @@ class WorkflowFilters(TypedDict, total=False):
     name: str | Sequence[str] | None
     start_time: TimeBound | None
     end_time: TimeBound | None
+    completed_after: TimeBound | None
+    completed_before: TimeBound | None
+    dequeued_after: TimeBound | None
+    dequeued_before: TimeBound | None
+    was_forked_from: bool | None
+    is_fork: bool | None
+    has_parent: bool | None
+    schedule_name: str | Sequence[str] | None
     queue_name: str | Sequence[str] | None
     parent_workflow_id: str | Sequence[str] | None
     forked_from: str | Sequence[str] | None
@@ -130,8 +138,13 @@ class WorkflowFilters(TypedDict, total=False):
 
 LOOKUP_FILTERS = ("workflow_ids", "status", "name", "queue_name", "parent_workflow_id",
                   "forked_from", "executor_id", "application_version", "authenticated_user",
-                  "workflow_id_prefix", "application_name", "shard_key", "parent_shard_key")
+                  "workflow_id_prefix", "application_name", "shard_key", "parent_shard_key",
+                  "schedule_name")
 """The filters compared with stored names and IDs: a value no row can hold is refused."""
+
+
+FLAG_FILTERS = ("was_forked_from", "is_fork", "has_parent", "queues_only", "sort_desc")
+"""The filters that are yes-or-no questions: only a bool (or None: either) answers one."""
 
 
 def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
@@ -144,6 +157,9 @@ def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
     check_page(filters.get("limit"), filters.get("offset"))
     for argument in LOOKUP_FILTERS:
         check_lookups(filters.get(argument), argument)
+    for flag in FLAG_FILTERS:
+        if not isinstance(filters.get(flag), bool | None):
+            raise DBOSError(f"{flag} must be True, False or None, got {filters.get(flag)!r}")
     workflow_ids = filters.get("workflow_ids")
     return WorkflowFilter(
         workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
@@ -151,8 +167,16 @@ def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
         names=as_list(filters.get("name")),
         start_ms=epoch_ms(filters.get("start_time"), "start_time"),
         end_ms=epoch_ms(filters.get("end_time"), "end_time"),
+        completed_after_ms=epoch_ms(filters.get("completed_after"), "completed_after"),
+        completed_before_ms=epoch_ms(filters.get("completed_before"), "completed_before"),
+        dequeued_after_ms=epoch_ms(filters.get("dequeued_after"), "dequeued_after"),
+        dequeued_before_ms=epoch_ms(filters.get("dequeued_before"), "dequeued_before"),
+        was_forked_from=filters.get("was_forked_from"),
+        is_fork=filters.get("is_fork"),
+        has_parent=filters.get("has_parent"),
+        schedule_names=as_list(filters.get("schedule_name")),
         queue_names=as_list(filters.get("queue_name")),
-        queues_only=filters.get("queues_only", False),
+        queues_only=bool(filters.get("queues_only")),
         parent_workflow_ids=as_list(filters.get("parent_workflow_id")),
         forked_from=as_list(filters.get("forked_from")),
         executor_ids=as_list(filters.get("executor_id")),
@@ -164,7 +188,7 @@ def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
         shard_keys=as_list(filters.get("shard_key")),
         parent_shard_keys=as_list(filters.get("parent_shard_key")),
         limit=filters.get("limit"), offset=filters.get("offset"),
-        sort_desc=filters.get("sort_desc", False),
+        sort_desc=bool(filters.get("sort_desc")),
         load_input=load_input, load_output=load_output,
     )
 

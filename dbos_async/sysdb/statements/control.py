@@ -62,8 +62,11 @@ def job_lock_key(schema: str, application_name: str | None, job_name: str) -> in
 class WorkflowFilter:
     """Filters of a workflow listing; list-valued filters match any of their values.
 
-    Times are epoch milliseconds on ``created_at`` (``start_ms`` inclusive, ``end_ms``
-    inclusive).
+    Times are epoch milliseconds, every bound inclusive: ``start_ms``/``end_ms`` on
+    ``created_at``, ``completed_*`` on ``completed_at``, ``dequeued_*`` on
+    ``started_at_epoch_ms`` (when a claim took it from its queue). A bound excludes the rows
+    whose column is NULL. The three-valued flags (None: either) test ``was_forked_from``,
+    ``forked_from IS NOT NULL`` (``is_fork``) and ``parent_workflow_id IS NOT NULL``.
     """
 
     workflow_ids: Sequence[str] | None = None
@@ -71,6 +74,14 @@ class WorkflowFilter:
     names: Sequence[str] | None = None
     start_ms: int | None = None
     end_ms: int | None = None
+    completed_after_ms: int | None = None
+    completed_before_ms: int | None = None
+    dequeued_after_ms: int | None = None
+    dequeued_before_ms: int | None = None
+    was_forked_from: bool | None = None
+    is_fork: bool | None = None
+    has_parent: bool | None = None
+    schedule_names: Sequence[str] | None = None
     queue_names: Sequence[str] | None = None
     queues_only: bool = False
     parent_workflow_ids: Sequence[str] | None = None
@@ -255,10 +266,24 @@ class ControlStatements(StatementBase):
         any_of("executor_id", f.executor_ids)
         any_of("application_version", f.application_versions)
         any_of("authenticated_user", f.authenticated_users)
-        if f.start_ms is not None:
-            where.append(f"ws.created_at >= {p(f.start_ms, 'bigint')}")
-        if f.end_ms is not None:
-            where.append(f"ws.created_at <= {p(f.end_ms, 'bigint')}")
+        any_of("schedule_name", f.schedule_names)
+        # Each bound is a range on a column some index covers (workflow_status_created_at_
+        # index, idx_workflow_status_completed_at, idx_workflow_status_started_at).
+        for column, bound, op in (("created_at", f.start_ms, ">="),
+                                  ("created_at", f.end_ms, "<="),
+                                  ("completed_at", f.completed_after_ms, ">="),
+                                  ("completed_at", f.completed_before_ms, "<="),
+                                  ("started_at_epoch_ms", f.dequeued_after_ms, ">="),
+                                  ("started_at_epoch_ms", f.dequeued_before_ms, "<=")):
+            if bound is not None:
+                where.append(f"ws.{column} {op} {p(bound, 'bigint')}")
+        if f.was_forked_from is not None:
+            where.append(f"ws.was_forked_from = {p(f.was_forked_from, 'boolean')}")
+        for column, wanted in (("forked_from", f.is_fork),
+                               ("parent_workflow_id", f.has_parent)):
+            # IS NOT NULL is what the partial indexes on these columns cover.
+            if wanted is not None:
+                where.append(f"ws.{column} IS {'NOT ' if wanted else ''}NULL")
         if f.workflow_id_prefixes is not None:
             # starts_with, not LIKE: a prefix's own % and _ match literally.
             where.append(
