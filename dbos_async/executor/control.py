@@ -11,6 +11,7 @@ executor has it, as plain JSON otherwise) and sends the notifications a cancel o
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import uuid
 from collections import Counter
@@ -36,8 +37,13 @@ from dbos_async.sysdb.notifications import (
 from dbos_async.sysdb.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
-from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
-from dbos_async.validation import check_identifier, check_lookups
+from dbos_async.sysdb.statements import (
+    ERROR,
+    INTERNAL_QUEUE_NAME,
+    VersionRecord,
+    WorkflowFilter,
+)
+from dbos_async.validation import check_identifier, check_lookup, check_lookups
 
 logger = logging.getLogger("dbos_async")
 
@@ -350,6 +356,75 @@ def _timeout_ms(timeout: float | None) -> int | None:
     return int(timeout * 1000)
 
 
+class StartPoint(enum.Enum):
+    """Where a fork or a rewind starts, found in the workflow's recorded steps when the
+    call is made."""
+
+    LAST_FAILURE = "last_failure"
+    """The last step that recorded an error (it and what follows run again); for a
+    workflow whose body failed after its last checkpoint, one past that checkpoint."""
+    LAST_STEP = "last_step"
+    """The last recorded checkpoint: it and what follows run again."""
+
+
+@dataclass(frozen=True)
+class StepNamed:
+    """A fork or rewind starting at the checkpoint named ``name``: its ``occurrence``-th
+    one by position (from 0; negative counts back from the last, -1 being the last)."""
+
+    name: str
+    occurrence: int = 0
+
+
+StartStep = int | StartPoint | StepNamed
+"""A fork's or a rewind's first step to run again: a position (``function_id``), or a
+point found in the recorded steps."""
+
+
+async def start_position(peer: Peer, workflow_id: str, start: StartStep) -> int:
+    """The position ``start`` names in ``workflow_id``'s recorded steps (a position is
+    itself; its range is checked by the fork or rewind). Raises :class:`DBOSError` when
+    the steps have no such point, :class:`NonExistentWorkflowError` for an unknown ID."""
+    if isinstance(start, int) and not isinstance(start, bool):
+        return start
+    sysdb = peer.system_database
+    position: int | None
+    if start is StartPoint.LAST_STEP:
+        position = await sysdb.step_position(workflow_id)
+        missing = None if position is not None else 0
+    elif start is StartPoint.LAST_FAILURE:
+        position = await sysdb.step_position(workflow_id, failed=True)
+        missing = None
+    elif isinstance(start, StepNamed):
+        check_lookup(start.name, "step name")
+        if isinstance(start.occurrence, bool) or not isinstance(start.occurrence, int):
+            raise DBOSError(f"StepNamed.occurrence must be an integer, got "
+                            f"{start.occurrence!r}")
+        position = await sysdb.step_position(workflow_id, name=start.name,
+                                             index=start.occurrence)
+        missing = None
+    else:
+        raise DBOSError("start_step must be a step position (an int), StartPoint.LAST_FAILURE,"
+                        f" StartPoint.LAST_STEP or StepNamed(name), got {start!r}")
+    if position is not None:
+        return position
+    row = await sysdb.get_workflow(workflow_id)
+    if row is None:
+        raise NonExistentWorkflowError(workflow_id)
+    if missing is not None:
+        return missing
+    if start is StartPoint.LAST_FAILURE:
+        if row.status != ERROR:
+            raise DBOSError(f"Workflow {workflow_id!r} has no failure to start from: no step "
+                            f"recorded an error and it is {row.status}")
+        # The body failed after its last checkpoint: run on from there.
+        last = await sysdb.step_position(workflow_id)
+        return 0 if last is None else last + 1
+    assert isinstance(start, StepNamed)
+    raise DBOSError(f"Workflow {workflow_id!r} has no step named {start.name!r} "
+                    f"(occurrence {start.occurrence})")
+
+
 @dataclass(frozen=True)
 class ForkRequest:
     """One fork of :meth:`~dbos_async.DBOS.fork_workflows`: workflow ``workflow_id``
@@ -358,7 +433,7 @@ class ForkRequest:
     ``replacement_children`` instead."""
 
     workflow_id: str
-    start_step: int
+    start_step: StartStep = 0
     new_workflow_id: str | None = None
     shard_key: str | None = None
     replacement_children: dict[str, str] | None = None
@@ -383,8 +458,9 @@ async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: fl
                             f"workflow: {f!r}")
         with bind_shard_keys({f.workflow_id: f.shard_key}):
             key = sysdb.sql.key_hint(f.workflow_id)
+            start = await start_position(peer, f.workflow_id, f.start_step)
         specs.append(ForkSpec(f.workflow_id, f.new_workflow_id or str(uuid.uuid4()),
-                              f.start_step, key, dict(f.replacement_children or {})))
+                              start, key, dict(f.replacement_children or {})))
     new_ids = [(s.shard_key, s.fork_id) for s in specs]
     repeated = sorted(i for (_, i), n in Counter(new_ids).items() if n > 1)
     if repeated:
@@ -398,24 +474,25 @@ async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: fl
     return [WorkflowAddress(s.fork_id, s.shard_key) for s in specs]
 
 
-async def rewind(peer: Peer, workflow_id: str, start_step: int, *,
+async def rewind(peer: Peer, workflow_id: str, start_step: StartStep, *,
                  application_version: str | None, queue_name: str | None) -> None:
     """Discard a finished workflow's history from ``start_step`` on and re-enqueue it
     under its own ID; steps from ``start_step`` run again."""
     queue = queue_name or INTERNAL_QUEUE_NAME
     sysdb = peer.system_database
     ref = (workflow_id, sysdb.sql.key_hint(workflow_id))
+    start = await start_position(peer, workflow_id, start_step)
 
     async def discard_transactions() -> None:
         # The outcomes transactions recorded from the cut on, or they would replay.
         for database in peer.application_databases.values():
-            await database.delete_outputs([ref], start_step)
+            await database.delete_outputs([ref], start)
 
-    await sysdb.rewind(workflow_id, start_step, queue_name=queue,
+    await sysdb.rewind(workflow_id, start, queue_name=queue,
                        application_version=application_version,
                        while_locked=discard_transactions)
     _announce_enqueued(peer, queue)
-    logger.info("Rewound workflow %s to step %s", workflow_id, start_step)
+    logger.info("Rewound workflow %s to step %s", workflow_id, start)
 
 
 # ---- Changes in place: priority, delay, attributes, application name ----

@@ -27,6 +27,7 @@ from dbos_async.executor import control, exports, messaging, observability
 from dbos_async.executor.control import (
     ApplicationVersion,
     ForkRequest,
+    StartStep,
     TimeBound,
     WorkflowFilters,
     WorkflowStepInfo,
@@ -307,7 +308,8 @@ class Operator(ScheduleOperator):
         return [await self._handle(workflow_id, shard_key) for workflow_id in ids]
 
     async def fork_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        self, workflow_id: str, start_step: StartStep = 0, *,
+        application_version: str | None = None,
         queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
         new_workflow_id: str | None = None, workflow_timeout: float | None = None,
         shard_key: str | None = None, queue_partition_key: str | None = None,
@@ -317,8 +319,11 @@ class Operator(ScheduleOperator):
         and streams up to there); steps from ``start_step`` run again. The new ID is
         ``new_workflow_id``, else (in an executor) the one ``SetWorkflowID`` gives, else
         random; its timeout is ``workflow_timeout``, else (in an executor) the one
-        ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
-        last recorded step. ``replacement_children`` maps child IDs recorded in the copied
+        ``SetWorkflowTimeout`` gives. ``start_step`` (0, the whole workflow, by default)
+        must be between 0 and one past the last recorded step, or a point found in the
+        recorded steps: ``StartPoint.LAST_FAILURE``, ``StartPoint.LAST_STEP`` or
+        ``StepNamed(name, occurrence=0)`` (one that is not there raises
+        :class:`DBOSError`). ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead. The fork lives under the original's
         ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
         the partition it is enqueued in."""
@@ -366,10 +371,13 @@ class Operator(ScheduleOperator):
         return [await self._handle(f.workflow_id, f.shard_key) for f in forked]
 
     async def rewind_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        self, workflow_id: str, start_step: StartStep = 0, *,
+        application_version: str | None = None,
         queue: str | Queue | None = None, shard_key: str | None = None,
     ) -> WorkflowHandle[Any]:
-        """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
+        """Rewind a finished workflow in place: its checkpoints from ``start_step`` on (0,
+        the whole workflow, by default; or a point found in its recorded steps, as
+        :meth:`fork_workflow` takes it) are
         discarded (events rolled back, stream close markers removed, messages consumed
         since deleted) and it is re-enqueued under the same ID to run them again."""
         check_identifier(application_version, "application_version", optional=True)

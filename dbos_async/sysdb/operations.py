@@ -172,6 +172,15 @@ class WorkflowOperations(DatabaseCore):
             self.sql.list_steps(workflow_id, limit=limit, offset=offset, load_output=load_output),
             f"listing the steps of {workflow_id}")
 
+    async def step_position(self, workflow_id: str, *, name: str | None = None,
+                            failed: bool = False, index: int = -1) -> int | None:
+        """The position of a workflow's checkpoint chosen as
+        :meth:`ControlStatements.step_position` chooses it; None if there is none."""
+        row = await self._fetchrow(
+            self.sql.step_position(workflow_id, name=name, failed=failed, index=index),
+            f"finding a step of {workflow_id}")
+        return None if row is None else int(row["function_id"])
+
     # ---- Application versions ----
 
     async def register_version(self, version_name: str) -> None:

@@ -326,6 +326,28 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
+    def step_position(self, workflow_id: str, *, name: str | None, failed: bool,
+                      index: int) -> Query:
+        """The position of one of a workflow's checkpoints: of those named ``name`` (any
+        name if None) and, with ``failed``, that recorded an error, the ``index``-th by
+        position (negative: counted back from the last, -1 being the last); a walk of the
+        primary key (workflow, position)."""
+        p = Params()
+        conditions = [self.wf(None, workflow_id, p)]
+        if name is not None:
+            conditions.append(f"function_name = {p(name)}")
+        if failed:
+            conditions.append("error IS NOT NULL")
+        order = "ASC" if index >= 0 else "DESC"
+        skip = index if index >= 0 else -index - 1
+        return Query(
+            f"""SELECT function_id FROM {self.table('operation_outputs')}
+                WHERE {' AND '.join(conditions)}
+                ORDER BY function_id {order}
+                LIMIT 1 OFFSET {p(skip, 'bigint')}""",
+            p.values,
+        )
+
     # ---- Maintenance ----
 
     def try_job_lock(self, key: int) -> Query:
