@@ -103,7 +103,8 @@ async def test_fork_and_rewind_from_found_points(database_url: str, sharding: bo
                 await settle(await dbos.start_workflow(flow.body_fails, 1))
             with SetWorkflowID("l"):
                 await settle(await dbos.start_workflow(flow.loop))
-        assert (await dbos.get_workflow_status("p", shard_key=key)).status == "ERROR"
+        failed = await dbos.get_workflow_status("p", shard_key=key)
+        assert failed is not None and failed.status == "ERROR"
         assert flow.runs == Counter(fetch=2, charge=1, tick0=1, tick1=1, tick2=1)
         flow.broken = False
 
