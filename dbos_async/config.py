@@ -154,6 +154,11 @@ class DBOSConfig(BaseModel):
         None, gt=0,
         description="Delete terminal workflows that finished this many hours ago; None: off.",
     )
+    retention_rows_threshold: int | None = Field(
+        None, ge=1,
+        description="Also delete terminal workflows older than this many newest workflows "
+        "of the application; None: off.",
+    )
     retention_batch_size: int = Field(
         1000, ge=1, description="Workflows the retention job deletes per statement."
     )

@@ -485,12 +485,36 @@ class DBOS(Operator):
 
     # ---- Maintenance jobs (see executor/maintenance.py) ----
 
-    async def garbage_collect(self, cutoff_epoch_ms: int,
-                              batch_size: int | None = None) -> int | None:
-        """Run the retention job now: delete terminal workflows finished before the cutoff.
-        Returns how many, or None if another executor is running the job."""
+    async def garbage_collect(self, cutoff_epoch_ms: int | None = None,
+                              batch_size: int | None = None, *,
+                              rows_threshold: int | None = None) -> int | None:
+        """Run the retention job now: delete terminal workflows finished before
+        ``cutoff_epoch_ms``, and those created before the ``rows_threshold`` newest
+        workflows of this application (and unclaimed ones), as the ``dbos`` package's
+        ``garbage_collect`` does.
+
+        Args:
+            cutoff_epoch_ms: The age bound (epoch milliseconds); None: none.
+            batch_size: Workflows deleted per statement (default ``retention_batch_size``).
+            rows_threshold: How many newest workflows to keep; None: no row bound.
+
+        Returns:
+            How many were deleted, or None if another executor is running the job.
+
+        Raises:
+            DBOSError: Neither bound was given, or one is not a non-negative integer.
+        """
+        for name, value, low in (("cutoff_epoch_ms", cutoff_epoch_ms, 0),
+                                 ("batch_size", batch_size, 1),
+                                 ("rows_threshold", rows_threshold, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < low):
+                raise DBOSError(f"{name} must be an integer >= {low}, got {value!r}")
+        if cutoff_epoch_ms is None and rows_threshold is None:
+            raise DBOSError("garbage_collect needs cutoff_epoch_ms, rows_threshold or both")
         return await maintenance.run_retention(
-            self._operating(), cutoff_epoch_ms, batch_size or self.config.retention_batch_size)
+            self._operating(), cutoff_epoch_ms, batch_size or self.config.retention_batch_size,
+            rows_threshold)
 
     async def global_timeout(self, cutoff_epoch_ms: int) -> list[str] | None:
         """Run the global timeout now: cancel in-flight workflows created before the

@@ -105,6 +105,17 @@ class WorkflowFilter:
     load_output: bool = False
 
 
+@dataclass(frozen=True)
+class RetentionCutoff:
+    """What the retention job deletes: terminal workflows that finished (or, never
+    started, were created) before ``finished_before_ms``, or were created before
+    ``created_before_ms`` (the creation time of the newest workflow a row threshold
+    keeps); None: no such bound."""
+
+    finished_before_ms: int | None = None
+    created_before_ms: int | None = None
+
+
 # The columns a fork copies (and a rewind restores), besides the workflow's key.
 STEP_COPY_COLUMNS = ("function_id", "function_name", "output", "error", "child_workflow_id",
                      "started_at_epoch_ms", "completed_at_epoch_ms", "serialization",
@@ -146,17 +157,39 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
-    def terminal_finished_before(self, cutoff_ms: int, batch_size: int) -> Query:
+    def terminal_finished_before(self, cutoff: RetentionCutoff, batch_size: int) -> Query:
         """A batch of the retention job's victims on a sharded database, read without a
         lock; each key's are then deleted with their rows."""
         p = Params()
         return Query(
             f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
-                  AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
-                  AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
+                WHERE {self._retention_victim(cutoff, p)}
                 ORDER BY created_at
                 LIMIT {p(batch_size, 'bigint')}""",
+            p.values,
+        )
+
+    def _retention_victim(self, cutoff: RetentionCutoff, p: Params) -> str:
+        """A terminal workflow of this application (or unclaimed) past either cutoff."""
+        past = []
+        if cutoff.finished_before_ms is not None:
+            past.append(f"COALESCE(completed_at, created_at) < "
+                        f"{p(cutoff.finished_before_ms, 'bigint')}")
+        if cutoff.created_before_ms is not None:
+            past.append(f"created_at < {p(cutoff.created_before_ms, 'bigint')}")
+        return f"""{self.scoped(None, p)} AND {self.own_scope(None, p)}
+                   AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
+                   AND ({' OR '.join(past) or 'FALSE'})"""
+
+    def newest_created_at(self, rows: int) -> Query:
+        """The creation time of this application's (and unclaimed) ``rows``-th newest
+        workflow: a walk back of workflow_status_created_at_index that far."""
+        p = Params()
+        return Query(
+            f"""SELECT created_at FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                ORDER BY created_at DESC
+                LIMIT 1 OFFSET {p(rows - 1, 'bigint')}""",
             p.values,
         )
 
@@ -361,18 +394,15 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
-    def delete_terminal_batch(self, cutoff_ms: int, batch_size: int) -> Query:
+    def delete_terminal_batch(self, cutoff: RetentionCutoff, batch_size: int) -> Query:
         """Delete up to ``batch_size`` terminal workflows of this application (and unclaimed
-        ones) that finished (or, never started, were created) before ``cutoff_ms``, with
-        every row they own; returns their IDs."""
+        ones) past ``cutoff``, with every row they own; returns their IDs."""
         p = Params()
         # FOR UPDATE SKIP LOCKED: a row some other statement holds (a resume, a fork) is
         # left for the next round instead of waited on.
         victims = f"""victims AS (
                   SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                  WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
-                    AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
-                    AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
+                  WHERE {self._retention_victim(cutoff, p)}
                   ORDER BY created_at
                   LIMIT {p(batch_size, 'bigint')}
                   FOR UPDATE SKIP LOCKED
