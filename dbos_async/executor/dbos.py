@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import (
     DBOSError,
+    InvalidArgumentError,
     QueueNotFoundError,
     ScheduleError,
     WorkflowNotRegisteredError,
@@ -113,11 +114,13 @@ class DBOS(Operator):
     def workflow(
         self, fn: None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
+        max_recovery_attempts: int | None = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]: ...
 
     def workflow(
         self, fn: AsyncFn[P, R] | None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
+        max_recovery_attempts: int | None = None,
     ) -> AsyncFn[P, R] | Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Make an ``async def`` function (or method) a durable workflow: ``@dbos.workflow``
         or ``@dbos.workflow(...)``.
@@ -126,11 +129,24 @@ class DBOS(Operator):
             name: the name it is recorded and recovered under (default: its qualified name).
             required_roles: only an identity (``SetAuthentication``) holding one of these
                 roles may start it.
+            max_recovery_attempts: recoveries it gets before recovery dead-letters it
+                (``MAX_RECOVERY_ATTEMPTS_EXCEEDED``), as the ``dbos`` package's option
+                does (default: the ``max_recovery_attempts`` setting).
+
+        Returns:
+            The workflow: calling it runs it durably and returns its result.
 
         Raises:
             DBOSError: the function is not an ``async def``, or an option was passed by
                 position.
+            InvalidArgumentError: ``max_recovery_attempts`` is not an integer >= 0.
         """
+        if max_recovery_attempts is not None and (
+                isinstance(max_recovery_attempts, bool)
+                or not isinstance(max_recovery_attempts, int) or max_recovery_attempts < 0):
+            raise InvalidArgumentError("max_recovery_attempts",
+                                       f"expected an integer >= 0, got "
+                                       f"{max_recovery_attempts!r}")
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             _require_async(fn, "@dbos.workflow")
@@ -143,6 +159,7 @@ class DBOS(Operator):
                 is_method=method,
                 owner=self,
                 required_roles=required_roles_of(required_roles, f"Workflow {workflow_name!r}"),
+                max_recovery_attempts=max_recovery_attempts,
             )
             self._registry.add_workflow(info)
 
