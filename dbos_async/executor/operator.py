@@ -134,6 +134,18 @@ class Operator(ScheduleOperator):
         key there)."""
         return self._peer().system_database.sharded
 
+    async def check_connection(self) -> None:
+        """Check that the system database answers now, as the ``dbos`` package's
+        ``DBOSClient.check_connection`` does: one round trip on a pooled connection,
+        within ``connect_timeout``, not retried.
+
+        Raises:
+            DatabaseUnavailableError: The database did not answer (its servers and the
+                cause named).
+            DBOSError: This executor or client is not running.
+        """
+        await self._peer().system_database.check_connection()
+
     # ---- Handles and waits ----
 
     async def retrieve_workflow(self, workflow_id: str, *,
