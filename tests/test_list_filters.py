@@ -15,10 +15,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import pytest
 from helpers import new_dbos
 
 from dbos_async import DBOS, DBOSClient, DBOSError, SetShardKey, SetWorkflowID
+from dbos_async.console import console_app
 from dbos_async.web.views import listing_filters
 
 CLI = str(Path(sys.executable).with_name("dbos-async"))
@@ -168,3 +170,25 @@ async def test_cli_filters(database_url: str) -> None:
     assert "job" in listed("--dequeued-after", "0") and "plain" not in listed(
         "--dequeued-after", "0")
     assert listed("--completed-before", "1") == set()
+
+
+async def test_console_filters(database_url: str) -> None:
+    dbos = new_dbos(database_url)
+    family = Family(dbos)
+    async with dbos:
+        await family.run(False)
+        transport = httpx2.ASGITransport(console_app(dbos), client=("127.0.0.1", 5000))
+        async with httpx2.AsyncClient(transport=transport,
+                                      base_url="http://127.0.0.1:5000") as http:
+            page = await http.get("/workflows", params={"is_fork": "true"})
+            assert page.status_code == 200
+            assert "dad-fork" in page.text and "data-workflow-id=\"plain\"" not in page.text
+            page = await http.get("/workflows", params={"schedule": "nightly",
+                                                        "has_parent": "false"})
+            assert family.fired in page.text and "data-workflow-id=\"dad\"" not in page.text
+            page = await http.get("/workflows", params={"completed_before": "2000-01-01T00:00"})
+            assert "No workflow matches" in page.text
+            refused = await http.get("/workflows", params={"has_parent": "maybe"},
+                                     headers={"accept": "application/json"})
+            assert refused.status_code == 400
+            assert "has_parent" in refused.json()["error"]
