@@ -409,8 +409,12 @@ class Operator(ScheduleOperator):
         ``offset``. The filters (:class:`~dbos_async.executor.control.WorkflowFilters`):
         ``workflow_ids``, ``status``, ``name``, ``queue_name``, ``parent_workflow_id``,
         ``forked_from``, ``executor_id``, ``application_version``, ``authenticated_user``,
-        ``workflow_id_prefix``; ``start_time``/``end_time`` bound ``created_at``
-        (inclusive). ``load_input``/``load_output`` fill ``input``, ``output`` and
+        ``workflow_id_prefix``, ``schedule_name``; ``start_time``/``end_time`` bound
+        ``created_at``, ``completed_after``/``completed_before`` ``completed_at`` and
+        ``dequeued_after``/``dequeued_before`` ``started_at_epoch_ms`` (inclusive);
+        ``has_parent``, ``is_fork`` and ``was_forked_from`` (True, False or None: either)
+        keep children or top-level workflows, forks or others, workflows forked or
+        not. ``load_input``/``load_output`` fill ``input``, ``output`` and
         ``error`` (typed by the registered workflow's signature in an executor that has it,
         plain JSON otherwise). ``application_name`` lists those applications' workflows
         (and unclaimed ones); by default this executor's or client's own application's
