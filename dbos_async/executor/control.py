@@ -388,31 +388,27 @@ async def start_position(peer: Peer, workflow_id: str, start: StartStep) -> int:
     if isinstance(start, int) and not isinstance(start, bool):
         return start
     sysdb = peer.system_database
-    position: int | None
     if start is StartPoint.LAST_STEP:
-        position = await sysdb.step_position(workflow_id)
-        missing = None if position is not None else 0
+        found = await sysdb.step_position(workflow_id)
     elif start is StartPoint.LAST_FAILURE:
-        position = await sysdb.step_position(workflow_id, failed=True)
-        missing = None
+        found = await sysdb.step_position(workflow_id, failed=True)
     elif isinstance(start, StepNamed):
         check_lookup(start.name, "step name")
         if isinstance(start.occurrence, bool) or not isinstance(start.occurrence, int):
             raise DBOSError(f"StepNamed.occurrence must be an integer, got "
                             f"{start.occurrence!r}")
-        position = await sysdb.step_position(workflow_id, name=start.name,
-                                             index=start.occurrence)
-        missing = None
+        found = await sysdb.step_position(workflow_id, name=start.name,
+                                          index=start.occurrence)
     else:
         raise DBOSError("start_step must be a step position (an int), StartPoint.LAST_FAILURE,"
                         f" StartPoint.LAST_STEP or StepNamed(name), got {start!r}")
-    if position is not None:
-        return position
+    if found is not None:
+        return found
     row = await sysdb.get_workflow(workflow_id)
     if row is None:
         raise NonExistentWorkflowError(workflow_id)
-    if missing is not None:
-        return missing
+    if start is StartPoint.LAST_STEP:
+        return 0  # nothing recorded: all of it runs again
     if start is StartPoint.LAST_FAILURE:
         if row.status != ERROR:
             raise DBOSError(f"Workflow {workflow_id!r} has no failure to start from: no step "
