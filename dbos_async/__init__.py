@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from dbos_async.executor.control import (
         ApplicationVersion,
         ForkRequest,
+        StartPoint,
+        StepNamed,
         TimeBound,
         WorkflowStepInfo,
     )
@@ -157,6 +159,8 @@ _EXPORTS: dict[str, str] = {
     "current_workflow_id": "dbos_async.executor.context",
     "ApplicationVersion": "dbos_async.executor.control",
     "ForkRequest": "dbos_async.executor.control",
+    "StartPoint": "dbos_async.executor.control",
+    "StepNamed": "dbos_async.executor.control",
     "TimeBound": "dbos_async.executor.control",
     "WorkflowStepInfo": "dbos_async.executor.control",
     "DBOS": "dbos_async.executor.dbos",
@@ -272,7 +276,9 @@ __all__ = [
     "SetWorkflowID",
     "SetWorkflowTimeout",
     "StaleServerError",
+    "StartPoint",
     "StatementCanceledError",
+    "StepNamed",
     "StepRetriesExceededError",
     "StreamTimeoutError",
     "StreamValue",

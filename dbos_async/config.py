@@ -8,6 +8,8 @@ Values come from, in increasing precedence: defaults, a TOML configuration file 
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -29,6 +31,12 @@ from dbos_async.validation import check_identifier
 
 # The formats DBOS names itself; a user's serializer takes another name.
 RESERVED_FORMATS = ("portable_json", "py_pickle")
+
+OWN_CONNECT_OPTIONS = frozenset({
+    "dsn", "host", "port", "user", "password", "passfile", "database", "timeout",
+    "server_settings", "target_session_attrs", "connection_class", "record_class", "loop"})
+"""The asyncpg.connect arguments the system database URL and the settings give, which
+``connect_options`` may not override."""
 
 _ENV_ALIASES = {"executor_id": "DBOS__VMID", "application_version": "DBOS__APPVERSION"}
 
@@ -112,6 +120,12 @@ class DBOSConfig(BaseModel):
     connection_name: str = Field(
         "dbos_async", description="application_name of this executor's connections."
     )
+    connect_options: dict[str, Any] | None = Field(
+        None,
+        description="Keyword arguments of asyncpg.connect for every connection to the "
+        "system database, e.g. {\"statement_cache_size\": 0} behind a transaction-mode "
+        "pooler (PgBouncer); from the environment, a JSON object.",
+    )
     use_listen_notify: bool = Field(
         True, description="Wake waiters with LISTEN/NOTIFY; False polls instead."
     )
@@ -153,6 +167,11 @@ class DBOSConfig(BaseModel):
     retention_hours: float | None = Field(
         None, gt=0,
         description="Delete terminal workflows that finished this many hours ago; None: off.",
+    )
+    retention_rows_threshold: int | None = Field(
+        None, ge=1,
+        description="Also delete terminal workflows older than this many newest workflows "
+        "of the application; None: off.",
     )
     retention_batch_size: int = Field(
         1000, ge=1, description="Workflows the retention job deletes per statement."
@@ -222,6 +241,29 @@ class DBOSConfig(BaseModel):
         # From the environment: DBOS_LISTEN_QUEUES=a,b
         if isinstance(value, str):
             return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+    @field_validator("connect_options", mode="before")
+    @classmethod
+    def _check_connect_options(cls, value: Any) -> Any:
+        if isinstance(value, str):  # DBOS_CONNECT_OPTIONS='{"statement_cache_size": 0}'
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("connect_options must be a JSON object") from None
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"connect_options must be a dict of asyncpg.connect keyword "
+                             f"arguments, got {type(value).__name__}")
+        import asyncpg  # here: reading a configuration needs no driver otherwise
+
+        known = set(inspect.signature(asyncpg.connect).parameters) - OWN_CONNECT_OPTIONS
+        wrong = sorted(str(k) for k in value if k not in known)
+        if wrong:
+            raise ValueError(f"connect_options may not set {', '.join(wrong)} (the URL and "
+                             f"the settings give {', '.join(sorted(OWN_CONNECT_OPTIONS))}; "
+                             f"asyncpg.connect takes no other)")
         return value
 
     @field_validator("serializer")

@@ -234,7 +234,8 @@ async def test_fork_rewind_and_delete(shop: Shop, database_url: str) -> None:
     failed(await cli("workflow", "get", "forked-1", "--url", database_url))
 
     # Usage errors are click's: exit status 2.
-    result = await cli("workflow", "fork", "order-1", "--url", database_url)
+    result = await cli("workflow", "fork", "order-1", "--step", "0", "--last-step",
+                       "--url", database_url)
     assert result.returncode == 2 and "--step" in result.stderr
 
 

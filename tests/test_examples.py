@@ -51,6 +51,13 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
         assert first.count("transaction: inserting") == 1
         assert "inserting" not in second and "confirming" not in second
         assert second.splitlines()[-1] == "order-1 confirmed, 1 order(s) in all"
+    if example.stem == "repair":
+        # Reserved once (the fork replayed it), charged once (by the fork).
+        assert first.count("reserving stock") == 1 and first.count("charging") == 1
+        assert "reserving" not in second and "charging" not in second
+        assert "order-9 failed: card declined" in second
+        assert second.splitlines()[-1] == (
+            "order-9-retry (forked from order-9): reserved order-9, charged order-9")
     if example.stem == "replay_check":
         assert "DIVERGES order-1 (checkout, SUCCESS): step 1: recorded ship, new code " \
             "calls ship_fast" in first

@@ -12,6 +12,7 @@ from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.executor.control import StartPoint, StartStep, StepNamed
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.sysdb.statements import (
     SUCCESS,
@@ -75,6 +76,14 @@ def filter_options(command: Any) -> Any:
                      help="Created at or after TIME (ISO 8601, or epoch milliseconds)."),
         click.option("--end-time", metavar="TIME",
                      help="Created at or before TIME (ISO 8601, or epoch milliseconds)."),
+        click.option("--completed-after", metavar="TIME",
+                     help="Completed at or after TIME (ISO 8601, or epoch milliseconds)."),
+        click.option("--completed-before", metavar="TIME",
+                     help="Completed at or before TIME (ISO 8601, or epoch milliseconds)."),
+        click.option("--dequeued-after", metavar="TIME",
+                     help="Taken from its queue at or after TIME (ISO 8601, or epoch ms)."),
+        click.option("--dequeued-before", metavar="TIME",
+                     help="Taken from its queue at or before TIME (ISO 8601, or epoch ms)."),
         click.option("--prefix", "prefixes", multiple=True, metavar="PREFIX",
                      help="Workflow ID prefix (repeatable)."),
         click.option("--application-version", "versions", multiple=True, metavar="VERSION",
@@ -85,6 +94,14 @@ def filter_options(command: Any) -> Any:
                      help="Parent workflow ID (repeatable)."),
         click.option("--forked-from", "forks", multiple=True, metavar="ID",
                      help="The workflow it was forked from (repeatable)."),
+        click.option("--was-forked-from/--no-was-forked-from", default=None,
+                     help="Only workflows that were (or were never) forked."),
+        click.option("--is-fork/--no-is-fork", default=None,
+                     help="Only forks (or only workflows that are not forks)."),
+        click.option("--has-parent/--no-has-parent", default=None,
+                     help="Only child workflows (or only top-level ones)."),
+        click.option("--schedule", "schedules", multiple=True, metavar="NAME",
+                     help="The schedule that started it (repeatable)."),
         click.option("--user", "users", multiple=True,
                      help="Authenticated user (repeatable)."),
         click.option("--attribute", "attributes", multiple=True, metavar="KEY=VALUE",
@@ -96,15 +113,25 @@ def filter_options(command: Any) -> Any:
     @functools.wraps(command)
     def with_filters(*args: Any, statuses: tuple[str, ...], names: tuple[str, ...],
                      queues: tuple[str, ...], queued: bool, start_time: str | None,
-                     end_time: str | None, prefixes: tuple[str, ...],
+                     end_time: str | None, completed_after: str | None,
+                     completed_before: str | None, dequeued_after: str | None,
+                     dequeued_before: str | None, prefixes: tuple[str, ...],
                      versions: tuple[str, ...], executors: tuple[str, ...],
                      parents: tuple[str, ...], forks: tuple[str, ...],
+                     was_forked_from: bool | None, is_fork: bool | None,
+                     has_parent: bool | None, schedules: tuple[str, ...],
                      users: tuple[str, ...], attributes: tuple[str, ...],
                      shard_keys: tuple[str, ...], **kwargs: Any) -> Any:
         filters: dict[str, Any] = dict(
             status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
             queue_name=_or_none(queues), queues_only=queued,
             start_time=_time_bound(start_time), end_time=_time_bound(end_time),
+            completed_after=_time_bound(completed_after),
+            completed_before=_time_bound(completed_before),
+            dequeued_after=_time_bound(dequeued_after),
+            dequeued_before=_time_bound(dequeued_before),
+            was_forked_from=was_forked_from, is_fork=is_fork, has_parent=has_parent,
+            schedule_name=_or_none(schedules),
             workflow_id_prefix=_or_none(prefixes), application_version=_or_none(versions),
             executor_id=_or_none(executors), parent_workflow_id=_or_none(parents),
             forked_from=_or_none(forks), authenticated_user=_or_none(users),
@@ -304,10 +331,46 @@ def resume_workflows(target: Target, workflow_ids: tuple[str, ...], queue: str |
         click.echo(f"Resumed {workflow_id}")
 
 
+def _start_options(command: Any) -> Any:
+    """``--step N``, ``--step-name NAME``, ``--last-failure`` or ``--last-step`` (at most
+    one; none: the first step): the command receives them as ``start_step``, what
+    ``fork_workflow`` and ``rewind_workflow`` take."""
+    options = [
+        click.option("--step", "position", type=click.IntRange(min=0),
+                     help="First step to run again, by position (default: 0, all of it)."),
+        click.option("--step-name", metavar="NAME",
+                     help="First step to run again: the first checkpoint named NAME."),
+        click.option("--last-failure", is_flag=True,
+                     help="First step to run again: the last one that failed."),
+        click.option("--last-step", is_flag=True,
+                     help="First step to run again: the last one recorded."),
+    ]
+
+    @functools.wraps(command)
+    def with_start(*args: Any, position: int | None, step_name: str | None,
+                   last_failure: bool, last_step: bool, **kwargs: Any) -> Any:
+        chosen: list[StartStep] = []
+        if position is not None:
+            chosen.append(position)
+        if step_name is not None:
+            chosen.append(StepNamed(step_name))
+        if last_failure:
+            chosen.append(StartPoint.LAST_FAILURE)
+        if last_step:
+            chosen.append(StartPoint.LAST_STEP)
+        if len(chosen) > 1:
+            raise click.UsageError("Give at most one of --step, --step-name, --last-failure "
+                                   "and --last-step")
+        return command(*args, start_step=chosen[0] if chosen else 0, **kwargs)
+
+    for option in reversed(options):
+        with_start = option(with_start)
+    return with_start
+
+
 @workflow.command("fork")
 @click.argument("workflow_id")
-@click.option("--step", "start_step", type=click.IntRange(min=0), required=True,
-              help="First step to run again; the steps before it replay the original's.")
+@_start_options
 @click.option("--new-id", help="ID of the new workflow (default: random).")
 @click.option("--application-version", help="Version of the executors that may run it.")
 @click.option("--queue", help="Queue to run it on (default: the internal queue).")
@@ -318,13 +381,13 @@ def resume_workflows(target: Target, workflow_ids: tuple[str, ...], queue: str |
                    "(repeatable).")
 @_shard_key_option
 @target_options
-def fork_workflow(target: Target, workflow_id: str, start_step: int, new_id: str | None,
+def fork_workflow(target: Target, workflow_id: str, start_step: StartStep, new_id: str | None,
                   application_version: str | None, queue: str | None, timeout: float | None,
                   replacements: tuple[str, ...], shard_key: str | None) -> None:
     """Fork a workflow from a step; prints the new ID.
 
-    The new workflow has the original's inputs; its steps before --step replay the
-    original's recorded results, the others run again."""
+    The new workflow has the original's inputs; its steps before the chosen one replay
+    the original's recorded results, the others run again."""
     children = {}
     for pair in replacements:
         old, sep, new = pair.partition("=")
@@ -345,16 +408,16 @@ def fork_workflow(target: Target, workflow_id: str, start_step: int, new_id: str
 
 @workflow.command("rewind")
 @click.argument("workflow_id")
-@click.option("--step", "start_step", type=click.IntRange(min=0), required=True,
-              help="First step to run again; later checkpoints are discarded.")
+@_start_options
 @click.option("--application-version", help="Version of the executors that may run it.")
 @click.option("--queue", help="Queue to run it on (default: the internal queue).")
 @_shard_key_option
 @target_options
-def rewind_workflow(target: Target, workflow_id: str, start_step: int,
+def rewind_workflow(target: Target, workflow_id: str, start_step: StartStep,
                     application_version: str | None, queue: str | None,
                     shard_key: str | None) -> None:
-    """Run a finished workflow again from a step, under its own ID."""
+    """Run a finished workflow again from a step, under its own ID; the chosen step's
+    checkpoint and later ones are discarded."""
 
     async def rewind() -> None:
         async with target.client() as client:
@@ -363,7 +426,8 @@ def rewind_workflow(target: Target, workflow_id: str, start_step: int,
                                          queue=queue, shard_key=shard_key)
 
     run(rewind())
-    click.echo(f"Rewound {workflow_id} to step {start_step}")
+    at = f" to step {start_step}" if isinstance(start_step, int) else ""
+    click.echo(f"Rewound {workflow_id}{at}")
 
 
 @workflow.command("delete")

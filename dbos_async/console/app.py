@@ -57,6 +57,7 @@ from dbos_async.sysdb.statements import (
     SUCCESS,
     WORKFLOW_STATUSES,
 )
+from dbos_async.web.views import query_flag
 
 PAGE_SIZE = 50
 CHILD_DEPTH = 3
@@ -408,12 +409,25 @@ def workflow_filters(q: QueryParams) -> dict[str, Any]:
         "queue_name": get("queue") or None,
         "start_time": get("start") or None,
         "end_time": get("end") or None,
+        "completed_after": get("completed_after") or None,
+        "completed_before": get("completed_before") or None,
+        "dequeued_after": get("dequeued_after") or None,
+        "dequeued_before": get("dequeued_before") or None,
+        "was_forked_from": _flag(get("was_forked_from"), "was_forked_from"),
+        "is_fork": _flag(get("is_fork"), "is_fork"),
+        "has_parent": _flag(get("has_parent"), "has_parent"),
+        "schedule_name": get("schedule") or None,
         "workflow_id_prefix": get("id_prefix") or None,
         "application_name": get("application") or None,
         "application_version": get("application_version") or None,
         "attributes": attributes,
         "shard_key": get("shard_key") or None,
     }
+
+
+def _flag(text: str | None, what: str) -> bool | None:
+    """A yes-or-no filter of a query; empty or absent is either."""
+    return query_flag(what, text) if text else None
 
 
 def _nesting(text: str) -> int:

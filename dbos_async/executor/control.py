@@ -11,6 +11,7 @@ executor has it, as plain JSON otherwise) and sends the notifications a cancel o
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import uuid
 from collections import Counter
@@ -36,8 +37,13 @@ from dbos_async.sysdb.notifications import (
 from dbos_async.sysdb.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
-from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, VersionRecord, WorkflowFilter
-from dbos_async.validation import check_identifier, check_lookups
+from dbos_async.sysdb.statements import (
+    ERROR,
+    INTERNAL_QUEUE_NAME,
+    VersionRecord,
+    WorkflowFilter,
+)
+from dbos_async.validation import check_identifier, check_lookup, check_lookups
 
 logger = logging.getLogger("dbos_async")
 
@@ -111,6 +117,14 @@ class WorkflowFilters(TypedDict, total=False):
     name: str | Sequence[str] | None
     start_time: TimeBound | None
     end_time: TimeBound | None
+    completed_after: TimeBound | None
+    completed_before: TimeBound | None
+    dequeued_after: TimeBound | None
+    dequeued_before: TimeBound | None
+    was_forked_from: bool | None
+    is_fork: bool | None
+    has_parent: bool | None
+    schedule_name: str | Sequence[str] | None
     queue_name: str | Sequence[str] | None
     parent_workflow_id: str | Sequence[str] | None
     forked_from: str | Sequence[str] | None
@@ -130,8 +144,13 @@ class WorkflowFilters(TypedDict, total=False):
 
 LOOKUP_FILTERS = ("workflow_ids", "status", "name", "queue_name", "parent_workflow_id",
                   "forked_from", "executor_id", "application_version", "authenticated_user",
-                  "workflow_id_prefix", "application_name", "shard_key", "parent_shard_key")
+                  "workflow_id_prefix", "application_name", "shard_key", "parent_shard_key",
+                  "schedule_name")
 """The filters compared with stored names and IDs: a value no row can hold is refused."""
+
+
+FLAG_FILTERS = ("was_forked_from", "is_fork", "has_parent", "queues_only", "sort_desc")
+"""The filters that are yes-or-no questions: only a bool (or None: either) answers one."""
 
 
 def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
@@ -144,6 +163,9 @@ def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
     check_page(filters.get("limit"), filters.get("offset"))
     for argument in LOOKUP_FILTERS:
         check_lookups(filters.get(argument), argument)
+    for flag in FLAG_FILTERS:
+        if not isinstance(filters.get(flag), bool | None):
+            raise DBOSError(f"{flag} must be True, False or None, got {filters.get(flag)!r}")
     workflow_ids = filters.get("workflow_ids")
     return WorkflowFilter(
         workflow_ids=list(workflow_ids) if workflow_ids is not None else None,
@@ -151,8 +173,16 @@ def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
         names=as_list(filters.get("name")),
         start_ms=epoch_ms(filters.get("start_time"), "start_time"),
         end_ms=epoch_ms(filters.get("end_time"), "end_time"),
+        completed_after_ms=epoch_ms(filters.get("completed_after"), "completed_after"),
+        completed_before_ms=epoch_ms(filters.get("completed_before"), "completed_before"),
+        dequeued_after_ms=epoch_ms(filters.get("dequeued_after"), "dequeued_after"),
+        dequeued_before_ms=epoch_ms(filters.get("dequeued_before"), "dequeued_before"),
+        was_forked_from=filters.get("was_forked_from"),
+        is_fork=filters.get("is_fork"),
+        has_parent=filters.get("has_parent"),
+        schedule_names=as_list(filters.get("schedule_name")),
         queue_names=as_list(filters.get("queue_name")),
-        queues_only=filters.get("queues_only", False),
+        queues_only=bool(filters.get("queues_only")),
         parent_workflow_ids=as_list(filters.get("parent_workflow_id")),
         forked_from=as_list(filters.get("forked_from")),
         executor_ids=as_list(filters.get("executor_id")),
@@ -164,7 +194,7 @@ def workflow_filter(filters: WorkflowFilters, *, load_input: bool,
         shard_keys=as_list(filters.get("shard_key")),
         parent_shard_keys=as_list(filters.get("parent_shard_key")),
         limit=filters.get("limit"), offset=filters.get("offset"),
-        sort_desc=filters.get("sort_desc", False),
+        sort_desc=bool(filters.get("sort_desc")),
         load_input=load_input, load_output=load_output,
     )
 
@@ -326,6 +356,71 @@ def _timeout_ms(timeout: float | None) -> int | None:
     return int(timeout * 1000)
 
 
+class StartPoint(enum.Enum):
+    """Where a fork or a rewind starts, found in the workflow's recorded steps when the
+    call is made."""
+
+    LAST_FAILURE = "last_failure"
+    """The last step that recorded an error (it and what follows run again); for a
+    workflow whose body failed after its last checkpoint, one past that checkpoint."""
+    LAST_STEP = "last_step"
+    """The last recorded checkpoint: it and what follows run again."""
+
+
+@dataclass(frozen=True)
+class StepNamed:
+    """A fork or rewind starting at the checkpoint named ``name``: its ``occurrence``-th
+    one by position (from 0; negative counts back from the last, -1 being the last)."""
+
+    name: str
+    occurrence: int = 0
+
+
+StartStep = int | StartPoint | StepNamed
+"""A fork's or a rewind's first step to run again: a position (``function_id``), or a
+point found in the recorded steps."""
+
+
+async def start_position(peer: Peer, workflow_id: str, start: StartStep) -> int:
+    """The position ``start`` names in ``workflow_id``'s recorded steps (a position is
+    itself; its range is checked by the fork or rewind). Raises :class:`DBOSError` when
+    the steps have no such point, :class:`NonExistentWorkflowError` for an unknown ID."""
+    if isinstance(start, int) and not isinstance(start, bool):
+        return start
+    sysdb = peer.system_database
+    if start is StartPoint.LAST_STEP:
+        found = await sysdb.step_position(workflow_id)
+    elif start is StartPoint.LAST_FAILURE:
+        found = await sysdb.step_position(workflow_id, failed=True)
+    elif isinstance(start, StepNamed):
+        check_lookup(start.name, "step name")
+        if isinstance(start.occurrence, bool) or not isinstance(start.occurrence, int):
+            raise DBOSError(f"StepNamed.occurrence must be an integer, got "
+                            f"{start.occurrence!r}")
+        found = await sysdb.step_position(workflow_id, name=start.name,
+                                          index=start.occurrence)
+    else:
+        raise DBOSError("start_step must be a step position (an int), StartPoint.LAST_FAILURE,"
+                        f" StartPoint.LAST_STEP or StepNamed(name), got {start!r}")
+    if found is not None:
+        return found
+    row = await sysdb.get_workflow(workflow_id)
+    if row is None:
+        raise NonExistentWorkflowError(workflow_id)
+    if start is StartPoint.LAST_STEP:
+        return 0  # nothing recorded: all of it runs again
+    if start is StartPoint.LAST_FAILURE:
+        if row.status != ERROR:
+            raise DBOSError(f"Workflow {workflow_id!r} has no failure to start from: no step "
+                            f"recorded an error and it is {row.status}")
+        # The body failed after its last checkpoint: run on from there.
+        last = await sysdb.step_position(workflow_id)
+        return 0 if last is None else last + 1
+    assert isinstance(start, StepNamed)
+    raise DBOSError(f"Workflow {workflow_id!r} has no step named {start.name!r} "
+                    f"(occurrence {start.occurrence})")
+
+
 @dataclass(frozen=True)
 class ForkRequest:
     """One fork of :meth:`~dbos_async.DBOS.fork_workflows`: workflow ``workflow_id``
@@ -334,7 +429,7 @@ class ForkRequest:
     ``replacement_children`` instead."""
 
     workflow_id: str
-    start_step: int
+    start_step: StartStep = 0
     new_workflow_id: str | None = None
     shard_key: str | None = None
     replacement_children: dict[str, str] | None = None
@@ -359,8 +454,9 @@ async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: fl
                             f"workflow: {f!r}")
         with bind_shard_keys({f.workflow_id: f.shard_key}):
             key = sysdb.sql.key_hint(f.workflow_id)
+            start = await start_position(peer, f.workflow_id, f.start_step)
         specs.append(ForkSpec(f.workflow_id, f.new_workflow_id or str(uuid.uuid4()),
-                              f.start_step, key, dict(f.replacement_children or {})))
+                              start, key, dict(f.replacement_children or {})))
     new_ids = [(s.shard_key, s.fork_id) for s in specs]
     repeated = sorted(i for (_, i), n in Counter(new_ids).items() if n > 1)
     if repeated:
@@ -374,24 +470,25 @@ async def fork(peer: Peer, forks: Sequence[ForkRequest], *, workflow_timeout: fl
     return [WorkflowAddress(s.fork_id, s.shard_key) for s in specs]
 
 
-async def rewind(peer: Peer, workflow_id: str, start_step: int, *,
+async def rewind(peer: Peer, workflow_id: str, start_step: StartStep, *,
                  application_version: str | None, queue_name: str | None) -> None:
     """Discard a finished workflow's history from ``start_step`` on and re-enqueue it
     under its own ID; steps from ``start_step`` run again."""
     queue = queue_name or INTERNAL_QUEUE_NAME
     sysdb = peer.system_database
     ref = (workflow_id, sysdb.sql.key_hint(workflow_id))
+    start = await start_position(peer, workflow_id, start_step)
 
     async def discard_transactions() -> None:
         # The outcomes transactions recorded from the cut on, or they would replay.
         for database in peer.application_databases.values():
-            await database.delete_outputs([ref], start_step)
+            await database.delete_outputs([ref], start)
 
-    await sysdb.rewind(workflow_id, start_step, queue_name=queue,
+    await sysdb.rewind(workflow_id, start, queue_name=queue,
                        application_version=application_version,
                        while_locked=discard_transactions)
     _announce_enqueued(peer, queue)
-    logger.info("Rewound workflow %s to step %s", workflow_id, start_step)
+    logger.info("Rewound workflow %s to step %s", workflow_id, start)
 
 
 # ---- Changes in place: priority, delay, attributes, application name ----

@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import (
     DBOSError,
+    InvalidArgumentError,
     QueueNotFoundError,
     ScheduleError,
     WorkflowNotRegisteredError,
@@ -113,11 +114,13 @@ class DBOS(Operator):
     def workflow(
         self, fn: None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
+        max_recovery_attempts: int | None = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]: ...
 
     def workflow(
         self, fn: AsyncFn[P, R] | None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
+        max_recovery_attempts: int | None = None,
     ) -> AsyncFn[P, R] | Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Make an ``async def`` function (or method) a durable workflow: ``@dbos.workflow``
         or ``@dbos.workflow(...)``.
@@ -126,11 +129,24 @@ class DBOS(Operator):
             name: the name it is recorded and recovered under (default: its qualified name).
             required_roles: only an identity (``SetAuthentication``) holding one of these
                 roles may start it.
+            max_recovery_attempts: recoveries it gets before recovery dead-letters it
+                (``MAX_RECOVERY_ATTEMPTS_EXCEEDED``), as the ``dbos`` package's option
+                does (default: the ``max_recovery_attempts`` setting).
+
+        Returns:
+            The workflow: calling it runs it durably and returns its result.
 
         Raises:
             DBOSError: the function is not an ``async def``, or an option was passed by
                 position.
+            InvalidArgumentError: ``max_recovery_attempts`` is not an integer >= 0.
         """
+        if max_recovery_attempts is not None and (
+                isinstance(max_recovery_attempts, bool)
+                or not isinstance(max_recovery_attempts, int) or max_recovery_attempts < 0):
+            raise InvalidArgumentError("max_recovery_attempts",
+                                       f"expected an integer >= 0, got "
+                                       f"{max_recovery_attempts!r}")
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             _require_async(fn, "@dbos.workflow")
@@ -143,6 +159,7 @@ class DBOS(Operator):
                 is_method=method,
                 owner=self,
                 required_roles=required_roles_of(required_roles, f"Workflow {workflow_name!r}"),
+                max_recovery_attempts=max_recovery_attempts,
             )
             self._registry.add_workflow(info)
 
@@ -485,12 +502,36 @@ class DBOS(Operator):
 
     # ---- Maintenance jobs (see executor/maintenance.py) ----
 
-    async def garbage_collect(self, cutoff_epoch_ms: int,
-                              batch_size: int | None = None) -> int | None:
-        """Run the retention job now: delete terminal workflows finished before the cutoff.
-        Returns how many, or None if another executor is running the job."""
+    async def garbage_collect(self, cutoff_epoch_ms: int | None = None,
+                              batch_size: int | None = None, *,
+                              rows_threshold: int | None = None) -> int | None:
+        """Run the retention job now: delete terminal workflows finished before
+        ``cutoff_epoch_ms``, and those created before the ``rows_threshold`` newest
+        workflows of this application (and unclaimed ones), as the ``dbos`` package's
+        ``garbage_collect`` does.
+
+        Args:
+            cutoff_epoch_ms: The age bound (epoch milliseconds); None: none.
+            batch_size: Workflows deleted per statement (default ``retention_batch_size``).
+            rows_threshold: How many newest workflows to keep; None: no row bound.
+
+        Returns:
+            How many were deleted, or None if another executor is running the job.
+
+        Raises:
+            DBOSError: Neither bound was given, or one is not a non-negative integer.
+        """
+        for name, value, low in (("cutoff_epoch_ms", cutoff_epoch_ms, 0),
+                                 ("batch_size", batch_size, 1),
+                                 ("rows_threshold", rows_threshold, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < low):
+                raise DBOSError(f"{name} must be an integer >= {low}, got {value!r}")
+        if cutoff_epoch_ms is None and rows_threshold is None:
+            raise DBOSError("garbage_collect needs cutoff_epoch_ms, rows_threshold or both")
         return await maintenance.run_retention(
-            self._operating(), cutoff_epoch_ms, batch_size or self.config.retention_batch_size)
+            self._operating(), cutoff_epoch_ms, batch_size or self.config.retention_batch_size,
+            rows_threshold)
 
     async def global_timeout(self, cutoff_epoch_ms: int) -> list[str] | None:
         """Run the global timeout now: cancel in-flight workflows created before the

@@ -69,6 +69,9 @@ class WorkflowStatus:
     # The owning application (None: unclaimed) and the custom attributes set at start.
     application_name: str | None = None
     attributes: dict[str, Any] | None = None
+    # Whether a fork was made of it, and the schedule that started it (if one did).
+    was_forked_from: bool = False
+    schedule_name: str | None = None
     # Its shard key and its parent's (sharded databases only).
     shard_key: str | None = None
     parent_shard_key: str | None = None

@@ -24,18 +24,24 @@ from dbos_async.sysdb.repeats import Repeats
 logger = logging.getLogger("dbos_async")
 
 
-async def run_retention(runtime: Runtime, cutoff_ms: int, batch_size: int) -> int | None:
-    """Delete terminal workflows finished before ``cutoff_ms``, ``batch_size`` per
-    statement. Returns how many, or None if another executor holds the job's lock."""
-    total = await runtime.system_database.delete_finished_before(cutoff_ms, batch_size)
+async def run_retention(runtime: Runtime, cutoff_ms: int | None, batch_size: int,
+                        rows_threshold: int | None = None) -> int | None:
+    """Delete terminal workflows finished before ``cutoff_ms`` and those older than the
+    ``rows_threshold`` newest workflows, ``batch_size`` per statement. Returns how many, or
+    None if another executor holds the job's lock."""
+    total = await runtime.system_database.delete_finished_before(cutoff_ms, batch_size,
+                                                                 rows_threshold)
     if total is None:
         return None
-    for database in runtime.application_databases.values():
-        # Their transactions' records too: by then every one is in its workflow's
-        # checkpoints (or its workflow is gone).
-        await database.delete_outputs_before(cutoff_ms, batch_size)
+    if cutoff_ms is not None:
+        for database in runtime.application_databases.values():
+            # Their transactions' records too: by then every one is in its workflow's
+            # checkpoints (or its workflow is gone). Not by rows: an old workflow may
+            # still be running.
+            await database.delete_outputs_before(cutoff_ms, batch_size)
     if total:
-        logger.info("Retention deleted %d workflows finished before %d", total, cutoff_ms)
+        logger.info("Retention deleted %d workflows (finished before %s, or older than "
+                    "the %s newest)", total, cutoff_ms, rows_threshold)
     return total
 
 
@@ -57,9 +63,11 @@ async def run_global_timeout(runtime: Runtime, cutoff_ms: int) -> list[str] | No
 async def run_jobs_once(runtime: Runtime) -> None:
     config = runtime.config
     now = runtime.system_database.clock.now_ms()
-    if config.retention_hours is not None:
-        await run_retention(runtime, now - int(config.retention_hours * 3_600_000),
-                            config.retention_batch_size)
+    if config.retention_hours is not None or config.retention_rows_threshold is not None:
+        cutoff = (None if config.retention_hours is None
+                  else now - int(config.retention_hours * 3_600_000))
+        await run_retention(runtime, cutoff, config.retention_batch_size,
+                            config.retention_rows_threshold)
     if config.global_timeout_hours is not None:
         await run_global_timeout(runtime, now - int(config.global_timeout_hours * 3_600_000))
 
@@ -79,6 +87,7 @@ async def maintenance_loop(runtime: Runtime) -> None:
 
 def start(runtime: Runtime) -> None:
     config = runtime.config
-    if config.retention_hours is not None or config.global_timeout_hours is not None:
+    if config.retention_hours is not None or config.retention_rows_threshold is not None \
+            or config.global_timeout_hours is not None:
         runtime.background.supervise(functools.partial(maintenance_loop, runtime),
                                      "maintenance jobs")

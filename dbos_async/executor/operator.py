@@ -27,6 +27,7 @@ from dbos_async.executor import control, exports, messaging, observability
 from dbos_async.executor.control import (
     ApplicationVersion,
     ForkRequest,
+    StartStep,
     TimeBound,
     WorkflowFilters,
     WorkflowStepInfo,
@@ -132,6 +133,18 @@ class Operator(ScheduleOperator):
         """Whether the system database is sharded (workflows are addressed with a shard
         key there)."""
         return self._peer().system_database.sharded
+
+    async def check_connection(self) -> None:
+        """Check that the system database answers now, as the ``dbos`` package's
+        ``DBOSClient.check_connection`` does: one round trip on a pooled connection,
+        within ``connect_timeout``, not retried.
+
+        Raises:
+            DatabaseUnavailableError: The database did not answer (its servers and the
+                cause named).
+            DBOSError: This executor or client is not running.
+        """
+        await self._peer().system_database.check_connection()
 
     # ---- Handles and waits ----
 
@@ -307,7 +320,8 @@ class Operator(ScheduleOperator):
         return [await self._handle(workflow_id, shard_key) for workflow_id in ids]
 
     async def fork_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        self, workflow_id: str, start_step: StartStep = 0, *,
+        application_version: str | None = None,
         queue: str | Queue | None = None, replacement_children: dict[str, str] | None = None,
         new_workflow_id: str | None = None, workflow_timeout: float | None = None,
         shard_key: str | None = None, queue_partition_key: str | None = None,
@@ -317,8 +331,11 @@ class Operator(ScheduleOperator):
         and streams up to there); steps from ``start_step`` run again. The new ID is
         ``new_workflow_id``, else (in an executor) the one ``SetWorkflowID`` gives, else
         random; its timeout is ``workflow_timeout``, else (in an executor) the one
-        ``SetWorkflowTimeout`` gives. ``start_step`` must be between 0 and one past the
-        last recorded step. ``replacement_children`` maps child IDs recorded in the copied
+        ``SetWorkflowTimeout`` gives. ``start_step`` (0, the whole workflow, by default)
+        must be between 0 and one past the last recorded step, or a point found in the
+        recorded steps: ``StartPoint.LAST_FAILURE``, ``StartPoint.LAST_STEP`` or
+        ``StepNamed(name, occurrence=0)`` (one that is not there raises
+        :class:`DBOSError`). ``replacement_children`` maps child IDs recorded in the copied
         steps to other workflows to use instead. The fork lives under the original's
         ``shard_key``. On a partitioned ``queue`` the fork needs ``queue_partition_key``,
         the partition it is enqueued in."""
@@ -366,10 +383,13 @@ class Operator(ScheduleOperator):
         return [await self._handle(f.workflow_id, f.shard_key) for f in forked]
 
     async def rewind_workflow(
-        self, workflow_id: str, start_step: int, *, application_version: str | None = None,
+        self, workflow_id: str, start_step: StartStep = 0, *,
+        application_version: str | None = None,
         queue: str | Queue | None = None, shard_key: str | None = None,
     ) -> WorkflowHandle[Any]:
-        """Rewind a finished workflow in place: its checkpoints from ``start_step`` on are
+        """Rewind a finished workflow in place: its checkpoints from ``start_step`` on (0,
+        the whole workflow, by default; or a point found in its recorded steps, as
+        :meth:`fork_workflow` takes it) are
         discarded (events rolled back, stream close markers removed, messages consumed
         since deleted) and it is re-enqueued under the same ID to run them again."""
         check_identifier(application_version, "application_version", optional=True)
@@ -389,8 +409,12 @@ class Operator(ScheduleOperator):
         ``offset``. The filters (:class:`~dbos_async.executor.control.WorkflowFilters`):
         ``workflow_ids``, ``status``, ``name``, ``queue_name``, ``parent_workflow_id``,
         ``forked_from``, ``executor_id``, ``application_version``, ``authenticated_user``,
-        ``workflow_id_prefix``; ``start_time``/``end_time`` bound ``created_at``
-        (inclusive). ``load_input``/``load_output`` fill ``input``, ``output`` and
+        ``workflow_id_prefix``, ``schedule_name``; ``start_time``/``end_time`` bound
+        ``created_at``, ``completed_after``/``completed_before`` ``completed_at`` and
+        ``dequeued_after``/``dequeued_before`` ``started_at_epoch_ms`` (inclusive);
+        ``has_parent``, ``is_fork`` and ``was_forked_from`` (True, False or None: either)
+        keep children or top-level workflows, forks or others, workflows forked or
+        not. ``load_input``/``load_output`` fill ``input``, ``output`` and
         ``error`` (typed by the registered workflow's signature in an executor that has it,
         plain JSON otherwise). ``application_name`` lists those applications' workflows
         (and unclaimed ones); by default this executor's or client's own application's

@@ -73,6 +73,7 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
         idle_transaction_timeout_ms=math.ceil(config.idle_transaction_timeout * 1000),
         observability_query_timeout_ms=math.ceil(config.observability_query_timeout * 1000),
         clock=clock_of(config),
+        connect_options=config.connect_options,
     )
 
 

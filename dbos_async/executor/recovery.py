@@ -63,10 +63,14 @@ async def _dead_letter_and_requeue(runtime: Runtime, executor_id: str) -> None:
     running = runtime.running()
     version = runtime.application_version
     max_attempts = runtime.config.max_recovery_attempts
+    # The workflows registered with a limit of their own (@dbos.workflow option).
+    limits = {name: info.max_recovery_attempts
+              for name, info in runtime.registry.workflows.items()
+              if info.max_recovery_attempts is not None}
     for workflow_id, shard_key in await sysdb.dead_letter_pending(
-            executor_id, version, max_attempts, exclude=running):
-        logger.error("Workflow %s exceeded %d recovery attempts and was dead-lettered "
-                     "(MAX_RECOVERY_ATTEMPTS_EXCEEDED)", workflow_id, max_attempts)
+            executor_id, version, max_attempts, exclude=running, limits=limits):
+        logger.error("Workflow %s exceeded its recovery attempts and was dead-lettered "
+                     "(MAX_RECOVERY_ATTEMPTS_EXCEEDED)", workflow_id)
         runtime.notify_completion(workflow_id, shard_key)
     requeued = await sysdb.requeue_pending(executor_id, version, exclude=running)
     for queue_name in {queue for _, queue in requeued}:

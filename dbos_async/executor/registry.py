@@ -38,6 +38,8 @@ class WorkflowInfo:
     owner: object  # The DBOS instance that registered it.
     # Roles one of which its caller must hold (None: anyone may call it).
     required_roles: tuple[str, ...] | None = None
+    # Recoveries it gets before it is dead-lettered (None: the max_recovery_attempts setting).
+    max_recovery_attempts: int | None = None
 
     @property
     def class_name(self) -> str | None:

@@ -8,6 +8,7 @@ time addresses the same workflow and only the first insert starts it. The workfl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterator
@@ -178,8 +179,10 @@ async def fire(peer: Peer, executor_id: str, record: ScheduleRecord, time: datet
                       application_version=None, now_ms=peer.system_database.clock.now_ms(),
                       placement=Placement(record.queue_name or INTERNAL_QUEUE_NAME),
                       class_name=record.workflow_class_name)
+    # The schedule recorded on the row (for list_workflows(schedule_name=...)), as DBOS does.
+    row = dataclasses.replace(plan.row, schedule_name=name)
     await peer.system_database.fire_schedule(
-        None if triggered else name, time.isoformat(), int(time.timestamp() * 1000), plan.row,
+        None if triggered else name, time.isoformat(), int(time.timestamp() * 1000), row,
         plan.creator_xid, announce=(ENQUEUE_CHANNEL, announcement_key(plan.row)))
     return workflow_id
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Literal, TypeAlias, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -70,12 +70,13 @@ class DatabaseCore:
         idle_transaction_timeout_ms: int = DEFAULT_IDLE_TRANSACTION_TIMEOUT_MS,
         observability_query_timeout_ms: int = DEFAULT_OBSERVABILITY_QUERY_TIMEOUT_MS,
         clock: Clock = SYSTEM_CLOCK,
+        connect_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = url
         # The time every timestamp written and every durable timer is read from.
         self.clock = clock
         # Every connection of this handle goes to a server the fence admits.
-        self.fence = TimelineFence(url)
+        self.fence = TimelineFence(url, connect_options)
         self.schema = schema
         # Which kind of schema this handle migrates, verifies and addresses.
         self.sharded = sharded
@@ -145,7 +146,8 @@ class DatabaseCore:
             connect_timeout=self._connect_timeout, connection_name=self._connection_name,
             fence=self.fence))
         if self.coordination_url != self.url:
-            self.coordination_fence = TimelineFence(self.coordination_url)
+            self.coordination_fence = TimelineFence(self.coordination_url,
+                                                    self.fence.options)
         self._pool = await run("opening the connection pool", lambda: (
             connection.create_pool(self.url, self._pool_size, self._connect_timeout,
                                    self._connection_name, self.fence)))
@@ -153,6 +155,22 @@ class DatabaseCore:
             citus = self.sql.routes_single_tables()
             self.routes_single_tables = bool(await run(
                 "reading the database's extensions", lambda: self.pool.fetchval(citus.sql)))
+
+    async def check_connection(self) -> None:
+        """One round trip on a connection of the pool, within the connect timeout and not
+        retried: raises :class:`DatabaseUnavailableError` if the database does not answer."""
+
+        async def round_trip() -> None:
+            try:
+                async with asyncio.timeout(self._connect_timeout), \
+                        self.pool.acquire() as conn:
+                    await conn.fetchval("SELECT 1")
+            except TimeoutError:
+                raise DatabaseUnavailableError(
+                    f"The system database {connection.parsed_url(self.url).describe()} did "
+                    f"not answer within {self._connect_timeout} s") from None
+
+        await self._once("checking the connection", round_trip)
 
     async def _replace_connections(self) -> None:
         """Close the pool's connections as they come back (a server under them became a

@@ -799,11 +799,13 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
 
     async def dead_letter_pending(self, executor_id: str, application_version: str | None,
-                                  max_attempts: int, exclude: Sequence[WorkflowRef] = ()
+                                  max_attempts: int, exclude: Sequence[WorkflowRef] = (),
+                                  limits: Mapping[str, int] | None = None
                                   ) -> list[tuple[str, str | None]]:
-        """Dead-letter this executor's workflows past ``max_attempts``: [(workflow, key)]."""
+        """Dead-letter this executor's workflows past ``max_attempts`` (or their name's
+        limit in ``limits``): [(workflow, key)]."""
         query = self.sql.dead_letter_pending(executor_id, application_version, max_attempts,
-                                             self.clock.now_ms(), exclude)
+                                             self.clock.now_ms(), exclude, limits)
         rows = await self._fetch(query, "dead-lettering workflows")
         return [(row["workflow_uuid"], row.get("shard_key")) for row in rows]
 

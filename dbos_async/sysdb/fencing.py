@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -69,7 +69,9 @@ class TimelineFence:
     of the handle (its pool, its LISTEN connection, its executor-ID lock) is opened through
     :meth:`connect`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
+        # asyncpg.connect arguments of every connection (the connect_options setting).
+        self.options = dict(options or {})
         # The servers the URL lists, in order (asyncpg reports a URL it cannot read).
         try:
             self.servers: tuple[Host, ...] = parse_database_url(url).hosts
@@ -89,6 +91,7 @@ class TimelineFence:
             StaleServerError: every server that answered was refused as older.
             DatabaseUnavailableError: two writable servers on the same timeline (at entry).
         """
+        options = {**self.options, **options}
         if len(self.servers) < 2:
             conn: asyncpg.Connection = await asyncpg.connect(dsn, **options)
             where = str(self.servers[0]) if self.servers else "the server of the URL"
@@ -166,7 +169,8 @@ class TimelineFence:
                 try:
                     conn = await asyncpg.connect(
                         dsn, host=server.address, port=server.port, database=database,
-                        timeout=PROBE_TIMEOUT, server_settings=server_settings)
+                        timeout=PROBE_TIMEOUT, server_settings=server_settings,
+                        **self.options)
                     break
                 except asyncpg.InvalidCatalogNameError:
                     continue

@@ -23,6 +23,7 @@ from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
 from dbos_async.sysdb.statements import (
     ACTIVE_STATUSES,
     Query,
+    RetentionCutoff,
     VersionRecord,
     WorkflowFilter,
     WorkflowRef,
@@ -172,6 +173,15 @@ class WorkflowOperations(DatabaseCore):
             self.sql.list_steps(workflow_id, limit=limit, offset=offset, load_output=load_output),
             f"listing the steps of {workflow_id}")
 
+    async def step_position(self, workflow_id: str, *, name: str | None = None,
+                            failed: bool = False, index: int = -1) -> int | None:
+        """The position of a workflow's checkpoint chosen as
+        :meth:`ControlStatements.step_position` chooses it; None if there is none."""
+        row = await self._fetchrow(
+            self.sql.step_position(workflow_id, name=name, failed=failed, index=index),
+            f"finding a step of {workflow_id}")
+        return None if row is None else int(row["function_id"])
+
     # ---- Application versions ----
 
     async def register_version(self, version_name: str) -> None:
@@ -241,14 +251,22 @@ class WorkflowOperations(DatabaseCore):
                 return False, None
             return True, await job(conn)
 
-    async def delete_finished_before(self, cutoff_ms: int, batch_size: int) -> int | None:
-        """The retention job: delete terminal workflows finished before ``cutoff_ms``,
-        ``batch_size`` per statement. How many, or None if another executor holds the lock."""
+    async def delete_finished_before(self, cutoff_ms: int | None, batch_size: int,
+                                     rows_threshold: int | None = None) -> int | None:
+        """The retention job: delete terminal workflows finished before ``cutoff_ms``, and
+        those older than the ``rows_threshold`` newest workflows, ``batch_size`` per
+        statement. How many, or None if another executor holds the lock."""
 
         async def job(conn: JobConnection) -> int:
+            created_before = None
+            if rows_threshold is not None:
+                q = self.sql.newest_created_at(rows_threshold)
+                # Fewer workflows than the threshold: none is past it.
+                created_before = await conn.fetchval(q.sql, *q.params)
+            cutoff = RetentionCutoff(cutoff_ms, created_before)
             total = 0
             while True:
-                deleted = await self._delete_terminal_batch(conn, cutoff_ms, batch_size)
+                deleted = await self._delete_terminal_batch(conn, cutoff, batch_size)
                 total += deleted
                 if deleted < batch_size:
                     return total
@@ -277,15 +295,15 @@ class WorkflowOperations(DatabaseCore):
         ran, rows = await self.run_locked(GLOBAL_TIMEOUT_JOB, job)
         return rows if ran else None
 
-    async def _delete_terminal_batch(self, conn: JobConnection, cutoff_ms: int,
+    async def _delete_terminal_batch(self, conn: JobConnection, cutoff: RetentionCutoff,
                                      batch_size: int) -> int:
         """One retention batch: one statement unsharded; sharded, the batch read across
         keys, then each key's workflows deleted with their rows."""
         if not self.sharded:
-            return len(await _fetch_on(conn, self.sql.delete_terminal_batch(cutoff_ms,
+            return len(await _fetch_on(conn, self.sql.delete_terminal_batch(cutoff,
                                                                             batch_size)))
         victims = _refs_of(await _fetch_on(
-            conn, self.sql.terminal_finished_before(cutoff_ms, batch_size)))
+            conn, self.sql.terminal_finished_before(cutoff, batch_size)))
         for key, ids in _by_key(victims).items():
             with bind_shard_keys(dict.fromkeys(ids, key)):
                 for q in self.sql.delete(ids):

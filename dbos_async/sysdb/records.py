@@ -82,6 +82,8 @@ class StatusRecord(WorkflowRow):
     priority: int
     queue_partition_key: str | None
     application_name: str | None
+    was_forked_from: bool = False
+    schedule_name: str | None = None
     output: str | None = None
     error: str | None = None
     parent_shard_key: str | None = None
@@ -197,6 +199,8 @@ def status_record(row: asyncpg.Record) -> StatusRecord:
         priority=row["priority"] or 0,
         queue_partition_key=row["queue_partition_key"],
         application_name=row["application_name"],
+        was_forked_from=bool(row.get("was_forked_from")),
+        schedule_name=row.get("schedule_name"),
         output=row.get("output"),
         error=row.get("error"),
         parent_shard_key=row.get("parent_shard_key"),

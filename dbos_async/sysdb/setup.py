@@ -34,7 +34,7 @@ async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
     finally:
         await conn.close()
     conn = await connection.connect(coordinator, connect_timeout, connection_name,
-                                    TimelineFence(coordinator))
+                                    TimelineFence(coordinator, fence.options if fence else None))
     try:
         return await _migrate_or_verify(conn, schema, sharded, run_migrations), coordinator
     finally:
@@ -80,5 +80,6 @@ async def migrate(system_database_url: str | None = None, *, schema_name: str | 
     version, _ = await prepare(url, config.schema_name, sharded=await sharded(config),
                          run_migrations=True,
                          connect_timeout=config.connect_timeout,
-                         connection_name=config.connection_name, fence=TimelineFence(url))
+                         connection_name=config.connection_name,
+                         fence=TimelineFence(url, config.connect_options))
     return version

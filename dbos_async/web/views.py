@@ -26,10 +26,13 @@ MAX_LIMIT = 1000
 LIST_FILTERS = frozenset({
     "workflow_ids", "status", "name", "queue_name", "parent_workflow_id", "forked_from",
     "executor_id", "application_version", "authenticated_user", "workflow_id_prefix",
-    "application_name", "shard_key", "parent_shard_key",
+    "application_name", "shard_key", "parent_shard_key", "schedule_name",
 })
-FLAGS = frozenset({"sort_desc", "load_input", "load_output"})
-SINGLE = frozenset({"start_time", "end_time", "attributes", "limit", "offset"})
+FLAGS = frozenset({"sort_desc", "load_input", "load_output", "was_forked_from", "is_fork",
+                   "has_parent"})
+TIME_BOUNDS = frozenset({"start_time", "end_time", "completed_after", "completed_before",
+                         "dequeued_after", "dequeued_before"})
+SINGLE = TIME_BOUNDS | {"attributes", "limit", "offset"}
 LIST_PARAMETERS = LIST_FILTERS | FLAGS | SINGLE
 ONE_PARAMETERS = frozenset({"shard_key"})
 
@@ -134,7 +137,9 @@ def listing_filters(query: Query) -> dict[str, Any]:
     return filters
 
 
-def _flag(name: str, value: str) -> bool:
+def query_flag(name: str, value: str) -> bool:
+    """A yes-or-no query parameter; anything but true or false raises
+    :class:`InvalidRequestError` naming it."""
     lowered = value.lower()
     if lowered in ("true", "1", "yes"):
         return True
@@ -185,7 +190,6 @@ def _attributes(name: str, value: str) -> dict[str, Any]:
 
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
-    "sort_desc": _flag, "load_input": _flag, "load_output": _flag,
+    **dict.fromkeys(FLAGS, query_flag), **dict.fromkeys(TIME_BOUNDS, _bound),
     "limit": _limit, "offset": _offset, "attributes": _attributes,
-    "start_time": _bound, "end_time": _bound,
 }

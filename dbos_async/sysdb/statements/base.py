@@ -100,6 +100,8 @@ class NewWorkflow:
     is_debounced: bool = False
     # Custom attributes (a JSON object as text), stored in the jsonb ``attributes`` column.
     attributes: str | None = None
+    # The schedule that started it, if one did.
+    schedule_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ class StatementBase:
         "workflow_timeout_ms", "workflow_deadline_epoch_ms", "started_at_epoch_ms",
         "deduplication_id", "priority", "queue_partition_key", "forked_from",
         "parent_workflow_id", "serialization", "completed_at", "application_name",
-        "attributes",
+        "attributes", "was_forked_from", "schedule_name",
     )
 
     def status_select(self, *, load_input: bool, load_output: bool) -> tuple[str, str]:

@@ -62,8 +62,11 @@ def job_lock_key(schema: str, application_name: str | None, job_name: str) -> in
 class WorkflowFilter:
     """Filters of a workflow listing; list-valued filters match any of their values.
 
-    Times are epoch milliseconds on ``created_at`` (``start_ms`` inclusive, ``end_ms``
-    inclusive).
+    Times are epoch milliseconds, every bound inclusive: ``start_ms``/``end_ms`` on
+    ``created_at``, ``completed_*`` on ``completed_at``, ``dequeued_*`` on
+    ``started_at_epoch_ms`` (when a claim took it from its queue). A bound excludes the rows
+    whose column is NULL. The three-valued flags (None: either) test ``was_forked_from``,
+    ``forked_from IS NOT NULL`` (``is_fork``) and ``parent_workflow_id IS NOT NULL``.
     """
 
     workflow_ids: Sequence[str] | None = None
@@ -71,6 +74,14 @@ class WorkflowFilter:
     names: Sequence[str] | None = None
     start_ms: int | None = None
     end_ms: int | None = None
+    completed_after_ms: int | None = None
+    completed_before_ms: int | None = None
+    dequeued_after_ms: int | None = None
+    dequeued_before_ms: int | None = None
+    was_forked_from: bool | None = None
+    is_fork: bool | None = None
+    has_parent: bool | None = None
+    schedule_names: Sequence[str] | None = None
     queue_names: Sequence[str] | None = None
     queues_only: bool = False
     parent_workflow_ids: Sequence[str] | None = None
@@ -92,6 +103,17 @@ class WorkflowFilter:
     sort_desc: bool = False
     load_input: bool = False
     load_output: bool = False
+
+
+@dataclass(frozen=True)
+class RetentionCutoff:
+    """What the retention job deletes: terminal workflows that finished (or, never
+    started, were created) before ``finished_before_ms``, or were created before
+    ``created_before_ms`` (the creation time of the newest workflow a row threshold
+    keeps); None: no such bound."""
+
+    finished_before_ms: int | None = None
+    created_before_ms: int | None = None
 
 
 # The columns a fork copies (and a rewind restores), besides the workflow's key.
@@ -135,17 +157,39 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
-    def terminal_finished_before(self, cutoff_ms: int, batch_size: int) -> Query:
+    def terminal_finished_before(self, cutoff: RetentionCutoff, batch_size: int) -> Query:
         """A batch of the retention job's victims on a sharded database, read without a
         lock; each key's are then deleted with their rows."""
         p = Params()
         return Query(
             f"""SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
-                  AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
-                  AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
+                WHERE {self._retention_victim(cutoff, p)}
                 ORDER BY created_at
                 LIMIT {p(batch_size, 'bigint')}""",
+            p.values,
+        )
+
+    def _retention_victim(self, cutoff: RetentionCutoff, p: Params) -> str:
+        """A terminal workflow of this application (or unclaimed) past either cutoff."""
+        past = []
+        if cutoff.finished_before_ms is not None:
+            past.append(f"COALESCE(completed_at, created_at) < "
+                        f"{p(cutoff.finished_before_ms, 'bigint')}")
+        if cutoff.created_before_ms is not None:
+            past.append(f"created_at < {p(cutoff.created_before_ms, 'bigint')}")
+        return f"""{self.scoped(None, p)} AND {self.own_scope(None, p)}
+                   AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
+                   AND ({' OR '.join(past) or 'FALSE'})"""
+
+    def newest_created_at(self, rows: int) -> Query:
+        """The creation time of this application's (and unclaimed) ``rows``-th newest
+        workflow: a walk back of workflow_status_created_at_index that far."""
+        p = Params()
+        return Query(
+            f"""SELECT created_at FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                ORDER BY created_at DESC
+                LIMIT 1 OFFSET {p(rows - 1, 'bigint')}""",
             p.values,
         )
 
@@ -255,10 +299,24 @@ class ControlStatements(StatementBase):
         any_of("executor_id", f.executor_ids)
         any_of("application_version", f.application_versions)
         any_of("authenticated_user", f.authenticated_users)
-        if f.start_ms is not None:
-            where.append(f"ws.created_at >= {p(f.start_ms, 'bigint')}")
-        if f.end_ms is not None:
-            where.append(f"ws.created_at <= {p(f.end_ms, 'bigint')}")
+        any_of("schedule_name", f.schedule_names)
+        # Each bound is a range on a column some index covers (workflow_status_created_at_
+        # index, idx_workflow_status_completed_at, idx_workflow_status_started_at).
+        for column, bound, op in (("created_at", f.start_ms, ">="),
+                                  ("created_at", f.end_ms, "<="),
+                                  ("completed_at", f.completed_after_ms, ">="),
+                                  ("completed_at", f.completed_before_ms, "<="),
+                                  ("started_at_epoch_ms", f.dequeued_after_ms, ">="),
+                                  ("started_at_epoch_ms", f.dequeued_before_ms, "<=")):
+            if bound is not None:
+                where.append(f"ws.{column} {op} {p(bound, 'bigint')}")
+        if f.was_forked_from is not None:
+            where.append(f"ws.was_forked_from = {p(f.was_forked_from, 'boolean')}")
+        for column, wanted in (("forked_from", f.is_fork),
+                               ("parent_workflow_id", f.has_parent)):
+            # IS NOT NULL is what the partial indexes on these columns cover.
+            if wanted is not None:
+                where.append(f"ws.{column} IS {'NOT ' if wanted else ''}NULL")
         if f.workflow_id_prefixes is not None:
             # starts_with, not LIKE: a prefix's own % and _ match literally.
             where.append(
@@ -301,6 +359,28 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
+    def step_position(self, workflow_id: str, *, name: str | None, failed: bool,
+                      index: int) -> Query:
+        """The position of one of a workflow's checkpoints: of those named ``name`` (any
+        name if None) and, with ``failed``, that recorded an error, the ``index``-th by
+        position (negative: counted back from the last, -1 being the last); a walk of the
+        primary key (workflow, position)."""
+        p = Params()
+        conditions = [self.wf(None, workflow_id, p)]
+        if name is not None:
+            conditions.append(f"function_name = {p(name)}")
+        if failed:
+            conditions.append("error IS NOT NULL")
+        order = "ASC" if index >= 0 else "DESC"
+        skip = index if index >= 0 else -index - 1
+        return Query(
+            f"""SELECT function_id FROM {self.table('operation_outputs')}
+                WHERE {' AND '.join(conditions)}
+                ORDER BY function_id {order}
+                LIMIT 1 OFFSET {p(skip, 'bigint')}""",
+            p.values,
+        )
+
     # ---- Maintenance ----
 
     def try_job_lock(self, key: int) -> Query:
@@ -314,18 +394,15 @@ class ControlStatements(StatementBase):
             p.values,
         )
 
-    def delete_terminal_batch(self, cutoff_ms: int, batch_size: int) -> Query:
+    def delete_terminal_batch(self, cutoff: RetentionCutoff, batch_size: int) -> Query:
         """Delete up to ``batch_size`` terminal workflows of this application (and unclaimed
-        ones) that finished (or, never started, were created) before ``cutoff_ms``, with
-        every row they own; returns their IDs."""
+        ones) past ``cutoff``, with every row they own; returns their IDs."""
         p = Params()
         # FOR UPDATE SKIP LOCKED: a row some other statement holds (a resume, a fork) is
         # left for the next round instead of waited on.
         victims = f"""victims AS (
                   SELECT workflow_uuid{self.key_columns()} FROM {self.table('workflow_status')}
-                  WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
-                    AND status = ANY({p(list(TERMINAL_STATUSES), 'text[]')})
-                    AND COALESCE(completed_at, created_at) < {p(cutoff_ms, 'bigint')}
+                  WHERE {self._retention_victim(cutoff, p)}
                   ORDER BY created_at
                   LIMIT {p(batch_size, 'bigint')}
                   FOR UPDATE SKIP LOCKED

@@ -8,7 +8,7 @@ running here (``exclude``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dbos_async.sysdb.statements.base import (
     ENQUEUED,
@@ -94,18 +94,27 @@ class RecoveryStatements(StatementBase):
 
     def dead_letter_pending(self, executor_id: str, application_version: str | None,
                             max_attempts: int, now_ms: int,
-                            exclude: Sequence[WorkflowRef] = ()) -> Query:
-        """This executor's PENDING workflows that have used up their recovery attempts become
+                            exclude: Sequence[WorkflowRef] = (),
+                            limits: Mapping[str, int] | None = None) -> Query:
+        """This executor's PENDING workflows that have used up their recovery attempts
+        (``limits``' for their workflow name, else ``max_attempts``) become
         MAX_RECOVERY_ATTEMPTS_EXCEEDED (terminal: no owner, no queue slot, no dedup key)."""
         p = Params()
         now = p(now_ms, "bigint")
+        allowed = p(max_attempts, "bigint")
+        if limits:
+            names = p.array(list(limits), "text")
+            attempts = p.array(list(limits.values()), "bigint")
+            allowed = f"""COALESCE((SELECT l.attempts FROM unnest({names}, {attempts})
+                                      AS l(name, attempts) WHERE l.name = ws.name),
+                                   {allowed})"""
         return Query(
             f"""UPDATE {self.table('workflow_status')} ws
                 SET status = {p(MAX_RECOVERY_ATTEMPTS_EXCEEDED)}, owner_xid = NULL,
                     deduplication_id = NULL, started_at_epoch_ms = NULL, queue_name = NULL,
                     updated_at = {now}, completed_at = {now}
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}
-                  AND recovery_attempts > {p(max_attempts, 'bigint')}
+                  AND recovery_attempts > {allowed}
                 RETURNING workflow_uuid{self.key_columns()}""",
             p.values,
         )

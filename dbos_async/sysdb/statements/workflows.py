@@ -77,6 +77,8 @@ class WorkflowStatements(StatementBase):
         }
         if wf.attributes is not None:
             values["attributes"] = wf.attributes
+        if wf.schedule_name is not None:
+            values["schedule_name"] = wf.schedule_name
         if wf.queue_name is not None:
             values.update({
                 "deduplication_id": wf.deduplication_id,
