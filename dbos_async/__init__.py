@@ -97,7 +97,7 @@ if TYPE_CHECKING:
     from dbos_async.executor.schedule_api import ScheduleDefinition
     from dbos_async.executor.schedules import WorkflowSchedule
     from dbos_async.executor.serialization import Serializer
-    from dbos_async.executor.steps import RetryOn
+    from dbos_async.executor.steps import RetryOn, StepOptions
     from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
     from dbos_async.executor.transactions import transaction_connection
     from dbos_async.sysdb.health import DatabaseHealth
@@ -189,6 +189,7 @@ _EXPORTS: dict[str, str] = {
     "WorkflowSchedule": "dbos_async.executor.schedules",
     "Serializer": "dbos_async.executor.serialization",
     "RetryOn": "dbos_async.executor.steps",
+    "StepOptions": "dbos_async.executor.steps",
     "ExecutorHealth": "dbos_async.executor.tasks",
     "TaskHealth": "dbos_async.executor.tasks",
     "transaction_connection": "dbos_async.executor.transactions",
@@ -273,6 +274,7 @@ __all__ = [
     "SetWorkflowTimeout",
     "StaleServerError",
     "StatementCanceledError",
+    "StepOptions",
     "StepRetriesExceededError",
     "StreamTimeoutError",
     "StreamValue",

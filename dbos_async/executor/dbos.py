@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import (
     DBOSError,
+    InvalidArgumentError,
     QueueNotFoundError,
     ScheduleError,
     WorkflowNotRegisteredError,
@@ -213,6 +214,45 @@ class DBOS(Operator):
             return call
 
         return _bare_or_called(fn, decorate, "@dbos.step")
+
+    @overload
+    def run_step(self, dbos_step_options: StepOptions | None,
+                 func: Callable[P, Coroutine[Any, Any, R]], /,
+                 *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
+
+    @overload
+    def run_step(self, dbos_step_options: StepOptions | None, func: Callable[P, R], /,
+                 *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
+
+    def run_step(self, dbos_step_options: StepOptions | None, func: Callable[P, Any], /,
+                 *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Any]:
+        """Run ``func(*args, **kwargs)`` as a step without decorating it (a library's
+        function, a lambda): in a workflow its outcome is checkpointed like a
+        ``@dbos.step``'s, so a replay returns the recorded value instead of calling it.
+
+        Args:
+            dbos_step_options: its name and retry policy (None: named after the function,
+                no retries).
+            func: an ``async def`` function, or a plain one (called on the event loop, so
+                it should not block).
+
+        Returns:
+            The function's result (recorded, in a workflow).
+
+        Raises:
+            InvalidArgumentError: ``func`` is not callable or the options are not a
+                :class:`StepOptions`.
+        """
+        if not callable(func):
+            raise InvalidArgumentError("run_step function", f"{func!r} is not callable")
+        if dbos_step_options is not None and not isinstance(dbos_step_options, StepOptions):
+            raise InvalidArgumentError(
+                "run_step options",
+                f"expected StepOptions or None, got {type(dbos_step_options).__name__}")
+        options = dbos_step_options or StepOptions(
+            name=getattr(func, "__qualname__", None) or type(func).__qualname__)
+        info = StepInfo(_as_coroutine_function(func), options, Signature(func))
+        return steps.call(info, args, kwargs)
 
     def transaction(
         self,
@@ -665,6 +705,20 @@ def _bare_or_called(fn: AsyncFn[P, R] | None,
         raise DBOSError(f"{decorator} takes its options by keyword, e.g. "
                         f"{decorator}(name=...); got {fn!r} by position")
     return decorate(fn)
+
+
+def _as_coroutine_function(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """``fn`` as an ``async def``: a plain function is called on the event loop (and a
+    result it returns that is awaitable, e.g. from a ``functools.partial`` of an
+    ``async def``, awaited)."""
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    return run
 
 
 def _require_async(fn: Callable[..., Any], decorator: str) -> None:

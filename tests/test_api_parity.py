@@ -1,0 +1,108 @@
+"""Calls the `dbos` package has that dbos_async matches, on the unsharded and the sharded
+schema: ``run_step``, a checkpointed ``wait_first``/``wait_all``, ``read_stream_offset``,
+``send(..., send_to_forks=True)``, per-call ``serialization_type``, ``DebouncerClient`` and
+``default_required_roles``."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import new_dbos
+
+from dbos_async import (
+    DBOS,
+    InvalidArgumentError,
+    SetShardKey,
+    SetWorkflowID,
+    StepOptions,
+)
+
+PATIENCE = 20.0
+KEY = "acme"
+
+
+@pytest.fixture(params=["unsharded", "sharded"])
+def sharded(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param == "sharded")
+
+
+def app(url: str, sharded: bool, **settings: Any) -> DBOS:
+    return new_dbos(url, sharding=sharded, **settings)
+
+
+def key(sharded: bool) -> str | None:
+    """The shard key workflows of a test live under (None unsharded)."""
+    return KEY if sharded else None
+
+
+@contextlib.contextmanager
+def under_key(sharded: bool) -> Iterator[None]:
+    with SetShardKey(KEY) if sharded else contextlib.nullcontext():
+        yield
+
+
+# ---- run_step ----
+
+
+async def test_run_step_checkpoints_undecorated_functions(database_url: str,
+                                                          sharded: bool) -> None:
+    dbos = app(database_url, sharded)
+    calls: list[str] = []
+
+    async def fetch_price(item: str) -> int:
+        calls.append(item)
+        return len(item) * 100
+
+    def roll() -> float:
+        calls.append("roll")
+        return random.random()
+
+    @dbos.workflow(name="priced")
+    async def priced(item: str) -> tuple[int, float, int]:
+        price = await dbos.run_step(None, fetch_price, item)
+        dice = await dbos.run_step(StepOptions(name="dice"), roll)
+        again = await dbos.run_step(None, fetch_price, item=item + "!")
+        return price, dice, again
+
+    async with dbos:
+        with under_key(sharded), SetWorkflowID("priced-1"):
+            price, dice, again = await priced("tea")
+        assert (price, again) == (300, 400) and calls == ["tea", "roll", "tea!"]
+        steps = await dbos.list_workflow_steps("priced-1", shard_key=key(sharded))
+        names = [s.name for s in steps]
+        assert names == [fetch_price.__qualname__, "dice", fetch_price.__qualname__]
+        assert [s.output for s in steps] == [300, dice, 400]
+        # A fork from the last step replays the first two: neither function runs again,
+        # and the roll is the recorded one.
+        fork = await dbos.fork_workflow("priced-1", 2, shard_key=key(sharded))
+        assert await fork.get_result() == (300, dice, 400)
+        assert calls == ["tea", "roll", "tea!", "tea!"]
+        # Outside a workflow it is a plain call.
+        assert await dbos.run_step(None, fetch_price, "x") == 100
+
+
+async def test_run_step_retries_and_refuses_bad_input(database_url: str) -> None:
+    dbos = app(database_url, False)
+    attempts: list[int] = []
+
+    async def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionError("try again")
+        return "done"
+
+    @dbos.workflow(name="retrying")
+    async def retrying() -> str:
+        return await dbos.run_step(StepOptions(name="flaky", retries=2, retry_interval=0.0),
+                                   flaky)
+
+    async with dbos:
+        assert await retrying() == "done" and len(attempts) == 3
+        with pytest.raises(InvalidArgumentError, match="run_step function"):
+            dbos.run_step(None, "not a function")  # type: ignore[call-overload]
+        with pytest.raises(InvalidArgumentError, match="expected StepOptions"):
+            dbos.run_step({"name": "x"}, flaky)  # type: ignore[call-overload]
