@@ -5,6 +5,7 @@ schema: ``run_step``, a checkpointed ``wait_first``/``wait_all``, ``read_stream_
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from dbos_async import (
     SetShardKey,
     SetWorkflowID,
     StepOptions,
+    current_shard_key,
 )
 
 PATIENCE = 20.0
@@ -106,3 +108,74 @@ async def test_run_step_retries_and_refuses_bad_input(database_url: str) -> None
             dbos.run_step(None, "not a function")  # type: ignore[call-overload]
         with pytest.raises(InvalidArgumentError, match="expected StepOptions"):
             dbos.run_step({"name": "x"}, flaky)  # type: ignore[call-overload]
+
+
+# ---- wait_first / wait_all ----
+
+
+async def test_wait_first_in_a_workflow_replays_its_choice(database_url: str,
+                                                           sharded: bool) -> None:
+    dbos = app(database_url, sharded)
+
+    @dbos.workflow(name="waiter")
+    async def waiter(tag: str) -> str:
+        await dbos.recv("go", timeout=PATIENCE)
+        return tag
+
+    @dbos.workflow(name="racer")
+    async def racer(ids: list[str]) -> str:
+        handles = [await dbos.retrieve_workflow(i, shard_key=current_shard_key())
+                   for i in ids]
+        chosen = await dbos.wait_first(handles)
+        await dbos.run_step(None, str, "after")
+        return chosen.workflow_id
+
+    async with dbos:
+        with under_key(sharded):
+            for tag in ("x", "y"):
+                with SetWorkflowID(tag):
+                    await dbos.start_workflow(waiter, tag)
+            with SetWorkflowID("race"):
+                race = await dbos.start_workflow(racer, ["x", "y"])
+        await dbos.send("y", "go", "go", shard_key=key(sharded))
+        assert await race.get_result() == "y"
+        steps = await dbos.list_workflow_steps("race", shard_key=key(sharded))
+        assert (steps[0].name, steps[0].output) == ("DBOS.waitFirst", "y")
+        # Now x has finished and y is a new, pending workflow: a live wait would choose x,
+        # the fork replays the recorded choice.
+        await dbos.send("x", "go", "go", shard_key=key(sharded))
+        await dbos.delete_workflow("y", shard_key=key(sharded))
+        with under_key(sharded), SetWorkflowID("y"):
+            again = await dbos.start_workflow(waiter, "y")
+        fork = await dbos.fork_workflow("race", 1, shard_key=key(sharded))
+        assert await fork.get_result() == "y"
+        assert (await again.get_status()).status == "PENDING"
+        live = await dbos.wait_first([again, await dbos.retrieve_workflow(
+            "x", shard_key=key(sharded))])
+        assert live.workflow_id == "x"
+        await dbos.send("y", "go", "go", shard_key=key(sharded))
+
+
+async def test_wait_all_raises_the_first_failure_in_list_order(database_url: str) -> None:
+    dbos = app(database_url, False)
+
+    @dbos.workflow(name="fails")
+    async def fails(tag: str) -> str:
+        await dbos.recv("go", timeout=PATIENCE)
+        raise ValueError(tag)
+
+    async with dbos:
+        handles = []
+        for tag in ("late", "early"):
+            with SetWorkflowID(tag):
+                handles.append(await dbos.start_workflow(fails, tag))
+        waiting = asyncio.ensure_future(dbos.wait_all(handles))
+        await dbos.send("early", "go", "go")
+        assert await dbos.wait_first(handles) is handles[1]
+        await dbos.send("late", "go", "go")
+        with pytest.raises(ValueError, match="late"):
+            await waiting
+        with pytest.raises(InvalidArgumentError, match="at least one handle"):
+            dbos.wait_first([])
+        with pytest.raises(InvalidArgumentError, match="got workflow 'late' twice"):
+            await dbos.wait_all([handles[0], handles[0]])

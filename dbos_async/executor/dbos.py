@@ -251,7 +251,7 @@ class DBOS(Operator):
                 f"expected StepOptions or None, got {type(dbos_step_options).__name__}")
         options = dbos_step_options or StepOptions(
             name=getattr(func, "__qualname__", None) or type(func).__qualname__)
-        info = StepInfo(_as_coroutine_function(func), options, Signature(func))
+        info = StepInfo(_as_coroutine_function(func), options, _signature_of(func))
         return steps.call(info, args, kwargs)
 
     def transaction(
@@ -719,6 +719,17 @@ def _as_coroutine_function(fn: Callable[..., Any]) -> Callable[..., Coroutine[An
         return await result if inspect.isawaitable(result) else result
 
     return run
+
+
+def _any_arguments(*args: Any, **kwargs: Any) -> Any:
+    """The signature of a function Python cannot inspect (``str``, some builtins)."""
+
+
+def _signature_of(fn: Callable[..., Any]) -> Signature:
+    try:
+        return Signature(fn)
+    except (TypeError, ValueError):
+        return Signature(_any_arguments)
 
 
 def _require_async(fn: Callable[..., Any], decorator: str) -> None:

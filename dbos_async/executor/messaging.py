@@ -19,7 +19,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dbos_async.errors import DBOSError, NonExistentWorkflowError, StreamTimeoutError
+from dbos_async.errors import (
+    DBOSError,
+    InvalidArgumentError,
+    NonExistentWorkflowError,
+    StreamTimeoutError,
+)
 from dbos_async.executor.context import WorkflowContext
 from dbos_async.executor.serialization import Formats, to_json
 from dbos_async.executor.steps import record_failure, record_read, recorded_read, replay
@@ -460,17 +465,40 @@ async def sleep(clock: Clock, ctx: WorkflowContext | None, step_id: int | None,
 # ---- Waiting for workflows ----
 
 
-async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-    """The handle whose workflow finished first, by one query over all of them per wake:
-    woken by the completion notifications of any of them (this process's and others'),
-    reading again at most every ``result_poll_interval`` for writers that send none."""
+WAIT_FIRST = "DBOS.waitFirst"
+
+
+def check_waited(handles: Sequence[WorkflowHandle[Any]], what: str) -> None:
+    """Refuse an empty list of handles, or one naming a workflow twice."""
     if not handles:
-        raise DBOSError("wait_first needs at least one handle")
-    sysdb = peer.system_database
+        raise InvalidArgumentError(f"{what} handles", "needs at least one handle")
     refs = [(h.workflow_id, h.shard_key) for h in handles]
     repeated = [ref for ref, n in Counter(refs).items() if n > 1]
     if repeated:
-        raise DBOSError(f"wait_first got workflow {repeated[0][0]!r} twice")
+        raise InvalidArgumentError(f"{what} handles",
+                                   f"got workflow {repeated[0][0]!r} twice")
+
+
+async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]],
+                     ctx: WorkflowContext | None = None,
+                     step_id: int | None = None) -> WorkflowHandle[Any]:
+    """The handle whose workflow finished first, by one query over all of them per wake:
+    woken by the completion notifications of any of them (this process's and others'),
+    reading again at most every ``result_poll_interval`` for writers that send none. From
+    a workflow's body (``ctx``) the choice is a checkpoint (``DBOS.waitFirst``, the chosen
+    workflow's ID, as the ``dbos`` package records it), so a replay returns the same
+    handle whichever finished first since."""
+    by_id: dict[str, WorkflowHandle[Any]] = {h.workflow_id: h for h in reversed(handles)}
+    if ctx is not None and step_id is not None:
+        done, chosen = recorded_read(ctx, step_id, WAIT_FIRST)
+        if done:
+            if str(chosen) not in by_id:
+                raise DBOSError(f"Workflow {ctx.workflow_id!r} recorded at step {step_id} "
+                                f"that wait_first chose {chosen!r}, which this call does "
+                                "not wait for")
+            return by_id[str(chosen)]
+    sysdb = peer.system_database
+    refs = [(h.workflow_id, h.shard_key) for h in handles]
     for workflow_id, key in refs:
         if sysdb.sharded and key is None:
             raise DBOSError(f"wait_first needs the shard key of workflow {workflow_id!r}: "
@@ -487,10 +515,27 @@ async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> Work
             if missing:
                 raise NonExistentWorkflowError(", ".join(i for i, _ in missing))
             if finished is not None:
-                return by_ref[finished]
-            await waiter.wait(delay)
+                break
+            if ctx is None:
+                await waiter.wait(delay)
+            else:
+                with ctx.runtime.cancellation.region(ctx):
+                    await waiter.wait(delay)
             delay = min(delay * 2, cap)
+    if ctx is None or step_id is None:
+        return by_ref[finished]
+    with ctx.routed():
+        chosen = await record_read(ctx, step_id, WAIT_FIRST,
+                                   ctx.runtime.formats.encode(finished[0], "a workflow ID"))
+    return by_id[str(chosen)]
 
 
 async def wait_all(handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
-    return list(await asyncio.gather(*(handle.get_result() for handle in handles)))
+    """Every handle's result, in order, once all have finished; the error of the first
+    handle (in the list's order) that failed, so a replay raises the same one."""
+    outcomes = await asyncio.gather(*(handle.get_result() for handle in handles),
+                                    return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return list(outcomes)

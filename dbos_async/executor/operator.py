@@ -157,14 +157,44 @@ class Operator(ScheduleOperator):
         return _routed({workflow_id: shard_key}, read_status(
             self._caller_peer(ctx or step_ctx), workflow_id, ctx, step_id))
 
-    async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+    def wait_first(self, handles: Sequence[WorkflowHandle[Any]]
+                   ) -> Coroutine[Any, Any, WorkflowHandle[Any]]:
         """The first of ``handles`` whose workflow finishes (successfully or not): one
-        query over all of them per wake, woken by their completion notifications. An
-        empty list, a workflow given twice or one that does not exist is refused."""
-        return await messaging.wait_first(self._peer(during_shutdown=True), handles)
+        query over all of them per wake, woken by their completion notifications.
+
+        In a workflow the choice is a checkpoint (its position fixed by this call), so a
+        replay returns the same handle.
+
+        Args:
+            handles: the workflows to wait for (at least one, each once).
+
+        Returns:
+            The handle of the workflow that finished first.
+
+        Raises:
+            InvalidArgumentError: an empty list, or a workflow given twice.
+            NonExistentWorkflowError: a workflow that does not exist.
+        """
+        messaging.check_waited(handles, "wait_first")
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.wait_first(self._caller_peer(ctx or step_ctx), handles, ctx, step_id)
 
     async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
-        """The results of all ``handles``, in order; raises the first error met."""
+        """The results of all ``handles``, in order, once every one has finished.
+
+        Args:
+            handles: the workflows to wait for (at least one, each once).
+
+        Returns:
+            Their results, in the order of ``handles``.
+
+        Raises:
+            InvalidArgumentError: an empty list, or a workflow given twice.
+            Exception: the error of the first handle, in the list's order, whose workflow
+                failed (the same on a replay).
+        """
+        messaging.check_waited(handles, "wait_all")
         return await messaging.wait_all(handles)
 
     # ---- Messages, events and streams ----
