@@ -20,6 +20,7 @@ from dbos_async import (
     SetShardKey,
     SetWorkflowID,
     StepOptions,
+    StreamTimeoutError,
     current_shard_key,
 )
 
@@ -179,3 +180,69 @@ async def test_wait_all_raises_the_first_failure_in_list_order(database_url: str
             dbos.wait_first([])
         with pytest.raises(InvalidArgumentError, match="got workflow 'late' twice"):
             await dbos.wait_all([handles[0], handles[0]])
+
+
+# ---- read_stream_offset ----
+
+
+async def test_read_stream_offset_reads_one_value_and_replays_it(database_url: str,
+                                                                 sharded: bool) -> None:
+    dbos = app(database_url, sharded)
+
+    @dbos.workflow(name="writer")
+    async def writer(n: int) -> None:
+        for i in range(n):
+            await dbos.write_stream("out", {"i": i})
+        await dbos.close_stream("out")
+
+    @dbos.workflow(name="reader")
+    async def reader(source: str) -> list[Any]:
+        second = await dbos.read_stream_offset(source, "out", 1,
+                                               shard_key=current_shard_key())
+        try:
+            await dbos.read_stream_offset(source, "out", 5, shard_key=current_shard_key())
+        except StreamTimeoutError as error:
+            return [second, str(error)]
+        return [second, None]
+
+    async with dbos:
+        with under_key(sharded):
+            with SetWorkflowID("w"):
+                await writer(3)
+            with SetWorkflowID("r"):
+                result = await reader("w")
+        assert result == [{"i": 1}, "Stream 'out' of workflow 'w' ended before offset 5"]
+        steps = await dbos.list_workflow_steps("r", shard_key=key(sharded))
+        assert [s.name for s in steps] == ["DBOS.readStreamOffset"] * 2
+        assert isinstance(steps[1].error, StreamTimeoutError)
+        # Outside workflows: the value, from an offset, or a timeout.
+        assert await dbos.read_stream_offset("w", "out", 2, shard_key=key(sharded)) == {"i": 2}
+        assert [v async for v in dbos.read_stream("w", "out", 1, shard_key=key(sharded))] \
+            == [{"i": 1}, {"i": 2}]
+        # With the writer's stream gone, a fork of the reader replays both reads.
+        await dbos.delete_workflow("w", shard_key=key(sharded))
+        fork = await dbos.fork_workflow("r", 2, shard_key=key(sharded))
+        assert await fork.get_result() == result
+        with pytest.raises(InvalidArgumentError, match="stream offset"):
+            dbos.read_stream_offset("w", "out", -1)
+
+
+async def test_read_stream_offset_waits_for_the_value_or_times_out(database_url: str) -> None:
+    dbos = app(database_url, False)
+
+    @dbos.workflow(name="slow_writer")
+    async def slow_writer() -> None:
+        await dbos.write_stream("out", "first")
+        await dbos.recv("more", timeout=PATIENCE)
+        await dbos.write_stream("out", "second")
+
+    async with dbos:
+        with SetWorkflowID("slow"):
+            handle = await dbos.start_workflow(slow_writer)
+        with pytest.raises(StreamTimeoutError, match=r"within 0\.2 s"):
+            await dbos.read_stream_offset("slow", "out", 1, timeout=0.2)
+        later = asyncio.ensure_future(dbos.read_stream_offset("slow", "out", 1))
+        assert await dbos.read_stream_offset("slow", "out", 0) == "first"
+        await dbos.send("slow", "go", "more")
+        assert await asyncio.wait_for(later, PATIENCE) == "second"
+        await handle.get_result()

@@ -15,7 +15,8 @@ import functools
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_COMPLETION_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
+    Waiter,
     keyed,
 )
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
@@ -63,6 +65,7 @@ SLEEP = "DBOS.sleep"
 WRITE_STREAM = "DBOS.writeStream"
 CLOSE_STREAM = "DBOS.closeStream"
 READ_STREAM = "DBOS.readStream"
+READ_STREAM_OFFSET = "DBOS.readStreamOffset"
 
 # What close_stream writes: the marker every DBOS SDK closes a stream with, portable JSON.
 CLOSED_MARKER = Payload(STREAM_CLOSED_SERIALIZED)
@@ -365,6 +368,52 @@ STREAM_CLOSED = json.loads(STREAM_CLOSED_SERIALIZED)
 and of the values a replay yields)."""
 
 
+TIMED_OUT = Payload("")
+"""What :func:`_stream_value` returns when the deadline passed first."""
+
+
+async def _stream_value(peer: Peer, waiter: Waiter, workflow_id: str, key: str, offset: int,
+                        route: Callable[[], AbstractContextManager[None]],
+                        deadline: int | None, ctx: WorkflowContext | None) -> Payload | None:
+    """The value at ``offset`` as stored, once it is there; None at the end of the stream
+    (its close marker, or its workflow finished with nothing there); :data:`TIMED_OUT`
+    once ``deadline`` (epoch ms) passed. Waits are woken by ``waiter``."""
+    sysdb = peer.system_database
+    # Other clients may not announce completion: re-read at least this often.
+    cap = peer.config.result_poll_interval
+    while True:
+        async with _dispatcher(sysdb).polling():
+            with route():
+                status, text, serialization, found = await sysdb.read_stream_value(
+                    workflow_id, key, offset)
+        if status is None:
+            raise NonExistentWorkflowError(workflow_id)
+        if found and text is not None:
+            value = peer.formats.decode(text, serialization,
+                                        f"stream {key!r} at offset {offset}")
+            if value != STREAM_CLOSED:
+                # Recorded by a workflow as stored, in its writer's format.
+                return Payload(text, serialization or PORTABLE_JSON)
+        if found or status not in ACTIVE_STATUSES:
+            return None
+        if deadline is not None and sysdb.clock.now_ms() >= deadline:
+            return TIMED_OUT
+        if ctx is None:
+            await waiter.wait(cap, until_ms=deadline)
+        else:
+            with ctx.runtime.cancellation.region(ctx):
+                await waiter.wait(cap, until_ms=deadline)
+
+
+def _stream_waiter(sysdb: SystemDatabase, workflow_id: str, key: str,
+                   route: Callable[[], AbstractContextManager[None]]) -> Waiter:
+    """A waiter woken by the stream's writes and by its workflow's completion."""
+    with route():
+        targets = (sysdb.waiter_key(workflow_id, key), sysdb.waiter_key(workflow_id))
+    return _dispatcher(sysdb).register(STREAMS_CHANNEL, targets[0],
+                                       also=[(WORKFLOW_COMPLETION_CHANNEL, targets[1])])
+
+
 async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                       shard_key: str | None = None, *,
                       timeout: float | None = None,  # noqa: ASYNC109 (a bound per value)
@@ -382,17 +431,11 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                 return
             yield value
     sysdb = peer.system_database
-    dispatcher = _dispatcher(sysdb)
-    # Other clients may not announce completion: re-read at least this often.
-    cap = peer.config.result_poll_interval
     # Bound only around each read, never across a yield: the consumer's context is its own.
     route = functools.partial(bind_shard_keys, {workflow_id: shard_key})
-    with route():
-        targets = (sysdb.waiter_key(workflow_id, key), sysdb.waiter_key(workflow_id))
     # Step IDs are allocated in order: past the first one not recorded, none is.
     replaying = ctx is not None
-    with dispatcher.register(STREAMS_CHANNEL, targets[0],
-                             also=[(WORKFLOW_COMPLETION_CHANNEL, targets[1])]) as waiter:
+    with _stream_waiter(sysdb, workflow_id, key, route) as waiter:
         while True:
             step_id = ctx.allocate_step_id() if ctx is not None else None
             if ctx is not None and step_id is not None and replaying:
@@ -405,46 +448,61 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                     continue
                 replaying = False
             deadline = after(sysdb.clock, timeout) if timeout is not None else None
-            while True:
-                async with dispatcher.polling():
-                    with route():
-                        status, text, serialization, found = await sysdb.read_stream_value(
-                            workflow_id, key, offset
-                        )
-                if status is None:
-                    raise NonExistentWorkflowError(workflow_id)
-                if found and text is not None:
-                    value = peer.formats.decode(text, serialization,
-                                                f"stream {key!r} at offset {offset}")
-                    if value != STREAM_CLOSED:
-                        # Recorded by a workflow as stored, in its writer's format.
-                        stored = Payload(text, serialization or PORTABLE_JSON)
-                        break
-                if found or status not in ACTIVE_STATUSES:
-                    # The end is recorded too, so a replay stops where this read did.
-                    if ctx is not None and step_id is not None:
-                        with ctx.routed():
-                            await record_read(ctx, step_id, READ_STREAM, CLOSED_MARKER)
-                    return
-                if deadline is not None and sysdb.clock.now_ms() >= deadline:
-                    error = StreamTimeoutError(workflow_id, key, timeout or 0.0)
-                    if ctx is None or step_id is None:
-                        raise error
+            stored = await _stream_value(peer, waiter, workflow_id, key, offset, route,
+                                         deadline, ctx)
+            if stored is TIMED_OUT:
+                error = StreamTimeoutError(workflow_id, key, timeout or 0.0)
+                if ctx is None or step_id is None:
+                    raise error
+                with ctx.routed():
+                    raise await record_failure(ctx, step_id, READ_STREAM, error) from error
+            if stored is None:
+                # The end is recorded too, so a replay stops where this read did.
+                if ctx is not None and step_id is not None:
                     with ctx.routed():
-                        raise await record_failure(ctx, step_id, READ_STREAM,
-                                                        error) from error
-                if ctx is None:
-                    await waiter.wait(cap, until_ms=deadline)
-                else:
-                    with ctx.runtime.cancellation.region(ctx):
-                        await waiter.wait(cap, until_ms=deadline)
-            if ctx is not None and step_id is not None:
+                        await record_read(ctx, step_id, READ_STREAM, CLOSED_MARKER)
+                return
+            if ctx is None or step_id is None:
+                value = peer.formats.decode(stored.text, stored.serialization,
+                                            f"stream {key!r} at offset {offset}")
+            else:
                 # Recorded before it is handed over: a crash after the workflow acted on
                 # the value replays the same value.
                 with ctx.routed():
                     value = await record_read(ctx, step_id, READ_STREAM, stored)
             yield value
             offset += 1
+
+
+async def read_stream_offset(peer: Peer, workflow_id: str, key: str, offset: int,
+                             shard_key: str | None, timeout: float | None,  # noqa: ASYNC109
+                             ctx: WorkflowContext | None, step_id: int | None) -> Any:
+    """The one value at ``offset`` of the stream, once it is written. A stream that ends
+    before it, or a ``timeout`` (seconds) passing first, raises :class:`StreamTimeoutError`.
+    From a workflow's body the value (or the error) is a checkpoint
+    (``DBOS.readStreamOffset``, as the ``dbos`` package records it)."""
+    if ctx is not None and step_id is not None:
+        done, value = recorded_read(ctx, step_id, READ_STREAM_OFFSET)
+        if done:
+            return value
+    sysdb = peer.system_database
+    route = functools.partial(bind_shard_keys, {workflow_id: shard_key})
+    deadline = after(sysdb.clock, timeout) if timeout is not None else None
+    with _stream_waiter(sysdb, workflow_id, key, route) as waiter:
+        stored = await _stream_value(peer, waiter, workflow_id, key, offset, route,
+                                     deadline, ctx)
+    if stored is None or stored is TIMED_OUT:
+        error = StreamTimeoutError(workflow_id, key, timeout or 0.0,
+                                   ended_before=offset if stored is None else None)
+        if ctx is None or step_id is None:
+            raise error
+        with ctx.routed():
+            raise await record_failure(ctx, step_id, READ_STREAM_OFFSET, error) from error
+    if ctx is None or step_id is None:
+        return peer.formats.decode(stored.text, stored.serialization,
+                                   f"stream {key!r} at offset {offset}")
+    with ctx.routed():
+        return await record_read(ctx, step_id, READ_STREAM_OFFSET, stored)
 
 
 # ---- Sleep ----

@@ -54,7 +54,12 @@ from dbos_async.executor.schedule_api import ScheduleOperator
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.validation import check_identifier, check_lookup, check_seconds
+from dbos_async.validation import (
+    check_identifier,
+    check_lookup,
+    check_offset,
+    check_seconds,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -263,10 +268,42 @@ class Operator(ScheduleOperator):
         """
         check_lookup(workflow_id, "workflow ID")
         check_lookup(key, "stream key")
+        check_offset(offset)
         check_seconds(timeout, "read_stream timeout")
         ctx, step_ctx = self._contexts()
         return messaging.read_stream(self._caller_peer(ctx or step_ctx), workflow_id, key,
                                      offset, shard_key, timeout=timeout, ctx=ctx)
+
+    def read_stream_offset(self, workflow_id: str, key: str, offset: int, *,
+                           timeout: float | None = None,
+                           shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
+        """The value at ``offset`` of stream ``key`` of ``workflow_id``, once it is written.
+
+        In a workflow the value read is a checkpoint (its position fixed by this call).
+
+        Args:
+            workflow_id: the workflow writing the stream (under ``shard_key``, sharded).
+            key: the stream's key.
+            offset: the value's position, 0 for the first.
+            timeout: seconds to wait for it (None: no bound).
+
+        Returns:
+            The value.
+
+        Raises:
+            StreamTimeoutError: the timeout passed, or the stream ended before ``offset``.
+            InvalidArgumentError: a negative or non-integer offset, or a bad timeout.
+            NonExistentWorkflowError: ``workflow_id`` does not exist.
+        """
+        check_lookup(workflow_id, "workflow ID")
+        check_lookup(key, "stream key")
+        check_offset(offset)
+        check_seconds(timeout, "read_stream_offset timeout")
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return _routed({workflow_id: shard_key}, messaging.read_stream_offset(
+            self._caller_peer(ctx or step_ctx), workflow_id, key, offset, shard_key,
+            timeout, ctx, step_id))
 
     # ---- Cancel and delete (see executor/control.py) ----
 
