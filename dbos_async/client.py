@@ -25,7 +25,7 @@ import asyncpg
 
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.database_url import redact
-from dbos_async.errors import ConfigurationError, DBOSError
+from dbos_async.errors import ConfigurationError, DBOSError, InvalidArgumentError
 from dbos_async.executor import messaging
 from dbos_async.executor.authentication import Authentication
 from dbos_async.executor.context import WorkflowIDReusePolicy, attributes_json, check_reuse_policy
@@ -311,25 +311,28 @@ class DBOSClient(Operator, Peer):
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,
+             send_to_forks: bool = False,
              connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
-        """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``). With
-        ``connection``, the message is inserted in the caller's transaction (in a
-        savepoint): it is delivered only if the caller commits, and the receiver is woken
-        at that commit."""
+        """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``, also for
+        ``send_to_forks``). With ``connection``, the message is inserted in the caller's
+        transaction (in a savepoint): it is delivered only if the caller commits, and the
+        receiver is woken at that commit."""
         if connection is None:
             return super().send(destination_id, message, topic, idempotency_key,
-                                shard_key=shard_key)
+                                shard_key=shard_key, send_to_forks=send_to_forks)
+        _no_forks_in_transaction(send_to_forks)
         return self._send_in_transaction(connection, destination_id,
                                          self.formats.encode(message, "a message"), topic,
                                          idempotency_key, shard_key)
 
-    def send_bulk(self, messages: Sequence[SendMessage], *,
+    def send_bulk(self, messages: Sequence[SendMessage], *, send_to_forks: bool = False,
                   connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
         """Send a batch (see ``DBOS.send_bulk``). With ``connection``, the batch is inserted
         in the caller's transaction (in a savepoint): delivered only if the caller commits,
         its receivers woken at that commit."""
         if connection is None:
-            return super().send_bulk(messages)
+            return super().send_bulk(messages, send_to_forks=send_to_forks)
+        _no_forks_in_transaction(send_to_forks)
         return self._send_bulk_in_transaction(connection,
                                               messaging.outgoing(messages, self.formats))
 
@@ -357,3 +360,10 @@ class DBOSClient(Operator, Peer):
         listen to it by name find them: ``register_queue(name, ...)`` takes the arguments
         of :class:`~dbos_async.Queue`, checked as ``Queue`` checks them."""
         await self.system_database.upsert_queue(Queue(*settings, **named).record)
+
+
+def _no_forks_in_transaction(send_to_forks: bool) -> None:
+    """A send in the caller's transaction goes to its destinations only."""
+    if send_to_forks:
+        raise InvalidArgumentError("send_to_forks", "is not supported with connection=; "
+                                   "send to the forks after the transaction commits")

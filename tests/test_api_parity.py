@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from helpers import new_dbos
+from helpers import fetch, new_dbos, wait_until
 
 from dbos_async import (
     DBOS,
     InvalidArgumentError,
+    SendMessage,
     SetShardKey,
     SetWorkflowID,
     StepOptions,
@@ -246,3 +247,50 @@ async def test_read_stream_offset_waits_for_the_value_or_times_out(database_url:
         await dbos.send("slow", "go", "more")
         assert await asyncio.wait_for(later, PATIENCE) == "second"
         await handle.get_result()
+
+
+# ---- send_to_forks ----
+
+
+async def test_send_to_forks_reaches_every_fork(database_url: str, sharded: bool) -> None:
+    dbos = app(database_url, sharded)
+
+    @dbos.workflow(name="inbox")
+    async def inbox() -> list[Any]:
+        await dbos.run_step(None, str, "ready")
+        return [await dbos.recv("t", timeout=PATIENCE) for _ in range(2)]
+
+    @dbos.workflow(name="announce")
+    async def announce(destination: str) -> None:
+        await dbos.send(destination, "all", "t", idempotency_key="k", send_to_forks=True,
+                        shard_key=current_shard_key())
+
+    k = key(sharded)
+    async with dbos:
+        with under_key(sharded), SetWorkflowID("o"):
+            original = await dbos.start_workflow(inbox)
+
+        async def ready() -> bool:
+            return bool(await dbos.list_workflow_steps("o", shard_key=k))
+
+        await wait_until(ready, what="the original's first step")
+        first = await dbos.fork_workflow("o", 1, new_workflow_id="f1", shard_key=k)
+        second = await dbos.fork_workflow("f1", 1, new_workflow_id="f2", shard_key=k)
+        await dbos.send("o", "only-o", "t", shard_key=k)
+        with under_key(sharded), SetWorkflowID("announcer"):
+            await announce("o")
+        steps = await dbos.list_workflow_steps("announcer", shard_key=k)
+        assert [s.name for s in steps] == ["DBOS.send"]
+        # The same key again delivers nothing twice, to the original or its forks.
+        await dbos.send_bulk([SendMessage("o", "all", "t", "k", k)], send_to_forks=True)
+        for fork_id in ("f1", "f2"):
+            await dbos.send(fork_id, "x", "t", shard_key=k)
+        assert await original.get_result() == ["only-o", "all"]
+        assert await first.get_result() == ["all", "x"]
+        assert await second.get_result() == ["all", "x"]
+        rows = await fetch(database_url,
+                           "SELECT destination_uuid FROM dbos.notifications "
+                           "WHERE message_uuid LIKE 'k::%' ORDER BY 1")
+        assert [r["destination_uuid"] for r in rows] == ["f1", "f2", "o"]
+        with pytest.raises(InvalidArgumentError, match="send_to_forks"):
+            dbos.send("o", "x", send_to_forks="yes")  # type: ignore[arg-type]

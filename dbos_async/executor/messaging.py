@@ -11,6 +11,7 @@ what remains. Waits register with the notification dispatcher *before* reading t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import uuid
@@ -48,6 +49,7 @@ from dbos_async.sysdb.statements import (
     STREAM_CLOSED_SERIALIZED,
     OutgoingMessage,
     Payload,
+    WorkflowRef,
 )
 
 if TYPE_CHECKING:
@@ -201,26 +203,48 @@ def outgoing(messages: Sequence[SendMessage], formats: Formats) -> list[Outgoing
     return batch
 
 
+def to_forks(messages: Sequence[SendMessage], batch: Sequence[OutgoingMessage],
+             forks: dict[WorkflowRef, list[WorkflowRef]]) -> list[OutgoingMessage]:
+    """``batch`` (the addressed ``messages``) with a copy of each message for every fork
+    of its destination: an idempotency key gives each copy the ID ``<key>::<fork>``."""
+    out: list[OutgoingMessage] = []
+    for m, sent in zip(messages, batch, strict=True):
+        out.append(sent)
+        for fork_id, _ in forks.get((m.destination_id, m.shard_key), ()):
+            _, message_uuid = message_address(fork_id, m.topic, m.idempotency_key)
+            out.append(dataclasses.replace(sent, destination_id=fork_id,
+                                           message_uuid=message_uuid))
+    return out
+
+
 async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-                    step_id: int | None, messages: Sequence[OutgoingMessage]) -> None:
+                    step_id: int | None, messages: Sequence[OutgoingMessage], *,
+                    name: str = SEND_BULK,
+                    forks_of: Sequence[SendMessage] | None = None) -> None:
     """Send a batch in one transaction (one statement per shard key): inside a workflow
-    one checkpoint covers the whole batch, so it is delivered exactly once; from a step it
-    lands only while the workflow is owned by this execution."""
+    one checkpoint (``name``) covers the whole batch, so it is delivered exactly once; from
+    a step it lands only while the workflow is owned by this execution. With ``forks_of``
+    (the batch's messages as given), each is also sent to every workflow forked,
+    recursively, from its destination, as they are when the send starts."""
     if ctx is not None and step_id is not None:
-        done, _ = recorded_read(ctx, step_id, SEND_BULK)
+        done, _ = recorded_read(ctx, step_id, name)
         if done:
             return
     sysdb = peer.system_database  # after the replay: a replay check has no database
+    if forks_of is not None:
+        forks = await sysdb.fork_descendants(
+            [(m.destination_id, m.shard_key) for m in forks_of])
+        messages = to_forks(forks_of, messages, forks)
     if ctx is not None and step_id is not None:
         try:
             existing = await sysdb.send_many(
                 messages, sender=WorkflowAddress(ctx.workflow_id, ctx.shard_key),
-                owner_xid=ctx.owner_xid, function_id=step_id)
+                owner_xid=ctx.owner_xid, function_id=step_id, function_name=name)
         except NonExistentWorkflowError as missing:
             with ctx.routed():
-                raise await record_failure(ctx, step_id, SEND_BULK, missing) from missing
+                raise await record_failure(ctx, step_id, name, missing) from missing
         if existing is not None:
-            replay(ctx, step_id, SEND_BULK, existing)
+            replay(ctx, step_id, name, existing)
             return
     elif step_ctx is not None:
         await sysdb.send_many(messages, sender=WorkflowAddress(step_ctx.workflow_id,

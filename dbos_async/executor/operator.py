@@ -55,6 +55,7 @@ from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.validation import (
+    check_flag,
     check_identifier,
     check_lookup,
     check_offset,
@@ -205,38 +206,69 @@ class Operator(ScheduleOperator):
     # ---- Messages, events and streams ----
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
-             idempotency_key: str | None = None, *,
-             shard_key: str | None = None) -> Coroutine[Any, Any, None]:
-        """Send ``message`` to workflow ``destination_id`` (under ``shard_key``, on a
-        sharded database) under ``topic``.
+             idempotency_key: str | None = None, *, shard_key: str | None = None,
+             send_to_forks: bool = False) -> Coroutine[Any, Any, None]:
+        """Send ``message`` to workflow ``destination_id`` under ``topic``.
 
         In a workflow the send is a checkpoint (exactly once); in a step it is not recorded
         but lands only while the workflow is still owned by this execution; elsewhere it is a
-        plain insert. With ``idempotency_key`` a repeated send delivers once.
+        plain insert.
+
+        Args:
+            destination_id: the receiving workflow (under ``shard_key``, sharded).
+            message: the value (portable JSON, or the configured serializer's).
+            topic: the topic ``recv`` takes it from (None: the default topic).
+            idempotency_key: a repeated send with the same key delivers once.
+            send_to_forks: deliver it also to every workflow forked, recursively, from
+                ``destination_id`` (the forks there are when the send starts), in the
+                same transaction.
+
+        Raises:
+            NonExistentWorkflowError: ``destination_id`` does not exist.
+            InvalidArgumentError: a bad ID, topic, key or ``send_to_forks``.
         """
         check_lookup(destination_id, "destination workflow ID")
         check_identifier(topic, "topic", optional=True, empty_ok=True)
         check_identifier(idempotency_key, "idempotency key", optional=True)
+        check_flag(send_to_forks, "send_to_forks")
         ctx, step_ctx = self._contexts()
         peer = self._caller_peer(ctx or step_ctx)
+        if send_to_forks:
+            given = [messaging.SendMessage(destination_id, message, topic, idempotency_key,
+                                           shard_key)]
+            batch = messaging.outgoing(given, peer.formats)
+            step_id = ctx.allocate_step_id() if ctx is not None else None
+            return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch,
+                                       name=messaging.SEND, forks_of=given)
         text = peer.formats.encode(message, "a message")
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return _routed({destination_id: shard_key}, messaging.send(
             peer, ctx, step_ctx, step_id, destination_id, text, topic, idempotency_key))
 
-    def send_bulk(self, messages: Sequence[messaging.SendMessage]) -> Coroutine[Any, Any, None]:
+    def send_bulk(self, messages: Sequence[messaging.SendMessage], *,
+                  send_to_forks: bool = False) -> Coroutine[Any, Any, None]:
         """Send every :class:`SendMessage` of ``messages`` in one transaction (one statement
-        per shard key): all are delivered or, if one destination is missing
-        (:class:`NonExistentWorkflowError` names each missing one), none. In a workflow
-        the batch is one checkpoint (exactly once); in a step it lands only while the
-        workflow is owned by this execution. A message with an ``idempotency_key`` is
-        delivered once however often it is sent; an empty batch or an idempotency key
-        given twice is refused before anything is written."""
+        per shard key): all are delivered or, if one destination is missing, none. In a
+        workflow the batch is one checkpoint (exactly once); in a step it lands only while
+        the workflow is owned by this execution.
+
+        Args:
+            messages: the batch; a message with an ``idempotency_key`` is delivered once
+                however often it is sent.
+            send_to_forks: deliver each message also to every workflow forked,
+                recursively, from its destination.
+
+        Raises:
+            NonExistentWorkflowError: naming each missing destination; nothing was sent.
+            DBOSError: an empty batch or an idempotency key given twice.
+        """
+        check_flag(send_to_forks, "send_to_forks")
         ctx, step_ctx = self._contexts()
         peer = self._caller_peer(ctx or step_ctx)
         batch = messaging.outgoing(messages, peer.formats)
         step_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch)
+        return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch,
+                                   forks_of=list(messages) if send_to_forks else None)
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
