@@ -96,7 +96,7 @@ if TYPE_CHECKING:
     from dbos_async.executor.replay import Divergence, ReplayResult
     from dbos_async.executor.schedule_api import ScheduleDefinition
     from dbos_async.executor.schedules import WorkflowSchedule
-    from dbos_async.executor.serialization import Serializer
+    from dbos_async.executor.serialization import Serializer, WorkflowSerializationFormat
     from dbos_async.executor.steps import RetryOn, StepOptions
     from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
     from dbos_async.executor.transactions import transaction_connection
@@ -188,6 +188,7 @@ _EXPORTS: dict[str, str] = {
     "ScheduleDefinition": "dbos_async.executor.schedule_api",
     "WorkflowSchedule": "dbos_async.executor.schedules",
     "Serializer": "dbos_async.executor.serialization",
+    "WorkflowSerializationFormat": "dbos_async.executor.serialization",
     "RetryOn": "dbos_async.executor.steps",
     "StepOptions": "dbos_async.executor.steps",
     "ExecutorHealth": "dbos_async.executor.tasks",
@@ -293,6 +294,7 @@ __all__ = [
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",
+    "WorkflowSerializationFormat",
     "WorkflowStateError",
     "WorkflowStatus",
     "WorkflowStepInfo",

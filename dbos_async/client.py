@@ -47,7 +47,7 @@ from dbos_async.executor.queues.enqueue import (
     start_deduplicated,
 )
 from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
-from dbos_async.executor.serialization import Formats, Signature
+from dbos_async.executor.serialization import Formats, SerializationType, Signature
 from dbos_async.executor.start import (
     CallContext,
     Placement,
@@ -311,30 +311,34 @@ class DBOSClient(Operator, Peer):
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,
-             send_to_forks: bool = False,
+             send_to_forks: bool = False, serialization_type: SerializationType = None,
              connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
         """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``, also for
-        ``send_to_forks``). With ``connection``, the message is inserted in the caller's
-        transaction (in a savepoint): it is delivered only if the caller commits, and the
-        receiver is woken at that commit."""
+        ``send_to_forks`` and ``serialization_type``). With ``connection``, the message is
+        inserted in the caller's transaction (in a savepoint): it is delivered only if the
+        caller commits, and the receiver is woken at that commit."""
         if connection is None:
             return super().send(destination_id, message, topic, idempotency_key,
-                                shard_key=shard_key, send_to_forks=send_to_forks)
+                                shard_key=shard_key, send_to_forks=send_to_forks,
+                                serialization_type=serialization_type)
         _no_forks_in_transaction(send_to_forks)
-        return self._send_in_transaction(connection, destination_id,
-                                         self.formats.encode(message, "a message"), topic,
+        text = self.formats.encode_as(self.formats.chosen(serialization_type), message,
+                                      "a message")
+        return self._send_in_transaction(connection, destination_id, text, topic,
                                          idempotency_key, shard_key)
 
     def send_bulk(self, messages: Sequence[SendMessage], *, send_to_forks: bool = False,
+                  serialization_type: SerializationType = None,
                   connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
         """Send a batch (see ``DBOS.send_bulk``). With ``connection``, the batch is inserted
         in the caller's transaction (in a savepoint): delivered only if the caller commits,
         its receivers woken at that commit."""
         if connection is None:
-            return super().send_bulk(messages, send_to_forks=send_to_forks)
+            return super().send_bulk(messages, send_to_forks=send_to_forks,
+                                     serialization_type=serialization_type)
         _no_forks_in_transaction(send_to_forks)
-        return self._send_bulk_in_transaction(connection,
-                                              messaging.outgoing(messages, self.formats))
+        return self._send_bulk_in_transaction(
+            connection, messaging.outgoing(messages, self.formats, serialization_type))
 
     async def _send_bulk_in_transaction(self, conn: asyncpg.Connection,
                                         batch: list[OutgoingMessage]) -> None:

@@ -22,6 +22,7 @@ from dbos_async import (
     SetWorkflowID,
     StepOptions,
     StreamTimeoutError,
+    WorkflowSerializationFormat,
     current_shard_key,
 )
 
@@ -294,3 +295,56 @@ async def test_send_to_forks_reaches_every_fork(database_url: str, sharded: bool
         assert [r["destination_uuid"] for r in rows] == ["f1", "f2", "o"]
         with pytest.raises(InvalidArgumentError, match="send_to_forks"):
             dbos.send("o", "x", send_to_forks="yes")  # type: ignore[arg-type]
+
+
+# ---- serialization_type ----
+
+
+async def test_serialization_type_chooses_each_calls_format(database_url: str,
+                                                            sharded: bool) -> None:
+    dbos = app(database_url, sharded, allow_pickle=True)
+
+    @dbos.workflow(name="pickled", serialization_type=WorkflowSerializationFormat.NATIVE)
+    async def pickled(amounts: set[int]) -> frozenset[int]:
+        await dbos.set_event("total", sum(amounts), serialization_type="native")
+        await dbos.write_stream("parts", sorted(amounts), serialization_type="portable")
+        got = await dbos.recv("extra", timeout=PATIENCE)
+        return frozenset(amounts | {got})
+
+    k = key(sharded)
+    async with dbos:
+        with under_key(sharded), SetWorkflowID("p"):
+            handle = await dbos.start_workflow(pickled, {1, 2})
+        assert await dbos.get_event("p", "total", timeout=PATIENCE, shard_key=k) == 3
+        await dbos.send("p", 7, "extra", serialization_type="native", shard_key=k)
+        assert await handle.get_result() == frozenset({1, 2, 7})
+        assert [v async for v in dbos.read_stream("p", "parts", shard_key=k)] == [[1, 2]]
+        formats = {
+            "inputs": "SELECT serialization FROM dbos.workflow_status",
+            "event": "SELECT serialization FROM dbos.workflow_events",
+            "stream": "SELECT serialization FROM dbos.streams WHERE \"offset\" = 0",
+            "message": "SELECT serialization FROM dbos.notifications",
+        }
+        stored = {what: (await fetch(database_url, sql))[0]["serialization"]
+                  for what, sql in formats.items()}
+        assert stored == {"inputs": "py_pickle", "event": "py_pickle",
+                          "stream": "portable_json", "message": "py_pickle"}
+        with pytest.raises(InvalidArgumentError, match="serialization_type"):
+            dbos.send("p", 1, serialization_type="xml", shard_key=k)
+        with pytest.raises(InvalidArgumentError, match="serialization_type"):
+            dbos.workflow(serialization_type="yaml")
+
+
+async def test_native_serialization_needs_allow_pickle(database_url: str) -> None:
+    dbos = app(database_url, False)
+
+    @dbos.workflow(name="native", serialization_type="native")
+    async def native() -> None:
+        pass
+
+    async with dbos:
+        with pytest.raises(InvalidArgumentError, match="allow_pickle=True"):
+            await native()
+        with pytest.raises(InvalidArgumentError, match="allow_pickle=True"):
+            dbos.send("nobody", 1, serialization_type="native")
+        assert await fetch(database_url, "SELECT * FROM dbos.workflow_status") == []

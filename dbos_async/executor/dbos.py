@@ -55,7 +55,11 @@ from dbos_async.executor.registry import (
 from dbos_async.executor.replay import ReplayResult
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
-from dbos_async.executor.serialization import Signature
+from dbos_async.executor.serialization import (
+    SerializationType,
+    Signature,
+    check_serialization_type,
+)
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.executor.tasks import ExecutorHealth
 from dbos_async.executor.transactions import TransactionInfo, TransactionOptions
@@ -114,11 +118,13 @@ class DBOS(Operator):
     def workflow(
         self, fn: None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
+        serialization_type: SerializationType = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]: ...
 
     def workflow(
         self, fn: AsyncFn[P, R] | None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
+        serialization_type: SerializationType = None,
     ) -> AsyncFn[P, R] | Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Make an ``async def`` function (or method) a durable workflow: ``@dbos.workflow``
         or ``@dbos.workflow(...)``.
@@ -127,11 +133,16 @@ class DBOS(Operator):
             name: the name it is recorded and recovered under (default: its qualified name).
             required_roles: only an identity (``SetAuthentication``) holding one of these
                 roles may start it.
+            serialization_type: the format its inputs and result are stored in:
+                ``"portable"`` (portable JSON), ``"native"`` (Python pickle, with
+                ``allow_pickle``) or None (the configured serializer).
 
         Raises:
             DBOSError: the function is not an ``async def``, or an option was passed by
                 position.
+            InvalidArgumentError: an unknown ``serialization_type``.
         """
+        chosen_format = check_serialization_type(serialization_type)
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             _require_async(fn, "@dbos.workflow")
@@ -144,6 +155,7 @@ class DBOS(Operator):
                 is_method=method,
                 owner=self,
                 required_roles=required_roles_of(required_roles, f"Workflow {workflow_name!r}"),
+                serialization_type=chosen_format,
             )
             self._registry.add_workflow(info)
 
@@ -490,18 +502,26 @@ class DBOS(Operator):
         timeout_id = ctx.allocate_step_id()
         return messaging.recv(ctx, step_id, timeout_id, topic, timeout)
 
-    def set_event(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
-        """Publish ``value`` under ``key`` for the current workflow (from it or a step)."""
+    def set_event(self, key: str, value: Any, *,
+                  serialization_type: SerializationType = None) -> Coroutine[Any, Any, None]:
+        """Publish ``value`` under ``key`` for the current workflow (from it or a step),
+        in the format ``serialization_type`` chooses (None: the configured one)."""
         check_identifier(key, "event key", empty_ok=True)
-        text = self.runtime.formats.encode(value, f"event {key!r}")
+        formats = self.runtime.formats
+        text = formats.encode_as(formats.chosen(serialization_type), value, f"event {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.set_event(ctx, workflow_of_step(), step_id, key, text)
 
-    def write_stream(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
-        """Append ``value`` to the current workflow's stream ``key``."""
+    def write_stream(self, key: str, value: Any, *,
+                     serialization_type: SerializationType = None
+                     ) -> Coroutine[Any, Any, None]:
+        """Append ``value`` to the current workflow's stream ``key``, in the format
+        ``serialization_type`` chooses (None: the configured one)."""
         check_identifier(key, "stream key", empty_ok=True)
-        text = self.runtime.formats.encode(value, f"a value of stream {key!r}")
+        formats = self.runtime.formats
+        text = formats.encode_as(formats.chosen(serialization_type), value,
+                                 f"a value of stream {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key, text,

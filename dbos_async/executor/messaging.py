@@ -178,10 +178,13 @@ class SendMessage:
     shard_key: str | None = None
 
 
-def outgoing(messages: Sequence[SendMessage], formats: Formats) -> list[OutgoingMessage]:
+def outgoing(messages: Sequence[SendMessage], formats: Formats,
+             serialization_type: object = None) -> list[OutgoingMessage]:
     """Check and address a batch before anything is written: at least one message, each a
     :class:`SendMessage` to a named workflow with a portable value, no idempotency key
-    twice (the `dbos` package's rule)."""
+    twice (the `dbos` package's rule). Values are written in the format
+    ``serialization_type`` chooses (None: the peer's own)."""
+    serialization = formats.chosen(serialization_type)
     if isinstance(messages, SendMessage) or not isinstance(messages, Sequence) or not messages:
         raise DBOSError("send_bulk needs a non-empty list of SendMessage")
     keys = [m.idempotency_key for m in messages
@@ -197,7 +200,7 @@ def outgoing(messages: Sequence[SendMessage], formats: Formats) -> list[Outgoing
             raise DBOSError(f"send_bulk message {index} has no destination_id")
         validate_shard_key(m.shard_key)
         topic, message_uuid = message_address(m.destination_id, m.topic, m.idempotency_key)
-        message = formats.encode(m.message, f"send_bulk message {index}")
+        message = formats.encode_as(serialization, m.message, f"send_bulk message {index}")
         batch.append(OutgoingMessage(m.destination_id, message_uuid, topic, message.text,
                                      m.shard_key, message.serialization))
     return batch

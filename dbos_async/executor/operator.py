@@ -51,6 +51,7 @@ from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_
 from dbos_async.executor.queues.enqueue import check_partition
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
+from dbos_async.executor.serialization import SerializationType
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
@@ -207,7 +208,8 @@ class Operator(ScheduleOperator):
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,
-             send_to_forks: bool = False) -> Coroutine[Any, Any, None]:
+             send_to_forks: bool = False,
+             serialization_type: SerializationType = None) -> Coroutine[Any, Any, None]:
         """Send ``message`` to workflow ``destination_id`` under ``topic``.
 
         In a workflow the send is a checkpoint (exactly once); in a step it is not recorded
@@ -222,10 +224,13 @@ class Operator(ScheduleOperator):
             send_to_forks: deliver it also to every workflow forked, recursively, from
                 ``destination_id`` (the forks there are when the send starts), in the
                 same transaction.
+            serialization_type: the message's format (``"portable"``, ``"native"``;
+                None: the configured one).
 
         Raises:
             NonExistentWorkflowError: ``destination_id`` does not exist.
-            InvalidArgumentError: a bad ID, topic, key or ``send_to_forks``.
+            InvalidArgumentError: a bad ID, topic, key, ``send_to_forks`` or
+                ``serialization_type``.
         """
         check_lookup(destination_id, "destination workflow ID")
         check_identifier(topic, "topic", optional=True, empty_ok=True)
@@ -236,17 +241,19 @@ class Operator(ScheduleOperator):
         if send_to_forks:
             given = [messaging.SendMessage(destination_id, message, topic, idempotency_key,
                                            shard_key)]
-            batch = messaging.outgoing(given, peer.formats)
+            batch = messaging.outgoing(given, peer.formats, serialization_type)
             step_id = ctx.allocate_step_id() if ctx is not None else None
             return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch,
                                        name=messaging.SEND, forks_of=given)
-        text = peer.formats.encode(message, "a message")
+        text = peer.formats.encode_as(peer.formats.chosen(serialization_type), message,
+                                      "a message")
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return _routed({destination_id: shard_key}, messaging.send(
             peer, ctx, step_ctx, step_id, destination_id, text, topic, idempotency_key))
 
     def send_bulk(self, messages: Sequence[messaging.SendMessage], *,
-                  send_to_forks: bool = False) -> Coroutine[Any, Any, None]:
+                  send_to_forks: bool = False,
+                  serialization_type: SerializationType = None) -> Coroutine[Any, Any, None]:
         """Send every :class:`SendMessage` of ``messages`` in one transaction (one statement
         per shard key): all are delivered or, if one destination is missing, none. In a
         workflow the batch is one checkpoint (exactly once); in a step it lands only while
@@ -257,6 +264,7 @@ class Operator(ScheduleOperator):
                 however often it is sent.
             send_to_forks: deliver each message also to every workflow forked,
                 recursively, from its destination.
+            serialization_type: the messages' format (None: the configured one).
 
         Raises:
             NonExistentWorkflowError: naming each missing destination; nothing was sent.
@@ -265,7 +273,7 @@ class Operator(ScheduleOperator):
         check_flag(send_to_forks, "send_to_forks")
         ctx, step_ctx = self._contexts()
         peer = self._caller_peer(ctx or step_ctx)
-        batch = messaging.outgoing(messages, peer.formats)
+        batch = messaging.outgoing(messages, peer.formats, serialization_type)
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch,
                                    forks_of=list(messages) if send_to_forks else None)

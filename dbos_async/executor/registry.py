@@ -12,7 +12,7 @@ from typing import Any
 from dbos_async.config import DBOSConfig
 from dbos_async.database_url import parse_database_url
 from dbos_async.errors import ConfigurationError, DBOSError
-from dbos_async.executor.serialization import Signature
+from dbos_async.executor.serialization import Signature, WorkflowSerializationFormat
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
 from dbos_async.validation import check_identifier
 
@@ -38,6 +38,8 @@ class WorkflowInfo:
     owner: object  # The DBOS instance that registered it.
     # Roles one of which its caller must hold (None: anyone may call it).
     required_roles: tuple[str, ...] | None = None
+    # The format its inputs and result are written in (None: the configured one).
+    serialization_type: WorkflowSerializationFormat | None = None
 
     @property
     def class_name(self) -> str | None:
