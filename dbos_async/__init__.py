@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dbos_async.client import DBOSClient
+    from dbos_async.client import DBOSClient, DebouncerClient
     from dbos_async.config import DBOSConfig
     from dbos_async.errors import (
         ApplicationOwnershipError,
@@ -108,6 +108,7 @@ if TYPE_CHECKING:
 # Each public name and the module defining it.
 _EXPORTS: dict[str, str] = {
     "DBOSClient": "dbos_async.client",
+    "DebouncerClient": "dbos_async.client",
     "DBOSConfig": "dbos_async.config",
     "ApplicationOwnershipError": "dbos_async.errors",
     "ConfigurationError": "dbos_async.errors",
@@ -230,6 +231,7 @@ __all__ = [
     "DatabaseUnavailableError",
     "DeadLetteredError",
     "Debouncer",
+    "DebouncerClient",
     "DeduplicationPolicy",
     "Divergence",
     "EnqueueOutcome",

@@ -40,6 +40,7 @@ from dbos_async.executor.queues.batch import (
     enqueue_batch,
     planned_rows,
 )
+from dbos_async.executor.queues.debounce import check_window, debounce_start
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.queues.enqueue import (
     announce,
@@ -371,3 +372,72 @@ def _no_forks_in_transaction(send_to_forks: bool) -> None:
     if send_to_forks:
         raise InvalidArgumentError("send_to_forks", "is not supported with connection=; "
                                    "send to the forks after the transaction commits")
+
+
+class DebouncerClient:
+    """A debouncer run from a client (the ``dbos`` package's ``DebouncerClient``): collapse
+    bursts of enqueues of the workflow named ``workflow_name`` on ``queue_name`` into one
+    run with the latest arguments, as an executor's ``queue.debouncer(...)`` does; a burst
+    may mix calls from clients and executors (both debounce under the key given).
+
+    ``await debouncer.debounce(key, *args, **kwargs)``: if a workflow debounced under
+    ``key`` on the queue has not started yet, it gets these arguments and its start moves
+    to ``period`` seconds from now, never past ``max_delay`` seconds after the burst's first
+    call; otherwise a new one is enqueued to start in ``period`` seconds.
+    """
+
+    def __init__(self, client: DBOSClient, queue_name: str, workflow_name: str, *,
+                 period: float, max_delay: float | None = None,
+                 shard_key: str | None = None,
+                 application_version: str | None = None) -> None:
+        """Args:
+            client: the client whose system database it enqueues on.
+            queue_name: the queue the workflow runs from.
+            workflow_name: the registered name of the workflow.
+            period: seconds of quiet after the last call before the workflow starts.
+            max_delay: the most seconds after a burst's first call it may start (None: no
+                bound).
+            shard_key: the key the workflows live under (a sharded database).
+            application_version: the version whose executors may run them (None: the
+                latest).
+
+        Raises:
+            DBOSError: a period that is not positive, or a bad delay, name or key.
+        """
+        check_window(period, max_delay)
+        check_identifier(queue_name, "queue name")
+        check_identifier(workflow_name, "workflow name")
+        check_identifier(application_version, "application_version", optional=True)
+        validate_shard_key(shard_key)
+        self.client = client
+        self.queue_name = queue_name
+        self.workflow_name = workflow_name
+        self.period = float(period)
+        self.max_delay = float(max_delay) if max_delay is not None else None
+        self.shard_key = shard_key
+        self.application_version = application_version
+
+    async def debounce(self, key: str, /, *args: Any, **kwargs: Any) -> WorkflowHandle[Any]:
+        """Join (or start) the burst debounced under ``key`` with these arguments.
+
+        Returns:
+            The handle of the one workflow that will run.
+
+        Raises:
+            InvalidArgumentError: a bad key.
+            QueueDeduplicatedError: the key stayed held by a workflow that had started.
+        """
+        check_identifier(key, "debounce key")
+        client = self.client
+        placement = Placement(self.queue_name, deduplication_id=key, delay=self.period,
+                              debounced=True, max_delay=self.max_delay)
+        inputs = client.formats.encode_inputs(tuple(args), dict(kwargs), self.workflow_name)
+
+        def plan() -> StartPlan:
+            return client._plan(CallContext(shard_key=self.shard_key), self.workflow_name,
+                                args, kwargs, self.application_version, placement)
+
+        workflow_id, shard_key = await debounce_start(
+            client.system_database, self.queue_name, key, self.workflow_name, inputs,
+            self.period, self.shard_key, plan)
+        return workflow_handle(client, workflow_id, shard_key=shard_key)

@@ -16,6 +16,9 @@ from helpers import fetch, new_dbos, wait_until
 
 from dbos_async import (
     DBOS,
+    DBOSClient,
+    DBOSError,
+    DebouncerClient,
     InvalidArgumentError,
     SendMessage,
     SetShardKey,
@@ -25,6 +28,7 @@ from dbos_async import (
     WorkflowSerializationFormat,
     current_shard_key,
 )
+from dbos_async.testing import TestClock
 
 PATIENCE = 20.0
 KEY = "acme"
@@ -348,3 +352,44 @@ async def test_native_serialization_needs_allow_pickle(database_url: str) -> Non
         with pytest.raises(InvalidArgumentError, match="allow_pickle=True"):
             dbos.send("nobody", 1, serialization_type="native")
         assert await fetch(database_url, "SELECT * FROM dbos.workflow_status") == []
+
+
+# ---- DebouncerClient ----
+
+
+async def test_a_client_debounces_into_the_same_burst(database_url: str,
+                                                      sharded: bool) -> None:
+    clock = TestClock()
+    dbos = app(database_url, sharded, clock=clock)
+    queue = dbos.queue("digests", polling_interval=0.2)
+    sent: list[list[str]] = []
+
+    @dbos.workflow(name="digest")
+    async def digest(items: list[str]) -> list[str]:
+        sent.append(items)
+        return items
+
+    k = key(sharded)
+    async with dbos, DBOSClient(system_database_url=database_url, clock=clock,
+                                sharding=sharded, pool_size=2) as client:
+        remote = DebouncerClient(client, "digests", "digest", period=30, max_delay=300,
+                                 shard_key=k)
+        local = queue.debouncer(digest, period=30, max_delay=300)
+        first = await remote.debounce("user-1", ["a"])
+        await clock.advance(seconds=10)
+        with under_key(sharded):
+            second = await local.debounce("user-1", ["a", "b"])
+        await clock.advance(seconds=10)
+        third = await remote.debounce("user-1", ["a", "b", "c"])
+        other = await remote.debounce("user-2", ["z"])
+        assert first.workflow_id == second.workflow_id == third.workflow_id
+        assert other.workflow_id != first.workflow_id and third.shard_key == k
+        assert sent == []
+        await clock.advance(seconds=30)
+        assert await third.get_result() == ["a", "b", "c"]
+        assert await other.get_result() == ["z"]
+        assert sorted(sent) == [["a", "b", "c"], ["z"]]
+        with pytest.raises(DBOSError, match="must be positive"):
+            DebouncerClient(client, "digests", "digest", period=0)
+        with pytest.raises(InvalidArgumentError, match="debounce key"):
+            await remote.debounce("", ["x"])
