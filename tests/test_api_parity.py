@@ -20,12 +20,15 @@ from dbos_async import (
     DBOSError,
     DebouncerClient,
     InvalidArgumentError,
+    NotAuthorizedError,
     SendMessage,
+    SetAuthentication,
     SetShardKey,
     SetWorkflowID,
     StepOptions,
     StreamTimeoutError,
     WorkflowSerializationFormat,
+    current_authentication,
     current_shard_key,
 )
 from dbos_async.testing import TestClock
@@ -183,7 +186,7 @@ async def test_wait_all_raises_the_first_failure_in_list_order(database_url: str
         with pytest.raises(ValueError, match="late"):
             await waiting
         with pytest.raises(InvalidArgumentError, match="at least one handle"):
-            dbos.wait_first([])
+            await dbos.wait_first([])
         with pytest.raises(InvalidArgumentError, match="got workflow 'late' twice"):
             await dbos.wait_all([handles[0], handles[0]])
 
@@ -230,7 +233,7 @@ async def test_read_stream_offset_reads_one_value_and_replays_it(database_url: s
         fork = await dbos.fork_workflow("r", 2, shard_key=key(sharded))
         assert await fork.get_result() == result
         with pytest.raises(InvalidArgumentError, match="stream offset"):
-            dbos.read_stream_offset("w", "out", -1)
+            await dbos.read_stream_offset("w", "out", -1)
 
 
 async def test_read_stream_offset_waits_for_the_value_or_times_out(database_url: str) -> None:
@@ -298,7 +301,7 @@ async def test_send_to_forks_reaches_every_fork(database_url: str, sharded: bool
                            "WHERE message_uuid LIKE 'k::%' ORDER BY 1")
         assert [r["destination_uuid"] for r in rows] == ["f1", "f2", "o"]
         with pytest.raises(InvalidArgumentError, match="send_to_forks"):
-            dbos.send("o", "x", send_to_forks="yes")  # type: ignore[arg-type]
+            await dbos.send("o", "x", send_to_forks="yes")  # type: ignore[arg-type]
 
 
 # ---- serialization_type ----
@@ -334,7 +337,7 @@ async def test_serialization_type_chooses_each_calls_format(database_url: str,
         assert stored == {"inputs": "py_pickle", "event": "py_pickle",
                           "stream": "portable_json", "message": "py_pickle"}
         with pytest.raises(InvalidArgumentError, match="serialization_type"):
-            dbos.send("p", 1, serialization_type="xml", shard_key=k)
+            await dbos.send("p", 1, serialization_type="xml", shard_key=k)
         with pytest.raises(InvalidArgumentError, match="serialization_type"):
             dbos.workflow(serialization_type="yaml")
 
@@ -350,7 +353,7 @@ async def test_native_serialization_needs_allow_pickle(database_url: str) -> Non
         with pytest.raises(InvalidArgumentError, match="allow_pickle=True"):
             await native()
         with pytest.raises(InvalidArgumentError, match="allow_pickle=True"):
-            dbos.send("nobody", 1, serialization_type="native")
+            await dbos.send("nobody", 1, serialization_type="native")
         assert await fetch(database_url, "SELECT * FROM dbos.workflow_status") == []
 
 
@@ -393,3 +396,49 @@ async def test_a_client_debounces_into_the_same_burst(database_url: str,
             DebouncerClient(client, "digests", "digest", period=0)
         with pytest.raises(InvalidArgumentError, match="debounce key"):
             await remote.debounce("", ["x"])
+
+
+# ---- default_required_roles ----
+
+
+async def test_default_required_roles_apply_where_a_method_gives_none(
+        database_url: str) -> None:
+    dbos = app(database_url, False)
+
+    @dbos.default_required_roles(["admin"])
+    class Accounts:
+        @dbos.workflow(name="Accounts.close")
+        async def close(self, account: str) -> str:
+            return f"closed {account} as {current_authentication().assumed_role}"
+
+        @dbos.workflow(name="Accounts.balance", required_roles=[])
+        async def balance(self, account: str) -> int:
+            return await self.audited(account)
+
+        @dbos.step(name="Accounts.audited", required_roles=["auditor"])
+        async def audited(self, account: str) -> int:
+            return len(account)
+
+        @dbos.step(name="Accounts.lookup")
+        async def lookup(self, account: str) -> str:
+            return account.upper()
+
+    accounts = Accounts()
+    dbos.register_instance(accounts, "accounts")
+    async with dbos:
+        with SetAuthentication("alice", ["user", "admin"]):
+            assert await accounts.close("a-1") == "closed a-1 as admin"
+            assert await accounts.lookup("a-1") == "A-1"
+            with pytest.raises(NotAuthorizedError, match="auditor"):
+                await accounts.balance("a-1")      # its own empty list: anyone; not its step
+        with SetAuthentication("bob", ["user"]):
+            with pytest.raises(NotAuthorizedError, match=r"\['admin'\]"):
+                await accounts.close("a-1")
+            with pytest.raises(NotAuthorizedError, match=r"\['admin'\]"):
+                await accounts.lookup("a-1")
+        with SetAuthentication("carol", ["auditor"]):
+            assert await accounts.balance("a-22") == 4
+        with pytest.raises(DBOSError, match="decorates a class"):
+            dbos.default_required_roles(["admin"])(len)  # type: ignore[arg-type]
+        with pytest.raises(DBOSError, match="required_roles"):
+            dbos.default_required_roles("admin")

@@ -35,7 +35,7 @@ from dbos_async.executor import (
     steps,
     transactions,
 )
-from dbos_async.executor.authentication import required_roles_of
+from dbos_async.executor.authentication import RequiredRoles, required_roles_of
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
 from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.handles import WorkflowHandle
@@ -71,6 +71,7 @@ logger = logging.getLogger("dbos_async")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 AsyncFn = Callable[P, Coroutine[Any, Any, R]]
 
@@ -154,7 +155,7 @@ class DBOS(Operator):
                 signature=Signature(fn, skip_first=method),
                 is_method=method,
                 owner=self,
-                required_roles=required_roles_of(required_roles, f"Workflow {workflow_name!r}"),
+                roles=RequiredRoles.of(required_roles, f"Workflow {workflow_name!r}"),
                 serialization_type=chosen_format,
             )
             self._registry.add_workflow(info)
@@ -217,12 +218,13 @@ class DBOS(Operator):
                 retry_on=retry_on, timeout=timeout, cancellable=cancellable,
             )
             info = StepInfo(fn, options, Signature(fn),
-                            required_roles_of(required_roles, f"Step {options.name!r}"))
+                            RequiredRoles.of(required_roles, f"Step {options.name!r}"))
 
             @functools.wraps(fn)
             def call(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
                 return steps.call(info, args, kwargs)
 
+            call.__dbos_step__ = info  # type: ignore[attr-defined]
             return call
 
         return _bare_or_called(fn, decorate, "@dbos.step")
@@ -265,6 +267,37 @@ class DBOS(Operator):
             name=getattr(func, "__qualname__", None) or type(func).__qualname__)
         info = StepInfo(_as_coroutine_function(func), options, _signature_of(func))
         return steps.call(info, args, kwargs)
+
+    def default_required_roles(self, roles: Sequence[str]) -> Callable[[type[T]], type[T]]:
+        """A class decorator (the ``dbos`` package's): the workflow and step methods of the
+        class whose decorator gives no ``required_roles`` require one of ``roles``. A
+        method's own ``required_roles`` wins, even an empty list (anyone may call it).
+
+        Args:
+            roles: the roles one of which a caller must hold.
+
+        Returns:
+            The decorator, which returns the class unchanged otherwise.
+
+        Raises:
+            DBOSError: a role list given as a string, or an empty role name; the decorator
+                raises it on something that is not a class.
+        """
+        checked = required_roles_of(roles, "default_required_roles")
+
+        def decorate(cls: type[T]) -> type[T]:
+            if not isinstance(cls, type):
+                raise DBOSError("@dbos.default_required_roles(...) decorates a class, "
+                                f"not {cls!r}")
+            for value in vars(cls).values():
+                fn = value.__func__ if isinstance(value, staticmethod | classmethod) else value
+                for attribute in ("__dbos_workflow__", "__dbos_step__"):
+                    info = getattr(fn, attribute, None)
+                    if isinstance(info, WorkflowInfo | StepInfo) and not info.roles.given:
+                        info.roles.roles = checked
+            return cls
+
+        return decorate
 
     def transaction(
         self,
