@@ -51,6 +51,8 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
         assert first.count("transaction: inserting") == 1
         assert "inserting" not in second and "confirming" not in second
         assert second.splitlines()[-1] == "order-1 confirmed, 1 order(s) in all"
+    if example.stem == "steps_and_waits":
+        assert second.splitlines()[-1] == "globex:95 came first (globex asked), fee 9"
     if example.stem == "replay_check":
         assert "DIVERGES order-1 (checkout, SUCCESS): step 1: recorded ship, new code " \
             "calls ship_fast" in first
