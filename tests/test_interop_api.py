@@ -9,6 +9,7 @@ import textwrap
 
 from helpers import new_dbos, wait_until
 from test_interop_ops import lines, run_script
+from test_reuse_policy import _DBOS_SCHEMA_SCRIPT
 
 from dbos_async import DBOS, DBOSClient, SetWorkflowID, WorkflowSerializationFormat
 
@@ -87,21 +88,6 @@ async def test_dbos_calls_on_our_database(database_url: str) -> None:
         assert await fork.get_result() == "hello"
 
 
-_DBOS_SETUP_SCRIPT = textwrap.dedent(
-    """
-    import sys
-    import sqlalchemy as sa
-    from dbos._migration import ensure_dbos_schema, run_dbos_migrations
-
-    engine = sa.create_engine("postgresql+psycopg://" + sys.argv[1].split("://", 1)[1])
-    try:
-        ensure_dbos_schema(engine, "dbos")
-        run_dbos_migrations(engine, "dbos", True)
-    finally:
-        engine.dispose()
-    """
-)
-
 _DBOS_READ_SCRIPT = textwrap.dedent(
     """
     import json, sys
@@ -123,7 +109,7 @@ _DBOS_READ_SCRIPT = textwrap.dedent(
 
 
 async def test_our_calls_on_a_dbos_database(database_url: str) -> None:
-    await run_script(_DBOS_SETUP_SCRIPT, database_url)
+    await run_script(_DBOS_SCHEMA_SCRIPT, database_url)
     dbos = new_dbos(database_url, allow_pickle=True)
 
     @dbos.workflow(name="ours")
