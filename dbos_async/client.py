@@ -197,6 +197,7 @@ class DBOSClient(Operator, Peer):
         shard_key: str | None = None,
         app_version: str | None = None,
         workflow_id_reuse_policy: WorkflowIDReusePolicy | None = None,
+        serialization_type: SerializationType = None,
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
         """Enqueue workflow ``workflow_name`` on ``queue_name`` with these arguments (stored
@@ -215,6 +216,9 @@ class DBOSClient(Operator, Peer):
         ``app_version`` is the deprecated name of ``application_version``.
         ``workflow_id_reuse_policy="reject"`` raises :class:`WorkflowIDInUseError` if
         ``workflow_id`` is in use (by default that workflow's handle is returned).
+        ``serialization_type`` stores the arguments (and so the result) as ``"portable"``
+        JSON or ``"native"`` pickle (with ``allow_pickle``) whatever the client's
+        ``serializer``.
 
         With ``connection``, the insert runs on that connection, inside the transaction the
         caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
@@ -248,7 +252,8 @@ class DBOSClient(Operator, Peer):
             workflow_name, args, kwargs, application_version,
             Placement(queue_name, priority=priority, deduplication_id=deduplication_id,
                       partition_key=partition_key, delay=delay),
-            class_name=class_name, config_name=config_name)
+            class_name=class_name, config_name=config_name,
+            serialization=self.formats.chosen(serialization_type))
         sysdb = self.system_database
 
         def start() -> Awaitable[StartResult]:
@@ -271,10 +276,12 @@ class DBOSClient(Operator, Peer):
 
     def _plan(self, call: CallContext, workflow_name: str, args: Sequence[Any],
               kwargs: Mapping[str, Any], application_version: str | None,
-              placement: Placement, **columns: str | None) -> StartPlan:
-        """The start plan of an enqueue by name: the arguments in the client's format
-        (portable JSON by default)."""
-        inputs = self.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name)
+              placement: Placement, serialization: str | None = None,
+              **columns: str | None) -> StartPlan:
+        """The start plan of an enqueue by name: the arguments in format ``serialization``
+        (None: the client's, portable JSON by default)."""
+        inputs = self.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name,
+                                            serialization)
         return plan_start(call, name=workflow_name, inputs=inputs,
                           executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
                           application_version=application_version,

@@ -442,3 +442,25 @@ async def test_default_required_roles_apply_where_a_method_gives_none(
             dbos.default_required_roles(["admin"])(len)  # type: ignore[arg-type]
         with pytest.raises(DBOSError, match="required_roles"):
             dbos.default_required_roles("admin")
+
+
+async def test_a_client_enqueues_with_a_chosen_format(database_url: str,
+                                                      sharded: bool) -> None:
+    dbos = app(database_url, sharded, allow_pickle=True)
+    dbos.queue("formats")
+
+    @dbos.workflow(name="union")
+    async def union(a: set[int], b: set[int]) -> set[int]:
+        return a | b
+
+    k = key(sharded)
+    async with dbos, DBOSClient(system_database_url=database_url, sharding=sharded,
+                                allow_pickle=True, pool_size=2) as client:
+        handle = await client.enqueue("formats", "union", {1}, {2}, workflow_id="u",
+                                      shard_key=k, serialization_type="native")
+        assert await handle.get_result() == {1, 2}
+        [row] = await fetch(database_url, "SELECT serialization FROM dbos.workflow_status")
+        assert row["serialization"] == "py_pickle"
+        with pytest.raises(InvalidArgumentError, match="serialization_type"):
+            await client.enqueue("formats", "union", workflow_id="v", shard_key=k,
+                                 serialization_type="json")
