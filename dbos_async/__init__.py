@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dbos_async.client import DBOSClient
+    from dbos_async.client import DBOSClient, DebouncerClient
     from dbos_async.config import DBOSConfig
     from dbos_async.errors import (
         ApplicationOwnershipError,
@@ -98,8 +98,8 @@ if TYPE_CHECKING:
     from dbos_async.executor.replay import Divergence, ReplayResult
     from dbos_async.executor.schedule_api import ScheduleDefinition
     from dbos_async.executor.schedules import WorkflowSchedule
-    from dbos_async.executor.serialization import Serializer
-    from dbos_async.executor.steps import RetryOn
+    from dbos_async.executor.serialization import Serializer, WorkflowSerializationFormat
+    from dbos_async.executor.steps import RetryOn, StepOptions
     from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
     from dbos_async.executor.transactions import transaction_connection
     from dbos_async.sysdb.health import DatabaseHealth
@@ -110,6 +110,7 @@ if TYPE_CHECKING:
 # Each public name and the module defining it.
 _EXPORTS: dict[str, str] = {
     "DBOSClient": "dbos_async.client",
+    "DebouncerClient": "dbos_async.client",
     "DBOSConfig": "dbos_async.config",
     "ApplicationOwnershipError": "dbos_async.errors",
     "ConfigurationError": "dbos_async.errors",
@@ -192,7 +193,9 @@ _EXPORTS: dict[str, str] = {
     "ScheduleDefinition": "dbos_async.executor.schedule_api",
     "WorkflowSchedule": "dbos_async.executor.schedules",
     "Serializer": "dbos_async.executor.serialization",
+    "WorkflowSerializationFormat": "dbos_async.executor.serialization",
     "RetryOn": "dbos_async.executor.steps",
+    "StepOptions": "dbos_async.executor.steps",
     "ExecutorHealth": "dbos_async.executor.tasks",
     "TaskHealth": "dbos_async.executor.tasks",
     "transaction_connection": "dbos_async.executor.transactions",
@@ -232,6 +235,7 @@ __all__ = [
     "DatabaseUnavailableError",
     "DeadLetteredError",
     "Debouncer",
+    "DebouncerClient",
     "DeduplicationPolicy",
     "Divergence",
     "EnqueueOutcome",
@@ -279,6 +283,7 @@ __all__ = [
     "StartPoint",
     "StatementCanceledError",
     "StepNamed",
+    "StepOptions",
     "StepRetriesExceededError",
     "StreamTimeoutError",
     "StreamValue",
@@ -297,6 +302,7 @@ __all__ = [
     "WorkflowInputs",
     "WorkflowNotRegisteredError",
     "WorkflowSchedule",
+    "WorkflowSerializationFormat",
     "WorkflowStateError",
     "WorkflowStatus",
     "WorkflowStepInfo",

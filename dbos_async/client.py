@@ -25,7 +25,7 @@ import asyncpg
 
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.database_url import redact
-from dbos_async.errors import ConfigurationError, DBOSError
+from dbos_async.errors import ConfigurationError, DBOSError, InvalidArgumentError
 from dbos_async.executor import messaging
 from dbos_async.executor.authentication import Authentication
 from dbos_async.executor.context import WorkflowIDReusePolicy, attributes_json, check_reuse_policy
@@ -40,6 +40,7 @@ from dbos_async.executor.queues.batch import (
     enqueue_batch,
     planned_rows,
 )
+from dbos_async.executor.queues.debounce import check_window, debounce_start
 from dbos_async.executor.queues.declaration import Queue, queue_settings
 from dbos_async.executor.queues.enqueue import (
     announce,
@@ -47,7 +48,7 @@ from dbos_async.executor.queues.enqueue import (
     start_deduplicated,
 )
 from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
-from dbos_async.executor.serialization import Formats, Signature
+from dbos_async.executor.serialization import Formats, SerializationType, Signature
 from dbos_async.executor.start import (
     CallContext,
     Placement,
@@ -196,6 +197,7 @@ class DBOSClient(Operator, Peer):
         shard_key: str | None = None,
         app_version: str | None = None,
         workflow_id_reuse_policy: WorkflowIDReusePolicy | None = None,
+        serialization_type: SerializationType = None,
         **kwargs: Any,
     ) -> WorkflowHandle[Any]:
         """Enqueue workflow ``workflow_name`` on ``queue_name`` with these arguments (stored
@@ -214,6 +216,9 @@ class DBOSClient(Operator, Peer):
         ``app_version`` is the deprecated name of ``application_version``.
         ``workflow_id_reuse_policy="reject"`` raises :class:`WorkflowIDInUseError` if
         ``workflow_id`` is in use (by default that workflow's handle is returned).
+        ``serialization_type`` stores the arguments (and so the result) as ``"portable"``
+        JSON or ``"native"`` pickle (with ``allow_pickle``) whatever the client's
+        ``serializer``.
 
         With ``connection``, the insert runs on that connection, inside the transaction the
         caller holds (in a savepoint, so a duplicate does not abort it): it exists only if
@@ -247,7 +252,8 @@ class DBOSClient(Operator, Peer):
             workflow_name, args, kwargs, application_version,
             Placement(queue_name, priority=priority, deduplication_id=deduplication_id,
                       partition_key=partition_key, delay=delay),
-            class_name=class_name, config_name=config_name)
+            class_name=class_name, config_name=config_name,
+            serialization=self.formats.chosen(serialization_type))
         sysdb = self.system_database
 
         def start() -> Awaitable[StartResult]:
@@ -270,10 +276,12 @@ class DBOSClient(Operator, Peer):
 
     def _plan(self, call: CallContext, workflow_name: str, args: Sequence[Any],
               kwargs: Mapping[str, Any], application_version: str | None,
-              placement: Placement, **columns: str | None) -> StartPlan:
-        """The start plan of an enqueue by name: the arguments in the client's format
-        (portable JSON by default)."""
-        inputs = self.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name)
+              placement: Placement, serialization: str | None = None,
+              **columns: str | None) -> StartPlan:
+        """The start plan of an enqueue by name: the arguments in format ``serialization``
+        (None: the client's, portable JSON by default)."""
+        inputs = self.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name,
+                                            serialization)
         return plan_start(call, name=workflow_name, inputs=inputs,
                           executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
                           application_version=application_version,
@@ -311,27 +319,34 @@ class DBOSClient(Operator, Peer):
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,
+             send_to_forks: bool = False, serialization_type: SerializationType = None,
              connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
-        """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``). With
-        ``connection``, the message is inserted in the caller's transaction (in a
-        savepoint): it is delivered only if the caller commits, and the receiver is woken
-        at that commit."""
+        """Send ``message`` to workflow ``destination_id`` (see ``DBOS.send``, also for
+        ``send_to_forks`` and ``serialization_type``). With ``connection``, the message is
+        inserted in the caller's transaction (in a savepoint): it is delivered only if the
+        caller commits, and the receiver is woken at that commit."""
         if connection is None:
             return super().send(destination_id, message, topic, idempotency_key,
-                                shard_key=shard_key)
-        return self._send_in_transaction(connection, destination_id,
-                                         self.formats.encode(message, "a message"), topic,
+                                shard_key=shard_key, send_to_forks=send_to_forks,
+                                serialization_type=serialization_type)
+        _no_forks_in_transaction(send_to_forks)
+        text = self.formats.encode_as(self.formats.chosen(serialization_type), message,
+                                      "a message")
+        return self._send_in_transaction(connection, destination_id, text, topic,
                                          idempotency_key, shard_key)
 
-    def send_bulk(self, messages: Sequence[SendMessage], *,
+    def send_bulk(self, messages: Sequence[SendMessage], *, send_to_forks: bool = False,
+                  serialization_type: SerializationType = None,
                   connection: asyncpg.Connection | None = None) -> Coroutine[Any, Any, None]:
         """Send a batch (see ``DBOS.send_bulk``). With ``connection``, the batch is inserted
         in the caller's transaction (in a savepoint): delivered only if the caller commits,
         its receivers woken at that commit."""
         if connection is None:
-            return super().send_bulk(messages)
-        return self._send_bulk_in_transaction(connection,
-                                              messaging.outgoing(messages, self.formats))
+            return super().send_bulk(messages, send_to_forks=send_to_forks,
+                                     serialization_type=serialization_type)
+        _no_forks_in_transaction(send_to_forks)
+        return self._send_bulk_in_transaction(
+            connection, messaging.outgoing(messages, self.formats, serialization_type))
 
     async def _send_bulk_in_transaction(self, conn: asyncpg.Connection,
                                         batch: list[OutgoingMessage]) -> None:
@@ -357,3 +372,79 @@ class DBOSClient(Operator, Peer):
         listen to it by name find them: ``register_queue(name, ...)`` takes the arguments
         of :class:`~dbos_async.Queue`, checked as ``Queue`` checks them."""
         await self.system_database.upsert_queue(Queue(*settings, **named).record)
+
+
+def _no_forks_in_transaction(send_to_forks: bool) -> None:
+    """A send in the caller's transaction goes to its destinations only."""
+    if send_to_forks:
+        raise InvalidArgumentError("send_to_forks", "is not supported with connection=; "
+                                   "send to the forks after the transaction commits")
+
+
+class DebouncerClient:
+    """A debouncer run from a client (the ``dbos`` package's ``DebouncerClient``): collapse
+    bursts of enqueues of the workflow named ``workflow_name`` on ``queue_name`` into one
+    run with the latest arguments, as an executor's ``queue.debouncer(...)`` does; a burst
+    may mix calls from clients and executors (both debounce under the key given).
+
+    ``await debouncer.debounce(key, *args, **kwargs)``: if a workflow debounced under
+    ``key`` on the queue has not started yet, it gets these arguments and its start moves
+    to ``period`` seconds from now, never past ``max_delay`` seconds after the burst's first
+    call; otherwise a new one is enqueued to start in ``period`` seconds.
+    """
+
+    def __init__(self, client: DBOSClient, queue_name: str, workflow_name: str, *,
+                 period: float, max_delay: float | None = None,
+                 shard_key: str | None = None,
+                 application_version: str | None = None) -> None:
+        """Args:
+            client: the client whose system database it enqueues on.
+            queue_name: the queue the workflow runs from.
+            workflow_name: the registered name of the workflow.
+            period: seconds of quiet after the last call before the workflow starts.
+            max_delay: the most seconds after a burst's first call it may start (None: no
+                bound).
+            shard_key: the key the workflows live under (a sharded database).
+            application_version: the version whose executors may run them (None: the
+                latest).
+
+        Raises:
+            DBOSError: a period that is not positive, or a bad delay, name or key.
+        """
+        check_window(period, max_delay)
+        check_identifier(queue_name, "queue name")
+        check_identifier(workflow_name, "workflow name")
+        check_identifier(application_version, "application_version", optional=True)
+        validate_shard_key(shard_key)
+        self.client = client
+        self.queue_name = queue_name
+        self.workflow_name = workflow_name
+        self.period = float(period)
+        self.max_delay = float(max_delay) if max_delay is not None else None
+        self.shard_key = shard_key
+        self.application_version = application_version
+
+    async def debounce(self, key: str, /, *args: Any, **kwargs: Any) -> WorkflowHandle[Any]:
+        """Join (or start) the burst debounced under ``key`` with these arguments.
+
+        Returns:
+            The handle of the one workflow that will run.
+
+        Raises:
+            InvalidArgumentError: a bad key.
+            QueueDeduplicatedError: the key stayed held by a workflow that had started.
+        """
+        check_identifier(key, "debounce key")
+        client = self.client
+        placement = Placement(self.queue_name, deduplication_id=key, delay=self.period,
+                              debounced=True, max_delay=self.max_delay)
+        inputs = client.formats.encode_inputs(tuple(args), dict(kwargs), self.workflow_name)
+
+        def plan() -> StartPlan:
+            return client._plan(CallContext(shard_key=self.shard_key), self.workflow_name,
+                                args, kwargs, self.application_version, placement)
+
+        workflow_id, shard_key = await debounce_start(
+            client.system_database, self.queue_name, key, self.workflow_name, inputs,
+            self.period, self.shard_key, plan)
+        return workflow_handle(client, workflow_id, shard_key=shard_key)

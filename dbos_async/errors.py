@@ -316,16 +316,21 @@ class QueryTimeoutError(DBOSError):
 
 
 class StreamTimeoutError(DBOSError):
-    """``read_stream(..., timeout=...)`` waited that long for the stream's next value."""
+    """``read_stream(..., timeout=...)`` waited that long for the stream's next value, or
+    ``read_stream_offset`` found the stream ended before its offset (``ended_before``)."""
 
-    def __init__(self, workflow_id: str, key: str, timeout_seconds: float) -> None:
-        super().__init__(
-            f"No value of stream {key!r} of workflow {workflow_id!r} arrived within "
-            f"{timeout_seconds:g} s"
-        )
+    def __init__(self, workflow_id: str, key: str, timeout_seconds: float, *,
+                 ended_before: int | None = None) -> None:
+        if ended_before is None:
+            super().__init__(f"No value of stream {key!r} of workflow {workflow_id!r} "
+                             f"arrived within {timeout_seconds:g} s")
+        else:
+            super().__init__(f"Stream {key!r} of workflow {workflow_id!r} ended before "
+                             f"offset {ended_before}")
         self.workflow_id = workflow_id
         self.key = key
         self.timeout_seconds = timeout_seconds
+        self.ended_before = ended_before
 
 
 class WorkflowImportError(DBOSError):

@@ -112,6 +112,18 @@ def check_seconds(value: object, argument: str, *, optional: bool = True,
             argument, f"must be at most {MAX_SECONDS:.0f} seconds, got {value!r}")
 
 
+def check_flag(value: object, argument: str) -> None:
+    """Refuse an on/off option that is not a bool (a string such as ``"false"`` is true)."""
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(argument, f"must be True or False, got {value!r}")
+
+
+def check_offset(value: object, argument: str = "stream offset") -> None:
+    """Refuse a position that is not a non-negative integer (a stream offset)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(argument, f"must be an integer >= 0, got {value!r}")
+
+
 @contextmanager
 def reported_as(error_type: type[DBOSError]) -> Iterator[None]:
     """Raise the checks' errors in the block as ``error_type``: where an API reports every

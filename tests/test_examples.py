@@ -58,6 +58,8 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
         assert "order-9 failed: card declined" in second
         assert second.splitlines()[-1] == (
             "order-9-retry (forked from order-9): reserved order-9, charged order-9")
+    if example.stem == "steps_and_waits":
+        assert second.splitlines()[-1] == "globex:95 came first (globex asked), fee 9"
     if example.stem == "replay_check":
         assert "DIVERGES order-1 (checkout, SUCCESS): step 1: recorded ship, new code " \
             "calls ship_fast" in first

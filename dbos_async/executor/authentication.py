@@ -129,6 +129,20 @@ class SetAuthentication:
         _authentication.reset(self._token)
 
 
+@dataclass
+class RequiredRoles:
+    """The roles one of which a function's caller must hold (None: anyone may call it).
+    ``given``: by its decorator; otherwise its class's ``default_required_roles`` sets them
+    when the class is decorated (after its methods were)."""
+
+    roles: tuple[str, ...] | None = None
+    given: bool = False
+
+    @classmethod
+    def of(cls, roles: Sequence[str] | None, what: str) -> RequiredRoles:
+        return cls(required_roles_of(roles, what), roles is not None)
+
+
 def required_roles_of(roles: Sequence[str] | None, what: str) -> tuple[str, ...] | None:
     """Check a decorator's ``required_roles`` (None or an empty list: no requirement)."""
     if roles is None:

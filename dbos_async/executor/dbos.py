@@ -35,7 +35,7 @@ from dbos_async.executor import (
     steps,
     transactions,
 )
-from dbos_async.executor.authentication import required_roles_of
+from dbos_async.executor.authentication import RequiredRoles, required_roles_of
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
 from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.handles import WorkflowHandle
@@ -55,7 +55,11 @@ from dbos_async.executor.registry import (
 from dbos_async.executor.replay import ReplayResult
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
-from dbos_async.executor.serialization import Signature
+from dbos_async.executor.serialization import (
+    SerializationType,
+    Signature,
+    check_serialization_type,
+)
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.executor.tasks import ExecutorHealth
 from dbos_async.executor.transactions import TransactionInfo, TransactionOptions
@@ -67,6 +71,7 @@ logger = logging.getLogger("dbos_async")
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 AsyncFn = Callable[P, Coroutine[Any, Any, R]]
 
@@ -115,12 +120,14 @@ class DBOS(Operator):
         self, fn: None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
         max_recovery_attempts: int | None = None,
+        serialization_type: SerializationType = None,
     ) -> Callable[[AsyncFn[P, R]], AsyncFn[P, R]]: ...
 
     def workflow(
         self, fn: AsyncFn[P, R] | None = None, /, *, name: str | None = None,
         required_roles: Sequence[str] | None = None,
         max_recovery_attempts: int | None = None,
+        serialization_type: SerializationType = None,
     ) -> AsyncFn[P, R] | Callable[[AsyncFn[P, R]], AsyncFn[P, R]]:
         """Make an ``async def`` function (or method) a durable workflow: ``@dbos.workflow``
         or ``@dbos.workflow(...)``.
@@ -132,6 +139,9 @@ class DBOS(Operator):
             max_recovery_attempts: recoveries it gets before recovery dead-letters it
                 (``MAX_RECOVERY_ATTEMPTS_EXCEEDED``), as the ``dbos`` package's option
                 does (default: the ``max_recovery_attempts`` setting).
+            serialization_type: the format its inputs and result are stored in:
+                ``"portable"`` (portable JSON), ``"native"`` (Python pickle, with
+                ``allow_pickle``) or None (the configured serializer).
 
         Returns:
             The workflow: calling it runs it durably and returns its result.
@@ -139,7 +149,8 @@ class DBOS(Operator):
         Raises:
             DBOSError: the function is not an ``async def``, or an option was passed by
                 position.
-            InvalidArgumentError: ``max_recovery_attempts`` is not an integer >= 0.
+            InvalidArgumentError: ``max_recovery_attempts`` is not an integer >= 0, or an
+                unknown ``serialization_type``.
         """
         if max_recovery_attempts is not None and (
                 isinstance(max_recovery_attempts, bool)
@@ -147,6 +158,7 @@ class DBOS(Operator):
             raise InvalidArgumentError("max_recovery_attempts",
                                        f"expected an integer >= 0, got "
                                        f"{max_recovery_attempts!r}")
+        chosen_format = check_serialization_type(serialization_type)
 
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             _require_async(fn, "@dbos.workflow")
@@ -158,8 +170,9 @@ class DBOS(Operator):
                 signature=Signature(fn, skip_first=method),
                 is_method=method,
                 owner=self,
-                required_roles=required_roles_of(required_roles, f"Workflow {workflow_name!r}"),
+                roles=RequiredRoles.of(required_roles, f"Workflow {workflow_name!r}"),
                 max_recovery_attempts=max_recovery_attempts,
+                serialization_type=chosen_format,
             )
             self._registry.add_workflow(info)
 
@@ -221,15 +234,86 @@ class DBOS(Operator):
                 retry_on=retry_on, timeout=timeout, cancellable=cancellable,
             )
             info = StepInfo(fn, options, Signature(fn),
-                            required_roles_of(required_roles, f"Step {options.name!r}"))
+                            RequiredRoles.of(required_roles, f"Step {options.name!r}"))
 
             @functools.wraps(fn)
             def call(*args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
                 return steps.call(info, args, kwargs)
 
+            call.__dbos_step__ = info  # type: ignore[attr-defined]
             return call
 
         return _bare_or_called(fn, decorate, "@dbos.step")
+
+    @overload
+    def run_step(self, dbos_step_options: StepOptions | None,
+                 func: Callable[P, Coroutine[Any, Any, R]], /,
+                 *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
+
+    @overload
+    def run_step(self, dbos_step_options: StepOptions | None, func: Callable[P, R], /,
+                 *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]: ...
+
+    def run_step(self, dbos_step_options: StepOptions | None, func: Callable[P, Any], /,
+                 *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Any]:
+        """Run ``func(*args, **kwargs)`` as a step without decorating it (a library's
+        function, a lambda): in a workflow its outcome is checkpointed like a
+        ``@dbos.step``'s, so a replay returns the recorded value instead of calling it.
+
+        Args:
+            dbos_step_options: its name and retry policy (None: named after the function,
+                no retries).
+            func: an ``async def`` function, or a plain one (called on the event loop, so
+                it should not block).
+
+        Returns:
+            The function's result (recorded, in a workflow).
+
+        Raises:
+            InvalidArgumentError: ``func`` is not callable or the options are not a
+                :class:`StepOptions`.
+        """
+        if not callable(func):
+            raise InvalidArgumentError("run_step function", f"{func!r} is not callable")
+        if dbos_step_options is not None and not isinstance(dbos_step_options, StepOptions):
+            raise InvalidArgumentError(
+                "run_step options",
+                f"expected StepOptions or None, got {type(dbos_step_options).__name__}")
+        options = dbos_step_options or StepOptions(
+            name=getattr(func, "__qualname__", None) or type(func).__qualname__)
+        info = StepInfo(_as_coroutine_function(func), options, _signature_of(func))
+        return steps.call(info, args, kwargs)
+
+    def default_required_roles(self, roles: Sequence[str]) -> Callable[[type[T]], type[T]]:
+        """A class decorator (the ``dbos`` package's): the workflow and step methods of the
+        class whose decorator gives no ``required_roles`` require one of ``roles``. A
+        method's own ``required_roles`` wins, even an empty list (anyone may call it).
+
+        Args:
+            roles: the roles one of which a caller must hold.
+
+        Returns:
+            The decorator, which returns the class unchanged otherwise.
+
+        Raises:
+            DBOSError: a role list given as a string, or an empty role name; the decorator
+                raises it on something that is not a class.
+        """
+        checked = required_roles_of(roles, "default_required_roles")
+
+        def decorate(cls: type[T]) -> type[T]:
+            if not isinstance(cls, type):
+                raise DBOSError("@dbos.default_required_roles(...) decorates a class, "
+                                f"not {cls!r}")
+            for value in vars(cls).values():
+                fn = value.__func__ if isinstance(value, staticmethod | classmethod) else value
+                for attribute in ("__dbos_workflow__", "__dbos_step__"):
+                    info = getattr(fn, attribute, None)
+                    if isinstance(info, WorkflowInfo | StepInfo) and not info.roles.given:
+                        info.roles.roles = checked
+            return cls
+
+        return decorate
 
     def transaction(
         self,
@@ -467,18 +551,26 @@ class DBOS(Operator):
         timeout_id = ctx.allocate_step_id()
         return messaging.recv(ctx, step_id, timeout_id, topic, timeout)
 
-    def set_event(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
-        """Publish ``value`` under ``key`` for the current workflow (from it or a step)."""
+    def set_event(self, key: str, value: Any, *,
+                  serialization_type: SerializationType = None) -> Coroutine[Any, Any, None]:
+        """Publish ``value`` under ``key`` for the current workflow (from it or a step),
+        in the format ``serialization_type`` chooses (None: the configured one)."""
         check_identifier(key, "event key", empty_ok=True)
-        text = self.runtime.formats.encode(value, f"event {key!r}")
+        formats = self.runtime.formats
+        text = formats.encode_as(formats.chosen(serialization_type), value, f"event {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.set_event(ctx, workflow_of_step(), step_id, key, text)
 
-    def write_stream(self, key: str, value: Any) -> Coroutine[Any, Any, None]:
-        """Append ``value`` to the current workflow's stream ``key``."""
+    def write_stream(self, key: str, value: Any, *,
+                     serialization_type: SerializationType = None
+                     ) -> Coroutine[Any, Any, None]:
+        """Append ``value`` to the current workflow's stream ``key``, in the format
+        ``serialization_type`` chooses (None: the configured one)."""
         check_identifier(key, "stream key", empty_ok=True)
-        text = self.runtime.formats.encode(value, f"a value of stream {key!r}")
+        formats = self.runtime.formats
+        text = formats.encode_as(formats.chosen(serialization_type), value,
+                                 f"a value of stream {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.write_stream(ctx, workflow_of_step(), step_id, key, text,
@@ -706,6 +798,31 @@ def _bare_or_called(fn: AsyncFn[P, R] | None,
         raise DBOSError(f"{decorator} takes its options by keyword, e.g. "
                         f"{decorator}(name=...); got {fn!r} by position")
     return decorate(fn)
+
+
+def _as_coroutine_function(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
+    """``fn`` as an ``async def``: a plain function is called on the event loop (and a
+    result it returns that is awaitable, e.g. from a ``functools.partial`` of an
+    ``async def``, awaited)."""
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    return run
+
+
+def _any_arguments(*args: Any, **kwargs: Any) -> Any:
+    """The signature of a function Python cannot inspect (``str``, some builtins)."""
+
+
+def _signature_of(fn: Callable[..., Any]) -> Signature:
+    try:
+        return Signature(fn)
+    except (TypeError, ValueError):
+        return Signature(_any_arguments)
 
 
 def _require_async(fn: Callable[..., Any], decorator: str) -> None:

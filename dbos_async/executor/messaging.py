@@ -11,15 +11,22 @@ what remains. Waits register with the notification dispatcher *before* reading t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dbos_async.errors import DBOSError, NonExistentWorkflowError, StreamTimeoutError
+from dbos_async.errors import (
+    DBOSError,
+    InvalidArgumentError,
+    NonExistentWorkflowError,
+    StreamTimeoutError,
+)
 from dbos_async.executor.context import WorkflowContext
 from dbos_async.executor.serialization import Formats, to_json
 from dbos_async.executor.steps import record_failure, record_read, recorded_read, replay
@@ -31,6 +38,7 @@ from dbos_async.sysdb.notifications import (
     WORKFLOW_COMPLETION_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
+    Waiter,
     keyed,
 )
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
@@ -41,6 +49,7 @@ from dbos_async.sysdb.statements import (
     STREAM_CLOSED_SERIALIZED,
     OutgoingMessage,
     Payload,
+    WorkflowRef,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +67,7 @@ SLEEP = "DBOS.sleep"
 WRITE_STREAM = "DBOS.writeStream"
 CLOSE_STREAM = "DBOS.closeStream"
 READ_STREAM = "DBOS.readStream"
+READ_STREAM_OFFSET = "DBOS.readStreamOffset"
 
 # What close_stream writes: the marker every DBOS SDK closes a stream with, portable JSON.
 CLOSED_MARKER = Payload(STREAM_CLOSED_SERIALIZED)
@@ -168,10 +178,13 @@ class SendMessage:
     shard_key: str | None = None
 
 
-def outgoing(messages: Sequence[SendMessage], formats: Formats) -> list[OutgoingMessage]:
+def outgoing(messages: Sequence[SendMessage], formats: Formats,
+             serialization_type: object = None) -> list[OutgoingMessage]:
     """Check and address a batch before anything is written: at least one message, each a
     :class:`SendMessage` to a named workflow with a portable value, no idempotency key
-    twice (the `dbos` package's rule)."""
+    twice (the `dbos` package's rule). Values are written in the format
+    ``serialization_type`` chooses (None: the peer's own)."""
+    serialization = formats.chosen(serialization_type)
     if isinstance(messages, SendMessage) or not isinstance(messages, Sequence) or not messages:
         raise DBOSError("send_bulk needs a non-empty list of SendMessage")
     keys = [m.idempotency_key for m in messages
@@ -187,32 +200,54 @@ def outgoing(messages: Sequence[SendMessage], formats: Formats) -> list[Outgoing
             raise DBOSError(f"send_bulk message {index} has no destination_id")
         validate_shard_key(m.shard_key)
         topic, message_uuid = message_address(m.destination_id, m.topic, m.idempotency_key)
-        message = formats.encode(m.message, f"send_bulk message {index}")
+        message = formats.encode_as(serialization, m.message, f"send_bulk message {index}")
         batch.append(OutgoingMessage(m.destination_id, message_uuid, topic, message.text,
                                      m.shard_key, message.serialization))
     return batch
 
 
+def to_forks(messages: Sequence[SendMessage], batch: Sequence[OutgoingMessage],
+             forks: dict[WorkflowRef, list[WorkflowRef]]) -> list[OutgoingMessage]:
+    """``batch`` (the addressed ``messages``) with a copy of each message for every fork
+    of its destination: an idempotency key gives each copy the ID ``<key>::<fork>``."""
+    out: list[OutgoingMessage] = []
+    for m, sent in zip(messages, batch, strict=True):
+        out.append(sent)
+        for fork_id, _ in forks.get((m.destination_id, m.shard_key), ()):
+            _, message_uuid = message_address(fork_id, m.topic, m.idempotency_key)
+            out.append(dataclasses.replace(sent, destination_id=fork_id,
+                                           message_uuid=message_uuid))
+    return out
+
+
 async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowContext | None,
-                    step_id: int | None, messages: Sequence[OutgoingMessage]) -> None:
+                    step_id: int | None, messages: Sequence[OutgoingMessage], *,
+                    name: str = SEND_BULK,
+                    forks_of: Sequence[SendMessage] | None = None) -> None:
     """Send a batch in one transaction (one statement per shard key): inside a workflow
-    one checkpoint covers the whole batch, so it is delivered exactly once; from a step it
-    lands only while the workflow is owned by this execution."""
+    one checkpoint (``name``) covers the whole batch, so it is delivered exactly once; from
+    a step it lands only while the workflow is owned by this execution. With ``forks_of``
+    (the batch's messages as given), each is also sent to every workflow forked,
+    recursively, from its destination, as they are when the send starts."""
     if ctx is not None and step_id is not None:
-        done, _ = recorded_read(ctx, step_id, SEND_BULK)
+        done, _ = recorded_read(ctx, step_id, name)
         if done:
             return
     sysdb = peer.system_database  # after the replay: a replay check has no database
+    if forks_of is not None:
+        forks = await sysdb.fork_descendants(
+            [(m.destination_id, m.shard_key) for m in forks_of])
+        messages = to_forks(forks_of, messages, forks)
     if ctx is not None and step_id is not None:
         try:
             existing = await sysdb.send_many(
                 messages, sender=WorkflowAddress(ctx.workflow_id, ctx.shard_key),
-                owner_xid=ctx.owner_xid, function_id=step_id)
+                owner_xid=ctx.owner_xid, function_id=step_id, function_name=name)
         except NonExistentWorkflowError as missing:
             with ctx.routed():
-                raise await record_failure(ctx, step_id, SEND_BULK, missing) from missing
+                raise await record_failure(ctx, step_id, name, missing) from missing
         if existing is not None:
-            replay(ctx, step_id, SEND_BULK, existing)
+            replay(ctx, step_id, name, existing)
             return
     elif step_ctx is not None:
         await sysdb.send_many(messages, sender=WorkflowAddress(step_ctx.workflow_id,
@@ -360,6 +395,52 @@ STREAM_CLOSED = json.loads(STREAM_CLOSED_SERIALIZED)
 and of the values a replay yields)."""
 
 
+TIMED_OUT = Payload("")
+"""What :func:`_stream_value` returns when the deadline passed first."""
+
+
+async def _stream_value(peer: Peer, waiter: Waiter, workflow_id: str, key: str, offset: int,
+                        route: Callable[[], AbstractContextManager[None]],
+                        deadline: int | None, ctx: WorkflowContext | None) -> Payload | None:
+    """The value at ``offset`` as stored, once it is there; None at the end of the stream
+    (its close marker, or its workflow finished with nothing there); :data:`TIMED_OUT`
+    once ``deadline`` (epoch ms) passed. Waits are woken by ``waiter``."""
+    sysdb = peer.system_database
+    # Other clients may not announce completion: re-read at least this often.
+    cap = peer.config.result_poll_interval
+    while True:
+        async with _dispatcher(sysdb).polling():
+            with route():
+                status, text, serialization, found = await sysdb.read_stream_value(
+                    workflow_id, key, offset)
+        if status is None:
+            raise NonExistentWorkflowError(workflow_id)
+        if found and text is not None:
+            value = peer.formats.decode(text, serialization,
+                                        f"stream {key!r} at offset {offset}")
+            if value != STREAM_CLOSED:
+                # Recorded by a workflow as stored, in its writer's format.
+                return Payload(text, serialization or PORTABLE_JSON)
+        if found or status not in ACTIVE_STATUSES:
+            return None
+        if deadline is not None and sysdb.clock.now_ms() >= deadline:
+            return TIMED_OUT
+        if ctx is None:
+            await waiter.wait(cap, until_ms=deadline)
+        else:
+            with ctx.runtime.cancellation.region(ctx):
+                await waiter.wait(cap, until_ms=deadline)
+
+
+def _stream_waiter(sysdb: SystemDatabase, workflow_id: str, key: str,
+                   route: Callable[[], AbstractContextManager[None]]) -> Waiter:
+    """A waiter woken by the stream's writes and by its workflow's completion."""
+    with route():
+        targets = (sysdb.waiter_key(workflow_id, key), sysdb.waiter_key(workflow_id))
+    return _dispatcher(sysdb).register(STREAMS_CHANNEL, targets[0],
+                                       also=[(WORKFLOW_COMPLETION_CHANNEL, targets[1])])
+
+
 async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                       shard_key: str | None = None, *,
                       timeout: float | None = None,  # noqa: ASYNC109 (a bound per value)
@@ -377,17 +458,11 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                 return
             yield value
     sysdb = peer.system_database
-    dispatcher = _dispatcher(sysdb)
-    # Other clients may not announce completion: re-read at least this often.
-    cap = peer.config.result_poll_interval
     # Bound only around each read, never across a yield: the consumer's context is its own.
     route = functools.partial(bind_shard_keys, {workflow_id: shard_key})
-    with route():
-        targets = (sysdb.waiter_key(workflow_id, key), sysdb.waiter_key(workflow_id))
     # Step IDs are allocated in order: past the first one not recorded, none is.
     replaying = ctx is not None
-    with dispatcher.register(STREAMS_CHANNEL, targets[0],
-                             also=[(WORKFLOW_COMPLETION_CHANNEL, targets[1])]) as waiter:
+    with _stream_waiter(sysdb, workflow_id, key, route) as waiter:
         while True:
             step_id = ctx.allocate_step_id() if ctx is not None else None
             if ctx is not None and step_id is not None and replaying:
@@ -400,46 +475,61 @@ async def read_stream(peer: Peer, workflow_id: str, key: str, offset: int,
                     continue
                 replaying = False
             deadline = after(sysdb.clock, timeout) if timeout is not None else None
-            while True:
-                async with dispatcher.polling():
-                    with route():
-                        status, text, serialization, found = await sysdb.read_stream_value(
-                            workflow_id, key, offset
-                        )
-                if status is None:
-                    raise NonExistentWorkflowError(workflow_id)
-                if found and text is not None:
-                    value = peer.formats.decode(text, serialization,
-                                                f"stream {key!r} at offset {offset}")
-                    if value != STREAM_CLOSED:
-                        # Recorded by a workflow as stored, in its writer's format.
-                        stored = Payload(text, serialization or PORTABLE_JSON)
-                        break
-                if found or status not in ACTIVE_STATUSES:
-                    # The end is recorded too, so a replay stops where this read did.
-                    if ctx is not None and step_id is not None:
-                        with ctx.routed():
-                            await record_read(ctx, step_id, READ_STREAM, CLOSED_MARKER)
-                    return
-                if deadline is not None and sysdb.clock.now_ms() >= deadline:
-                    error = StreamTimeoutError(workflow_id, key, timeout or 0.0)
-                    if ctx is None or step_id is None:
-                        raise error
+            stored = await _stream_value(peer, waiter, workflow_id, key, offset, route,
+                                         deadline, ctx)
+            if stored is TIMED_OUT:
+                error = StreamTimeoutError(workflow_id, key, timeout or 0.0)
+                if ctx is None or step_id is None:
+                    raise error
+                with ctx.routed():
+                    raise await record_failure(ctx, step_id, READ_STREAM, error) from error
+            if stored is None:
+                # The end is recorded too, so a replay stops where this read did.
+                if ctx is not None and step_id is not None:
                     with ctx.routed():
-                        raise await record_failure(ctx, step_id, READ_STREAM,
-                                                        error) from error
-                if ctx is None:
-                    await waiter.wait(cap, until_ms=deadline)
-                else:
-                    with ctx.runtime.cancellation.region(ctx):
-                        await waiter.wait(cap, until_ms=deadline)
-            if ctx is not None and step_id is not None:
+                        await record_read(ctx, step_id, READ_STREAM, CLOSED_MARKER)
+                return
+            if ctx is None or step_id is None:
+                value = peer.formats.decode(stored.text, stored.serialization,
+                                            f"stream {key!r} at offset {offset}")
+            else:
                 # Recorded before it is handed over: a crash after the workflow acted on
                 # the value replays the same value.
                 with ctx.routed():
                     value = await record_read(ctx, step_id, READ_STREAM, stored)
             yield value
             offset += 1
+
+
+async def read_stream_offset(peer: Peer, workflow_id: str, key: str, offset: int,
+                             shard_key: str | None, timeout: float | None,  # noqa: ASYNC109
+                             ctx: WorkflowContext | None, step_id: int | None) -> Any:
+    """The one value at ``offset`` of the stream, once it is written. A stream that ends
+    before it, or a ``timeout`` (seconds) passing first, raises :class:`StreamTimeoutError`.
+    From a workflow's body the value (or the error) is a checkpoint
+    (``DBOS.readStreamOffset``, as the ``dbos`` package records it)."""
+    if ctx is not None and step_id is not None:
+        done, value = recorded_read(ctx, step_id, READ_STREAM_OFFSET)
+        if done:
+            return value
+    sysdb = peer.system_database
+    route = functools.partial(bind_shard_keys, {workflow_id: shard_key})
+    deadline = after(sysdb.clock, timeout) if timeout is not None else None
+    with _stream_waiter(sysdb, workflow_id, key, route) as waiter:
+        stored = await _stream_value(peer, waiter, workflow_id, key, offset, route,
+                                     deadline, ctx)
+    if stored is None or stored is TIMED_OUT:
+        error = StreamTimeoutError(workflow_id, key, timeout or 0.0,
+                                   ended_before=offset if stored is None else None)
+        if ctx is None or step_id is None:
+            raise error
+        with ctx.routed():
+            raise await record_failure(ctx, step_id, READ_STREAM_OFFSET, error) from error
+    if ctx is None or step_id is None:
+        return peer.formats.decode(stored.text, stored.serialization,
+                                   f"stream {key!r} at offset {offset}")
+    with ctx.routed():
+        return await record_read(ctx, step_id, READ_STREAM_OFFSET, stored)
 
 
 # ---- Sleep ----
@@ -460,17 +550,40 @@ async def sleep(clock: Clock, ctx: WorkflowContext | None, step_id: int | None,
 # ---- Waiting for workflows ----
 
 
-async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
-    """The handle whose workflow finished first, by one query over all of them per wake:
-    woken by the completion notifications of any of them (this process's and others'),
-    reading again at most every ``result_poll_interval`` for writers that send none."""
+WAIT_FIRST = "DBOS.waitFirst"
+
+
+def check_waited(handles: Sequence[WorkflowHandle[Any]], what: str) -> None:
+    """Refuse an empty list of handles, or one naming a workflow twice."""
     if not handles:
-        raise DBOSError("wait_first needs at least one handle")
-    sysdb = peer.system_database
+        raise InvalidArgumentError(f"{what} handles", "needs at least one handle")
     refs = [(h.workflow_id, h.shard_key) for h in handles]
     repeated = [ref for ref, n in Counter(refs).items() if n > 1]
     if repeated:
-        raise DBOSError(f"wait_first got workflow {repeated[0][0]!r} twice")
+        raise InvalidArgumentError(f"{what} handles",
+                                   f"got workflow {repeated[0][0]!r} twice")
+
+
+async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]],
+                     ctx: WorkflowContext | None = None,
+                     step_id: int | None = None) -> WorkflowHandle[Any]:
+    """The handle whose workflow finished first, by one query over all of them per wake:
+    woken by the completion notifications of any of them (this process's and others'),
+    reading again at most every ``result_poll_interval`` for writers that send none. From
+    a workflow's body (``ctx``) the choice is a checkpoint (``DBOS.waitFirst``, the chosen
+    workflow's ID, as the ``dbos`` package records it), so a replay returns the same
+    handle whichever finished first since."""
+    by_id: dict[str, WorkflowHandle[Any]] = {h.workflow_id: h for h in reversed(handles)}
+    if ctx is not None and step_id is not None:
+        done, chosen = recorded_read(ctx, step_id, WAIT_FIRST)
+        if done:
+            if str(chosen) not in by_id:
+                raise DBOSError(f"Workflow {ctx.workflow_id!r} recorded at step {step_id} "
+                                f"that wait_first chose {chosen!r}, which this call does "
+                                "not wait for")
+            return by_id[str(chosen)]
+    sysdb = peer.system_database
+    refs = [(h.workflow_id, h.shard_key) for h in handles]
     for workflow_id, key in refs:
         if sysdb.sharded and key is None:
             raise DBOSError(f"wait_first needs the shard key of workflow {workflow_id!r}: "
@@ -487,10 +600,27 @@ async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]]) -> Work
             if missing:
                 raise NonExistentWorkflowError(", ".join(i for i, _ in missing))
             if finished is not None:
-                return by_ref[finished]
-            await waiter.wait(delay)
+                break
+            if ctx is None:
+                await waiter.wait(delay)
+            else:
+                with ctx.runtime.cancellation.region(ctx):
+                    await waiter.wait(delay)
             delay = min(delay * 2, cap)
+    if ctx is None or step_id is None:
+        return by_ref[finished]
+    with ctx.routed():
+        chosen = await record_read(ctx, step_id, WAIT_FIRST,
+                                   ctx.runtime.formats.encode(finished[0], "a workflow ID"))
+    return by_id[str(chosen)]
 
 
 async def wait_all(handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
-    return list(await asyncio.gather(*(handle.get_result() for handle in handles)))
+    """Every handle's result, in order, once all have finished; the error of the first
+    handle (in the list's order) that failed, so a replay raises the same one."""
+    outcomes = await asyncio.gather(*(handle.get_result() for handle in handles),
+                                    return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return list(outcomes)

@@ -52,10 +52,17 @@ from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_
 from dbos_async.executor.queues.enqueue import check_partition
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.schedule_api import ScheduleOperator
+from dbos_async.executor.serialization import SerializationType
 from dbos_async.executor.start import CallContext
 from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.validation import check_identifier, check_lookup, check_seconds
+from dbos_async.validation import (
+    check_flag,
+    check_identifier,
+    check_lookup,
+    check_offset,
+    check_seconds,
+)
 
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
@@ -170,51 +177,119 @@ class Operator(ScheduleOperator):
         return _routed({workflow_id: shard_key}, read_status(
             self._caller_peer(ctx or step_ctx), workflow_id, ctx, step_id))
 
-    async def wait_first(self, handles: Sequence[WorkflowHandle[Any]]) -> WorkflowHandle[Any]:
+    def wait_first(self, handles: Sequence[WorkflowHandle[Any]]
+                   ) -> Coroutine[Any, Any, WorkflowHandle[Any]]:
         """The first of ``handles`` whose workflow finishes (successfully or not): one
-        query over all of them per wake, woken by their completion notifications. An
-        empty list, a workflow given twice or one that does not exist is refused."""
-        return await messaging.wait_first(self._peer(during_shutdown=True), handles)
+        query over all of them per wake, woken by their completion notifications.
+
+        In a workflow the choice is a checkpoint (its position fixed by this call), so a
+        replay returns the same handle.
+
+        Args:
+            handles: the workflows to wait for (at least one, each once).
+
+        Returns:
+            The handle of the workflow that finished first.
+
+        Raises:
+            InvalidArgumentError: an empty list, or a workflow given twice.
+            NonExistentWorkflowError: a workflow that does not exist.
+        """
+        messaging.check_waited(handles, "wait_first")
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return messaging.wait_first(self._caller_peer(ctx or step_ctx), handles, ctx, step_id)
 
     async def wait_all(self, handles: Sequence[WorkflowHandle[Any]]) -> list[Any]:
-        """The results of all ``handles``, in order; raises the first error met."""
+        """The results of all ``handles``, in order, once every one has finished.
+
+        Args:
+            handles: the workflows to wait for (at least one, each once).
+
+        Returns:
+            Their results, in the order of ``handles``.
+
+        Raises:
+            InvalidArgumentError: an empty list, or a workflow given twice.
+            Exception: the error of the first handle, in the list's order, whose workflow
+                failed (the same on a replay).
+        """
+        messaging.check_waited(handles, "wait_all")
         return await messaging.wait_all(handles)
 
     # ---- Messages, events and streams ----
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
-             idempotency_key: str | None = None, *,
-             shard_key: str | None = None) -> Coroutine[Any, Any, None]:
-        """Send ``message`` to workflow ``destination_id`` (under ``shard_key``, on a
-        sharded database) under ``topic``.
+             idempotency_key: str | None = None, *, shard_key: str | None = None,
+             send_to_forks: bool = False,
+             serialization_type: SerializationType = None) -> Coroutine[Any, Any, None]:
+        """Send ``message`` to workflow ``destination_id`` under ``topic``.
 
         In a workflow the send is a checkpoint (exactly once); in a step it is not recorded
         but lands only while the workflow is still owned by this execution; elsewhere it is a
-        plain insert. With ``idempotency_key`` a repeated send delivers once.
+        plain insert.
+
+        Args:
+            destination_id: the receiving workflow (under ``shard_key``, sharded).
+            message: the value (portable JSON, or the configured serializer's).
+            topic: the topic ``recv`` takes it from (None: the default topic).
+            idempotency_key: a repeated send with the same key delivers once.
+            send_to_forks: deliver it also to every workflow forked, recursively, from
+                ``destination_id`` (the forks there are when the send starts), in the
+                same transaction.
+            serialization_type: the message's format (``"portable"``, ``"native"``;
+                None: the configured one).
+
+        Raises:
+            NonExistentWorkflowError: ``destination_id`` does not exist.
+            InvalidArgumentError: a bad ID, topic, key, ``send_to_forks`` or
+                ``serialization_type``.
         """
         check_lookup(destination_id, "destination workflow ID")
         check_identifier(topic, "topic", optional=True, empty_ok=True)
         check_identifier(idempotency_key, "idempotency key", optional=True)
+        check_flag(send_to_forks, "send_to_forks")
         ctx, step_ctx = self._contexts()
         peer = self._caller_peer(ctx or step_ctx)
-        text = peer.formats.encode(message, "a message")
+        if send_to_forks:
+            given = [messaging.SendMessage(destination_id, message, topic, idempotency_key,
+                                           shard_key)]
+            batch = messaging.outgoing(given, peer.formats, serialization_type)
+            step_id = ctx.allocate_step_id() if ctx is not None else None
+            return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch,
+                                       name=messaging.SEND, forks_of=given)
+        text = peer.formats.encode_as(peer.formats.chosen(serialization_type), message,
+                                      "a message")
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return _routed({destination_id: shard_key}, messaging.send(
             peer, ctx, step_ctx, step_id, destination_id, text, topic, idempotency_key))
 
-    def send_bulk(self, messages: Sequence[messaging.SendMessage]) -> Coroutine[Any, Any, None]:
+    def send_bulk(self, messages: Sequence[messaging.SendMessage], *,
+                  send_to_forks: bool = False,
+                  serialization_type: SerializationType = None) -> Coroutine[Any, Any, None]:
         """Send every :class:`SendMessage` of ``messages`` in one transaction (one statement
-        per shard key): all are delivered or, if one destination is missing
-        (:class:`NonExistentWorkflowError` names each missing one), none. In a workflow
-        the batch is one checkpoint (exactly once); in a step it lands only while the
-        workflow is owned by this execution. A message with an ``idempotency_key`` is
-        delivered once however often it is sent; an empty batch or an idempotency key
-        given twice is refused before anything is written."""
+        per shard key): all are delivered or, if one destination is missing, none. In a
+        workflow the batch is one checkpoint (exactly once); in a step it lands only while
+        the workflow is owned by this execution.
+
+        Args:
+            messages: the batch; a message with an ``idempotency_key`` is delivered once
+                however often it is sent.
+            send_to_forks: deliver each message also to every workflow forked,
+                recursively, from its destination.
+            serialization_type: the messages' format (None: the configured one).
+
+        Raises:
+            NonExistentWorkflowError: naming each missing destination; nothing was sent.
+            DBOSError: an empty batch or an idempotency key given twice.
+        """
+        check_flag(send_to_forks, "send_to_forks")
         ctx, step_ctx = self._contexts()
         peer = self._caller_peer(ctx or step_ctx)
-        batch = messaging.outgoing(messages, peer.formats)
+        batch = messaging.outgoing(messages, peer.formats, serialization_type)
         step_id = ctx.allocate_step_id() if ctx is not None else None
-        return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch)
+        return messaging.send_bulk(peer, ctx, step_ctx, step_id, batch,
+                                   forks_of=list(messages) if send_to_forks else None)
 
     def get_event(self, workflow_id: str, key: str, timeout: float | None = 60.0, *,
                   shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
@@ -246,10 +321,42 @@ class Operator(ScheduleOperator):
         """
         check_lookup(workflow_id, "workflow ID")
         check_lookup(key, "stream key")
+        check_offset(offset)
         check_seconds(timeout, "read_stream timeout")
         ctx, step_ctx = self._contexts()
         return messaging.read_stream(self._caller_peer(ctx or step_ctx), workflow_id, key,
                                      offset, shard_key, timeout=timeout, ctx=ctx)
+
+    def read_stream_offset(self, workflow_id: str, key: str, offset: int, *,
+                           timeout: float | None = None,
+                           shard_key: str | None = None) -> Coroutine[Any, Any, Any]:
+        """The value at ``offset`` of stream ``key`` of ``workflow_id``, once it is written.
+
+        In a workflow the value read is a checkpoint (its position fixed by this call).
+
+        Args:
+            workflow_id: the workflow writing the stream (under ``shard_key``, sharded).
+            key: the stream's key.
+            offset: the value's position, 0 for the first.
+            timeout: seconds to wait for it (None: no bound).
+
+        Returns:
+            The value.
+
+        Raises:
+            StreamTimeoutError: the timeout passed, or the stream ended before ``offset``.
+            InvalidArgumentError: a negative or non-integer offset, or a bad timeout.
+            NonExistentWorkflowError: ``workflow_id`` does not exist.
+        """
+        check_lookup(workflow_id, "workflow ID")
+        check_lookup(key, "stream key")
+        check_offset(offset)
+        check_seconds(timeout, "read_stream_offset timeout")
+        ctx, step_ctx = self._contexts()
+        step_id = ctx.allocate_step_id() if ctx is not None else None
+        return _routed({workflow_id: shard_key}, messaging.read_stream_offset(
+            self._caller_peer(ctx or step_ctx), workflow_id, key, offset, shard_key,
+            timeout, ctx, step_id))
 
     # ---- Cancel and delete (see executor/control.py) ----
 

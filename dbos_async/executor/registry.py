@@ -6,13 +6,14 @@ import contextlib
 import hashlib
 import inspect
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dbos_async.config import DBOSConfig
 from dbos_async.database_url import parse_database_url
 from dbos_async.errors import ConfigurationError, DBOSError
-from dbos_async.executor.serialization import Signature
+from dbos_async.executor.authentication import RequiredRoles
+from dbos_async.executor.serialization import Signature, WorkflowSerializationFormat
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
 from dbos_async.validation import check_identifier
 
@@ -36,10 +37,16 @@ class WorkflowInfo:
     signature: Signature
     is_method: bool
     owner: object  # The DBOS instance that registered it.
-    # Roles one of which its caller must hold (None: anyone may call it).
-    required_roles: tuple[str, ...] | None = None
+    # Roles one of which its caller must hold (see RequiredRoles).
+    roles: RequiredRoles = field(default_factory=RequiredRoles)
+    # The format its inputs and result are written in (None: the configured one).
+    serialization_type: WorkflowSerializationFormat | None = None
     # Recoveries it gets before it is dead-lettered (None: the max_recovery_attempts setting).
     max_recovery_attempts: int | None = None
+
+    @property
+    def required_roles(self) -> tuple[str, ...] | None:
+        return self.roles.roles
 
     @property
     def class_name(self) -> str | None:

@@ -21,6 +21,7 @@ import inspect
 import json
 import pickle
 from collections.abc import Callable, Iterable
+from enum import StrEnum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
@@ -131,6 +132,34 @@ _PICKLE_REFUSED = (
 )
 
 
+class WorkflowSerializationFormat(StrEnum):
+    """The format one call writes its values in, whatever the configured serializer (the
+    ``dbos`` package's names; None, its ``DEFAULT``, keeps the configured one)."""
+
+    PORTABLE = "portable"
+    """DBOS portable JSON, which every DBOS SDK reads."""
+    NATIVE = "native"
+    """Python pickle (``py_pickle``, the ``dbos`` package's own format): needs
+    ``allow_pickle=True`` to be written here, as to be read."""
+
+
+SerializationType = WorkflowSerializationFormat | str | None
+"""A call's ``serialization_type``: a :class:`WorkflowSerializationFormat`, its value, or
+None (the configured format)."""
+
+
+def check_serialization_type(choice: object) -> WorkflowSerializationFormat | None:
+    """``choice`` as a format, or None; anything else is refused."""
+    if choice is None:
+        return None
+    try:
+        return WorkflowSerializationFormat(choice if isinstance(choice, str) else "")
+    except ValueError:
+        raise InvalidArgumentError(
+            "serialization_type",
+            f"expected None, 'portable' or 'native', got {choice!r}") from None
+
+
 class Formats:
     """The formats a peer (an executor or a client) writes values in, and those it reads:
     portable JSON always, its own serializer, and ``py_pickle`` when ``allow_pickle``."""
@@ -166,6 +195,20 @@ class Formats:
             f"serializer= with the serializer named {name!r}"
         )
 
+    def chosen(self, serialization_type: object) -> str | None:
+        """The ``serialization`` name a call's ``serialization_type`` writes (None: this
+        peer's own)."""
+        choice = check_serialization_type(serialization_type)
+        if choice is None:
+            return None
+        if choice is WorkflowSerializationFormat.PORTABLE:
+            return PORTABLE_JSON
+        if not self.allow_pickle:
+            raise InvalidArgumentError(
+                "serialization_type", "'native' writes Python pickle, which this process "
+                "writes and reads only with allow_pickle=True")
+        return PY_PICKLE
+
     def encode_as(self, serialization: str | None, value: Any, what: str) -> Payload:
         """``value`` in format ``serialization`` (None: this peer's own)."""
         fmt = self.writer if serialization is None else self._format(serialization, what)
@@ -198,17 +241,19 @@ class Formats:
                 f"{type(error).__name__}: {error}") from None
 
     def encode_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                      what: str) -> Payload:
-        """A call's arguments in this peer's format: portable JSON's
-        ``{"positionalArgs", "namedArgs"}``, or ``{"args", "kwargs"}`` for any other."""
-        if self.writer is PORTABLE:
+                      what: str, serialization: str | None = None) -> Payload:
+        """A call's arguments in format ``serialization`` (None: this peer's): portable
+        JSON's ``{"positionalArgs", "namedArgs"}``, or ``{"args", "kwargs"}`` for any
+        other."""
+        fmt = self.writer if serialization is None else self._format(serialization, what)
+        if fmt is PORTABLE:
             positional = [to_json_value(a, f"argument {i} of {what}")
                           for i, a in enumerate(args)]
             named = {k: to_json_value(v, f"argument {k!r} of {what}") for k, v in kwargs.items()}
             return Payload(dumps({"positionalArgs": positional, "namedArgs": named},
                                  f"the arguments of {what}"))
-        return self.encode({"args": tuple(args), "kwargs": dict(kwargs)},
-                           f"the arguments of {what}")
+        return self.encode_as(fmt.name(), {"args": tuple(args), "kwargs": dict(kwargs)},
+                              f"the arguments of {what}")
 
     def decode_inputs(self, text: str | None, serialization: str | None,
                       what: str) -> tuple[list[Any], dict[str, Any]]:
@@ -349,9 +394,10 @@ class Signature:
                 f"{_short(value)} ({problems})") from None
 
     def serialize_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                         formats: Formats) -> Payload:
-        """Arguments :meth:`bind` returned, in ``formats``."""
-        return formats.encode_inputs(args, kwargs, self.qualname)
+                         formats: Formats, serialization: str | None = None) -> Payload:
+        """Arguments :meth:`bind` returned, in ``formats`` (format ``serialization``;
+        None: the peer's own)."""
+        return formats.encode_inputs(args, kwargs, self.qualname, serialization)
 
     def deserialize_inputs(
         self, text: str | None, serialization: str | None, formats: Formats

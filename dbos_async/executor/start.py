@@ -249,7 +249,8 @@ class Arguments:
         args, kwargs = info.signature.bind(args, kwargs)
         return cls(instance, args, kwargs,
                    instance_name(instance) if instance is not None else None,
-                   info.signature.serialize_inputs(args, kwargs, formats))
+                   info.signature.serialize_inputs(args, kwargs, formats,
+                                                   formats.chosen(info.serialization_type)))
 
     @property
     def call_args(self) -> tuple[Any, ...]:

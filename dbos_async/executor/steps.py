@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -17,6 +17,7 @@ from dbos_async.errors import (
 from dbos_async.executor import logs, observe
 from dbos_async.executor.authentication import (
     Authentication,
+    RequiredRoles,
     authorize,
     current_authentication,
     running_as,
@@ -85,8 +86,12 @@ class StepInfo:
     fn: Callable[..., Coroutine[Any, Any, Any]]
     options: StepOptions
     signature: Signature
-    # Roles one of which the identity calling it must hold (None: anyone may call it).
-    required_roles: tuple[str, ...] | None = None
+    # Roles one of which the identity calling it must hold (see RequiredRoles).
+    roles: RequiredRoles = field(default_factory=RequiredRoles)
+
+    @property
+    def required_roles(self) -> tuple[str, ...] | None:
+        return self.roles.roles
 
 
 def call(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -97,9 +102,9 @@ def call(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
     validated against their annotations at the call, as a workflow's are."""
     args, kwargs = info.signature.bind(args, kwargs)
     authentication = current_authentication()
-    if info.required_roles is not None:
-        authentication = authorize("step", info.options.name, info.required_roles,
-                                   authentication)
+    required = info.required_roles
+    if required is not None:
+        authentication = authorize("step", info.options.name, required, authentication)
     ctx = current_workflow()
     if ctx is None:
         # Outside a workflow, or inside another step: just run it (its backoff on the
@@ -110,7 +115,7 @@ def call(info: StepInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
     else:
         # Allocated now, in call order, so concurrent fan-out replays identically.
         run = run_checkpointed(ctx, ctx.allocate_step_id(), info, args, kwargs)
-    return run if info.required_roles is None else _running_as(authentication, run)
+    return run if required is None else _running_as(authentication, run)
 
 
 async def _running_as(authentication: Authentication, run: Coroutine[Any, Any, Any]) -> Any:

@@ -926,7 +926,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def send_many(self, messages: Sequence[OutgoingMessage], *,
                         sender: WorkflowAddress | None = None, owner_xid: str | None = None,
-                        function_id: int | None = None) -> StepRecord | None:
+                        function_id: int | None = None,
+                        function_name: str = SEND_BULK) -> StepRecord | None:
         """Insert a batch of messages: one statement per shard key (one in all, unsharded),
         in one transaction, so the batch lands whole or not at all. From a workflow
         (``sender`` with ``function_id``) the statement of the sender's key also records
@@ -938,9 +939,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         for m in messages:
             groups.setdefault(m.shard_key, []).append(m)
         attempt: Callable[[], Awaitable[Row | None]] = (
-            self._send_many_routed(groups, sender, owner_xid, function_id, self.clock.now_ms())
+            self._send_many_routed(groups, sender, owner_xid, function_id, self.clock.now_ms(),
+                                   function_name)
             if self.routes_single_tables
-            else self._send_many_attempt(groups, sender, owner_xid, function_id))
+            else self._send_many_attempt(groups, sender, owner_xid, function_id,
+                                         function_name))
 
         destinations = sorted({m.destination_id for m in messages})
         what = f"sending to {', '.join(destinations)}"
@@ -955,11 +958,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 self._check_fence(verdict, sender.workflow_id)
                 return None
             return await self._recorded_or_existing(verdict, sender.workflow_id,
-                                                    function_id, SEND_BULK)
+                                                    function_id, function_name)
 
     def _send_many_attempt(self, groups: dict[str | None, list[OutgoingMessage]],
                            sender: WorkflowAddress | None, owner_xid: str | None,
-                           function_id: int | None
+                           function_id: int | None, function_name: str
                            ) -> Callable[[], Awaitable[asyncpg.Record | None]]:
         """:meth:`send_many`'s attempt: one statement per key, the sender's key's fenced
         (and, from a workflow, recording the checkpoint)."""
@@ -969,7 +972,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             assert owner_xid is not None
             with sender.routed():
                 head = (self.sql.send_messages_recorded(sender.workflow_id, function_id,
-                                                        owner_xid, own, self.clock.now_ms())
+                                                        owner_xid, own, self.clock.now_ms(),
+                                                        function_name)
                         if function_id is not None
                         else self.sql.send_messages_fenced(sender.workflow_id, owner_xid, own))
         rest = [self.sql.send_messages(batch, key) for key, batch in groups.items()]
@@ -1134,6 +1138,35 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         first = rows[0] if rows and rows[0]["finished"] else None
         return ((first["workflow_uuid"], first.get("shard_key")) if first is not None else None,
                 [ref for ref in refs if ref not in found])
+
+    async def fork_descendants(self, refs: Sequence[WorkflowRef]
+                               ) -> dict[WorkflowRef, list[WorkflowRef]]:
+        """Every workflow forked from each of these, recursively (forks of forks), read
+        one level of the fork forest per query for all of them at once."""
+        children: dict[WorkflowRef, list[WorkflowRef]] = {}
+        seen = set(refs)
+        frontier = list(dict.fromkeys(refs))
+        while frontier:
+            rows = await self._fetch(self.sql.forks_of(frontier), "reading forks")
+            frontier = []
+            for r in rows:
+                key = r.get("shard_key")
+                child: WorkflowRef = (r["workflow_uuid"], key)
+                children.setdefault((r["forked_from"], key), []).append(child)
+                if child not in seen:
+                    seen.add(child)
+                    frontier.append(child)
+        found: dict[WorkflowRef, list[WorkflowRef]] = {}
+        for root in refs:
+            descendants: list[WorkflowRef] = []
+            stack = list(children.get(root, ()))
+            while stack:
+                ref = stack.pop()
+                if ref != root and ref not in descendants:
+                    descendants.append(ref)
+                    stack.extend(children.get(ref, ()))
+            found[root] = sorted(descendants, key=lambda ref: ref[0])
+        return found
 
     async def wait_outcome(self, workflow_id: str, poll_interval: float) -> Outcome:
         """Wait until the workflow is terminal: woken by completion notifications, polling

@@ -556,7 +556,8 @@ class RoutedWrites(DatabaseCore):
 
     def _send_many_routed(self, groups: dict[str | None, list[OutgoingMessage]],
                           sender: WorkflowAddress | None, owner_xid: str | None,
-                          function_id: int | None, now_ms: int
+                          function_id: int | None, now_ms: int,
+                          function_name: str = SEND_BULK
                           ) -> Callable[[], Awaitable[Row | None]]:
         """A batch send's attempt: one multi-row VALUES per key; from a workflow or a step
         (``sender``) fenced by the sender's row lock first, and from a workflow
@@ -568,7 +569,7 @@ class RoutedWrites(DatabaseCore):
                 fence = self.sql.lock_owner(sender.workflow_id, owner_xid)
                 if function_id is not None:
                     checkpoint = self.sql.insert_checkpoint(sender.workflow_id, function_id,
-                                                            SEND_BULK, now_ms)
+                                                            function_name, now_ms)
         batches = self._message_batches(groups)
 
         async def attempt() -> Row | None:

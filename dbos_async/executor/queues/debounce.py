@@ -19,19 +19,31 @@ from dbos_async.executor.runtime import RuntimeSource
 from dbos_async.executor.start import (
     Arguments,
     CallContext,
+    StartPlan,
     authorized,
     plan_registered,
     read_call,
     record_child_step,
     replayed_child,
 )
+from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import shard_key_scope
-from dbos_async.sysdb.statements import ParentStep, is_dedup_conflict
+from dbos_async.sysdb.statements import ParentStep, Payload, is_dedup_conflict
 from dbos_async.validation import check_identifier
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def check_window(period: float, max_delay: float | None) -> None:
+    """Refuse a debounce ``period`` that is not a positive number of seconds, or a
+    ``max_delay`` that is not a delay."""
+    check_options({"delay": period})
+    if not period > 0:
+        raise DBOSError(f"A debounce period must be positive, got {period!r}")
+    if max_delay is not None:
+        check_options({"delay": max_delay})
 
 
 class Debouncer(Generic[P, R]):
@@ -47,11 +59,7 @@ class Debouncer(Generic[P, R]):
 
     def __init__(self, queue: EnqueueTarget, fn: Callable[P, Coroutine[Any, Any, R]],
                  period: float, max_delay: float | None) -> None:
-        check_options({"delay": period})
-        if not period > 0:
-            raise DBOSError(f"A debounce period must be positive, got {period!r}")
-        if max_delay is not None:
-            check_options({"delay": max_delay})
+        check_window(period, max_delay)
         self.queue = queue
         self.fn = fn
         self.period = float(period)
@@ -104,30 +112,41 @@ class Debouncer(Generic[P, R]):
         placement = replace(placement_of(queue, options), debounced=True,
                             max_delay=self.max_delay)
         arguments = Arguments.of(info, args, kwargs, runtime.formats)
-        sysdb = runtime.system_database
-        for _ in range(50):
-            until = sysdb.clock.now_ms() + int(self.period * 1000)
-            # Deduplication, so debouncing, is per shard key.
-            with shard_key_scope(call.shard_key):
-                bounced = await sysdb.debounce_existing(queue.name, key, info.name,
-                                                        arguments.inputs, until)
-            if bounced is not None:
-                # Its start moved: wake the queue watchers.
-                sysdb.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
-                return workflow_handle(runtime, bounced, signature=info.signature,
-                                       shard_key=call.shard_key)
-            plan = plan_registered(runtime, call, info, arguments, placement=placement,
-                                   application_version=options.application_version)
-            try:
-                started = await sysdb.start_workflow(plan.row, plan.creator_xid)
-            except asyncpg.UniqueViolationError as error:
-                if not is_dedup_conflict(error):
-                    raise
-                # A concurrent call started the burst first: join it (a real pause, for
-                # its commit to land; no durable time).
-                await asyncio.sleep(0.001)
-                continue
-            announce(sysdb, plan.row)
-            return workflow_handle(runtime, started.row.workflow_id, signature=info.signature,
-                                   shard_key=plan.shard_key)
-        raise QueueDeduplicatedError(queue.name, key)
+        workflow_id, shard_key = await debounce_start(
+            runtime.system_database, queue.name, key, info.name, arguments.inputs,
+            self.period, call.shard_key,
+            lambda: plan_registered(runtime, call, info, arguments, placement=placement,
+                                    application_version=options.application_version))
+        return workflow_handle(runtime, workflow_id, signature=info.signature,
+                               shard_key=shard_key)
+
+
+async def debounce_start(sysdb: SystemDatabase, queue_name: str, key: str, name: str,
+                         inputs: Payload, period: float, shard_key: str | None,
+                         plan: Callable[[], StartPlan]) -> tuple[str, str | None]:
+    """One call of a burst (an executor's :class:`Debouncer` or a client's): the waiting
+    workflow debounced under ``key`` on the queue gets ``inputs`` and its start moved to
+    ``period`` seconds from now, or, if none waits, the workflow ``plan`` makes is started.
+    Returns the ID and shard key of the workflow that will run."""
+    for _ in range(50):
+        until = sysdb.clock.now_ms() + int(period * 1000)
+        # Deduplication, so debouncing, is per shard key.
+        with shard_key_scope(shard_key):
+            bounced = await sysdb.debounce_existing(queue_name, key, name, inputs, until)
+        if bounced is not None:
+            # Its start moved: wake the queue watchers.
+            sysdb.notify(ENQUEUE_CHANNEL, DELAYED_KEY)
+            return bounced, shard_key
+        planned = plan()
+        try:
+            started = await sysdb.start_workflow(planned.row, planned.creator_xid)
+        except asyncpg.UniqueViolationError as error:
+            if not is_dedup_conflict(error):
+                raise
+            # A concurrent call started the burst first: join it (a real pause, for
+            # its commit to land; no durable time).
+            await asyncio.sleep(0.001)
+            continue
+        announce(sysdb, planned.row)
+        return started.row.workflow_id, planned.shard_key
+    raise QueueDeduplicatedError(queue_name, key)

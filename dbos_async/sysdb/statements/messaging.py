@@ -128,13 +128,15 @@ class MessagingStatements(StatementBase):
             ("sent", self._insert_messages(messages, key, source, p))])
 
     def send_messages_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                               messages: Sequence[OutgoingMessage], now_ms: int) -> Query:
-        """A workflow's batch send: its checkpoint and the messages to workflows of its own
-        key, in one fenced statement."""
+                               messages: Sequence[OutgoingMessage], now_ms: int,
+                               function_name: str = SEND_BULK) -> Query:
+        """A workflow's batch send: its checkpoint (``function_name``: a batch, or one
+        send delivered to forks too) and the messages to workflows of its own key, in one
+        fenced statement."""
         p = Params()
         key = (workflow_id, self.key_hint(workflow_id))
         return self._recorded_write(
-            workflow_id, function_id, SEND_BULK, owner_xid, now_ms, p,
+            workflow_id, function_id, function_name, owner_xid, now_ms, p,
             lambda source: [("sent", self._insert_messages(messages, key, source, p))])
 
     def consume_message(
@@ -324,6 +326,18 @@ class MessagingStatements(StatementBase):
                 FROM {self.table('workflow_status')}
                 WHERE {self.among(None, refs, p)}
                 ORDER BY finished DESC, completed_at NULLS LAST, updated_at""",
+            p.values,
+        )
+
+    def forks_of(self, refs: Sequence[WorkflowRef]) -> Query:
+        """The workflows forked directly from these (one level of a ``send_to_forks``
+        walk; a fork lives under its original's key). A plain read, no lock: a fork
+        created after it is not among the recipients, as in the ``dbos`` package."""
+        p = Params()
+        return Query(
+            f"""SELECT workflow_uuid, forked_from{self.key_columns()}
+                FROM {self.table('workflow_status')}
+                WHERE {self.among(None, refs, p, column='forked_from')}""",
             p.values,
         )
 
