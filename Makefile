@@ -40,7 +40,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 # Playwright drives the system's Chromium (/usr/bin/chromium): it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: venv demo lint browser test test-lowest constraints chaos bench bench-citus clean distclean
+.PHONY: venv demo lint browser pgbouncer test test-lowest constraints chaos bench bench-citus clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -83,8 +83,17 @@ browser:
 		|| echo "warning: could not install chromium; the browser tests will be skipped" >&2; \
 	fi
 
+# Debian's pgbouncer for tests/test_pgbouncer.py, in the same way.
+pgbouncer:
+	@if [ ! -x /usr/sbin/pgbouncer ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing pgbouncer for the transaction-mode pooler tests"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null 2>&1 \
+		  || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null; }; } \
+		|| echo "warning: could not install pgbouncer; its tests will be skipped" >&2; \
+	fi
+
 # pytest exits with 5 when it collected no tests: that is a failure here, not a success.
-test: lint browser
+test: lint browser pgbouncer
 	@rc=0; $(VENV)/bin/pytest -n auto -q || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi
