@@ -13,7 +13,6 @@ Without /usr/sbin/pgbouncer the tests are skipped, except under CI=true, where t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pwd
 import socket
