@@ -34,7 +34,7 @@ def _json_option(command: Any) -> Any:
                         help="Print JSON instead of a table.")(command)
 
 
-def _time_bound(value: str | None) -> str | int | None:
+def time_bound(value: str | None) -> str | int | None:
     """An ISO 8601 time, or epoch milliseconds when it is all digits."""
     return int(value) if value is not None and value.isdigit() else value
 
@@ -104,7 +104,7 @@ def filter_options(command: Any) -> Any:
         filters: dict[str, Any] = dict(
             status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
             queue_name=_or_none(queues), queues_only=queued,
-            start_time=_time_bound(start_time), end_time=_time_bound(end_time),
+            start_time=time_bound(start_time), end_time=time_bound(end_time),
             workflow_id_prefix=_or_none(prefixes), application_version=_or_none(versions),
             executor_id=_or_none(executors), parent_workflow_id=_or_none(parents),
             forked_from=_or_none(forks), authenticated_user=_or_none(users),

@@ -41,10 +41,14 @@ from dbos_async.executor.handles import (
 from dbos_async.executor.observability import (
     EventChange,
     ExecutorActivity,
+    MetricData,
     PendingMessage,
+    QueueMetrics,
     QueueMinute,
+    StepAggregate,
     StreamValue,
     WaitingWorkflow,
+    WorkflowAggregate,
 )
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_queue
@@ -485,6 +489,80 @@ class Operator(ScheduleOperator):
         """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED), by
         queue name; queues with none waiting are left out."""
         return await observability.oldest_waiting(self._peer())
+
+    async def get_workflow_aggregates(
+            self, *, group_by: str | Sequence[str] = ("status", "name"),
+            start_time: TimeBound | None = None, end_time: TimeBound | None = None,
+            time_column: str = "created") -> list[WorkflowAggregate]:
+        """Workflows counted per group over a time range, with the mean and p50/p95/p99 of
+        their run times (dequeue or creation to completion; unfinished ones count but have
+        no run time). This application's own workflows and unclaimed ones, under every
+        shard key; an observability read served by the timestamp's index.
+
+        Args:
+            group_by: columns to group by, among ``status``, ``name``, ``queue_name``,
+                ``application_version`` and ``executor_id`` (empty: one group of all).
+            start_time: start of the range, inclusive (default: an hour before the end).
+            end_time: end of the range, exclusive (default: now).
+            time_column: the timestamp the range applies to: ``created`` or ``completed``.
+
+        Returns:
+            One :class:`WorkflowAggregate` per group with workflows, ordered by group.
+
+        Raises:
+            InvalidArgumentError: an unknown column or time column, or an empty range.
+            QueryTimeoutError: the read ran over the observability query timeout.
+        """
+        return await observability.workflow_aggregates(self._peer(), group_by, start_time,
+                                                       end_time, time_column)
+
+    async def get_step_aggregates(self, *, start_time: TimeBound | None = None,
+                                  end_time: TimeBound | None = None) -> list[StepAggregate]:
+        """Steps completed in a time range, counted per name and outcome (``SUCCESS`` or
+        ``ERROR``), with the mean and p50/p95/p99 of their durations; an observability read
+        served by the index on completion time.
+
+        Args:
+            start_time: start of the range, inclusive (default: an hour before the end).
+            end_time: end of the range, exclusive (default: now).
+
+        Returns:
+            One :class:`StepAggregate` per name and outcome, ordered by name.
+
+        Raises:
+            InvalidArgumentError: an empty range.
+            QueryTimeoutError: the read ran over the observability query timeout.
+        """
+        return await observability.step_aggregates(self._peer(), start_time, end_time)
+
+    async def get_queue_metrics(self) -> list[QueueMetrics]:
+        """Each queue's backlog now: its DELAYED, ENQUEUED and PENDING workflows and how
+        long its oldest waiting one has waited (queues with none of these are left out).
+
+        Returns:
+            One :class:`QueueMetrics` per queue, by name.
+
+        Raises:
+            QueryTimeoutError: a read ran over the observability query timeout.
+        """
+        return await observability.queue_metrics(self._peer())
+
+    async def get_metrics(self, start_time: TimeBound, end_time: TimeBound) -> list[MetricData]:
+        """How many workflows of each name were created and how many steps of each name
+        completed in [start_time, end_time).
+
+        Args:
+            start_time: start of the range, inclusive.
+            end_time: end of the range, exclusive.
+
+        Returns:
+            ``workflow_count`` then ``step_count`` :class:`MetricData`, one per name.
+
+        Raises:
+            InvalidArgumentError: an empty range.
+            QueryTimeoutError: a read ran over the observability query timeout.
+        """
+        return await observability.metrics(self._peer(), start_time, end_time)
 
     async def list_executors(self, recent_minutes: int = 60,
                              shown: int = 10) -> list[ExecutorActivity]:
