@@ -1,4 +1,4 @@
-"""What a workflow run and a step attempt report: their log records and spans.
+"""What a workflow run and a step attempt report: their log records, spans and metrics.
 
 Two hooks, one around each: :func:`workflow_run` around a workflow body's execution (with
 its outcome recorded), :func:`step_attempt` around each attempt of a step.
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from dbos_async import metrics
 from dbos_async.errors import WorkflowCancelledError
 from dbos_async.executor import logs, tracing
 from dbos_async.executor.context import WorkflowContext
@@ -30,6 +31,7 @@ def workflow_run(ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
     workflow_id = ctx.workflow_id
     started = time.monotonic()
     logs.workflow_started(workflow_id, name, len(ctx.checkpoints))
+    metrics.workflow_started(name)
     span = tracing.start_workflow_span(workflow_id, name, ctx.runtime.executor_id,
                                        attributes)
     interrupted = False
@@ -41,8 +43,9 @@ def workflow_run(ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
         raise
     finally:
         status, error = (logs.PENDING, None) if interrupted else _settled(outcome)
-        logs.workflow_finished(workflow_id, name, status, (time.monotonic() - started) * 1000,
-                               error)
+        seconds = time.monotonic() - started
+        logs.workflow_finished(workflow_id, name, status, seconds * 1000, error)
+        metrics.workflow_finished(name, status, seconds)
         if span is not None:
             tracing.end_span(span, error if status == logs.ERROR else None,
                              {"dbos.workflow.status": status})
@@ -60,20 +63,29 @@ def _settled(outcome: asyncio.Future[Any]) -> tuple[str, BaseException | None]:
 def step_attempt(name: str, step_id: int | None, attempt: int,
                  kind: str = "step") -> AbstractContextManager[None]:
     """Trace attempt ``attempt`` (from 1) of a step (of ``kind``: "step" or "transaction")
-    as a span of its own, a child of the active span; nothing while tracing is off."""
+    as a span of its own, a child of the active span, and measure it; nothing while
+    tracing and metrics are off."""
     span = tracing.start_step_span(name, step_id, attempt, kind)
-    return _UNTRACED if span is None else _traced_attempt(span)
+    if span is None and metrics.current() is None:
+        return _UNTRACED
+    return _observed_attempt(span, name, attempt)
 
 
 @contextmanager
-def _traced_attempt(span: Span) -> Iterator[None]:
+def _observed_attempt(span: Span | None, name: str, attempt: int) -> Iterator[None]:
+    started = time.monotonic()
     try:
-        with tracing.active(span):
+        with tracing.active(span) if span is not None else _UNTRACED:
             yield
     except Exception as error:
-        tracing.end_span(span, error)
+        metrics.step_finished(name, attempt, logs.ERROR, time.monotonic() - started)
+        if span is not None:
+            tracing.end_span(span, error)
         raise
     except BaseException:  # cancelled: no verdict on the step
-        tracing.end_span(span, None)
+        if span is not None:
+            tracing.end_span(span, None)
         raise
-    tracing.end_span(span, None)
+    metrics.step_finished(name, attempt, logs.SUCCESS, time.monotonic() - started)
+    if span is not None:
+        tracing.end_span(span, None)

@@ -1,0 +1,168 @@
+"""A process that runs workflows under an OpenTelemetry SDK meter provider and prints the
+metrics they made.
+
+usage: python metrics_worker.py URL SCENARIO [WORKFLOW_ID]
+
+The process sets the global meter provider (as an application does) with an in-memory
+reader, runs ``SCENARIO`` on a DBOS executor at ``URL``, leaves the executor and prints the
+reader's metrics as one JSON object: ``{metric name: [data point, ...]}``, each point with
+its attributes and its value (a sum or gauge) or its count, sum, min and max (a histogram).
+The global provider is set once per process, which is why the metrics tests run here.
+
+Scenarios:
+
+- ``workload``: workflow ``napping`` three times (step ``nap`` sleeps NAP seconds),
+  ``failing`` once (step ``explode`` raises), ``retrying`` once (step ``flaky`` fails
+  twice, then succeeds), ``waiting`` once (cancelled while it waits), and four ``queued``
+  workflows on queue ``jobs``;
+- ``recover``: an executor that recovers the PENDING workflow ``WORKFLOW_ID`` (``waiting``
+  of :func:`define_waiting`, left by the test under the same executor ID), sends it its
+  number and waits for its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+
+from dbos_async import DBOS, WorkflowCancelledError
+
+NAP = 0.05
+Points = dict[str, list[dict[str, Any]]]
+
+
+def new_dbos(url: str, **settings: Any) -> DBOS:
+    return DBOS(**{"system_database_url": url, "executor_id": "metrics-worker",
+                   "application_version": "metrics-v1", "shutdown_grace_period": 5,
+                   "pool_size": 4, **settings})
+
+
+def define_waiting(dbos: DBOS) -> Any:
+    """Workflow ``waiting``: receives a number, then adds one in step ``add_one``."""
+
+    @dbos.step(name="add_one")
+    async def add_one(x: int) -> int:
+        return x + 1
+
+    @dbos.workflow(name="waiting")
+    async def waiting() -> int:
+        return await add_one(await dbos.recv(timeout=60))
+
+    return waiting
+
+
+async def workload(url: str, reader: InMemoryMetricReader) -> Points:
+    dbos = new_dbos(url)
+    jobs = dbos.queue("jobs")
+    calls = 0
+
+    @dbos.step(name="nap")
+    async def nap() -> None:
+        await asyncio.sleep(NAP)
+
+    @dbos.workflow(name="napping")
+    async def napping() -> None:
+        await nap()
+
+    @dbos.step(name="explode")
+    async def explode() -> None:
+        raise ValueError("bad")
+
+    @dbos.workflow(name="failing")
+    async def failing() -> None:
+        await explode()
+
+    @dbos.step(name="flaky", retries=2, retry_interval=0.01)
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise ConnectionError(f"try {calls}")
+        return "ok"
+
+    @dbos.workflow(name="retrying")
+    async def retrying() -> str:
+        return await flaky()
+
+    @dbos.step(name="queued_step")
+    async def queued_step(x: int) -> int:
+        return x + 1
+
+    @dbos.workflow(name="queued")
+    async def queued(x: int) -> int:
+        return await queued_step(x)
+
+    waiting = define_waiting(dbos)
+    async with dbos:
+        for _ in range(3):
+            await napping()
+        try:
+            await failing()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("the workflow did not fail")
+        assert await retrying() == "ok"
+        handle = await dbos.start_workflow(waiting)
+        await dbos.cancel_workflow(handle.workflow_id)
+        try:
+            await handle.get_result()
+        except WorkflowCancelledError:
+            pass
+        else:
+            raise AssertionError("the workflow was not cancelled")
+        handles = [await jobs.enqueue(queued, i) for i in range(4)]
+        assert [await h.get_result() for h in handles] == [1, 2, 3, 4]
+        return collected(reader)  # while the pools are open
+
+
+async def recover(url: str, workflow_id: str) -> None:
+    dbos = new_dbos(url)
+    define_waiting(dbos)
+    async with dbos:  # recovers the test's PENDING workflow
+        await dbos.send(workflow_id, 41)
+        assert await (await dbos.retrieve_workflow(workflow_id)).get_result() == 42
+
+
+def point_json(point: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {"attributes": dict(point.attributes or {})}
+    if isinstance(point, HistogramDataPoint):
+        found.update(count=point.count, sum=point.sum, min=point.min, max=point.max)
+    else:
+        found["value"] = point.value
+    return found
+
+
+def collected(reader: InMemoryMetricReader) -> Points:
+    data = reader.get_metrics_data()
+    found: Points = {}
+    assert data is not None
+    for resource in data.resource_metrics:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                found[metric.name] = [point_json(p) for p in metric.data.data_points]
+    return found
+
+
+def main() -> None:
+    """Print the metrics after the scenario, and (``workload``) those read while its
+    executor ran, as ``{"after": ..., "during": ...}``."""
+    reader = InMemoryMetricReader()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+    url, scenario, *rest = sys.argv[1:]
+    during: Points = {}
+    if scenario == "recover":
+        asyncio.run(recover(url, rest[0]))
+    else:
+        during = asyncio.run(workload(url, reader))
+    print(json.dumps({"after": collected(reader), "during": during}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
