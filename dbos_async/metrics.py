@@ -4,7 +4,9 @@ notifications, background tasks and connection pools.
 Native instrumentation, as for spans (``executor/tracing.py``): only the API is used,
 through the application's global meter provider. Without the API installed, or before the
 application sets a provider, :func:`current` returns None and every call site skips its
-one line; with a provider, each event is one counter add or histogram record.
+one line. With a provider, a count is a dict increment, read by an observable counter when
+the provider collects (an SDK ``add`` costs some microseconds, and a workflow counts a
+dozen things); a duration or size is a histogram record.
 
 Attributes are bounded, as metrics need: workflow, step and queue names, a status, a
 channel, a task's name; never a workflow ID. Their keys are those of the spans.
@@ -17,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import asyncpg
-    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+    from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider
 
 try:
     from opentelemetry import metrics as otel_metrics
+    from opentelemetry.metrics import Observation
 
     # The API's stand-in until the application sets a provider: metrics are off.
     from opentelemetry.metrics._internal import _ProxyMeterProvider
@@ -47,31 +50,58 @@ _pools: dict[asyncpg.Pool, str] = {}
 """The pools reported, until they close (asyncpg's pools take no weak reference)."""
 
 
+class Count:
+    """A monotonic count per value of one attribute, kept in process and reported by an
+    observable counter."""
+
+    def __init__(self, meter: Meter, name: str, unit: str, description: str,
+                 key: str) -> None:
+        self._key = key
+        self._counts: dict[str, int] = {}
+        meter.create_observable_counter(name, [self._observe], unit, description)
+
+    def add(self, value: int, attribute: str) -> None:
+        self._counts[attribute] = self._counts.get(attribute, 0) + value
+
+    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
+        # list() copies under the GIL: the reader's thread never sees the dict change size.
+        return [Observation(count, {self._key: attribute})
+                for attribute, count in list(self._counts.items())]
+
+
 class Instruments:
     """The instruments of one meter provider."""
 
     def __init__(self, provider: MeterProvider) -> None:
         meter = provider.get_meter(INSTRUMENTATION)
-        counter, histogram = meter.create_counter, meter.create_histogram
+        histogram = meter.create_histogram
+
+        def counter(name: str, unit: str, description: str, key: str) -> Count:
+            return Count(meter, name, unit, description, key)
+
         self.workflows_started = counter(
             "dbos.workflow.started", "{workflow}", "Workflow runs started (first runs, "
-            "resumptions and recoveries)")
+            "resumptions and recoveries)", WORKFLOW_NAME)
         self.workflows_completed = counter(
-            "dbos.workflow.completed", "{workflow}", "Workflow runs that succeeded")
+            "dbos.workflow.completed", "{workflow}", "Workflow runs that succeeded",
+            WORKFLOW_NAME)
         self.workflows_failed = counter(
-            "dbos.workflow.failed", "{workflow}", "Workflow runs that ended in an error")
+            "dbos.workflow.failed", "{workflow}", "Workflow runs that ended in an error",
+            WORKFLOW_NAME)
         self.workflows_cancelled = counter(
-            "dbos.workflow.cancelled", "{workflow}", "Workflow runs stopped by a cancel")
+            "dbos.workflow.cancelled", "{workflow}", "Workflow runs stopped by a cancel",
+            WORKFLOW_NAME)
         self.workflows_recovered = counter(
             "dbos.workflow.recovered", "{workflow}",
-            "Workflows taken over by recovery (of this executor or a dead one)")
+            "Workflows taken over by recovery (of this executor or a dead one)", WORKFLOW_NAME)
         self.workflow_duration = histogram(
             "dbos.workflow.duration", "s", "Run time of a workflow run, by outcome",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
         self.step_attempts = counter(
-            "dbos.step.attempts", "{attempt}", "Step attempts, the first and each retry")
+            "dbos.step.attempts", "{attempt}", "Step attempts, the first and each retry",
+            STEP_NAME)
         self.step_retries = counter(
-            "dbos.step.retries", "{attempt}", "Step attempts after the first")
+            "dbos.step.retries", "{attempt}", "Step attempts after the first", STEP_NAME)
         self.step_duration = histogram(
             "dbos.step.duration", "s", "Run time of a step attempt, by outcome",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
@@ -89,17 +119,16 @@ class Instruments:
             explicit_bucket_boundaries_advisory=COUNT_BUCKETS)
         self.wakeups = counter(
             "dbos.notification.wakeups", "{wakeup}",
-            "Waiters woken by a notification (a message, an event, an enqueue, ...)")
+            "Waiters woken by a notification (a message, an event, an enqueue, ...)", CHANNEL)
         self.task_restarts = counter(
-            "dbos.task.restarts", "{restart}", "Background task restarts after a failure")
+            "dbos.task.restarts", "{restart}", "Background task restarts after a failure",
+            TASK_NAME)
         meter.create_observable_up_down_counter(
             "dbos.pool.in_use", [_pool_usage], "{connection}",
             "Database connections in use, by pool")
 
 
 def _pool_usage(_options: CallbackOptions) -> Iterable[Observation]:
-    from opentelemetry.metrics import Observation
-
     _forget_closed()
     used: dict[str, int] = {}
     for pool, name in list(_pools.items()):
@@ -138,7 +167,7 @@ def _forget_closed() -> None:
 
 def workflow_started(name: str) -> None:
     if (m := current()) is not None:
-        m.workflows_started.add(1, {WORKFLOW_NAME: name})
+        m.workflows_started.add(1, name)
 
 
 def workflow_finished(name: str, status: str, seconds: float) -> None:
@@ -146,27 +175,28 @@ def workflow_finished(name: str, status: str, seconds: float) -> None:
     is PENDING and counts as none of them, but its run time is recorded)."""
     if (m := current()) is None:
         return
-    attributes = {WORKFLOW_NAME: name, WORKFLOW_STATUS: status}
-    counter = {"SUCCESS": m.workflows_completed, "ERROR": m.workflows_failed,
-               "CANCELLED": m.workflows_cancelled}.get(status)
-    if counter is not None:
-        counter.add(1, {WORKFLOW_NAME: name})
-    m.workflow_duration.record(seconds, attributes)
+    if status == "SUCCESS":
+        m.workflows_completed.add(1, name)
+    elif status == "ERROR":
+        m.workflows_failed.add(1, name)
+    elif status == "CANCELLED":
+        m.workflows_cancelled.add(1, name)
+    m.workflow_duration.record(seconds, {WORKFLOW_NAME: name, WORKFLOW_STATUS: status})
 
 
 def workflows_recovered(names: Iterable[str]) -> None:
     if (m := current()) is not None:
         for name in names:
-            m.workflows_recovered.add(1, {WORKFLOW_NAME: name})
+            m.workflows_recovered.add(1, name)
 
 
 def step_finished(name: str, attempt: int, status: str, seconds: float) -> None:
     """Attempt ``attempt`` (from 1) of a step ended: SUCCESS or ERROR."""
     if (m := current()) is None:
         return
-    m.step_attempts.add(1, {STEP_NAME: name})
+    m.step_attempts.add(1, name)
     if attempt > 1:
-        m.step_retries.add(1, {STEP_NAME: name})
+        m.step_retries.add(1, name)
     m.step_duration.record(seconds, {STEP_NAME: name, STEP_STATUS: status})
 
 
@@ -191,9 +221,9 @@ def batch_committed(size: int) -> None:
 
 def woken(channel: str, waiters: int) -> None:
     if waiters and (m := current()) is not None:
-        m.wakeups.add(waiters, {CHANNEL: channel})
+        m.wakeups.add(waiters, channel)
 
 
 def task_restarted(task: str) -> None:
     if (m := current()) is not None:
-        m.task_restarts.add(1, {TASK_NAME: task})
+        m.task_restarts.add(1, task)
