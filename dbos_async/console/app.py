@@ -47,6 +47,7 @@ from dbos_async.console.safety import (
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.executor.operator import Operator
+from dbos_async.prometheus import PrometheusMetrics
 from dbos_async.sysdb.clock import SYSTEM_CLOCK
 from dbos_async.sysdb.statements import (
     CANCELLED,
@@ -371,6 +372,12 @@ class Console:
             rows.append((schedule, upcoming))
         return self.page(request, "schedules.html", schedules=rows)
 
+    async def prometheus(self, request: Request) -> Response:
+        """The system database's aggregates in Prometheus's text format (a console runs
+        no workflows: the executors' own metrics are theirs to serve)."""
+        exposition = PrometheusMetrics(aggregates=self.operator)
+        return Response(await exposition.render(), media_type=exposition.content_type)
+
     async def executors(self, request: Request) -> Response:
         found = await self.operator.list_executors(EXECUTORS_RECENT_MINUTES)
         latest = await self.operator.get_latest_application_version()
@@ -635,6 +642,7 @@ def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
         Route("/schedules", console.schedules),
         Route("/schedules/{action}", console.schedule_action, methods=["POST"]),
         Route("/executors", console.executors),
+        Route("/metrics", console.prometheus),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"),
               name="static"),
     ]

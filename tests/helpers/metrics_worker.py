@@ -17,7 +17,11 @@ Scenarios:
   workflows on queue ``jobs``;
 - ``recover``: an executor that recovers the PENDING workflow ``WORKFLOW_ID`` (``waiting``
   of :func:`define_waiting`, left by the test under the same executor ID), sends it its
-  number and waits for its result.
+  number and waits for its result;
+- ``serve``: the meter provider reads through a
+  :class:`~dbos_async.prometheus.PrometheusMetrics`; after the workload, an aiohttp app
+  serves it at ``/metrics`` on a free port (with the database's aggregates) until the
+  process is stopped; it prints ``serving PORT`` once it answers.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
-from dbos_async import DBOS, WorkflowCancelledError
+from dbos_async import DBOS, DBOSClient, WorkflowCancelledError
+from dbos_async.prometheus import PrometheusMetrics
 
 NAP = 0.05
 Points = dict[str, list[dict[str, Any]]]
@@ -150,12 +155,36 @@ def collected(reader: InMemoryMetricReader) -> Points:
     return found
 
 
+async def serve(url: str) -> None:
+    from aiohttp import web
+
+    from dbos_async.aiohttp import metrics_handler
+
+    clients: list[DBOSClient] = []
+    prometheus = PrometheusMetrics(aggregates=lambda: clients[0])
+    metrics.set_meter_provider(MeterProvider(metric_readers=[prometheus.reader]))
+    await workload(url, prometheus.reader)
+    async with DBOSClient(system_database_url=url) as client:
+        clients.append(client)
+        app = web.Application()
+        app.router.add_get("/metrics", metrics_handler(prometheus))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        _, port = runner.addresses[0][:2]
+        print(f"serving {port}", flush=True)
+        await asyncio.Event().wait()  # until the test stops the process
+
+
 def main() -> None:
     """Print the metrics after the scenario, and (``workload``) those read while its
     executor ran, as ``{"after": ..., "during": ...}``."""
+    url, scenario, *rest = sys.argv[1:]
+    if scenario == "serve":
+        asyncio.run(serve(url))
+        return
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
-    url, scenario, *rest = sys.argv[1:]
     during: Points = {}
     if scenario == "recover":
         asyncio.run(recover(url, rest[0]))
