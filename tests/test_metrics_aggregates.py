@@ -140,6 +140,14 @@ async def test_workflow_aggregates_match_the_rows(database_url: str, sharding: b
             ("notify", "SUCCESS", 1, 10), ("render", "SUCCESS", 1, 200)]
         assert steps[1].p50_ms == 650 and steps[1].p95_ms == pytest.approx(300 + 700 * 0.95)
 
+        activity = await client.get_workflow_activity(bucket_seconds=60, **hour)
+        assert [(a.name, a.start_epoch_ms, a.finished, a.succeeded, a.failed)
+                for a in activity] == [("checkout", NOW - 60_000, 3, 2, 1),
+                                       ("report", NOW - 60_000, 1, 1, 0)]
+        by_day = await client.get_workflow_activity(
+            bucket_seconds=86_400, start_time=NOW - 3 * HOUR_MS, end_time=NOW)
+        assert [(a.name, a.finished) for a in by_day] == [("checkout", 4), ("report", 1)]
+
         metrics = await client.get_metrics(NOW - HOUR_MS, NOW)
         assert {(m.metric_type, m.metric_name, m.value) for m in metrics} == {
             ("workflow_count", "checkout", 3), ("workflow_count", "report", 3),
@@ -155,6 +163,21 @@ async def test_queue_metrics_count_the_backlog(database_url: str, sharding: bool
     assert (jobs.queue_name, jobs.delayed, jobs.enqueued, jobs.pending) == ("jobs", 0, 1, 1)
     assert jobs.oldest_waiting_id == "w5"
     assert jobs.oldest_waiting_ms is not None and jobs.oldest_waiting_ms >= 0
+
+
+async def test_queue_depth_history_works_back_from_now(database_url: str,
+                                                       sharding: bool) -> None:
+    await migrate(database_url, sharding=sharding)
+    async with client_of(database_url, sharding) as client:
+        for i in range(3):
+            await client.enqueue("emails", "send_email", f"user-{i}",
+                                 **({"shard_key": f"tenant-{i}"} if sharding else {}))
+        history = await client.get_queue_depth_history(minutes=5)
+    assert [h.queue_name for h in history] == ["emails"] * 5
+    minutes = [h.minute_epoch_ms for h in history]
+    assert minutes == sorted(minutes) and minutes[-1] - minutes[0] == 4 * 60_000
+    # Before the enqueues (at the latest the minute before), none waited; now three do.
+    assert (history[0].waiting, history[-1].waiting) == (0, 3)
 
 
 async def test_workflows_run_by_an_executor_are_counted(database_url: str) -> None:
@@ -214,6 +237,10 @@ async def test_bad_arguments_are_refused(database_url: str) -> None:
             await client.get_workflow_aggregates(time_column="updated")
         with pytest.raises(InvalidArgumentError, match=r"start_time.*not before the end"):
             await client.get_step_aggregates(start_time=NOW, end_time=NOW)
+        with pytest.raises(InvalidArgumentError, match=r"bucket_seconds.*positive"):
+            await client.get_workflow_activity(bucket_seconds=0)
+        with pytest.raises(InvalidArgumentError, match=r"minutes.*from 1 to 1440"):
+            await client.get_queue_depth_history(minutes=1441)
 
 
 FILL_WORKFLOWS = """
@@ -248,22 +275,25 @@ async def test_each_read_is_served_by_an_index(database_url: str, sharding: bool
             await conn.execute("VACUUM ANALYZE dbos.workflow_status")
             await conn.execute("VACUUM ANALYZE dbos.operation_outputs")
             start, end = NOW - HOUR_MS, NOW
-            reads = {
-                "workflow_status_created_at_index": sysdb.sql.workflow_aggregates(
-                    ("status", "name", "queue_name"), "created", start, end),
-                "idx_workflow_status_completed_at": sysdb.sql.workflow_aggregates(
-                    ("name",), "completed", start, end),
-                "idx_operation_outputs_completed_at_function_name_v2":
-                    sysdb.sql.step_aggregates(start, end),
-            }
-            plans = {index: "\n".join(row[0] for row in await conn.fetch(
-                f"EXPLAIN {query.sql}", *query.params)) for index, query in reads.items()}
+            reads = [
+                ("workflow_status_created_at_index", sysdb.sql.workflow_aggregates(
+                    ("status", "name", "queue_name"), "created", start, end)),
+                ("idx_workflow_status_completed_at", sysdb.sql.workflow_aggregates(
+                    ("name",), "completed", start, end)),
+                ("idx_operation_outputs_completed_at_function_name_v2",
+                 sysdb.sql.step_aggregates(start, end)),
+                ("idx_workflow_status_completed_at",
+                 sysdb.sql.workflow_activity(start, end, 60_000)),
+                ("workflow_status_created_at_index", sysdb.sql.queue_arrivals(start)),
+            ]
+            plans = [(index, "\n".join(row[0] for row in await conn.fetch(
+                f"EXPLAIN {query.sql}", *query.params))) for index, query in reads]
         finally:
             await conn.close()
         # The reads answer as the plans were checked for: the last hour's 120 workflows.
         [total] = await client.get_workflow_aggregates(group_by=(), start_time=start,
                                                        end_time=end)
         assert total.count == 120
-    for index, plan in plans.items():
+    for index, plan in plans:
         assert index in plan, plan
         assert "Seq Scan" not in plan, plan

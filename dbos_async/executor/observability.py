@@ -303,3 +303,69 @@ async def metrics(peer: Peer, start_time: TimeBound,
         steps[step.name] = steps.get(step.name, 0) + step.count
     return ([MetricData("workflow_count", w.name or "", w.count) for w in workflows]
             + [MetricData("step_count", name, count) for name, count in steps.items()])
+
+
+@dataclass(frozen=True)
+class WorkflowActivity:
+    """How many workflows named ``name`` finished in the interval beginning at
+    ``start_epoch_ms``: in all (cancelled ones included), succeeded, and failed (ERROR or
+    out of recovery attempts)."""
+
+    name: str
+    start_epoch_ms: int
+    finished: int
+    succeeded: int
+    failed: int
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """How many of a queue's workflows waited to start (ENQUEUED or DELAYED) at the end
+    of the minute beginning at ``minute_epoch_ms`` (now, for the current minute)."""
+
+    queue_name: str
+    minute_epoch_ms: int
+    waiting: int
+
+
+async def workflow_activity(peer: Peer, start_time: TimeBound | None,
+                            end_time: TimeBound | None,
+                            bucket_seconds: int) -> list[WorkflowActivity]:
+    if (not isinstance(bucket_seconds, int) or isinstance(bucket_seconds, bool)
+            or bucket_seconds < 1):
+        raise InvalidArgumentError("bucket_seconds",
+                                   f"must be a positive integer, not {bucket_seconds!r}")
+    start, end = _range(peer, start_time, end_time)
+    bucket_ms = bucket_seconds * 1000
+    rows = await peer.system_database.workflow_activity(start, end, bucket_ms)
+    return [WorkflowActivity(r["name"], r["bucket"] * bucket_ms, r["finished"],
+                             r["succeeded"], r["failed"]) for r in rows]
+
+
+async def queue_depth_history(peer: Peer, minutes: int) -> list[QueueDepth]:
+    """Each queue's waiting workflows at the end of each of the last ``minutes`` minutes,
+    oldest first: the count now, less the arrivals (enqueues) after each minute, plus the
+    starts after it. A waiting workflow cancelled or deleted since is not counted back."""
+    sysdb = peer.system_database
+    now = sysdb.clock.now_ms()
+    last = now // MINUTE_MS
+    first = last - minutes + 1
+    waiting_now = {queue: counts.get("ENQUEUED", 0) + counts.get("DELAYED", 0)
+                   for queue, counts in (await sysdb.queue_depths()).items()}
+    changes: dict[tuple[str, int], int] = {}  # arrivals minus starts, per queue and minute
+    for r in await sysdb.queue_arrivals(first * MINUTE_MS):
+        key = (r["queue_name"], r["minute"])
+        changes[key] = changes.get(key, 0) + r["workflows"]
+    for r in await sysdb.queue_activity(first * MINUTE_MS):
+        if r["kind"] == "started":
+            key = (r["queue_name"], r["minute"])
+            changes[key] = changes.get(key, 0) - r["workflows"]
+    found: list[QueueDepth] = []
+    for queue in sorted(set(waiting_now) | {q for q, _ in changes}):
+        waiting = waiting_now.get(queue, 0)
+        series = []
+        for minute in range(last, first - 1, -1):
+            series.append(QueueDepth(queue, minute * MINUTE_MS, max(0, waiting)))
+            waiting -= changes.get((queue, minute), 0)
+        found += reversed(series)
+    return found

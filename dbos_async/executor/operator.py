@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.errors import DBOSError, InvalidArgumentError, NonExistentWorkflowError
 from dbos_async.executor import control, exports, messaging, observability
 from dbos_async.executor.control import (
     ApplicationVersion,
@@ -43,11 +43,13 @@ from dbos_async.executor.observability import (
     ExecutorActivity,
     MetricData,
     PendingMessage,
+    QueueDepth,
     QueueMetrics,
     QueueMinute,
     StepAggregate,
     StreamValue,
     WaitingWorkflow,
+    WorkflowActivity,
     WorkflowAggregate,
 )
 from dbos_async.executor.peer import Peer
@@ -89,6 +91,13 @@ def _limit(limit: int) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise DBOSError(f"limit must be a positive integer, not {limit!r}")
     return limit
+
+
+def _minutes(minutes: int) -> int:
+    """A dashboard's window in minutes: up to a day."""
+    if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= 1440:
+        raise InvalidArgumentError("minutes", f"must be an integer from 1 to 1440, not {minutes!r}")
+    return minutes
 
 
 def _queue_name(queue: str | Queue | None) -> str | None:
@@ -481,9 +490,7 @@ class Operator(ScheduleOperator):
         """Per queue, how many workflows started and how many finished in each minute of
         the last ``minutes`` (minutes with neither are left out), oldest first; this
         application's own workflows and unclaimed ones, under every shard key."""
-        if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= 1440:
-            raise DBOSError(f"minutes must be an integer from 1 to 1440, not {minutes!r}")
-        return await observability.queue_activity(self._peer(), minutes)
+        return await observability.queue_activity(self._peer(), _minutes(minutes))
 
     async def oldest_waiting_workflows(self) -> dict[str, WaitingWorkflow]:
         """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED), by
@@ -546,6 +553,46 @@ class Operator(ScheduleOperator):
             QueryTimeoutError: a read ran over the observability query timeout.
         """
         return await observability.queue_metrics(self._peer())
+
+    async def get_workflow_activity(
+            self, *, start_time: TimeBound | None = None, end_time: TimeBound | None = None,
+            bucket_seconds: int = 60) -> list[WorkflowActivity]:
+        """Workflows finished per name and interval of ``bucket_seconds`` over a time range
+        (intervals with none are left out): in all, succeeded and failed; for throughput
+        and failure charts. An observability read served by the completed_at index.
+
+        Args:
+            start_time: start of the range, inclusive (default: an hour before the end).
+            end_time: end of the range, exclusive (default: now).
+            bucket_seconds: the length of each interval.
+
+        Returns:
+            One :class:`WorkflowActivity` per name and interval, by name then time.
+
+        Raises:
+            InvalidArgumentError: an empty range or an interval that is not a positive
+                integer.
+            QueryTimeoutError: the read ran over the observability query timeout.
+        """
+        return await observability.workflow_activity(self._peer(), start_time, end_time,
+                                                     bucket_seconds)
+
+    async def get_queue_depth_history(self, minutes: int = 60) -> list[QueueDepth]:
+        """Each queue's waiting workflows (ENQUEUED or DELAYED) at the end of each of the
+        last ``minutes`` minutes, worked back from the count now through the enqueues and
+        starts since (a waiting workflow cancelled or deleted since is not counted back).
+
+        Args:
+            minutes: how many minutes, from 1 to 1440.
+
+        Returns:
+            ``minutes`` :class:`QueueDepth` per queue, by queue then time.
+
+        Raises:
+            InvalidArgumentError: ``minutes`` out of range.
+            QueryTimeoutError: a read ran over the observability query timeout.
+        """
+        return await observability.queue_depth_history(self._peer(), _minutes(minutes))
 
     async def get_metrics(self, start_time: TimeBound, end_time: TimeBound) -> list[MetricData]:
         """How many workflows of each name were created and how many steps of each name

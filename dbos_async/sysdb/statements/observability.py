@@ -12,7 +12,10 @@ from __future__ import annotations
 from dbos_async.sysdb.statements.base import (
     DELAYED,
     ENQUEUED,
+    ERROR,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
     PENDING,
+    SUCCESS,
     Params,
     Query,
     StatementBase,
@@ -82,6 +85,39 @@ class ObservabilityStatements(StatementBase):
                                  ("completed", "completed_at"))
         ]
         return Query(" UNION ALL ".join(halves) + " ORDER BY queue_name, minute", p.values)
+
+    def queue_arrivals(self, since_ms: int) -> Query:
+        """Per queue and minute since ``since_ms``: how many workflows were enqueued (by
+        creation time; a range scan of the created_at index)."""
+        p = Params()
+        minute = p(MINUTE_MS, "bigint")
+        return Query(
+            f"""SELECT queue_name, created_at / {minute} AS minute, count(*) AS workflows
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND queue_name IS NOT NULL AND created_at >= {p(since_ms, 'bigint')}
+                GROUP BY queue_name, created_at / {minute}""",
+            p.values,
+        )
+
+    def workflow_activity(self, start_ms: int, end_ms: int, bucket_ms: int) -> Query:
+        """Per workflow name and ``bucket_ms`` interval of [start_ms, end_ms): how many
+        workflows finished, how many of them succeeded and how many failed (ERROR or out
+        of recovery attempts). A range scan of the completed_at index."""
+        p = Params()
+        bucket = p(bucket_ms, "bigint")
+        return Query(
+            f"""SELECT name, completed_at / {bucket} AS bucket, count(*) AS finished,
+                       count(*) FILTER (WHERE status = {p(SUCCESS)}) AS succeeded,
+                       count(*) FILTER (WHERE status = ANY({p([ERROR,
+                           MAX_RECOVERY_ATTEMPTS_EXCEEDED], 'text[]')})) AS failed
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND completed_at >= {p(start_ms, 'bigint')}
+                  AND completed_at < {p(end_ms, 'bigint')}
+                GROUP BY name, completed_at / {bucket} ORDER BY name, bucket""",
+            p.values,
+        )
 
     def oldest_waiting(self) -> Query:
         """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED): one
