@@ -66,6 +66,8 @@ CHILDREN_SHOWN = 50
 ACTIVITY_MINUTES = 60
 EXECUTORS_RECENT_MINUTES = 60
 """The executors page also shows executors that started a workflow this recently."""
+CHARTS_REFRESH = 10
+"""How often (seconds) the metrics page reloads itself."""
 LIVE_REFRESH_IDS = 200
 """At most this many workflows per status refresh (a page's worth, and then some)."""
 MAX_PAGE = (2**63 - 1) // PAGE_SIZE
@@ -372,6 +374,29 @@ class Console:
             rows.append((schedule, upcoming))
         return self.page(request, "schedules.html", schedules=rows)
 
+    async def charts(self, request: Request) -> Response:
+        """Throughput and failures per workflow name, run-time percentiles and each queue's
+        depth, over the last hour or day (``?window=``), reloaded every few seconds."""
+        window = views.WINDOWS.get(request.query_params.get("window", "hour"))
+        if window is None:
+            raise ConsoleError(400, f"The window is one of {', '.join(views.WINDOWS)}")
+        op = self.operator
+        now = SYSTEM_CLOCK.now_ms()  # an operator watches by the wall clock
+        bucket_ms = window.bucket_seconds * 1000
+        first = (now // bucket_ms - window.slots + 1) * bucket_ms
+        activity, latency, depths = await asyncio.gather(
+            op.get_workflow_activity(start_time=first, end_time=now + 1,
+                                     bucket_seconds=window.bucket_seconds),
+            op.get_workflow_aggregates(group_by="name", time_column="completed",
+                                       start_time=first, end_time=now + 1),
+            op.get_queue_depth_history(window.minutes))
+        return self.page(request, "metrics.html", window=window, windows=views.WINDOWS,
+                         activity=views.activity_charts(activity, now, window),
+                         latency=views.latency_rows(latency),
+                         depths=views.depth_charts(depths), refresh_seconds=CHARTS_REFRESH,
+                         chart_width=views.CHART_WIDTH, chart_height=views.CHART_HEIGHT,
+                         latency_width=views.LATENCY_BAR_WIDTH)
+
     async def prometheus(self, request: Request) -> Response:
         """The system database's aggregates in Prometheus's text format (a console runs
         no workflows: the executors' own metrics are theirs to serve)."""
@@ -643,6 +668,7 @@ def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
         Route("/schedules/{action}", console.schedule_action, methods=["POST"]),
         Route("/executors", console.executors),
         Route("/metrics", console.prometheus),
+        Route("/metrics/charts", console.charts),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"),
               name="static"),
     ]
