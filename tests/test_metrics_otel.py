@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers.metrics_worker import NAP, Points, define_waiting
-from helpers.metrics_worker import new_dbos as worker_dbos
+from helpers.metrics_worker import NAP, Points
+from helpers.tracing_worker import define_waiting
+from helpers.tracing_worker import new_dbos as worker_dbos
 
 from dbos_async import metrics
 

@@ -11,13 +11,13 @@ The global provider is set once per process, which is why the metrics tests run 
 
 Scenarios:
 
-- ``workload``: workflow ``napping`` three times (step ``nap`` sleeps NAP seconds),
-  ``failing`` once (step ``explode`` raises), ``retrying`` once (step ``flaky`` fails
-  twice, then succeeds), ``waiting`` once (cancelled while it waits), and four ``queued``
-  workflows on queue ``jobs``;
-- ``recover``: an executor that recovers the PENDING workflow ``WORKFLOW_ID`` (``waiting``
-  of :func:`define_waiting`, left by the test under the same executor ID), sends it its
-  number and waits for its result;
+- ``workload``: the tracing worker's ``failure`` (workflow ``failing``, step ``explode``
+  raising) and ``retry`` (workflow ``retrying``, step ``flaky`` failing twice, then
+  succeeding), then workflow ``napping`` three times (step ``nap`` sleeps NAP seconds),
+  ``waiting`` once (cancelled while it waits), and four ``queued`` workflows on queue
+  ``jobs``;
+- ``recover``: the tracing worker's: an executor that recovers the PENDING workflow
+  ``WORKFLOW_ID`` (``waiting``, left by the test under the same executor ID);
 - ``serve``: the meter provider reads through a
   :class:`~dbos_async.prometheus.PrometheusMetrics`; after the workload, an aiohttp app
   serves it at ``/metrics`` on a free port (with the database's aggregates) until the
@@ -29,43 +29,29 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
-from dbos_async import DBOS, DBOSClient, WorkflowCancelledError
+from dbos_async import DBOSClient, WorkflowCancelledError
 from dbos_async.prometheus import PrometheusMetrics
+
+# Run as a script, as the tests do, or imported by them (as helpers.metrics_worker).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers.tracing_worker import define_waiting, failure, new_dbos, recover, retry
 
 NAP = 0.05
 Points = dict[str, list[dict[str, Any]]]
 
 
-def new_dbos(url: str, **settings: Any) -> DBOS:
-    return DBOS(**{"system_database_url": url, "executor_id": "metrics-worker",
-                   "application_version": "metrics-v1", "shutdown_grace_period": 5,
-                   "pool_size": 4, **settings})
-
-
-def define_waiting(dbos: DBOS) -> Any:
-    """Workflow ``waiting``: receives a number, then adds one in step ``add_one``."""
-
-    @dbos.step(name="add_one")
-    async def add_one(x: int) -> int:
-        return x + 1
-
-    @dbos.workflow(name="waiting")
-    async def waiting() -> int:
-        return await add_one(await dbos.recv(timeout=60))
-
-    return waiting
-
-
 async def workload(url: str, reader: InMemoryMetricReader) -> Points:
+    await failure(url)  # workflow "failing", its step "explode" raising
+    await retry(url)  # workflow "retrying", its step "flaky" failing twice
     dbos = new_dbos(url)
     jobs = dbos.queue("jobs")
-    calls = 0
 
     @dbos.step(name="nap")
     async def nap() -> None:
@@ -74,26 +60,6 @@ async def workload(url: str, reader: InMemoryMetricReader) -> Points:
     @dbos.workflow(name="napping")
     async def napping() -> None:
         await nap()
-
-    @dbos.step(name="explode")
-    async def explode() -> None:
-        raise ValueError("bad")
-
-    @dbos.workflow(name="failing")
-    async def failing() -> None:
-        await explode()
-
-    @dbos.step(name="flaky", retries=2, retry_interval=0.01)
-    async def flaky() -> str:
-        nonlocal calls
-        calls += 1
-        if calls < 3:
-            raise ConnectionError(f"try {calls}")
-        return "ok"
-
-    @dbos.workflow(name="retrying")
-    async def retrying() -> str:
-        return await flaky()
 
     @dbos.step(name="queued_step")
     async def queued_step(x: int) -> int:
@@ -107,13 +73,6 @@ async def workload(url: str, reader: InMemoryMetricReader) -> Points:
     async with dbos:
         for _ in range(3):
             await napping()
-        try:
-            await failing()
-        except ValueError:
-            pass
-        else:
-            raise AssertionError("the workflow did not fail")
-        assert await retrying() == "ok"
         handle = await dbos.start_workflow(waiting)
         await dbos.cancel_workflow(handle.workflow_id)
         try:
@@ -125,14 +84,6 @@ async def workload(url: str, reader: InMemoryMetricReader) -> Points:
         handles = [await jobs.enqueue(queued, i) for i in range(4)]
         assert [await h.get_result() for h in handles] == [1, 2, 3, 4]
         return collected(reader)  # while the pools are open
-
-
-async def recover(url: str, workflow_id: str) -> None:
-    dbos = new_dbos(url)
-    define_waiting(dbos)
-    async with dbos:  # recovers the test's PENDING workflow
-        await dbos.send(workflow_id, 41)
-        assert await (await dbos.retrieve_workflow(workflow_id)).get_result() == 42
 
 
 def point_json(point: Any) -> dict[str, Any]:
