@@ -66,26 +66,44 @@ def step_attempt(name: str, step_id: int | None, attempt: int,
     as a span of its own, a child of the active span, and measure it; nothing while
     tracing and metrics are off."""
     span = tracing.start_step_span(name, step_id, attempt, kind)
-    if span is None and metrics.current() is None:
-        return _UNTRACED
-    return _observed_attempt(span, name, attempt)
+    if span is not None:
+        return _traced_attempt(span, name, attempt)
+    return _UNTRACED if metrics.current() is None else _MeasuredAttempt(name, attempt)
+
+
+class _MeasuredAttempt:
+    """A step attempt measured but not traced: a plain class, cheaper to enter and leave
+    than a generator's context manager (it wraps every step while metrics are on)."""
+
+    __slots__ = ("_attempt", "_name", "_started")
+
+    def __init__(self, name: str, attempt: int) -> None:
+        self._name = name
+        self._attempt = attempt
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.monotonic()
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None or issubclass(kind, Exception):  # cancelled: no verdict on the step
+            metrics.step_finished(self._name, self._attempt,
+                                  logs.SUCCESS if kind is None else logs.ERROR,
+                                  time.monotonic() - self._started)
 
 
 @contextmanager
-def _observed_attempt(span: Span | None, name: str, attempt: int) -> Iterator[None]:
+def _traced_attempt(span: Span, name: str, attempt: int) -> Iterator[None]:
     started = time.monotonic()
     try:
-        with tracing.active(span) if span is not None else _UNTRACED:
+        with tracing.active(span):
             yield
     except Exception as error:
         metrics.step_finished(name, attempt, logs.ERROR, time.monotonic() - started)
-        if span is not None:
-            tracing.end_span(span, error)
+        tracing.end_span(span, error)
         raise
     except BaseException:  # cancelled: no verdict on the step
-        if span is not None:
-            tracing.end_span(span, None)
+        tracing.end_span(span, None)
         raise
     metrics.step_finished(name, attempt, logs.SUCCESS, time.monotonic() - started)
-    if span is not None:
-        tracing.end_span(span, None)
+    tracing.end_span(span, None)
