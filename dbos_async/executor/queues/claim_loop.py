@@ -295,7 +295,7 @@ class ClaimLoop:
                 self.queue.name, name, workflow_id, runtime.executor_id)
 
     async def _start(self, claim: Claim) -> None:
-        metrics.queue_waits(self.queue.name, [row.queued_ms for row, _ in claim.rows])
+        metrics.queue_waits(self.queue.name, (row.queued_ms for row, _ in claim.rows))
         for row, partition_key in claim.rows:
             await self._launch(row, partition_key)
 
