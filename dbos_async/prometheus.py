@@ -38,10 +38,10 @@ with needs_extra("prometheus", __name__):
         Metric,
     )
 
+from dbos_async.executor.operator import Operator
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-
-    from dbos_async.executor.operator import Operator
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The content type of Prometheus's text format, version 0.0.4 (what it renders)."""
@@ -65,7 +65,8 @@ class PrometheusMetrics:
         window_seconds: how far back the workflow aggregates count (default an hour).
 
     Raises:
-        InvalidArgumentError: a window that is not a positive number of seconds.
+        InvalidArgumentError: a window that is not a positive number of seconds, or
+            ``aggregates`` neither an operator nor a function.
         MissingExtraError: the ``prometheus`` extra is not installed.
     """
 
@@ -75,6 +76,11 @@ class PrometheusMetrics:
                 or not math.isfinite(window_seconds) or window_seconds <= 0):
             raise InvalidArgumentError("window_seconds",
                                        f"must be a positive number, not {window_seconds!r}")
+        if aggregates is not None and not (isinstance(aggregates, Operator)
+                                           or callable(aggregates)):
+            raise InvalidArgumentError(
+                "aggregates", f"must be a DBOS, a DBOSClient or a function returning one, "
+                              f"not {type(aggregates).__name__}")
         self._aggregates = aggregates
         self._window_ms = int(window_seconds * 1000)
         self._reader: InMemoryMetricReader | None = None
@@ -109,7 +115,7 @@ class PrometheusMetrics:
         """
         families = self._executor_families()
         if self._aggregates is not None:
-            operator = (self._aggregates if not callable(self._aggregates)
+            operator = (self._aggregates if isinstance(self._aggregates, Operator)
                         else self._aggregates())
             families += await database_families(operator, self._window_ms)
         registry = CollectorRegistry(auto_describe=False)

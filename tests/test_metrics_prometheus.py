@@ -115,7 +115,9 @@ async def test_only_get_is_answered(database_url: str) -> None:
     assert empty.status_code == 200 and parsed(empty.text) == {}
 
 
-def test_a_bad_window_is_refused() -> None:
+def test_bad_arguments_are_refused() -> None:
     for bad in (0, -1.0, float("nan"), "60", True):
         with pytest.raises(InvalidArgumentError, match="window_seconds"):
             PrometheusMetrics(window_seconds=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"aggregates.*not str"):
+        PrometheusMetrics(aggregates="postgresql://")  # type: ignore[arg-type]
