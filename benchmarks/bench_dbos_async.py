@@ -184,7 +184,9 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
         counter.phase = "run"
         if profiler is not None:
             profiler.enable()
+        cpu_before = time.process_time()
         elapsed = await measured(workflows)
+        cpu = time.process_time() - cpu_before
         if profiler is not None:
             profiler.disable()
         await settle_loggers()
@@ -210,6 +212,7 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
         "concurrency": workflows if burst else concurrency,
         "event_loop": f"{loop.__module__}.{loop.__qualname__}",
         "seconds": elapsed,
+        "cpu_seconds": cpu,
         "workflows_per_s": workflows / elapsed,
         "steps_per_s": workflows * 3 / elapsed,
         "pool_size": pool_size,
@@ -231,14 +234,15 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
 
 async def run_subprocess(url: str, *, workflows: int, pool_size: int, warmup: int,
                          loop: str, burst: bool = True, concurrency: int = 100,
-                         time_limit: float = 300.0) -> dict[str, Any]:
-    """One measured round in a child process on the event loop ``loop`` names."""
+                         metrics: bool = False, time_limit: float = 300.0) -> dict[str, Any]:
+    """One measured round in a child process on the event loop ``loop`` names; with
+    ``metrics``, under an OpenTelemetry meter provider (metrics on)."""
     from bench_dbos import run_child
 
     return await run_child(SCRIPT, [
         "--url", url, "--workflows", str(workflows), "--pool-size", str(pool_size),
         "--warmup", str(warmup), "--loop", loop, "--concurrency", str(concurrency),
-        *(["--burst"] if burst else []),
+        *(["--burst"] if burst else []), *(["--metrics"] if metrics else []),
     ], time_limit)
 
 
@@ -296,7 +300,16 @@ def main() -> None:
     parser.add_argument("--loop", choices=("default", "asyncio", "uvloop"), default="default",
                         help="default: what dbos_async.run picks (uvloop when installed, "
                              "unless DBOS_UVLOOP is false)")
+    parser.add_argument("--metrics", action="store_true",
+                        help="set a meter provider (an SDK one, with an in-memory reader): "
+                             "dbos_async's metrics on")
     args = parser.parse_args()
+    if args.metrics:
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
     choice = {"default": None, "asyncio": False, "uvloop": True}[args.loop]
     result = dbos_async.run(run(args.url, workflows=args.workflows,
                                 concurrency=args.concurrency, pool_size=args.pool_size,

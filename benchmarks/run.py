@@ -32,6 +32,10 @@ Then, unless --skip-transactions, transactional steps (bench_transactions.py): s
 INSERTs run bare, in @dbos.transaction() steps on the system database and on an application
 database, with throughput and every statement counted per transaction.
 
+Then, unless --skip-metrics (--metrics-only runs only this part), the cost of the
+executor's OpenTelemetry metrics: the throughput workload with metrics off and on, in
+child processes (bench_metrics.py), the CPU and wall time per workflow of each.
+
 Then, unless --skip-latency (--latency-only runs only this part), the latency of single
 operations, one at a time: send -> recv wake-up, set_event -> get_event, write_stream ->
 read_stream and start_workflow -> get_result, median and p99, for dbos_async
@@ -61,6 +65,7 @@ import bench_dbos
 import bench_dbos_async
 import bench_latency_dbos
 import bench_latency_dbos_async
+import bench_metrics
 import bench_queues
 import bench_raw
 import bench_transactions
@@ -135,6 +140,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help="run only the queue section")
     which.add_argument("--waiters-only", action="store_true",
                        help="run only the waiting-workflows section")
+    which.add_argument("--metrics-only", action="store_true",
+                       help="run only the metrics on vs off section")
+    parser.add_argument("--skip-metrics", action="store_true",
+                        help="leave out the metrics on vs off section")
     parser.add_argument("--skip-queues", action="store_true",
                         help="leave out the queue section")
     parser.add_argument("--skip-waiters", action="store_true",
@@ -210,7 +219,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "parameters": {"pool_size": args.pool_size},
     }
-    only = args.latency_only or args.queues_only or args.waiters_only
+    only = args.latency_only or args.queues_only or args.waiters_only or args.metrics_only
     if not only:
         await run_throughput(args, results)
     if not args.skip_queues and (args.queues_only or not only):
@@ -229,6 +238,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                   "on an application database")
         results["transactions"] = await bench_transactions.run(
             args.url, f"{args.db_prefix}_txn", args.transactions, args.pool_size)
+    if not args.skip_metrics and (args.metrics_only or not only):
+        results["metrics"] = await bench_metrics.run(
+            args.url, args.db_prefix, workflows=args.workflows, concurrency=args.concurrency,
+            pool_size=args.pool_size, rounds=args.rounds, keep=args.keep, progress=_progress)
     if not args.skip_latency and (args.latency_only or not only):
         results["latency"] = await run_latency(args)
     return results
@@ -543,6 +556,8 @@ def report(results: dict[str, Any], profiled: bool) -> str:
         out += latency_report(results["latency"])
     if "transactions" in results:
         out += ["", *bench_transactions.report(results["transactions"])]
+    if "metrics" in results:
+        out += bench_metrics.report(results["metrics"])
     out += targets_report(results)
     return "\n".join(out)
 
@@ -604,6 +619,11 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
         rows.append(("statements a transactional step adds beyond the user's SQL",
                      f"{added:.2f}", f"<= {bench_transactions.ADDED_TARGET}",
                      round(added, 2) <= bench_transactions.ADDED_TARGET))
+    if "metrics" in results:
+        m = results["metrics"]
+        rows.append(("CPU cost of metrics per workflow (on - off)", f"{m['cpu_cost_us']:+.1f} us",
+                     f"<= noise ({m['off']['cpu_spread_us']:.0f} us)",
+                     bench_metrics.within_noise(m)))
     return rows
 
 

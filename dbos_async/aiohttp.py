@@ -6,13 +6,14 @@ details, idempotent requests and read-only workflow routes.
 runs, and adds :func:`dbos_middleware`: dbos_async's errors become problem responses and
 requests carrying an ``Idempotency-Key`` header are idempotent (see
 :mod:`dbos_async.web.idempotency`). ``app.add_routes(workflow_routes())`` adds
-``GET /workflows``, ``/workflows/{id}`` and ``/workflows/{id}/steps``.
+``GET /workflows``, ``/workflows/{id}`` and ``/workflows/{id}/steps``;
+``metrics_handler(prometheus)`` serves a :class:`~dbos_async.prometheus.PrometheusMetrics`.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dbos_async.extras import needs_extra
 
@@ -30,6 +31,10 @@ from dbos_async.web.idempotency import (
     current_idempotent_request,
     idempotent_request,
 )
+
+if TYPE_CHECKING:
+    from dbos_async.prometheus import PrometheusMetrics
+
 from dbos_async.web.problems import (
     PROBLEM_CONTENT_TYPE,
     Problem,
@@ -196,6 +201,27 @@ def workflow_routes(prefix: str = "/workflows") -> web.RouteTableDef:
             request, lambda operator: views.workflow_detail(operator, workflow_id, query))
 
     return routes
+
+
+def metrics_handler(metrics: PrometheusMetrics) -> Handler:
+    """A handler serving ``metrics`` in Prometheus's text format
+    (``app.router.add_get("/metrics", metrics_handler(prometheus))``).
+
+    Args:
+        metrics: what to serve.
+
+    Returns:
+        The aiohttp handler; a failed aggregate read answers as a problem response.
+    """
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await metrics.render()
+        except DBOSError as error:
+            return problem_response(error)
+        return web.Response(body=body, headers={"Content-Type": metrics.content_type})
+
+    return handler
 
 
 async def _answer(request: web.Request,

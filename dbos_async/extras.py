@@ -13,7 +13,8 @@ from dbos_async.errors import MissingExtraError
 EXTRA_MODULES: dict[str, frozenset[str]] = {
     "fastapi": frozenset({"fastapi", "starlette"}),
     "aiohttp": frozenset({"aiohttp"}),
-    "console": frozenset({"starlette", "jinja2", "uvicorn", "h11"}),
+    "console": frozenset({"starlette", "jinja2", "uvicorn", "h11", "prometheus_client"}),
+    "prometheus": frozenset({"prometheus_client"}),
 }
 
 

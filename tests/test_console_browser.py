@@ -157,3 +157,44 @@ async def test_cancel_and_resume_change_the_status_live(browser: Browser, world:
         await expect(page.locator(".wid")).not_to_have_text(world.succeeded)
         await expect(page.locator("#status")).to_have_text("SUCCESS")
     assert all(message.startswith(("Cancel", "Resume")) for message in dialogs)
+
+
+async def test_metrics_charts(browser: Browser, world: Scenario, shots: Path) -> None:
+    dialogs: list[str] = []
+    async with serving(console_app(world.dbos)) as base:
+        page = await new_page(browser, dialogs)
+        await page.goto(f"{base}/metrics/charts")
+        # Throughput and failures per workflow name: one bar each, this minute's.
+        checkout = page.locator('section[data-activity="checkout"]')
+        await expect(checkout).to_have_attribute("data-succeeded", "1")
+        await expect(checkout.locator("rect.succeeded")).to_have_count(1)
+        await expect(checkout.locator("rect.failed")).to_have_count(0)
+        pay = page.locator('section[data-activity="pay"]')
+        await expect(pay).to_have_attribute("data-failed", "1")
+        await expect(pay.locator("rect.failed")).to_have_count(1)
+        # The name written like a script is text here too.
+        await expect(page.locator(f'section[data-activity="{XSS_NAME}"] h3')).to_have_text(
+            XSS_NAME)
+        # Run-time percentiles: three bars per finished name, p50 <= p95 <= p99.
+        p99 = page.locator('#latency rect[data-percentile="p99"]')
+        assert await p99.count() >= 4
+        widths = [float(await page.locator(f'#latency rect[data-percentile="{p}"]').first
+                        .get_attribute("width") or "nan") for p in ("p50", "p95", "p99")]
+        assert widths == sorted(widths), widths
+        # The backlog queue: four waiting (three ENQUEUED behind the running one, one
+        # DELAYED), drawn as a line over the hour.
+        backlog = page.locator('section[data-depth="backlog"]')
+        await expect(backlog).to_have_attribute("data-waiting", "4")
+        points = await backlog.locator("polyline").get_attribute("points") or ""
+        assert len(points.split()) == 60
+        await page.screenshot(path=str(shots / "metrics-hour.png"), full_page=True)
+
+        await page.click("text=day")
+        await expect(page.locator("p.windows a.active")).to_have_text("day")
+        points = await page.locator(
+            'section[data-depth="backlog"] polyline').get_attribute("points") or ""
+        assert len(points.split()) == 1440
+        await expect(page.locator('section[data-activity="checkout"]')).to_have_attribute(
+            "data-succeeded", "1")
+        await page.screenshot(path=str(shots / "metrics-day.png"), full_page=True)
+    assert dialogs == []

@@ -60,6 +60,16 @@ def test_example_runs_and_replays(example: Path, database_url: str, tmp_path: Pa
             "order-9-retry (forked from order-9): reserved order-9, charged order-9")
     if example.stem == "steps_and_waits":
         assert second.splitlines()[-1] == "globex:95 came first (globex asked), fee 9"
+    if example.stem == "metrics":
+        # The executor counted the run and its retry; the database counts the workflow
+        # on both runs (the second ran nothing, so its executor counted nothing).
+        assert 'dbos_step_retries_total{dbos_step_name="charge"} 1.0' in first
+        assert 'dbos_workflow_completed_total{dbos_workflow_name="checkout"} 1.0' in first
+        assert "dbos_workflow_completed_total" not in second
+        for run in (first, second):
+            assert "last hour: 1 checkout SUCCESS" in run
+            assert ('dbos_recent_workflows{dbos_workflow_name="checkout",'
+                    'dbos_workflow_status="SUCCESS"} 1.0') in run
     if example.stem == "replay_check":
         assert "DIVERGES order-1 (checkout, SUCCESS): step 1: recorded ship, new code " \
             "calls ship_fast" in first

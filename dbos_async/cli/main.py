@@ -7,6 +7,7 @@ import click
 from dbos_async.cli.applications import application
 from dbos_async.cli.console import console
 from dbos_async.cli.exports import export_workflows, import_workflows
+from dbos_async.cli.metrics import metrics
 from dbos_async.cli.queues import queue
 from dbos_async.cli.replay import replay
 from dbos_async.cli.schedules import schedule
@@ -71,6 +72,7 @@ cli.add_command(console)
 cli.add_command(export_workflows)
 cli.add_command(import_workflows)
 cli.add_command(replay)
+cli.add_command(metrics)
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ def _json_option(command: Any) -> Any:
                         help="Print JSON instead of a table.")(command)
 
 
-def _time_bound(value: str | None) -> str | int | None:
+def time_bound(value: str | None) -> str | int | None:
     """An ISO 8601 time, or epoch milliseconds when it is all digits."""
     return int(value) if value is not None and value.isdigit() else value
 
@@ -125,11 +125,11 @@ def filter_options(command: Any) -> Any:
         filters: dict[str, Any] = dict(
             status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
             queue_name=_or_none(queues), queues_only=queued,
-            start_time=_time_bound(start_time), end_time=_time_bound(end_time),
-            completed_after=_time_bound(completed_after),
-            completed_before=_time_bound(completed_before),
-            dequeued_after=_time_bound(dequeued_after),
-            dequeued_before=_time_bound(dequeued_before),
+            start_time=time_bound(start_time), end_time=time_bound(end_time),
+            completed_after=time_bound(completed_after),
+            completed_before=time_bound(completed_before),
+            dequeued_after=time_bound(dequeued_after),
+            dequeued_before=time_bound(dequeued_before),
             was_forked_from=was_forked_from, is_fork=is_fork, has_parent=has_parent,
             schedule_name=_or_none(schedules),
             workflow_id_prefix=_or_none(prefixes), application_version=_or_none(versions),

@@ -47,6 +47,7 @@ from dbos_async.console.safety import (
 from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.executor.operator import Operator
+from dbos_async.prometheus import PrometheusMetrics
 from dbos_async.sysdb.clock import SYSTEM_CLOCK
 from dbos_async.sysdb.statements import (
     CANCELLED,
@@ -66,6 +67,8 @@ CHILDREN_SHOWN = 50
 ACTIVITY_MINUTES = 60
 EXECUTORS_RECENT_MINUTES = 60
 """The executors page also shows executors that started a workflow this recently."""
+CHARTS_REFRESH = 10
+"""How often (seconds) the metrics page reloads itself."""
 LIVE_REFRESH_IDS = 200
 """At most this many workflows per status refresh (a page's worth, and then some)."""
 MAX_PAGE = (2**63 - 1) // PAGE_SIZE
@@ -372,6 +375,35 @@ class Console:
             rows.append((schedule, upcoming))
         return self.page(request, "schedules.html", schedules=rows)
 
+    async def charts(self, request: Request) -> Response:
+        """Throughput and failures per workflow name, run-time percentiles and each queue's
+        depth, over the last hour or day (``?window=``), reloaded every few seconds."""
+        window = views.WINDOWS.get(request.query_params.get("window", "hour"))
+        if window is None:
+            raise ConsoleError(400, f"The window is one of {', '.join(views.WINDOWS)}")
+        op = self.operator
+        now = SYSTEM_CLOCK.now_ms()  # an operator watches by the wall clock
+        bucket_ms = window.bucket_seconds * 1000
+        first = (now // bucket_ms - window.slots + 1) * bucket_ms
+        activity, latency, depths = await asyncio.gather(
+            op.get_workflow_activity(start_time=first, end_time=now + 1,
+                                     bucket_seconds=window.bucket_seconds),
+            op.get_workflow_aggregates(group_by="name", time_column="completed",
+                                       start_time=first, end_time=now + 1),
+            op.get_queue_depth_history(window.minutes))
+        return self.page(request, "metrics.html", window=window, windows=views.WINDOWS,
+                         activity=views.activity_charts(activity, now, window),
+                         latency=views.latency_rows(latency),
+                         depths=views.depth_charts(depths), refresh_seconds=CHARTS_REFRESH,
+                         chart_width=views.CHART_WIDTH, chart_height=views.CHART_HEIGHT,
+                         latency_width=views.LATENCY_BAR_WIDTH)
+
+    async def prometheus(self, request: Request) -> Response:
+        """The system database's aggregates in Prometheus's text format (a console runs
+        no workflows: the executors' own metrics are theirs to serve)."""
+        exposition = PrometheusMetrics(aggregates=self.operator)
+        return Response(await exposition.render(), media_type=exposition.content_type)
+
     async def executors(self, request: Request) -> Response:
         found = await self.operator.list_executors(EXECUTORS_RECENT_MINUTES)
         latest = await self.operator.get_latest_application_version()
@@ -649,6 +681,8 @@ def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
         Route("/schedules", console.schedules),
         Route("/schedules/{action}", console.schedule_action, methods=["POST"]),
         Route("/executors", console.executors),
+        Route("/metrics", console.prometheus),
+        Route("/metrics/charts", console.charts),
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"),
               name="static"),
     ]

@@ -1,5 +1,6 @@
 """What the console's pages show, shaped from the operator's reads: values as pretty JSON
-(cut when large), the step timeline's geometry, the children tree and the queue chart."""
+(cut when large), the step timeline's geometry, the children tree, the queue chart and the
+metrics page's charts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,12 @@ from typing import Any
 from dbos_async.errors import RecordedError
 from dbos_async.executor.control import WorkflowStepInfo
 from dbos_async.executor.handles import WorkflowStatus
-from dbos_async.executor.observability import QueueMinute
+from dbos_async.executor.observability import (
+    QueueDepth,
+    QueueMinute,
+    WorkflowActivity,
+    WorkflowAggregate,
+)
 from dbos_async.sysdb.statements.observability import MINUTE_MS
 
 SHOWN_CHARS = 2000
@@ -129,18 +135,126 @@ def queue_chart(activity: list[QueueMinute], now_ms: int, minutes: int) -> Queue
     """The bars of one queue's chart: x, height, y, kind and a tooltip per bar."""
     first = (now_ms // MINUTE_MS - minutes + 1) * MINUTE_MS
     peak = max([1, *(a.started for a in activity), *(a.completed for a in activity)])
-    slot = CHART_WIDTH / minutes
-    bars = []
-    for a in activity:
-        index = (a.minute_epoch_ms - first) // MINUTE_MS
-        if not 0 <= index < minutes:
-            continue
-        for offset, kind, count in ((0.0, "started", a.started),
-                                    (slot / 2, "completed", a.completed)):
-            if count:
-                height = CHART_HEIGHT * count / peak
-                bars.append((round(index * slot + offset, 2), round(height, 2),
-                             round(CHART_HEIGHT - height, 2), kind,
-                             f"{when(a.minute_epoch_ms)[:16]}: {count} {kind}"))
+    bars = _paired_bars([((a.minute_epoch_ms - first) // MINUTE_MS, a.minute_epoch_ms,
+                          (("started", a.started), ("completed", a.completed)))
+                         for a in activity], minutes, peak)
     return QueueChart(minutes, peak, bars, sum(a.started for a in activity),
                       sum(a.completed for a in activity))
+
+
+Bar = tuple[float, float, float, str, str]
+"""x, height, y, kind (its CSS class) and tooltip of a chart's bar."""
+
+
+def _paired_bars(slots: list[tuple[int, int, tuple[tuple[str, int], tuple[str, int]]]],
+                 count: int, peak: int) -> list[Bar]:
+    """A pair of bars (side by side) in each of ``count`` slots: (slot index, the slot's
+    start in epoch ms, ((kind, value), (kind, value))) each; slots outside are dropped."""
+    width = CHART_WIDTH / count
+    bars = []
+    for index, start_ms, pair in slots:
+        if not 0 <= index < count:
+            continue
+        for offset, (kind, value) in zip((0.0, width / 2), pair, strict=True):
+            if value:
+                height = CHART_HEIGHT * value / peak
+                bars.append((round(index * width + offset, 2), round(height, 2),
+                             round(CHART_HEIGHT - height, 2), kind,
+                             f"{when(start_ms)[:16]}: {value} {kind}"))
+    return bars
+
+
+# ---- The metrics page: throughput and failures, latency, queue depth ----
+
+
+@dataclass(frozen=True)
+class Window:
+    """A metrics page's time window: ``slots`` intervals of ``bucket_seconds``."""
+
+    name: str
+    slots: int
+    bucket_seconds: int
+
+    @property
+    def minutes(self) -> int:
+        return self.slots * self.bucket_seconds // 60
+
+
+WINDOWS = {"hour": Window("hour", 60, 60), "day": Window("day", 96, 900)}
+
+
+@dataclass(frozen=True)
+class ActivityChart:
+    """One workflow name's finished workflows per interval: succeeded and failed bars."""
+
+    name: str
+    peak: int
+    bars: list[Bar]
+    succeeded: int
+    failed: int
+
+
+def activity_charts(activity: list[WorkflowActivity], now_ms: int,
+                    window: Window) -> list[ActivityChart]:
+    """A chart per workflow name, over the window ending with the current interval."""
+    bucket_ms = window.bucket_seconds * 1000
+    first = (now_ms // bucket_ms - window.slots + 1) * bucket_ms
+    charts = []
+    for name in sorted({a.name for a in activity}):
+        mine = [a for a in activity if a.name == name]
+        peak = max([1, *(a.succeeded for a in mine), *(a.failed for a in mine)])
+        bars = _paired_bars([((a.start_epoch_ms - first) // bucket_ms, a.start_epoch_ms,
+                              (("succeeded", a.succeeded), ("failed", a.failed)))
+                             for a in mine], window.slots, peak)
+        charts.append(ActivityChart(name, peak, bars, sum(a.succeeded for a in mine),
+                                    sum(a.failed for a in mine)))
+    return charts
+
+
+@dataclass(frozen=True)
+class LatencyRow:
+    """One workflow name's run-time percentiles as bars: (label, width, text) each."""
+
+    name: str
+    count: int
+    bars: list[tuple[str, float, str]]
+
+
+LATENCY_BAR_WIDTH = 400
+
+
+def latency_rows(aggregates: list[WorkflowAggregate]) -> list[LatencyRow]:
+    """p50, p95 and p99 bars per name, on one scale (the longest p99 fills the width)."""
+    timed = [a for a in aggregates if a.p99_ms is not None]
+    longest = max([1.0, *(a.p99_ms or 0.0 for a in timed)])
+    return [LatencyRow(a.name or "", a.count, [
+        (label, round(LATENCY_BAR_WIDTH * (value or 0.0) / longest, 2), _ms(value or 0.0))
+        for label, value in (("p50", a.p50_ms), ("p95", a.p95_ms), ("p99", a.p99_ms))])
+        for a in timed]
+
+
+def _ms(value: float) -> str:
+    return f"{value:.0f} ms" if value < 10_000 else f"{value / 1000:.1f} s"
+
+
+@dataclass(frozen=True)
+class DepthChart:
+    """One queue's waiting workflows over time, as an SVG polyline."""
+
+    queue_name: str
+    peak: int
+    points: str
+    now: int
+
+
+def depth_charts(history: list[QueueDepth]) -> list[DepthChart]:
+    charts = []
+    for queue in sorted({h.queue_name for h in history}):
+        mine = [h for h in history if h.queue_name == queue]
+        peak = max([1, *(h.waiting for h in mine)])
+        step = CHART_WIDTH / max(1, len(mine) - 1)
+        points = " ".join(f"{round(i * step, 2)},"
+                          f"{round(CHART_HEIGHT - CHART_HEIGHT * h.waiting / peak, 2)}"
+                          for i, h in enumerate(mine))
+        charts.append(DepthChart(queue, peak, points, mine[-1].waiting))
+    return charts

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from dbos_async.errors import DBOSError, NonExistentWorkflowError
+from dbos_async.errors import DBOSError, InvalidArgumentError, NonExistentWorkflowError
 from dbos_async.executor import control, exports, messaging, observability
 from dbos_async.executor.control import (
     ApplicationVersion,
@@ -42,10 +42,16 @@ from dbos_async.executor.handles import (
 from dbos_async.executor.observability import (
     EventChange,
     ExecutorActivity,
+    MetricData,
     PendingMessage,
+    QueueDepth,
+    QueueMetrics,
     QueueMinute,
+    StepAggregate,
     StreamValue,
     WaitingWorkflow,
+    WorkflowActivity,
+    WorkflowAggregate,
 )
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_queue
@@ -93,6 +99,13 @@ def _limit(limit: int) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise DBOSError(f"limit must be a positive integer, not {limit!r}")
     return limit
+
+
+def _minutes(minutes: int) -> int:
+    """A dashboard's window in minutes: up to a day."""
+    if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= 1440:
+        raise InvalidArgumentError("minutes", f"must be an integer from 1 to 1440, not {minutes!r}")
+    return minutes
 
 
 def _queue_name(queue: str | Queue | None) -> str | None:
@@ -608,14 +621,126 @@ class Operator(ScheduleOperator):
         """Per queue, how many workflows started and how many finished in each minute of
         the last ``minutes`` (minutes with neither are left out), oldest first; this
         application's own workflows and unclaimed ones, under every shard key."""
-        if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= 1440:
-            raise DBOSError(f"minutes must be an integer from 1 to 1440, not {minutes!r}")
-        return await observability.queue_activity(self._peer(), minutes)
+        return await observability.queue_activity(self._peer(), _minutes(minutes))
 
     async def oldest_waiting_workflows(self) -> dict[str, WaitingWorkflow]:
         """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED), by
         queue name; queues with none waiting are left out."""
         return await observability.oldest_waiting(self._peer())
+
+    async def get_workflow_aggregates(
+            self, *, group_by: str | Sequence[str] = ("status", "name"),
+            start_time: TimeBound | None = None, end_time: TimeBound | None = None,
+            time_column: str = "created") -> list[WorkflowAggregate]:
+        """Workflows counted per group over a time range, with the mean and p50/p95/p99 of
+        their run times (dequeue or creation to completion; unfinished ones count but have
+        no run time). This application's own workflows and unclaimed ones, under every
+        shard key; an observability read served by the timestamp's index.
+
+        Args:
+            group_by: columns to group by, among ``status``, ``name``, ``queue_name``,
+                ``application_version`` and ``executor_id`` (empty: one group of all).
+            start_time: start of the range, inclusive (default: an hour before the end).
+            end_time: end of the range, exclusive (default: now).
+            time_column: the timestamp the range applies to: ``created`` or ``completed``.
+
+        Returns:
+            One :class:`WorkflowAggregate` per group with workflows, ordered by group.
+
+        Raises:
+            InvalidArgumentError: an unknown column or time column, or an empty range.
+            QueryTimeoutError: the read ran over the observability query timeout.
+        """
+        return await observability.workflow_aggregates(self._peer(), group_by, start_time,
+                                                       end_time, time_column)
+
+    async def get_step_aggregates(self, *, start_time: TimeBound | None = None,
+                                  end_time: TimeBound | None = None) -> list[StepAggregate]:
+        """Steps completed in a time range, counted per name and outcome (``SUCCESS`` or
+        ``ERROR``), with the mean and p50/p95/p99 of their durations; an observability read
+        served by the index on completion time.
+
+        Args:
+            start_time: start of the range, inclusive (default: an hour before the end).
+            end_time: end of the range, exclusive (default: now).
+
+        Returns:
+            One :class:`StepAggregate` per name and outcome, ordered by name.
+
+        Raises:
+            InvalidArgumentError: an empty range.
+            QueryTimeoutError: the read ran over the observability query timeout.
+        """
+        return await observability.step_aggregates(self._peer(), start_time, end_time)
+
+    async def get_queue_metrics(self) -> list[QueueMetrics]:
+        """Each queue's backlog now: its DELAYED, ENQUEUED and PENDING workflows and how
+        long its oldest waiting one has waited (queues with none of these are left out).
+
+        Returns:
+            One :class:`QueueMetrics` per queue, by name.
+
+        Raises:
+            QueryTimeoutError: a read ran over the observability query timeout.
+        """
+        return await observability.queue_metrics(self._peer())
+
+    async def get_workflow_activity(
+            self, *, start_time: TimeBound | None = None, end_time: TimeBound | None = None,
+            bucket_seconds: int = 60) -> list[WorkflowActivity]:
+        """Workflows finished per name and interval of ``bucket_seconds`` over a time range
+        (intervals with none are left out): in all, succeeded and failed; for throughput
+        and failure charts. An observability read served by the completed_at index.
+
+        Args:
+            start_time: start of the range, inclusive (default: an hour before the end).
+            end_time: end of the range, exclusive (default: now).
+            bucket_seconds: the length of each interval.
+
+        Returns:
+            One :class:`WorkflowActivity` per name and interval, by name then time.
+
+        Raises:
+            InvalidArgumentError: an empty range or an interval that is not a positive
+                integer.
+            QueryTimeoutError: the read ran over the observability query timeout.
+        """
+        return await observability.workflow_activity(self._peer(), start_time, end_time,
+                                                     bucket_seconds)
+
+    async def get_queue_depth_history(self, minutes: int = 60) -> list[QueueDepth]:
+        """Each queue's waiting workflows (ENQUEUED or DELAYED) at the end of each of the
+        last ``minutes`` minutes, worked back from the count now through the enqueues and
+        starts since (a waiting workflow cancelled or deleted since is not counted back).
+
+        Args:
+            minutes: how many minutes, from 1 to 1440.
+
+        Returns:
+            ``minutes`` :class:`QueueDepth` per queue, by queue then time.
+
+        Raises:
+            InvalidArgumentError: ``minutes`` out of range.
+            QueryTimeoutError: a read ran over the observability query timeout.
+        """
+        return await observability.queue_depth_history(self._peer(), _minutes(minutes))
+
+    async def get_metrics(self, start_time: TimeBound, end_time: TimeBound) -> list[MetricData]:
+        """How many workflows of each name were created and how many steps of each name
+        completed in [start_time, end_time).
+
+        Args:
+            start_time: start of the range, inclusive.
+            end_time: end of the range, exclusive.
+
+        Returns:
+            ``workflow_count`` then ``step_count`` :class:`MetricData`, one per name.
+
+        Raises:
+            InvalidArgumentError: an empty range.
+            QueryTimeoutError: a read ran over the observability query timeout.
+        """
+        return await observability.metrics(self._peer(), start_time, end_time)
 
     async def list_executors(self, recent_minutes: int = 60,
                              shown: int = 10) -> list[ExecutorActivity]:

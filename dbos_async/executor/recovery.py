@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from dbos_async import metrics
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
 from dbos_async.executor import workflows
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
@@ -47,6 +48,7 @@ async def recover_pending(runtime: Runtime,
                 continue
             handles.append(workflow_handle(runtime, row.workflow_id, signature=info.signature,
                                            shard_key=row.shard_key))
+            metrics.workflows_recovered((row.name,))
     if rows:
         logger.info("Recovered %d of %d pending workflows of executor %s",
                     len(handles), len(rows), source)

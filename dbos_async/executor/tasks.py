@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import anyio
 
+from dbos_async import metrics
 from dbos_async.sysdb.health import DatabaseHealth
 from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.repeats import Repeats
@@ -143,6 +144,7 @@ class SupervisedTask:
                     await anyio.sleep(delay)
                     delay = min(delay * 2, RESTART_MAX_DELAY)
                     health = self.health
+                    metrics.task_restarted(self.name)
                     self.health = TaskHealth(self.name, "running", health.restarts + 1,
                                              health.last_error, health.last_error_at)
         finally:

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeAlias
 
 import asyncpg
 
+from dbos_async import metrics
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError, DBOSError
 from dbos_async.sysdb.connection import keep_session, parsed_url
 from dbos_async.sysdb.core import PooledConnection
@@ -138,6 +139,7 @@ class ApplicationDatabase:
             self._pool = await asyncpg.create_pool(
                 self.url, min_size=1, max_size=self.pool_size, timeout=self._connect_timeout,
                 server_settings=settings, reset=keep_session)
+            metrics.watch_pool(self._pool, "application")
         except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
             raise DatabaseUnavailableError(
                 f"Cannot connect to the application database of data source {self.name!r} "

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from dbos_async import metrics
 from dbos_async.errors import (
     ApplicationOwnershipError,
     DatabaseUnavailableError,
@@ -151,6 +152,7 @@ class DatabaseCore:
         self._pool = await run("opening the connection pool", lambda: (
             connection.create_pool(self.url, self._pool_size, self._connect_timeout,
                                    self._connection_name, self.fence)))
+        metrics.watch_pool(self._pool, "system")
         if self.sharded:
             citus = self.sql.routes_single_tables()
             self.routes_single_tables = bool(await run(

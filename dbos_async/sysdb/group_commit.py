@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from dbos_async import metrics
 from dbos_async.sysdb.retry import outlasts_outages
 
 Item = TypeVar("Item")
@@ -120,6 +121,7 @@ class GroupCommit(Generic[Item, Result]):
     async def _run(self, lane_key: tuple[Hashable, bool], batch: list[_Entry[Item, Result]]
                    ) -> None:
         try:
+            metrics.batch_committed(len(batch))
             verdicts = await self._write(lane_key[0], [e.item for e in batch])
         except asyncio.CancelledError:
             for entry in batch:

@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 import asyncpg
 
+from dbos_async import metrics
 from dbos_async.database_url import Host
 from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
 from dbos_async.sysdb.listeners import ClusterNodes, Connect, ServerListener, still_answers
@@ -250,8 +251,10 @@ class NotificationDispatcher:
 
     def wake(self, channel: str, key: str) -> None:
         """Wake this process's waiters on (channel, key)."""
-        for waiter in self._waiters.get((channel, key), ()):
+        waiters = self._waiters.get((channel, key), ())
+        for waiter in waiters:
             waiter.wake()
+        metrics.woken(channel, len(waiters))
         for callback in self._subscribers.get(channel, ()):
             callback(key)
 

@@ -26,9 +26,29 @@ class ObservabilityOperations(DatabaseCore):
         return await self._observed_fetch(self.sql.queue_activity(since_ms),
                                           "counting queue starts and completions")
 
+    async def queue_arrivals(self, since_ms: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.queue_arrivals(since_ms),
+                                          "counting queue arrivals")
+
+    async def workflow_activity(self, start_ms: int, end_ms: int,
+                                bucket_ms: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(
+            self.sql.workflow_activity(start_ms, end_ms, bucket_ms),
+            "counting finished workflows over time")
+
     async def oldest_waiting(self) -> list[asyncpg.Record]:
         return await self._observed_fetch(self.sql.oldest_waiting(),
                                           "finding each queue's oldest waiting workflow")
+
+    async def workflow_aggregates(self, group_by: tuple[str, ...], time_column: str,
+                                  start_ms: int, end_ms: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(
+            self.sql.workflow_aggregates(group_by, time_column, start_ms, end_ms),
+            "aggregating workflows")
+
+    async def step_aggregates(self, start_ms: int, end_ms: int) -> list[asyncpg.Record]:
+        return await self._observed_fetch(self.sql.step_aggregates(start_ms, end_ms),
+                                          "aggregating steps")
 
     async def pending_by_executor(self, shown: int) -> list[asyncpg.Record]:
         return await self._observed_fetch(self.sql.pending_by_executor(shown),

@@ -59,6 +59,9 @@ class WorkflowRow:
     authenticated_user: str | None = None
     assumed_role: str | None = None
     authenticated_roles: str | None = None
+    # How long a claimed workflow waited on its queue, its start minus its creation (ms;
+    # the claim statements return it).
+    queued_ms: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,6 +174,7 @@ def _from_row(cls: type[R], row: asyncpg.Record | Mapping[str, Any], **columns: 
         authenticated_user=row.get("authenticated_user"),
         assumed_role=row.get("assumed_role"),
         authenticated_roles=row.get("authenticated_roles"),
+        queued_ms=row.get("queued_ms"),
         **columns,
     )
 

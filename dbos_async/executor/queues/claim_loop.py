@@ -24,6 +24,7 @@ import time
 
 import asyncpg
 
+from dbos_async import metrics
 from dbos_async.errors import (
     DatabaseUnavailableError,
     DBOSError,
@@ -107,6 +108,7 @@ class ClaimLoop:
                     # crashed ones.
                     async with self.runtime.claim_gate.claiming():
                         started, retry_at, spent = await self.claim_once()
+                    metrics.claim_round(self.queue.name, started)
                     backoff = 0.0
                     repeats.reset()
                 except ExecutorIdLostError:
@@ -293,6 +295,7 @@ class ClaimLoop:
                 self.queue.name, name, workflow_id, runtime.executor_id)
 
     async def _start(self, claim: Claim) -> None:
+        metrics.queue_waits(self.queue.name, (row.queued_ms for row, _ in claim.rows))
         for row, partition_key in claim.rows:
             await self._launch(row, partition_key)
 

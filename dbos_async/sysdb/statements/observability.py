@@ -1,6 +1,7 @@
 """Read-only statements for dashboards (the console): event history, unconsumed messages,
 stream values, per-minute queue activity, each queue's oldest waiting workflow, what
-each executor runs, and the work waiting for each application version.
+each executor runs, the work waiting for each application version, and the workflow and
+step aggregates of a time range (counts and duration percentiles).
 
 None takes a lock: they are plain SELECTs, run as observability reads (a read-only
 transaction under ``statement_timeout``, see ``DatabaseCore._observed_fetch``).
@@ -11,13 +12,24 @@ from __future__ import annotations
 from dbos_async.sysdb.statements.base import (
     DELAYED,
     ENQUEUED,
+    ERROR,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
     PENDING,
+    SUCCESS,
     Params,
     Query,
     StatementBase,
 )
 
 MINUTE_MS = 60_000
+
+WORKFLOW_GROUPS = ("status", "name", "queue_name", "application_version", "executor_id")
+"""The columns workflow aggregates may be grouped by."""
+
+TIME_COLUMNS = {"created": "created_at", "completed": "completed_at"}
+"""Which timestamp a workflow aggregate's time range applies to; each has its own index."""
+
+_PERCENTILES = "percentile_cont(ARRAY[0.5, 0.95, 0.99]::float8[]) WITHIN GROUP (ORDER BY {0})"
 
 
 class ObservabilityStatements(StatementBase):
@@ -73,6 +85,39 @@ class ObservabilityStatements(StatementBase):
                                  ("completed", "completed_at"))
         ]
         return Query(" UNION ALL ".join(halves) + " ORDER BY queue_name, minute", p.values)
+
+    def queue_arrivals(self, since_ms: int) -> Query:
+        """Per queue and minute since ``since_ms``: how many workflows were enqueued (by
+        creation time; a range scan of the created_at index)."""
+        p = Params()
+        minute = p(MINUTE_MS, "bigint")
+        return Query(
+            f"""SELECT queue_name, created_at / {minute} AS minute, count(*) AS workflows
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND queue_name IS NOT NULL AND created_at >= {p(since_ms, 'bigint')}
+                GROUP BY queue_name, created_at / {minute}""",
+            p.values,
+        )
+
+    def workflow_activity(self, start_ms: int, end_ms: int, bucket_ms: int) -> Query:
+        """Per workflow name and ``bucket_ms`` interval of [start_ms, end_ms): how many
+        workflows finished, how many of them succeeded and how many failed (ERROR or out
+        of recovery attempts). A range scan of the completed_at index."""
+        p = Params()
+        bucket = p(bucket_ms, "bigint")
+        return Query(
+            f"""SELECT name, completed_at / {bucket} AS bucket, count(*) AS finished,
+                       count(*) FILTER (WHERE status = {p(SUCCESS)}) AS succeeded,
+                       count(*) FILTER (WHERE status = ANY({p([ERROR,
+                           MAX_RECOVERY_ATTEMPTS_EXCEEDED], 'text[]')})) AS failed
+                FROM {self.table('workflow_status')}
+                WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                  AND completed_at >= {p(start_ms, 'bigint')}
+                  AND completed_at < {p(end_ms, 'bigint')}
+                GROUP BY name, completed_at / {bucket} ORDER BY name, bucket""",
+            p.values,
+        )
 
     def oldest_waiting(self) -> Query:
         """Each queue's oldest workflow still waiting to start (ENQUEUED or DELAYED): one
@@ -143,6 +188,54 @@ class ObservabilityStatements(StatementBase):
                 FROM {self.table('workflow_status')}
                 WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                   AND created_at >= {p(since_ms, 'bigint')} AND executor_id IS NOT NULL""",
+            p.values,
+        )
+
+    def workflow_aggregates(self, group_by: tuple[str, ...], time_column: str,
+                            start_ms: int, end_ms: int) -> Query:
+        """Workflows whose ``time_column`` timestamp falls in [start_ms, end_ms), counted per
+        combination of the ``group_by`` columns (those not grouped read NULL), with the
+        mean and percentiles of their run time (completed_at minus the start: the dequeue
+        for a queued workflow, the creation otherwise; unfinished ones have none). A range
+        scan of that timestamp's index, so the cost follows the range, not the table."""
+        p = Params()
+        column = TIME_COLUMNS[time_column]
+        groups = [g for g in WORKFLOW_GROUPS if g in group_by]
+        selected = ", ".join(g if g in groups else f"NULL::text AS {g}" for g in WORKFLOW_GROUPS)
+        grouping = f"GROUP BY {', '.join(groups)} ORDER BY {', '.join(groups)}" if groups else ""
+        return Query(
+            f"""SELECT {selected}, count(*) AS workflows,
+                       avg(run_ms)::float8 AS mean_ms, {_PERCENTILES.format('run_ms')}
+                         AS percentiles
+                FROM (SELECT *, completed_at - coalesce(started_at_epoch_ms, created_at)
+                                  AS run_ms
+                      FROM {self.table('workflow_status')}
+                      WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                        AND {column} >= {p(start_ms, 'bigint')}
+                        AND {column} < {p(end_ms, 'bigint')}) ranged
+                {grouping}""",
+            p.values,
+        )
+
+    def step_aggregates(self, start_ms: int, end_ms: int) -> Query:
+        """Steps (every recorded checkpoint) completed in [start_ms, end_ms), counted per
+        name and outcome (SUCCESS, or ERROR when the step recorded an error), with the mean
+        and percentiles of their durations. A range scan of the index on completion time
+        and name."""
+        p = Params()
+        return Query(
+            f"""SELECT function_name AS name, outcome, count(*) AS steps,
+                       avg(run_ms)::float8 AS mean_ms, {_PERCENTILES.format('run_ms')}
+                         AS percentiles
+                FROM (SELECT function_name,
+                             CASE WHEN error IS NULL THEN 'SUCCESS' ELSE 'ERROR' END
+                               AS outcome,
+                             completed_at_epoch_ms - started_at_epoch_ms AS run_ms
+                      FROM {self.table('operation_outputs')}
+                      WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
+                        AND completed_at_epoch_ms >= {p(start_ms, 'bigint')}
+                        AND completed_at_epoch_ms < {p(end_ms, 'bigint')}) ranged
+                GROUP BY name, outcome ORDER BY name, outcome""",
             p.values,
         )
 

@@ -378,6 +378,7 @@ class QueueStatements(StatementBase):
                       ELSE workflow_deadline_epoch_ms END
                 WHERE {target} AND {self.scoped('ws', p)} AND {self.own_scope('ws', p)} {guard}
                 RETURNING {CLAIMED_COLUMNS}{self.key_columns('ws')},
+                          ws.started_at_epoch_ms - ws.created_at AS queued_ms,
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
                            WHERE {self.scoped_join('wi', 'ws', p)}) AS inputs,
                           -- A fresh workflow has none: its execution need not load them.

@@ -1,0 +1,247 @@
+"""A Prometheus ``/metrics`` endpoint, for users without an OpenTelemetry collector.
+
+:class:`PrometheusMetrics` renders, in Prometheus's text format:
+
+- the executor's OpenTelemetry metrics (``dbos_async/metrics.py``), read through
+  :attr:`PrometheusMetrics.reader`, an SDK metric reader the application gives its meter
+  provider; names as Prometheus spells them (``dbos.workflow.started`` becomes
+  ``dbos_workflow_started_total``, ``dbos.step.duration`` in seconds
+  ``dbos_step_duration_seconds``, attribute ``dbos.workflow.name`` label
+  ``dbos_workflow_name``);
+- optionally, the system database's aggregates through an operator (a
+  :class:`~dbos_async.DBOS` or :class:`~dbos_async.DBOSClient`): each queue's backlog by
+  status and its oldest waiting workflow's age, and the workflows created in a recent
+  window by name and status with their run-time quantiles. Every executor reads the same
+  rows, so one scrape target of these is enough.
+
+The instance is an ASGI app (``app.add_route("/metrics", prometheus)`` in FastAPI or
+Starlette); :func:`dbos_async.aiohttp.metrics_handler` serves it in aiohttp, and the
+console serves the aggregates at ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from dbos_async.errors import InvalidArgumentError, MissingExtraError
+from dbos_async.extras import needs_extra
+
+with needs_extra("prometheus", __name__):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.metrics_core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        Metric,
+    )
+
+from dbos_async.executor.operator import Operator
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The content type of Prometheus's text format, version 0.0.4 (what it renders)."""
+
+_UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
+QUANTILES = (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms"))
+
+
+def prometheus_name(name: str) -> str:
+    """An OpenTelemetry name or attribute key as Prometheus spells it."""
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+class PrometheusMetrics:
+    """The executor's metrics and the database's aggregates in Prometheus's text format.
+    An ASGI app serving them (``app.add_route("/metrics", prometheus)``).
+
+    Args:
+        aggregates: the operator (a DBOS or DBOSClient, or a function returning one) whose
+            system database's aggregates to add; None leaves them out.
+        window_seconds: how far back the workflow aggregates count (default an hour).
+
+    Raises:
+        InvalidArgumentError: a window that is not a positive number of seconds, or
+            ``aggregates`` neither an operator nor a function.
+        MissingExtraError: the ``prometheus`` extra is not installed.
+    """
+
+    def __init__(self, *, aggregates: Operator | Callable[[], Operator] | None = None,
+                 window_seconds: float = 3600.0) -> None:
+        if (not isinstance(window_seconds, int | float) or isinstance(window_seconds, bool)
+                or not math.isfinite(window_seconds) or window_seconds <= 0):
+            raise InvalidArgumentError("window_seconds",
+                                       f"must be a positive number, not {window_seconds!r}")
+        if aggregates is not None and not (isinstance(aggregates, Operator)
+                                           or callable(aggregates)):
+            raise InvalidArgumentError(
+                "aggregates", f"must be a DBOS, a DBOSClient or a function returning one, "
+                              f"not {type(aggregates).__name__}")
+        self._aggregates = aggregates
+        self._window_ms = int(window_seconds * 1000)
+        self._reader: InMemoryMetricReader | None = None
+
+    content_type = CONTENT_TYPE
+
+    @property
+    def reader(self) -> InMemoryMetricReader:
+        """The metric reader to give the application's meter provider
+        (``MeterProvider(metric_readers=[prometheus.reader])``): what it collects is
+        rendered at each scrape.
+
+        Raises:
+            MissingExtraError: the ``otel`` extra (the OpenTelemetry SDK) is not installed.
+        """
+        if self._reader is None:
+            try:
+                from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+            except ModuleNotFoundError as error:
+                raise MissingExtraError(__name__, "otel", "opentelemetry") from error
+            self._reader = InMemoryMetricReader()
+        return self._reader
+
+    async def render(self) -> bytes:
+        """The metrics in Prometheus's text format (:data:`CONTENT_TYPE`).
+
+        Returns:
+            The exposition, UTF-8 text.
+
+        Raises:
+            QueryTimeoutError: an aggregate read ran over the observability query timeout.
+        """
+        families = self._executor_families()
+        if self._aggregates is not None:
+            operator = (self._aggregates if isinstance(self._aggregates, Operator)
+                        else self._aggregates())
+            families += await database_families(operator, self._window_ms)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(families))
+        return generate_latest(registry)
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any],
+                       send: Callable[[dict[str, Any]], Any]) -> None:
+        """Serve :meth:`render` as an ASGI app (GET and HEAD)."""
+        if scope["type"] != "http":
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            await _respond(send, 405, b"Method Not Allowed\n", "text/plain; charset=utf-8",
+                           [(b"allow", b"GET, HEAD")])
+            return
+        body = await self.render()
+        await _respond(send, 200, b"" if scope["method"] == "HEAD" else body, CONTENT_TYPE)
+
+    def _executor_families(self) -> list[Metric]:
+        if self._reader is None:
+            return []
+        data = self._reader.get_metrics_data()
+        if data is None:  # the reader is not (yet) a meter provider's
+            return []
+        return [family for resource in data.resource_metrics
+                for scope in resource.scope_metrics
+                for metric in scope.metrics
+                for family in _family(metric)]
+
+
+class _Families:
+    """A collector of families built beforehand (the aggregates are read asynchronously,
+    a collector's ``collect`` is not)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+async def _respond(send: Callable[[dict[str, Any]], Any], status: int, body: bytes,
+                   content_type: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode()), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _family(metric: Any) -> list[Metric]:
+    """One OpenTelemetry metric as a Prometheus family (none for a kind it has no match
+    for)."""
+    from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
+
+    name = prometheus_name(metric.name)
+    suffix = _UNIT_SUFFIXES.get(metric.unit or "")
+    if suffix and not name.endswith(f"_{suffix}"):
+        name = f"{name}_{suffix}"
+    points = list(metric.data.data_points)
+    keys = sorted({k for p in points for k in (p.attributes or {})})
+    labels = [prometheus_name(k) for k in keys]
+
+    def values(point: Any) -> list[str]:
+        attributes = point.attributes or {}
+        return [str(attributes.get(k, "")) for k in keys]
+
+    data = metric.data
+    family: Metric
+    if isinstance(data, Histogram):
+        family = HistogramMetricFamily(name, metric.description or "", labels=labels)
+        for p in points:
+            cumulative, buckets = 0, []
+            for bound, count in zip(p.explicit_bounds, p.bucket_counts, strict=False):
+                cumulative += count
+                buckets.append((repr(float(bound)), cumulative))
+            buckets.append(("+Inf", p.count))
+            family.add_metric(values(p), buckets, p.sum)
+    elif isinstance(data, Sum) and data.is_monotonic:
+        family = CounterMetricFamily(name, metric.description or "", labels=labels)
+        for p in points:
+            family.add_metric(values(p), p.value)
+    elif isinstance(data, Sum | Gauge):
+        family = GaugeMetricFamily(name, metric.description or "", labels=labels)
+        for p in points:
+            family.add_metric(values(p), p.value)
+    else:
+        return []
+    return [family]
+
+
+async def database_families(operator: Operator, window_ms: int) -> list[Metric]:
+    """The aggregates of the system database as gauges: each queue's workflows by status
+    and its oldest waiting one's age; the workflows created in the last ``window_ms`` by
+    name and status, and their run-time quantiles by name."""
+    queue_label, status_label = "dbos_queue_name", "dbos_workflow_status"
+    depth = GaugeMetricFamily("dbos_queue_workflows",
+                              "Workflows on a queue now, by status",
+                              labels=[queue_label, status_label])
+    oldest = GaugeMetricFamily("dbos_queue_oldest_waiting_seconds",
+                               "How long a queue's oldest waiting workflow has waited",
+                               labels=[queue_label])
+    for q in await operator.get_queue_metrics():
+        for status, count in (("DELAYED", q.delayed), ("ENQUEUED", q.enqueued),
+                              ("PENDING", q.pending)):
+            depth.add_metric([q.queue_name, status], count)
+        if q.oldest_waiting_ms is not None:
+            oldest.add_metric([q.queue_name], q.oldest_waiting_ms / 1000)
+    name_label = "dbos_workflow_name"
+    created = GaugeMetricFamily(
+        "dbos_recent_workflows",
+        f"Workflows created in the last {window_ms / 1000:g} s, by name and status",
+        labels=[name_label, status_label])
+    for a in await operator.get_workflow_aggregates(
+            group_by=("status", "name"), start_time=_since(window_ms)):
+        created.add_metric([a.name or "", a.status or ""], a.count)
+    run = GaugeMetricFamily(
+        "dbos_recent_workflow_run_seconds",
+        f"Run-time quantiles of the workflows created in the last {window_ms / 1000:g} s "
+        "that finished", labels=[name_label, "quantile"])
+    for a in await operator.get_workflow_aggregates(
+            group_by=("name",), start_time=_since(window_ms)):
+        for quantile, field in QUANTILES:
+            value = getattr(a, field)
+            if value is not None:
+                run.add_metric([a.name or "", quantile], value / 1000)
+    return [depth, oldest, created, run]
+
+
+def _since(window_ms: int) -> int:
+    return int(time.time() * 1000) - window_ms
