@@ -187,8 +187,15 @@ class DBOS(Operator):
 
         Args:
             name: the name its checkpoints record (default: its qualified name).
-            retries, retry_interval, backoff_rate, max_retry_interval, retry_on, timeout,
-                cancellable: see :class:`~dbos_async.executor.steps.StepOptions`.
+            retries: the number of attempts after the first.
+            retry_interval: the seconds before the first retry.
+            backoff_rate: what each later wait is multiplied by.
+            max_retry_interval: the longest wait between two attempts, in seconds.
+            retry_on: which errors are retried: exception types or a predicate (every
+                ``Exception`` by default).
+            timeout: the seconds one attempt may take.
+            cancellable: a cancellable step is interrupted when its workflow is
+                cancelled; otherwise it runs to the end and its result is discarded.
             required_roles: only an identity holding one of these roles may call it.
 
         Raises:
