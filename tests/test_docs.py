@@ -1,5 +1,5 @@
 """Every Python block of the documentation (docs/**/*.md and README.md) runs, so the docs
-cannot drift from the code; every link of the README resolves.
+cannot drift from the code; every link of the README and CONTRIBUTING.md resolves.
 
 How a block is tested depends on its fence (CONTRIBUTING.md, "Code blocks in the docs"):
 
@@ -159,20 +159,21 @@ def test_the_fence_form_is_one_the_test_reads() -> None:
                 assert FENCE.match(line), f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
 
 
-def test_the_readme_links_resolve() -> None:
-    """Every relative link of the README names a file of the repository, and a link into a
-    page of the site names a heading of that page."""
-    readme = (ROOT / "README.md").read_text()
-    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md"])
+def test_the_links_of_the_top_level_pages_resolve(name: str) -> None:
+    """Every relative link of the README and CONTRIBUTING.md names a file of the repository
+    (the docs' own links are checked by the strict build), and a link into a page names a
+    heading of that page."""
+    links = re.findall(r"\]\(([^)\s]+)\)", (ROOT / name).read_text())
     assert links
     for link in links:
         if link.startswith(("http://", "https://", "mailto:")):
             continue
         path, _, anchor = link.partition("#")
-        target = ROOT / path if path else ROOT / "README.md"
-        assert target.is_file(), f"README links to {link}, which does not exist"
+        target = ROOT / path if path else ROOT / name
+        assert target.is_file(), f"{name} links to {link}, which does not exist"
         if anchor:
-            assert anchor in anchors_of(target), f"README links to {link}: no such heading"
+            assert anchor in anchors_of(target), f"{name} links to {link}: no such heading"
 
 
 def anchors_of(page: Path) -> set[str]:
