@@ -99,7 +99,7 @@ class DBOSClient(Operator, Peer):
         self.formats = Formats.of(self.config)
         self._sysdb: SystemDatabase | None = None
         # A client opens no application database: rewinding or deleting a workflow whose
-        # transactions ran on one is an executor's job (see the README's Transactions).
+        # transactions ran on one is an executor's job (see docs/guides/transactions.md).
         self.application_databases: dict[str, ApplicationDatabase] = {}
         self._background = TaskOwner("client")
         self._state = "new"
