@@ -123,6 +123,7 @@ class DBOS(Operator):
         or ``@dbos.workflow(...)``.
 
         Args:
+            fn: the function, when the decorator is used without parentheses.
             name: the name it is recorded and recovered under (default: its qualified name).
             required_roles: only an identity (``SetAuthentication``) holding one of these
                 roles may start it.
@@ -186,6 +187,7 @@ class DBOS(Operator):
         recorded: ``@dbos.step`` or ``@dbos.step(...)``.
 
         Args:
+            fn: the function, when the decorator is used without parentheses.
             name: the name its checkpoints record (default: its qualified name).
             retries: the number of attempts after the first.
             retry_interval: the seconds before the first retry.
@@ -560,6 +562,7 @@ class DBOS(Operator):
 
     @property
     def system_database(self) -> SystemDatabase:
+        """The system database of the current entry (part of the peer protocol)."""
         return self.runtime.system_database
 
     @property
@@ -605,6 +608,7 @@ class DBOS(Operator):
         return self.runtime if during_shutdown else self._operating()
 
     def transaction_names(self) -> frozenset[str]:
+        """The names of the registered transactions (their steps are checkpointed apart)."""
         return frozenset(self._registry.transactions)
 
     def _contexts(self) -> tuple[WorkflowContext | None, WorkflowContext | None]:
