@@ -78,7 +78,7 @@ lint: venv
 
 # NO_MKDOCS_2_WARNING: the theme's notice about its own future, printed on every build.
 docs: venv
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 # Debian's chromium for tests/test_console_browser.py, only where it is missing and apt-get
 # is there (as root); a failed install leaves those tests to skip (or fail under CI=true).
