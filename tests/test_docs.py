@@ -8,8 +8,8 @@ How a block is tested depends on its fence (CONTRIBUTING.md, "Code blocks in the
 - ```` ```python {test="in:NAME"} ````: a piece of the program ``tests/doc_contexts/NAME.py``,
   put in place of its line ``...  # the block`` (indented as that line is), then run so.
 - ```` ```python {test="fragment"} ````: a piece that needs more than a context gives
-  (a module of its own, an application database, a server): compiled, and each name it
-  imports from dbos_async must exist.
+  (a module of its own, an application database, a server): compiled; each name it
+  imports from dbos_async must exist, and each attribute of ``dbos`` and ``client``.
 - ```` ```python {test="by:tests/test_x.py"} ````: a file of a larger example that the test
   module named runs (it reads the block from the page, which it names).
 - A block that is only ``--8<-- "examples/NAME.py"`` shows a file the tests already run
@@ -102,14 +102,21 @@ def in_context(block: Block) -> str:
     return context.replace(marker, textwrap.indent(block.source, indent), 1)
 
 
-def check_imports(source: str) -> None:
-    """Each name a fragment imports from dbos_async exists."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
+def check_names(source: str) -> None:
+    """Each name a fragment imports from dbos_async exists, and so does each attribute it
+    uses of ``dbos`` (a DBOS) and ``client`` (a DBOSClient)."""
+    from dbos_async import DBOS, DBOSClient
+
+    classes: dict[str, type] = {"dbos": DBOS, "client": DBOSClient}
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dbos_async"):
             module = importlib.import_module(node.module or "")
             for alias in node.names:
                 assert hasattr(module, alias.name), f"{node.module} has no {alias.name}"
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in classes):
+            assert hasattr(classes[node.value.id], node.attr), (
+                f"{classes[node.value.id].__name__} has no {node.attr}")
 
 
 @pytest.mark.parametrize("block", [b for b in PYTHON
@@ -129,7 +136,7 @@ def test_a_block_runs_in_its_context(block: Block, database_url: str, tmp_path: 
                          ids=lambda b: b.id)
 def test_a_fragment_compiles_and_its_imports_exist(block: Block) -> None:
     compile(block.source, block.id, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    check_imports(block.source)
+    check_names(block.source)
 
 
 def test_every_python_block_is_tested() -> None:
