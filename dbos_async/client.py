@@ -100,7 +100,7 @@ class DBOSClient(Operator, Peer):
         self.formats = Formats.of(self.config)
         self._sysdb: SystemDatabase | None = None
         # A client opens no application database: rewinding or deleting a workflow whose
-        # transactions ran on one is an executor's job (see the README's Transactions).
+        # transactions ran on one is an executor's job (see docs/guides/transactions.md).
         self.application_databases: dict[str, ApplicationDatabase] = {}
         self._background = TaskOwner("client")
         self._state = "new"
@@ -145,19 +145,27 @@ class DBOSClient(Operator, Peer):
 
     @property
     def system_database(self) -> SystemDatabase:
+        """The connected system database (part of the peer protocol the operations use).
+
+        Raises:
+            DBOSError: the client is not entered, or has been closed.
+        """
         if self._state != "running" or self._sysdb is None:
             raise DBOSError("DBOSClient is not connected: use `async with DBOSClient(...)`"
                             if self._state == "new" else "DBOSClient has been closed")
         return self._sysdb
 
     def signature_of(self, workflow_name: str) -> Signature | None:
+        """None: a client has no workflow code, so values stay plain JSON."""
         return None  # a client has no workflow code: values are plain JSON
 
     def running_result(self, workflow_id: str,
                        shard_key: str | None = None) -> asyncio.Future[Any] | None:
+        """None: no workflow runs in a client, so its results come from the database."""
         return None
 
     def interrupt_local(self, waiters: set[str]) -> None:
+        """Nothing to interrupt: a client runs no workflow whose waits a cancel ends."""
         return None
 
     # ---- Operator hooks (see executor/operator.py) ----

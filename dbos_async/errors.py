@@ -285,7 +285,7 @@ class StatementCanceledError(DBOSError):
     """The database server canceled a statement of the system database: a
     ``statement_timeout`` or ``lock_timeout`` the system database URL sets, or an
     administrator's ``pg_cancel_backend``. (The settings of the role or database are not
-    used: see the README's Configuration section.)"""
+    used: see docs/operations/configuration.md.)"""
 
     def __init__(self, what: str, reason: str) -> None:
         super().__init__(

@@ -221,6 +221,7 @@ class IdempotencyMiddleware:
         self.statuses = checked_statuses(error_statuses)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle one ASGI request: an HTTP request carrying the header runs keyed."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return

@@ -119,7 +119,7 @@ def test_the_readme_first_workflow_runs_and_logs_where_its_database_is(
     up shows the system database it uses."""
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     section = readme.split("## A first workflow", 1)[1]
-    program = section.split("```python\n", 1)[1].split("```", 1)[0]
+    program = section.split("```python", 1)[1].split("\n", 1)[1].split("```", 1)[0]
     (tmp_path / "shop.py").write_text(program)
     env = dict(os.environ, DBOS_SYSTEM_DATABASE_URL=database_url)
     done = subprocess.run([sys.executable, "shop.py"], env=env, cwd=tmp_path,

@@ -544,9 +544,10 @@ async def test_a_refused_connection_names_host_port_and_database() -> None:
 
 
 def test_the_limits_are_documented() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert f"{MAX_IDENTIFIER_BYTES} bytes" in readme
-    assert "InvalidArgumentError" in readme and "DatabaseAuthenticationError" in readme
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    assert f"{MAX_IDENTIFIER_BYTES} bytes" in (docs / "guides" / "workflows.md").read_text()
+    errors = (docs / "reference" / "errors.md").read_text()
+    assert "InvalidArgumentError" in errors and "DatabaseAuthenticationError" in errors
 
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+TESTING_PAGE = Path(__file__).resolve().parent.parent / "docs/guides/testing.md"
 
 SERVICES = '''
 async def charge(order_id: str, cents: int) -> str:
@@ -175,15 +175,14 @@ def test_an_app_from_a_fixture_and_a_suite_that_names_none(
 
 
 def readme_block(first_line: str) -> str:
-    """The README's Python block that begins with ``first_line``."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+    """The Python block of the testing guide that begins with ``first_line``."""
+    [block] = [b for b in re.findall(r"```python[^\n]*\n(.*?)```", TESTING_PAGE.read_text(), re.S)
                if b.startswith(first_line + "\n")]
     return block
 
 
 def test_the_readmes_clock_example(user_project: pytest.Pytester) -> None:
-    """The README's "Durable time without waiting" example, run as written there."""
+    """The testing guide's "Durable time without waiting" example, run as written there."""
     user_project.makeini(textwrap.dedent("""
         [pytest]
         asyncio_mode = auto
@@ -198,11 +197,11 @@ def test_the_readmes_clock_example(user_project: pytest.Pytester) -> None:
 def test_the_readme_example_runs_as_written_without_warnings(
     user_project: pytest.Pytester,
 ) -> None:
-    """The files of the README's "Testing your workflows" example, as they are there: the
-    suite passes, and pytest (pytest-asyncio among its plugins) warns of nothing."""
-    section = README.read_text().split("## Testing your workflows", 1)[1].split("\n## ", 1)[0]
+    """The files of the testing guide's example, as they are there: the suite passes, and
+    pytest (pytest-asyncio among its plugins) warns of nothing."""
     files = {}
-    for block in re.findall(r"```(?:toml|python)\n(.*?)```", section, re.DOTALL):
+    for block in re.findall(r"```(?:toml|python)[^\n]*\n(.*?)```", TESTING_PAGE.read_text(),
+                            re.DOTALL):
         first, _, body = block.partition("\n")
         if re.fullmatch(r"# (pyproject\.toml|shop\.py|test_shop\.py)", first):
             files[first[2:]] = body

@@ -133,6 +133,7 @@ class DBOS(Operator):
         or ``@dbos.workflow(...)``.
 
         Args:
+            fn: the function, when the decorator is used without parentheses.
             name: the name it is recorded and recovered under (default: its qualified name).
             required_roles: only an identity (``SetAuthentication``) holding one of these
                 roles may start it.
@@ -216,9 +217,17 @@ class DBOS(Operator):
         recorded: ``@dbos.step`` or ``@dbos.step(...)``.
 
         Args:
+            fn: the function, when the decorator is used without parentheses.
             name: the name its checkpoints record (default: its qualified name).
-            retries, retry_interval, backoff_rate, max_retry_interval, retry_on, timeout,
-                cancellable: see :class:`~dbos_async.executor.steps.StepOptions`.
+            retries: the number of attempts after the first.
+            retry_interval: the seconds before the first retry.
+            backoff_rate: what each later wait is multiplied by.
+            max_retry_interval: the longest wait between two attempts, in seconds.
+            retry_on: which errors are retried: exception types or a predicate (every
+                ``Exception`` by default).
+            timeout: the seconds one attempt may take.
+            cancellable: a cancellable step is interrupted when its workflow is
+                cancelled; otherwise it runs to the end and its result is discarded.
             required_roles: only an identity holding one of these roles may call it.
 
         Raises:
@@ -686,6 +695,7 @@ class DBOS(Operator):
 
     @property
     def system_database(self) -> SystemDatabase:
+        """The system database of the current entry (part of the peer protocol)."""
         return self.runtime.system_database
 
     @property
@@ -731,6 +741,7 @@ class DBOS(Operator):
         return self.runtime if during_shutdown else self._operating()
 
     def transaction_names(self) -> frozenset[str]:
+        """The names of the registered transactions (their steps are checkpointed apart)."""
         return frozenset(self._registry.transactions)
 
     def _contexts(self) -> tuple[WorkflowContext | None, WorkflowContext | None]:

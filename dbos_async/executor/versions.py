@@ -29,7 +29,7 @@ async def report_waiting(runtime: Runtime) -> list[VersionBacklog]:
             "executor of their version: %s. This executor runs version %s and will not run "
             "them. Start an executor of their version, or check them against this code "
             "with `dbos-async replay MODULE:DBOS --application-version VERSION` and move "
-            "them here with its --move (see README, Application versions)",
+            "them here with its --move (see docs/operations/upgrades.md)",
             pending, enqueued, ", ".join(map(str, waiting)), runtime.application_version)
     return waiting
 

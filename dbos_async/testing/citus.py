@@ -32,6 +32,7 @@ class CitusNode:
 
     @property
     def is_coordinator(self) -> bool:
+        """Whether this node is the coordinator (group 0)."""
         return self.group == 0
 
 

@@ -115,15 +115,20 @@ class TestClock:
     # ---- The clock (see dbos_async/sysdb/clock.py) ----
 
     def now_ms(self) -> int:
+        """The clock's time, in epoch milliseconds: it moves only when the test moves it."""
         return self._now_ms
 
     def wait_until(self, until_ms: int | None, cap: float | None = None) -> _ClockTimeout:
+        """A timeout that falls due when the clock reaches ``until_ms``; a parked wait."""
         return _ClockTimeout(self, until_ms, cap, parks=True)
 
     def deadline(self, until_ms: int) -> _ClockTimeout:
+        """A timeout that falls due when the clock reaches ``until_ms``, not counted as a
+        parked wait."""
         return _ClockTimeout(self, until_ms, None, parks=False)
 
     async def sleep_until(self, until_ms: int) -> None:
+        """Return once the clock has reached ``until_ms``."""
         with contextlib.suppress(TimeoutError):
             async with self.wait_until(until_ms):
                 await asyncio.get_running_loop().create_future()

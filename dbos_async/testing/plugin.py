@@ -41,6 +41,7 @@ APP_OPTION = "dbos_app"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """Declare the ``dbos_app`` ini option."""
     parser.addini(APP_OPTION, "The application's DBOS for the dbos_executor fixture: "
                   "'package.module:attribute', a DBOS or a function returning one",
                   type="string", default="")
@@ -143,6 +144,8 @@ class _NeedsPytestAsyncio:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Load the async fixtures where pytest-asyncio is installed, else stand-ins that say
+    what is missing."""
     try:
         from dbos_async.testing import async_fixtures
     except ImportError:  # no pytest-asyncio

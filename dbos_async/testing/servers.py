@@ -124,6 +124,7 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
 
 
 def skipped_branches() -> set[str]:
+    """The ways of finding a server that the environment says to skip."""
     raw = os.environ.get(ENV_SKIP, "")
     names = {name.strip() for name in raw.split(",") if name.strip()}
     unknown = names - set(BRANCHES)
@@ -142,6 +143,7 @@ async def _can_connect(url: str, connect_timeout: float) -> None:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -348,7 +350,7 @@ class LocalBinaries:
 def start_local_cluster(
     bindir: Path, user: pwd.struct_passwd | None, extra_conf: Iterable[str] = ()
 ) -> PgServer:
-    """initdb + pg_ctl start a throwaway cluster; ``PgServer.stop()`` removes it."""
+    """Start a throwaway cluster with initdb and pg_ctl; ``PgServer.stop()`` removes it."""
     binaries = LocalBinaries(bindir, user)
     base = binaries.make_dir()
     data = base / "data"
@@ -402,6 +404,7 @@ def _start_embedded() -> PgServer:
 
 
 def postmaster_pid(data: Path) -> int | None:
+    """The PID of the server of data directory ``data``, or None where it has none."""
     try:
         return int((data / "postmaster.pid").read_text().split("\n", 1)[0])
     except (OSError, ValueError):
@@ -409,6 +412,7 @@ def postmaster_pid(data: Path) -> int | None:
 
 
 def register(server: PgServer, stop: Callable[[], None]) -> PgServer:
+    """Give ``server`` its ``stop``, also run at exit if the session never calls it."""
     server._stop = stop
     atexit.register(stop)  # backstop if the session ends without calling PgServer.stop()
     return server

@@ -78,7 +78,7 @@ def _positive(value: int | None, what: str, queue: str) -> int | None:
 
 
 class Queue:
-    """A durable queue with flow control; see the module docstring and the README.
+    """A durable queue with flow control; see the module docstring and docs/guides/queues.md.
 
     - ``concurrency``: at most this many of the queue's workflows run at once, across every
       executor; ``worker_concurrency``: at most this many in each executor.
