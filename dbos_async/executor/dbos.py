@@ -274,6 +274,8 @@ class DBOS(Operator):
                 no retries).
             func: an ``async def`` function, or a plain one (called on the event loop, so
                 it should not block).
+            *args: the function's positional arguments.
+            **kwargs: the function's keyword arguments.
 
         Returns:
             The function's result (recorded, in a workflow).
