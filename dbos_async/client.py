@@ -435,6 +435,11 @@ class DebouncerClient:
     async def debounce(self, key: str, /, *args: Any, **kwargs: Any) -> WorkflowHandle[Any]:
         """Join (or start) the burst debounced under ``key`` with these arguments.
 
+        Args:
+            key: the burst's key on the queue.
+            *args: the workflow's positional arguments (the latest call's win).
+            **kwargs: its keyword arguments.
+
         Returns:
             The handle of the one workflow that will run.
 

@@ -564,8 +564,17 @@ class DBOS(Operator):
 
     def set_event(self, key: str, value: Any, *,
                   serialization_type: SerializationType = None) -> Coroutine[Any, Any, None]:
-        """Publish ``value`` under ``key`` for the current workflow (from it or a step),
-        in the format ``serialization_type`` chooses (None: the configured one)."""
+        """Publish ``value`` under ``key`` for the current workflow (from it or a step).
+
+        Args:
+            key: the event's key.
+            value: its new value.
+            serialization_type: ``"portable"``, ``"native"`` (with ``allow_pickle``) or a
+                ``WorkflowSerializationFormat``; None: the configured format.
+
+        Raises:
+            InvalidArgumentError: a bad key or an unknown ``serialization_type``.
+        """
         check_identifier(key, "event key", empty_ok=True)
         formats = self.runtime.formats
         text = formats.encode_as(formats.chosen(serialization_type), value, f"event {key!r}")
@@ -576,8 +585,17 @@ class DBOS(Operator):
     def write_stream(self, key: str, value: Any, *,
                      serialization_type: SerializationType = None
                      ) -> Coroutine[Any, Any, None]:
-        """Append ``value`` to the current workflow's stream ``key``, in the format
-        ``serialization_type`` chooses (None: the configured one)."""
+        """Append ``value`` to the current workflow's stream ``key``.
+
+        Args:
+            key: the stream's key.
+            value: the value appended.
+            serialization_type: ``"portable"``, ``"native"`` (with ``allow_pickle``) or a
+                ``WorkflowSerializationFormat``; None: the configured format.
+
+        Raises:
+            InvalidArgumentError: a bad key or an unknown ``serialization_type``.
+        """
         check_identifier(key, "stream key", empty_ok=True)
         formats = self.runtime.formats
         text = formats.encode_as(formats.chosen(serialization_type), value,
