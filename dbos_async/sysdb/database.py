@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -106,9 +107,9 @@ def _by_key(keys: Sequence[str | None]) -> list[KeyGroup]:
 
 
 def _verdicts(rows: Sequence[Keyed[T]],
-              found: Mapping[str | None, list[asyncpg.Record] | Exception],
+              found: Mapping[str | None, Sequence[Row] | Exception],
               of_row: Callable[[str | None, T], Hashable],
-              of_record: Callable[[asyncpg.Record], Hashable]) -> list[bool | BaseException]:
+              of_record: Callable[[Row], Hashable]) -> list[bool | BaseException]:
     """Per row of a group-commit batch: whether its write landed (its identity is among
     the rows its key's statement read back), or the error that ended that key's
     transaction. Of two rows claiming one write, the first landed."""
@@ -124,6 +125,20 @@ def _verdicts(rows: Sequence[Keyed[T]],
         verdicts.append(identity in landed)
         landed.discard(identity)
     return verdicts
+
+
+def _keys_given(rows: Sequence[Keyed[T]]) -> list[str] | None:
+    """Each row's key, or None if a row has none (then it cannot be placed in a shard)."""
+    keys = [key for key, _ in rows if key is not None]
+    return keys if len(keys) == len(rows) else None
+
+
+def _with_child_key(key: str, r: Checkpoint) -> Checkpoint:
+    """``r`` naming its child's key: the parent's (``key``) unless it names another, as a
+    batch of one key's scope reads it."""
+    if r.child_workflow_id is None or r.child_shard_key is not None:
+        return r
+    return dataclasses.replace(r, child_shard_key=key)
 
 
 def _landed(programs: Sequence[tuple[WorkflowRef, Program]],
@@ -658,7 +673,20 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
         what = (f"checkpointing step {rows[0][1].function_id} of {rows[0][1].workflow_id}"
                 if len(rows) == 1 else f"checkpointing {len(rows)} steps")
+        def of_row(key: str | None, r: Checkpoint) -> Hashable:
+            return key, r.workflow_id, r.function_id
+
+        def of_record(r: Row) -> Hashable:
+            return r.get("shard_key"), r["workflow_uuid"], r["function_id"]
+
         if self.routes_single_tables:
+            keys = _keys_given(rows)
+            found = None if keys is None else await self._batch_on_shards(
+                keys, lambda indexes: self.sql.record_steps(
+                    [_with_child_key(keys[i], rows[i][1]) for i in indexes],
+                    [keys[i] for i in indexes]), what)
+            if found is not None:
+                return _verdicts(rows, found, of_row, of_record)
             programs = []
             for key, r in rows:
                 with WorkflowAddress(r.workflow_id, key).routed():
@@ -668,8 +696,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             rows, lambda key, r: self.templates.query("record_step", one, key, r),
             lambda key, group: self.sql.record_steps(group))
         found = await self._fetch_per_key(statements, what)
-        return _verdicts(rows, found, lambda key, r: (key, r.workflow_id, r.function_id),
-                         lambda r: (r.get("shard_key"), r["workflow_uuid"], r["function_id"]))
+        return _verdicts(rows, found, of_row, of_record)
 
     async def record_outcome(
         self,
@@ -691,34 +718,41 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _write_outcomes(self, lane: Hashable, rows: Sequence[Keyed[FinalOutcome]]
                               ) -> list[bool | BaseException]:
-        """One group-commit batch of outcomes, one statement per key: whether each was
-        recorded. A batch naming a workflow twice, or any batch on Citus (whose outcome is
-        two router statements, see routed), goes row by row."""
+        """One group-commit batch of outcomes, one statement per key (on Citus, per
+        shard: see routed): whether each was recorded. A batch naming a workflow twice goes
+        row by row; on Citus, where no shard can be named, one program per outcome."""
         verdicts: list[bool | BaseException]
-        if self.routes_single_tables:
-            at = self.clock.now_ms()
+        at = self.clock.now_ms()
+        keys = _keys_given(rows) if self.routes_single_tables else None
+        distinct = len({(key, r.workflow_id) for key, r in rows}) == len(rows)
+        found = None
+        if keys is not None and distinct:
+            found = await self._batch_on_shards(
+                keys, lambda indexes: self.sql.record_outcomes(
+                    [rows[i][1] for i in indexes], at, [keys[i] for i in indexes]),
+                f"recording {len(rows)} outcomes")
+        if found is None and self.routes_single_tables:
             programs = []
             for key, r in rows:
                 with WorkflowAddress(r.workflow_id, key).routed():
                     programs.append(((r.workflow_id, key), self._outcome_program(r, at)))
             what = f"recording {len(rows)} outcomes"
             verdicts = _landed(programs, await self._routed_many(programs, what))
-        elif len({(key, r.workflow_id) for key, r in rows}) < len(rows):
+        elif found is None and not distinct:
             verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
-            at = self.clock.now_ms()
+            if found is None:
+                def one(key: str | None, r: FinalOutcome, at: int) -> Query:
+                    with WorkflowAddress(r.workflow_id, key).routed():
+                        return self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid,
+                                                       r.output, r.error, at)
 
-            def one(key: str | None, r: FinalOutcome, at: int) -> Query:
-                with WorkflowAddress(r.workflow_id, key).routed():
-                    return self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid,
-                                                   r.output, r.error, at)
-
-            _, statements = self._per_key(
-                rows, lambda key, r: self.templates.query("record_outcome", one, key, r, at),
-                lambda key, group: self.sql.record_outcomes(group, at))
-            what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
-                    else f"recording {len(rows)} outcomes")
-            found = await self._fetch_per_key(statements, what)
+                _, statements = self._per_key(
+                    rows, lambda key, r: self.templates.query("record_outcome", one, key, r, at),
+                    lambda key, group: self.sql.record_outcomes(group, at))
+                what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
+                        else f"recording {len(rows)} outcomes")
+                found = await self._fetch_per_key(statements, what)
             verdicts = _verdicts(rows, found, lambda key, r: (key, r.workflow_id),
                                  lambda r: (r.get("shard_key"), r["workflow_uuid"]))
         for (key, row), landed in zip(rows, verdicts, strict=True):

@@ -174,11 +174,14 @@ $dbos_fn$;
 -- holding that key's shard; a statement writing several tables at once (a modifying CTE)
 -- would be gathered through the node that plans it.
 --
--- steps is a JSON array of {"sql", "args", "rows", "gate"}: the statement, its parameters as
--- texts (at most 48: the statement reads them as $1 .. $48, each text, and casts them), whether
--- it returns a row, and whether the write stops unless it returned one whose "go" column, if
--- it has one, is true (a fence: the workflow is PENDING and owned; a checkpoint that landed).
--- Returns one element per step run: the row it returned, as JSON, or null.
+-- steps is a JSON array of {"sql", "args", "rows", "gate", "many"}: the statement, its
+-- parameters as texts (at most 48: the statement reads them as $1 .. $48, each text, and casts
+-- them), whether it returns a row, and whether the write stops unless it returned one whose
+-- "go" column, if it has one, is true (a fence: the workflow is PENDING and owned; a checkpoint
+-- that landed). With "many" (on a shard's own tables only), the statement returns any number
+-- of rows: a group-commit batch's rows of several keys of the shard, written in one statement.
+-- Returns one element per step run: the row it returned, as JSON, or null; for "many", the
+-- array of its rows.
 -- The parameters go positionally: Citus 13.2 crashed running statements that read them as
 -- subscripts of one array, and when this function was distributed (delegated to a worker).
 --
@@ -247,12 +250,20 @@ BEGIN
                           (SELECT coalesce('(' || string_agg(quote_nullable(a), ',' ORDER BY i)
                                            || ')', '')
                            FROM unnest(args) WITH ORDINALITY AS u(a, i)));
-            IF (step ->> 'rows')::boolean THEN
+            IF (step ->> 'many')::boolean THEN
+                result := '[]'::jsonb;
+                FOR returned IN EXECUTE run LOOP
+                    result := result || jsonb_build_array(to_jsonb(returned));
+                END LOOP;
+            ELSIF (step ->> 'rows')::boolean THEN
                 EXECUTE run INTO returned;
                 GET DIAGNOSTICS counted = ROW_COUNT;
             ELSE
                 EXECUTE run;
             END IF;
+        ELSIF (step ->> 'many')::boolean THEN
+            RAISE EXCEPTION 'run_routed: a step of many rows runs on a shard''s own tables only'
+                USING ERRCODE = 'invalid_parameter_value';
         ELSIF (step ->> 'rows')::boolean THEN
             EXECUTE step ->> 'sql' INTO returned USING
                 args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],
