@@ -408,13 +408,14 @@ class RoutedWrites(DatabaseCore):
                                statement: Callable[[list[int]], Query], what: str
                                ) -> Mapping[str | None, Sequence[Row] | Exception] | None:
         """A group-commit batch of one node (row ``i`` under ``keys[i]``) as one statement
-        per shard, ``statement`` of the rows given, all of them in one round trip: on a
-        shard's own tables a statement may write the rows of every key of the shard, as
-        the statement of one key does on PostgreSQL (see ``record_steps``). Each runs in
-        ``run_routed`` under the shard's lock and placement check, so it is as strict as
-        the statements it replaces, and the shards go in ID order, as every batch locks
-        them. By key, the rows its statement returned, or the error that ended the batch;
-        None where no shard can be named (the caller then sends a program per write)."""
+        per shard, ``statement`` of the rows given, all of them in one call of
+        ``run_routed``, one round trip: on a shard's own tables a statement may write the
+        rows of every key of the shard, as the statement of one key does on PostgreSQL
+        (see ``record_steps``). The call takes every shard's lock and placement check
+        first, so it is as strict as the statements it replaces, and the shards go in ID
+        order, as every batch locks them. By key, the rows its statement returned, or the
+        error that ended the batch; None where no shard can be named (the caller then
+        sends a program per write)."""
         distinct = sorted(set(keys))
 
         async def send(pool: asyncpg.Pool, placed: list[ShardInterval | None]
@@ -428,13 +429,12 @@ class RoutedWrites(DatabaseCore):
             for i, key in enumerate(keys):
                 groups.setdefault(shard_of[key].shard_id, []).append(i)
             order = sorted(groups)
-            steps = [self._program_on([Step(statement(groups[shard]), many=True)],
-                                      shard_of[keys[groups[shard][0]]]) for shard in order]
-            q = self.sql.run_routed_many([keys[groups[shard][0]] for shard in order], steps,
-                                         order)
+            program = [step for shard in order for step in _on_shard(
+                [Step(statement(groups[shard]), many=True)], self.sql.schema,
+                shard_of[keys[groups[shard][0]]])]
+            q = self.sql.run_routed_on_shards(distinct[0], encode(program), order)
             found: dict[str | None, list[Row]] = {key: [] for key in distinct}
-            for row in await pool.fetch(q.sql, *q.params):
-                [rows] = json.loads(row["r"])
+            for rows in json.loads(await pool.fetchval(q.sql, *q.params)):
                 for r in rows:
                     found[r["shard_key"]].append(r)
             return {**found}

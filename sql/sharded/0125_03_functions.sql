@@ -194,8 +194,12 @@ $dbos_fn$;
 -- the placement. The placement is then read in a new snapshot, after the lock: if the shard's
 -- only placement is not on this node (moved, split, or kept in several copies), nothing is
 -- written and the call fails with SQLSTATE DBS01, for the caller to look the key up again.
+-- With shards, the same for several shards of this node (a group-commit batch of its writes,
+-- a statement per shard): locked in the order given, which callers keep ascending, and each
+-- checked; the whole call fails if one was moved.
 CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb, shard bigint DEFAULT NULL,
-                                      prepared_here text[] DEFAULT NULL)
+                                      prepared_here text[] DEFAULT NULL,
+                                      shards bigint[] DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog
@@ -214,10 +218,17 @@ DECLARE
     run      text;
 BEGIN
     IF shard IS NOT NULL THEN
-        -- ShareLock (5), to commit: no move or split of the shard commits until this write has.
-        PERFORM lock_shard_metadata(5, ARRAY[shard]);
-        IF (SELECT array_agg(p.groupid) FROM pg_dist_placement p WHERE p.shardid = shard)
-           IS DISTINCT FROM ARRAY[(SELECT g.groupid FROM pg_dist_local_group g)] THEN
+        shards := ARRAY[shard];
+    END IF;
+    IF shards IS NOT NULL THEN
+        -- ShareLock (5), to commit: no move or split of a shard commits until this write has.
+        PERFORM lock_shard_metadata(5, shards);
+        shard := (SELECT s.id FROM unnest(shards) AS s(id)
+                  WHERE (SELECT array_agg(p.groupid) FROM pg_dist_placement p
+                         WHERE p.shardid = s.id)
+                        IS DISTINCT FROM ARRAY[(SELECT g.groupid FROM pg_dist_local_group g)]
+                  LIMIT 1);
+        IF shard IS NOT NULL THEN
             RAISE EXCEPTION 'run_routed: shard % has no placement of its own on this node', shard
                 USING ERRCODE = 'DBS01';
         END IF;
@@ -226,7 +237,7 @@ BEGIN
         args := ARRAY(SELECT jsonb_array_elements_text(step -> 'args'));
         result := NULL;
         counted := 0;
-        IF shard IS NOT NULL THEN
+        IF shards IS NOT NULL THEN
             -- On a shard's own tables each statement is prepared once per session and run by
             -- name, so its plan is kept, as a client's prepared statement's is (planning
             -- was most of a statement's cost here). Its parameters are texts, passed as
