@@ -404,6 +404,27 @@ class RoutedWrites(DatabaseCore):
             i: json.loads(row["r"]) for i, row in zip(order, rows, strict=True)}
         return [by_index[i] for i in range(len(writes))]
 
+    async def _rows_on_shard(self, shard_key: str, query: Query, what: str,
+                             retried: bool = True) -> list[Row]:
+        """The rows of ``query``, a statement of ``shard_key``'s rows written for the
+        distributed tables, run on the key's shard's own tables in ``run_routed`` under
+        the shard's lock and placement check (see :meth:`_batch_on_shards`): it never
+        needs another node, so it runs while one is down. Where no shard can be named,
+        on the distributed tables at the key's node. Without ``retried``, sent once."""
+        async def send(pool: asyncpg.Pool, placed: list[ShardInterval | None]) -> list[Row]:
+            shard = placed[0]
+            if shard is None:
+                return list(await pool.fetch(query.sql, *query.params))
+            program = _on_shard([Step(query, many=True)], self.sql.schema, shard)
+            q = self.sql.run_routed_on_shards(shard_key, encode(program), [shard.shard_id])
+            [rows] = json.loads(await pool.fetchval(q.sql, *q.params))
+            return rows  # type: ignore[no-any-return]
+
+        def attempt() -> Awaitable[list[Row]]:
+            return self._on_shards([shard_key], send)
+
+        return await (self._retried(what, attempt) if retried else self._once(what, attempt))
+
     async def _batch_on_shards(self, keys: Sequence[str],
                                statement: Callable[[list[int]], Query], what: str
                                ) -> Mapping[str | None, Sequence[Row] | Exception] | None:
