@@ -14,9 +14,9 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import new_dbos, unique_name
+from helpers import execute, fetch, fetchval, new_dbos, unique_name, wait_until
 
-from dbos_async import SetShardKey, SetWorkflowID
+from dbos_async import SetShardKey, SetWorkflowID, WorkflowCancelledError
 from dbos_async.database_url import Host, parse_database_url
 from dbos_async.errors import ConfigurationError
 from dbos_async.sysdb import routed as routed_writes
@@ -373,3 +373,106 @@ async def test_a_role_not_owning_the_tables_writes_on_the_distributed_ones(citus
         assert not dbos.runtime.system_database._writes_on_shards
         steps = await dbos.list_workflow_steps("by-writer", shard_key="tenant-9")
         assert [s.name for s in steps] == ["double", "double"]
+
+
+@pytest.mark.citus
+async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_statement(
+        citus_url: str) -> None:
+    """Checkpoints queued behind a blocked one go as the next batch of their node: one
+    run_routed call, whose one statement on the shard's own table writes the rows of all
+    its keys, each judged on its own: a cancelled workflow's and a fenced-out one's are
+    refused, the others land."""
+    dbos = new_dbos(citus_url, sharding=True)
+    release_lead, release_rest = asyncio.Event(), asyncio.Event()
+    arrived: set[str] = set()
+    everyone_in = asyncio.Event()
+
+    @dbos.step(name="held", cancellable=False)
+    async def held(workflow_id: str) -> str:
+        arrived.add(workflow_id)
+        if len(arrived) == len(placed):
+            everyone_in.set()
+        await (release_lead if workflow_id == "lead" else release_rest).wait()
+        return workflow_id
+
+    @dbos.step(name="after")
+    async def after(value: str) -> str:
+        return value + "!"
+
+    @dbos.workflow(name="work")
+    async def work(workflow_id: str) -> str:
+        return await after(await held(workflow_id))
+
+    logged: list[tuple[str, tuple[Any, ...]]] = []
+    async with dbos:
+        sysdb = dbos.runtime.system_database
+        shards = await sysdb._current_shard_map()
+        assert shards is not None
+        shard = shards.shard_of("tenant-0")
+        keys = [key for key in (f"tenant-{i}" for i in range(5000))
+                if shards.shard_of(key) == shard][:4]
+        # Four keys of one shard; two workflows under one of them.
+        placed = {"lead": keys[0], "healthy-1": keys[1], "healthy-2": keys[2],
+                  "cancelled": keys[3], "fenced": keys[1]}
+        handles = {}
+        for workflow_id, key in placed.items():
+            with SetShardKey(key), SetWorkflowID(workflow_id):
+                handles[workflow_id] = await dbos.start_workflow(work, workflow_id)
+        await asyncio.wait_for(everyone_in.wait(), 30)
+        row = "WHERE shard_key = $1 AND workflow_uuid = $2"
+        await execute(citus_url, "UPDATE dbos.workflow_status SET status = 'CANCELLED' " + row,
+                      placed["cancelled"], "cancelled")
+        await execute(citus_url, "UPDATE dbos.workflow_status SET owner_xid = 'elsewhere' "
+                      + row, placed["fenced"], "fenced")
+        pool = await sysdb._node_pool(keys[0])
+        held_connections = [await pool.acquire() for _ in range(pool.get_max_size())]
+        for connection in held_connections:
+            connection.add_query_logger(
+                lambda q: logged.append((q.query, tuple(q.args or ()))))
+        for connection in held_connections:
+            await pool.release(connection)
+        node_url = parse_database_url(citus_url).with_server(shard.node)
+        blocker = await asyncpg.connect(citus_url)
+        try:
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("SELECT 1 FROM dbos.workflow_status " + row + " FOR UPDATE",
+                                  placed["lead"], "lead")
+            release_lead.set()  # its checkpoint goes alone and waits for the row
+
+            async def lead_waits() -> bool:
+                return bool(await fetchval(
+                    node_url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                              "wait_event_type = 'Lock' AND datname = current_database()"))
+
+            await wait_until(lead_waits, what="the lead's checkpoint waiting for its row")
+            release_rest.set()  # the others queue behind it, in the node's lane
+            await tx.rollback()
+            results = {w: await asyncio.wait_for(handles[w].get_result(), 30)
+                       for w in ("lead", "healthy-1", "healthy-2")}
+            with pytest.raises(WorkflowCancelledError):
+                await asyncio.wait_for(handles["cancelled"].get_result(), 30)
+        finally:
+            await blocker.close()
+    assert results == {w: w + "!" for w in ("lead", "healthy-1", "healthy-2")}
+    # The queued checkpoints (step 0 of the four others) went as one call naming the
+    # shard, one statement of several keys' rows.
+    batched: list[set[str]] = []
+    for sql, args in logged:
+        if "shards =>" not in sql:
+            continue
+        for step in json.loads(args[1]):
+            if f"workflow_status_{shard.shard_id}" in step["sql"] and step["many"]:
+                batched.append({word.strip('"') for arg in step["args"]
+                                if arg is not None and arg.startswith("{")
+                                for word in arg.strip("{}").split(",")})
+    assert any({"healthy-1", "healthy-2", "cancelled", "fenced", *keys[1:]} <= words
+               for words in batched), batched
+    steps = await fetch(citus_url, "SELECT workflow_uuid, function_name "
+                                   "FROM dbos.operation_outputs ORDER BY 1, function_id")
+    assert [tuple(r) for r in steps] == [
+        ("healthy-1", "held"), ("healthy-1", "after"), ("healthy-2", "held"),
+        ("healthy-2", "after"), ("lead", "held"), ("lead", "after")]
+    fenced = await fetch(citus_url, "SELECT status, owner_xid FROM dbos.workflow_status "
+                                    "WHERE workflow_uuid = 'fenced'")
+    assert [tuple(r) for r in fenced] == [("PENDING", "elsewhere")]

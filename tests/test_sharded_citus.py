@@ -235,10 +235,14 @@ async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, 
         # A routed write is a program of statements run by run_routed on the key's node:
         # what plans there are its statements. A program naming a shard's own tables (plain
         # tables on that node) is recorded apart: its shard, the shards its statements
-        # name, the node it went to, and its statements as on the distributed tables.
+        # name, the node it went to, and its statements as on the distributed tables. A
+        # batch on several shards (shards => ...) has a statement per shard, in order.
         if "run_routed(" in query:
             many = isinstance(args[1], list)
             programs, shards = (args[1], args[2]) if many else ([args[1]], [args[2]])
+            if "shards =>" in query:
+                programs = [json.dumps([step]) for step in json.loads(args[1])]
+                shards = args[2]
             for program, shard in zip(programs, shards, strict=True):
                 steps = json.loads(program)
                 if shard is None:

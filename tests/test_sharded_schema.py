@@ -129,7 +129,8 @@ async def test_sharded_migrate_builds_the_schema(db: asyncpg.Connection) -> None
     )
     assert [f["proname"] for f in functions] == ["enqueue_workflow", "run_routed",
                                                  "send_message"]
-    assert functions[1]["args"] == "shard_key text, steps jsonb, shard bigint, prepared_here text[]"
+    assert functions[1]["args"] == ("shard_key text, steps jsonb, shard bigint, "
+                                    "prepared_here text[], shards bigint[]")
     assert functions[2]["args"] == (
         "destination_id text, message json, topic text, message_id text, shard_key text"
     )

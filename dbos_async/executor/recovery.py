@@ -31,7 +31,7 @@ async def recover_pending(runtime: Runtime,
     # executor's, and must be known as running here before the next recovery looks.
     async with runtime.claim_gate.recovering():
         source = from_executor_id or runtime.executor_id
-        await _dead_letter_and_requeue(runtime, source)
+        await _dead_letter_and_requeue(runtime, source, failover=from_executor_id is not None)
         rows = await sysdb.claim_pending(
             source, runtime.application_version,
             exclude=runtime.running(), to_executor_id=runtime.executor_id,
@@ -55,11 +55,14 @@ async def recover_pending(runtime: Runtime,
     return handles
 
 
-async def _dead_letter_and_requeue(runtime: Runtime, executor_id: str) -> None:
+async def _dead_letter_and_requeue(runtime: Runtime, executor_id: str, failover: bool
+                                   ) -> None:
     """Dead-letter workflows past ``max_recovery_attempts``; re-enqueue queued ones.
 
     A queued workflow goes back to ENQUEUED on its queue rather than resuming here, so the
-    queue's claim, under the queue's limits, admits exactly one runner (any executor).
+    queue's claim, under the queue's limits, admits exactly one runner (any executor). In
+    ``failover``, a key out of reach is left for the next scan (see the system database's
+    ``claim_pending``).
     """
     sysdb = runtime.system_database
     running = runtime.running()
@@ -70,11 +73,13 @@ async def _dead_letter_and_requeue(runtime: Runtime, executor_id: str) -> None:
               for name, info in runtime.registry.workflows.items()
               if info.max_recovery_attempts is not None}
     for workflow_id, shard_key in await sysdb.dead_letter_pending(
-            executor_id, version, max_attempts, exclude=running, limits=limits):
+            executor_id, version, max_attempts, exclude=running, limits=limits,
+            failover=failover):
         logger.error("Workflow %s exceeded its recovery attempts and was dead-lettered "
                      "(MAX_RECOVERY_ATTEMPTS_EXCEEDED)", workflow_id)
         runtime.notify_completion(workflow_id, shard_key)
-    requeued = await sysdb.requeue_pending(executor_id, version, exclude=running)
+    requeued = await sysdb.requeue_pending(executor_id, version, exclude=running,
+                                           failover=failover)
     for queue_name in {queue for _, queue in requeued}:
         sysdb.notify(ENQUEUE_CHANNEL, queue_name)
     if requeued:

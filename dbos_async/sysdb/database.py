@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -52,7 +54,6 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
-from dbos_async.sysdb.retry import is_connection_loss
 from dbos_async.sysdb.routed import Program, Results, RoutedWrites, Row, ran_whole
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
@@ -88,6 +89,8 @@ __all__ = [
 ]
 
 
+logger = logging.getLogger("dbos_async")
+
 T = TypeVar("T")
 
 KeyGroup = tuple[list[int], str | None]
@@ -106,9 +109,9 @@ def _by_key(keys: Sequence[str | None]) -> list[KeyGroup]:
 
 
 def _verdicts(rows: Sequence[Keyed[T]],
-              found: Mapping[str | None, list[asyncpg.Record] | Exception],
+              found: Mapping[str | None, Sequence[Row] | Exception],
               of_row: Callable[[str | None, T], Hashable],
-              of_record: Callable[[asyncpg.Record], Hashable]) -> list[bool | BaseException]:
+              of_record: Callable[[Row], Hashable]) -> list[bool | BaseException]:
     """Per row of a group-commit batch: whether its write landed (its identity is among
     the rows its key's statement read back), or the error that ended that key's
     transaction. Of two rows claiming one write, the first landed."""
@@ -124,6 +127,20 @@ def _verdicts(rows: Sequence[Keyed[T]],
         verdicts.append(identity in landed)
         landed.discard(identity)
     return verdicts
+
+
+def _keys_given(rows: Sequence[Keyed[T]]) -> list[str] | None:
+    """Each row's key, or None if a row has none (then it cannot be placed in a shard)."""
+    keys = [key for key, _ in rows if key is not None]
+    return keys if len(keys) == len(rows) else None
+
+
+def _with_child_key(key: str, r: Checkpoint) -> Checkpoint:
+    """``r`` naming its child's key: the parent's (``key``) unless it names another, as a
+    batch of one key's scope reads it."""
+    if r.child_workflow_id is None or r.child_shard_key is not None:
+        return r
+    return dataclasses.replace(r, child_shard_key=key)
 
 
 def _landed(programs: Sequence[tuple[WorkflowRef, Program]],
@@ -658,7 +675,20 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
         what = (f"checkpointing step {rows[0][1].function_id} of {rows[0][1].workflow_id}"
                 if len(rows) == 1 else f"checkpointing {len(rows)} steps")
+        def of_row(key: str | None, r: Checkpoint) -> Hashable:
+            return key, r.workflow_id, r.function_id
+
+        def of_record(r: Row) -> Hashable:
+            return r.get("shard_key"), r["workflow_uuid"], r["function_id"]
+
         if self.routes_single_tables:
+            keys = _keys_given(rows)
+            found = None if keys is None else await self._batch_on_shards(
+                keys, lambda indexes: self.sql.record_steps(
+                    [_with_child_key(keys[i], rows[i][1]) for i in indexes],
+                    [keys[i] for i in indexes]), what)
+            if found is not None:
+                return _verdicts(rows, found, of_row, of_record)
             programs = []
             for key, r in rows:
                 with WorkflowAddress(r.workflow_id, key).routed():
@@ -668,8 +698,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             rows, lambda key, r: self.templates.query("record_step", one, key, r),
             lambda key, group: self.sql.record_steps(group))
         found = await self._fetch_per_key(statements, what)
-        return _verdicts(rows, found, lambda key, r: (key, r.workflow_id, r.function_id),
-                         lambda r: (r.get("shard_key"), r["workflow_uuid"], r["function_id"]))
+        return _verdicts(rows, found, of_row, of_record)
 
     async def record_outcome(
         self,
@@ -691,34 +720,41 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def _write_outcomes(self, lane: Hashable, rows: Sequence[Keyed[FinalOutcome]]
                               ) -> list[bool | BaseException]:
-        """One group-commit batch of outcomes, one statement per key: whether each was
-        recorded. A batch naming a workflow twice, or any batch on Citus (whose outcome is
-        two router statements, see routed), goes row by row."""
+        """One group-commit batch of outcomes, one statement per key (on Citus, per
+        shard: see routed): whether each was recorded. A batch naming a workflow twice goes
+        row by row; on Citus, where no shard can be named, one program per outcome."""
         verdicts: list[bool | BaseException]
-        if self.routes_single_tables:
-            at = self.clock.now_ms()
+        at = self.clock.now_ms()
+        keys = _keys_given(rows) if self.routes_single_tables else None
+        distinct = len({(key, r.workflow_id) for key, r in rows}) == len(rows)
+        found = None
+        if keys is not None and distinct:
+            found = await self._batch_on_shards(
+                keys, lambda indexes: self.sql.record_outcomes(
+                    [rows[i][1] for i in indexes], at, [keys[i] for i in indexes]),
+                f"recording {len(rows)} outcomes")
+        if found is None and self.routes_single_tables:
             programs = []
             for key, r in rows:
                 with WorkflowAddress(r.workflow_id, key).routed():
                     programs.append(((r.workflow_id, key), self._outcome_program(r, at)))
             what = f"recording {len(rows)} outcomes"
             verdicts = _landed(programs, await self._routed_many(programs, what))
-        elif len({(key, r.workflow_id) for key, r in rows}) < len(rows):
+        elif found is None and not distinct:
             verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
-            at = self.clock.now_ms()
+            if found is None:
+                def one(key: str | None, r: FinalOutcome, at: int) -> Query:
+                    with WorkflowAddress(r.workflow_id, key).routed():
+                        return self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid,
+                                                       r.output, r.error, at)
 
-            def one(key: str | None, r: FinalOutcome, at: int) -> Query:
-                with WorkflowAddress(r.workflow_id, key).routed():
-                    return self.sql.record_outcome(r.workflow_id, r.status, r.owner_xid,
-                                                   r.output, r.error, at)
-
-            _, statements = self._per_key(
-                rows, lambda key, r: self.templates.query("record_outcome", one, key, r, at),
-                lambda key, group: self.sql.record_outcomes(group, at))
-            what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
-                    else f"recording {len(rows)} outcomes")
-            found = await self._fetch_per_key(statements, what)
+                _, statements = self._per_key(
+                    rows, lambda key, r: self.templates.query("record_outcome", one, key, r, at),
+                    lambda key, group: self.sql.record_outcomes(group, at))
+                what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
+                        else f"recording {len(rows)} outcomes")
+                found = await self._fetch_per_key(statements, what)
             verdicts = _verdicts(rows, found, lambda key, r: (key, r.workflow_id),
                                  lambda r: (r.get("shard_key"), r["workflow_uuid"]))
         for (key, row), landed in zip(rows, verdicts, strict=True):
@@ -766,47 +802,99 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     # ---- Recovery (see dbos_async/executor/recovery.py) ----
 
+    async def _each_pending_key(self, executor_id: str, application_version: str | None,
+                                exclude: Sequence[WorkflowRef], failover: bool, what: str,
+                                statement: Callable[[Sequence[WorkflowRef]], Query],
+                                retried: bool = True) -> list[Row]:
+        """The rows of ``statement`` (a recovery statement, built under the current
+        shard-key scope), run once over every key; or on Citus once per key of
+        ``executor_id``'s PENDING workflows (read from each node's own shards), each on the
+        key's shard's own tables (see ``_rows_on_shard``), so a node out of reach stops only
+        its keys' recovery. There,
+        in ``failover`` (another, dead executor's workflows), a key whose statement fails
+        is left with a warning: its rows stay the dead executor's, and the next scan finds
+        them again. Recovering its own, an executor raises the first such error once every
+        key was tried: what it claimed stays its own and a retry claims it again. Without
+        ``retried``, a statement is sent once (see :meth:`claim_pending`)."""
+        if not self.routes_single_tables:
+            query = statement(exclude)
+            send = functools.partial(self.pool.fetch, query.sql, *query.params)
+            return list(await (self._retried(what, send) if retried
+                               else self._once(what, send)))
+        keys = await self._read_each_node(
+            lambda shard_ids: self.sql.pending_keys_on_shards(executor_id,
+                                                              application_version, shard_ids),
+            f"listing the keys of executor {executor_id}'s pending workflows")
+        found: list[Row] = []
+        failed: Exception | None = None
+        for key in sorted({row["shard_key"] for row in keys}):
+            with shard_key_scope(key):
+                query = statement([ref for ref in exclude if ref[1] == key])
+            try:
+                found += await self._rows_on_shard(key, query, what, retried)
+            except Exception as error:
+                if not failover:
+                    failed = failed or error
+                    continue
+                logger.warning("%s under shard key %r failed; left for the next failover "
+                               "scan: %s", what, key, error)
+        if failed is not None:
+            raise failed
+        return found
+
     async def claim_pending(
         self, executor_id: str, application_version: str | None,
         exclude: Sequence[WorkflowRef] = (), to_executor_id: str | None = None,
     ) -> list[WorkflowRow]:
-        query = self.sql.claim_pending(executor_id, application_version, self.clock.now_ms(),
-                                       exclude, to_executor_id)
-        # Not retried here: a lost reply would leave rows claimed under tokens we never
-        # learned; a recovery run again (start-up retries it) claims them afresh.
-        try:
-            rows = await self.pool.fetch(query.sql, *query.params)
-        except Exception as error:
-            if not is_connection_loss(error):
-                raise
-            raise self.unavailable("claiming pending workflows", error, retried=False) \
-                from error
+        now_ms = self.clock.now_ms()
+        # Not retried: a lost reply would leave rows claimed under tokens we never learned;
+        # a recovery run again (start-up retries it) claims them afresh.
+        rows = await self._each_pending_key(
+            executor_id, application_version, exclude,
+            to_executor_id not in (None, executor_id), "claiming pending workflows",
+            lambda excluded: self.sql.claim_pending(executor_id, application_version, now_ms,
+                                                    excluded, to_executor_id),
+            retried=False)
         return [workflow_row(row) for row in rows]
 
     async def executors_with_pending(self, application_version: str | None,
                                      own_executor_id: str) -> list[str]:
-        """The other executors with PENDING workflows of this version (failover's candidates)."""
+        """The other executors with PENDING workflows of this version (failover's
+        candidates). On Citus, read from each node's own shards: a node out of reach hides
+        only its keys' executors."""
+        what = "listing executors with pending workflows"
+        if self.routes_single_tables:
+            rows = await self._read_each_node(
+                lambda shard_ids: self.sql.executors_with_pending_on_shards(
+                    application_version, own_executor_id, shard_ids), what)
+            return sorted({row["executor_id"] for row in rows})
         query = self.sql.executors_with_pending(application_version, own_executor_id)
-        rows = await self._fetch(query, "listing executors with pending workflows")
-        return [row["executor_id"] for row in rows]
+        return [row["executor_id"] for row in await self._fetch(query, what)]
 
     async def requeue_pending(self, executor_id: str, application_version: str | None,
-                              exclude: Sequence[WorkflowRef] = ()) -> list[tuple[str, str]]:
+                              exclude: Sequence[WorkflowRef] = (), *, failover: bool = False
+                              ) -> list[tuple[str, str]]:
         """Re-enqueue this executor's PENDING queued workflows: [(workflow, queue)]."""
-        query = self.sql.requeue_pending(executor_id, application_version,
-                                         self.clock.now_ms(), exclude)
-        rows = await self._fetch(query, "re-enqueuing pending workflows")
+        now_ms = self.clock.now_ms()
+        rows = await self._each_pending_key(
+            executor_id, application_version, exclude, failover,
+            "re-enqueuing pending workflows",
+            lambda excluded: self.sql.requeue_pending(executor_id, application_version,
+                                                      now_ms, excluded))
         return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
 
     async def dead_letter_pending(self, executor_id: str, application_version: str | None,
                                   max_attempts: int, exclude: Sequence[WorkflowRef] = (),
-                                  limits: Mapping[str, int] | None = None
-                                  ) -> list[tuple[str, str | None]]:
+                                  limits: Mapping[str, int] | None = None, *,
+                                  failover: bool = False) -> list[tuple[str, str | None]]:
         """Dead-letter this executor's workflows past ``max_attempts`` (or their name's
         limit in ``limits``): [(workflow, key)]."""
-        query = self.sql.dead_letter_pending(executor_id, application_version, max_attempts,
-                                             self.clock.now_ms(), exclude, limits)
-        rows = await self._fetch(query, "dead-lettering workflows")
+        now_ms = self.clock.now_ms()
+        rows = await self._each_pending_key(
+            executor_id, application_version, exclude, failover, "dead-lettering workflows",
+            lambda excluded: self.sql.dead_letter_pending(executor_id, application_version,
+                                                          max_attempts, now_ms, excluded,
+                                                          limits))
         return [(row["workflow_uuid"], row.get("shard_key")) for row in rows]
 
     # ---- Fenced writes (steps too), messages, events and streams ----

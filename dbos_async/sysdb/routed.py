@@ -29,6 +29,7 @@ distributed tables must be written are they transactions of several round trips.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -73,11 +74,13 @@ statement takes at most 32,767."""
 class Step:
     """One statement of a routed write: whether it returns a row (``rows``), and whether
     the write stops unless it returned one whose ``go`` column, if any, is true (``gate``:
-    a fence, a checkpoint that must land)."""
+    a fence, a checkpoint that must land); or whether it returns any number of rows
+    (``many``: a batch's rows of several keys, on a shard's own tables)."""
 
     query: Query
     rows: bool = False
     gate: bool = False
+    many: bool = False
 
 
 Program: TypeAlias = Sequence[Step]
@@ -114,7 +117,8 @@ def encode(program: Program) -> str:
         assert len(step.query.params) <= MAX_PARAMETERS, step.query.sql
     return json.dumps([{"sql": step.query.sql,
                         "args": [_as_text(v) for v in step.query.params],
-                        "rows": step.rows, "gate": step.gate} for step in program])
+                        "rows": step.rows, "gate": step.gate, "many": step.many}
+                       for step in program])
 
 
 @functools.lru_cache(maxsize=4096)
@@ -129,8 +133,10 @@ def _shard_sql(sql: str, schema: str, colocated: tuple[tuple[str, int], ...]) ->
 
 def _on_shard(program: Program, schema: str, shard: ShardInterval) -> Program:
     """``program``'s statements on ``shard``'s tables (see :func:`_shard_sql`)."""
-    return [Step(Query(_shard_sql(step.query.sql, schema, shard.colocated), step.query.params),
-                 step.rows, step.gate) for step in program]
+    return [dataclasses.replace(step, query=Query(_shard_sql(step.query.sql, schema,
+                                                             shard.colocated),
+                                                  step.query.params))
+            for step in program]
 
 
 SHARD_MOVED = "DBS01"
@@ -397,6 +403,69 @@ class RoutedWrites(DatabaseCore):
         by_index: dict[int, Results | Exception] = {
             i: json.loads(row["r"]) for i, row in zip(order, rows, strict=True)}
         return [by_index[i] for i in range(len(writes))]
+
+    async def _rows_on_shard(self, shard_key: str, query: Query, what: str,
+                             retried: bool = True) -> list[Row]:
+        """The rows of ``query``, a statement of ``shard_key``'s rows written for the
+        distributed tables, run on the key's shard's own tables in ``run_routed`` under
+        the shard's lock and placement check (see :meth:`_batch_on_shards`): it never
+        needs another node, so it runs while one is down. Where no shard can be named,
+        on the distributed tables at the key's node. Without ``retried``, sent once."""
+        async def send(pool: asyncpg.Pool, placed: list[ShardInterval | None]) -> list[Row]:
+            shard = placed[0]
+            if shard is None:
+                return list(await pool.fetch(query.sql, *query.params))
+            program = _on_shard([Step(query, many=True)], self.sql.schema, shard)
+            q = self.sql.run_routed_on_shards(shard_key, encode(program), [shard.shard_id])
+            [rows] = json.loads(await pool.fetchval(q.sql, *q.params))
+            return rows  # type: ignore[no-any-return]
+
+        def attempt() -> Awaitable[list[Row]]:
+            return self._on_shards([shard_key], send)
+
+        return await (self._retried(what, attempt) if retried else self._once(what, attempt))
+
+    async def _batch_on_shards(self, keys: Sequence[str],
+                               statement: Callable[[list[int]], Query], what: str
+                               ) -> Mapping[str | None, Sequence[Row] | Exception] | None:
+        """A group-commit batch of one node (row ``i`` under ``keys[i]``) as one statement
+        per shard, ``statement`` of the rows given, all of them in one call of
+        ``run_routed``, one round trip: on a shard's own tables a statement may write the
+        rows of every key of the shard, as the statement of one key does on PostgreSQL
+        (see ``record_steps``). The call takes every shard's lock and placement check
+        first, so it is as strict as the statements it replaces, and the shards go in ID
+        order, as every batch locks them. By key, the rows its statement returned, or the
+        error that ended the batch; None where no shard can be named (the caller then
+        sends a program per write)."""
+        distinct = sorted(set(keys))
+
+        async def send(pool: asyncpg.Pool, placed: list[ShardInterval | None]
+                       ) -> dict[str | None, Sequence[Row] | Exception] | None:
+            shard_of: dict[str, ShardInterval] = {}
+            for key, shard in zip(distinct, placed, strict=True):
+                if shard is None:
+                    return None
+                shard_of[key] = shard
+            groups: dict[int, list[int]] = {}
+            for i, key in enumerate(keys):
+                groups.setdefault(shard_of[key].shard_id, []).append(i)
+            order = sorted(groups)
+            program = [step for shard in order for step in _on_shard(
+                [Step(statement(groups[shard]), many=True)], self.sql.schema,
+                shard_of[keys[groups[shard][0]]])]
+            q = self.sql.run_routed_on_shards(distinct[0], encode(program), order)
+            found: dict[str | None, list[Row]] = {key: [] for key in distinct}
+            for rows in json.loads(await pool.fetchval(q.sql, *q.params)):
+                for r in rows:
+                    found[r["shard_key"]].append(r)
+            return {**found}
+
+        try:
+            return await self._retried(what, lambda: self._on_shards(distinct, send))
+        except asyncpg.PostgresError:
+            return None  # refused whole: a program per write, so a bad one fails alone
+        except Exception as error:
+            return dict.fromkeys(distinct, error)
 
     def _fenced_program(self, workflow_id: str, owner_xid: str, writes: Sequence[Query],
                         checkpoint: Query | None = None) -> Program:

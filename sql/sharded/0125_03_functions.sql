@@ -174,11 +174,14 @@ $dbos_fn$;
 -- holding that key's shard; a statement writing several tables at once (a modifying CTE)
 -- would be gathered through the node that plans it.
 --
--- steps is a JSON array of {"sql", "args", "rows", "gate"}: the statement, its parameters as
--- texts (at most 48: the statement reads them as $1 .. $48, each text, and casts them), whether
--- it returns a row, and whether the write stops unless it returned one whose "go" column, if
--- it has one, is true (a fence: the workflow is PENDING and owned; a checkpoint that landed).
--- Returns one element per step run: the row it returned, as JSON, or null.
+-- steps is a JSON array of {"sql", "args", "rows", "gate", "many"}: the statement, its
+-- parameters as texts (at most 48: the statement reads them as $1 .. $48, each text, and casts
+-- them), whether it returns a row, and whether the write stops unless it returned one whose
+-- "go" column, if it has one, is true (a fence: the workflow is PENDING and owned; a checkpoint
+-- that landed). With "many" (on a shard's own tables only), the statement returns any number
+-- of rows: a group-commit batch's rows of several keys of the shard, written in one statement.
+-- Returns one element per step run: the row it returned, as JSON, or null; for "many", the
+-- array of its rows.
 -- The parameters go positionally: Citus 13.2 crashed running statements that read them as
 -- subscripts of one array, and when this function was distributed (delegated to a worker).
 --
@@ -191,8 +194,12 @@ $dbos_fn$;
 -- the placement. The placement is then read in a new snapshot, after the lock: if the shard's
 -- only placement is not on this node (moved, split, or kept in several copies), nothing is
 -- written and the call fails with SQLSTATE DBS01, for the caller to look the key up again.
+-- With shards, the same for several shards of this node (a group-commit batch of its writes,
+-- a statement per shard): locked in the order given, which callers keep ascending, and each
+-- checked; the whole call fails if one was moved.
 CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb, shard bigint DEFAULT NULL,
-                                      prepared_here text[] DEFAULT NULL)
+                                      prepared_here text[] DEFAULT NULL,
+                                      shards bigint[] DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog
@@ -211,10 +218,17 @@ DECLARE
     run      text;
 BEGIN
     IF shard IS NOT NULL THEN
-        -- ShareLock (5), to commit: no move or split of the shard commits until this write has.
-        PERFORM lock_shard_metadata(5, ARRAY[shard]);
-        IF (SELECT array_agg(p.groupid) FROM pg_dist_placement p WHERE p.shardid = shard)
-           IS DISTINCT FROM ARRAY[(SELECT g.groupid FROM pg_dist_local_group g)] THEN
+        shards := ARRAY[shard];
+    END IF;
+    IF shards IS NOT NULL THEN
+        -- ShareLock (5), to commit: no move or split of a shard commits until this write has.
+        PERFORM lock_shard_metadata(5, shards);
+        shard := (SELECT s.id FROM unnest(shards) AS s(id)
+                  WHERE (SELECT array_agg(p.groupid) FROM pg_dist_placement p
+                         WHERE p.shardid = s.id)
+                        IS DISTINCT FROM ARRAY[(SELECT g.groupid FROM pg_dist_local_group g)]
+                  LIMIT 1);
+        IF shard IS NOT NULL THEN
             RAISE EXCEPTION 'run_routed: shard % has no placement of its own on this node', shard
                 USING ERRCODE = 'DBS01';
         END IF;
@@ -223,7 +237,7 @@ BEGIN
         args := ARRAY(SELECT jsonb_array_elements_text(step -> 'args'));
         result := NULL;
         counted := 0;
-        IF shard IS NOT NULL THEN
+        IF shards IS NOT NULL THEN
             -- On a shard's own tables each statement is prepared once per session and run by
             -- name, so its plan is kept, as a client's prepared statement's is (planning
             -- was most of a statement's cost here). Its parameters are texts, passed as
@@ -247,12 +261,20 @@ BEGIN
                           (SELECT coalesce('(' || string_agg(quote_nullable(a), ',' ORDER BY i)
                                            || ')', '')
                            FROM unnest(args) WITH ORDINALITY AS u(a, i)));
-            IF (step ->> 'rows')::boolean THEN
+            IF (step ->> 'many')::boolean THEN
+                result := '[]'::jsonb;
+                FOR returned IN EXECUTE run LOOP
+                    result := result || jsonb_build_array(to_jsonb(returned));
+                END LOOP;
+            ELSIF (step ->> 'rows')::boolean THEN
                 EXECUTE run INTO returned;
                 GET DIAGNOSTICS counted = ROW_COUNT;
             ELSE
                 EXECUTE run;
             END IF;
+        ELSIF (step ->> 'many')::boolean THEN
+            RAISE EXCEPTION 'run_routed: a step of many rows runs on a shard''s own tables only'
+                USING ERRCODE = 'invalid_parameter_value';
         ELSIF (step ->> 'rows')::boolean THEN
             EXECUTE step ->> 'sql' INTO returned USING
                 args[1], args[2], args[3], args[4], args[5], args[6], args[7], args[8],

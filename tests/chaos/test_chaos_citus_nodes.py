@@ -395,3 +395,59 @@ async def test_queued_workflows_of_a_live_workers_keys_run_while_another_is_down
                 assert await asyncio.wait_for(handle.get_result(), 10) == RESULT
         finally:
             cluster.start_worker(down)
+
+
+# ---- Failover while a worker node is down ----
+
+
+async def test_a_dead_executors_workflows_are_taken_over_while_a_worker_is_down(
+        citus_cluster: CitusCluster) -> None:
+    """An executor exits while its workflows wait at their gates under keys of both
+    workers, one of which is down. A live executor's failover scan and claim read each
+    node's own shards and claim key by key, so it takes over the workflows under the up
+    worker's keys while the other is down, and the rest once it is back (the dead
+    executor still has PENDING workflows there, which the next scan finds). Each resumes
+    from its checkpoint: the first step, recorded before the exit, never runs again."""
+    cluster = citus_cluster
+    url = cluster.url()
+    await migrate(url, sharding=True)
+    keys = await keys_by_worker(cluster, per_worker=2)
+    down, up = cluster.workers
+    options: dict[str, Any] = {"sharding": True, "db_retry_timeout": RETRY_TIMEOUT,
+                               "connect_timeout": 2.0}
+    gone = new_dbos(url, executor_id="gone", shutdown_grace_period=0, **options)
+    gone_app = Gated(gone)
+    taker = new_dbos(url, executor_id="taker", failover_after=0.2, **options)
+    taker_app = Gated(taker)
+    taker_app.gate.set()
+    workflow_ids = {key: f"chain-{key}" for key in (*keys[down], *keys[up])}
+    async with taker:
+        async with gone:
+            for key, workflow_id in workflow_ids.items():
+                with SetShardKey(key), SetWorkflowID(workflow_id):
+                    await gone.start_workflow(gone_app.chain, workflow_id)
+            await wait_until(lambda: _true(len(gone_app.at_gate) == len(workflow_ids)),
+                             what="every workflow of the executor at its gate")
+            cluster.stop_worker(down)
+        # It exited: its workflows are PENDING under its ID, its lock free.
+        try:
+            for key in keys[up]:
+                handle = await taker.retrieve_workflow(workflow_ids[key], shard_key=key)
+                assert await asyncio.wait_for(handle.get_result(), 60) == RESULT
+            assert not {taker_app.runs[workflow_ids[key], "last"] for key in keys[down]} - {0}
+        finally:
+            cluster.start_worker(down)
+        for key in keys[down]:
+            handle = await taker.retrieve_workflow(workflow_ids[key], shard_key=key)
+            assert await asyncio.wait_for(handle.get_result(), 60) == RESULT
+    rows = await fetch(url, "SELECT workflow_uuid, executor_id, status FROM dbos.workflow_status")
+    assert {r["workflow_uuid"]: (r["executor_id"], r["status"]) for r in rows} == {
+        workflow_id: ("taker", "SUCCESS") for workflow_id in workflow_ids.values()}
+    assert {(w, step) for (w, step), n in gone_app.runs.items() if n} == {
+        (w, step) for w in workflow_ids.values() for step in ("first", "gated")}
+    assert dict(taker_app.runs) == {(w, step): 1 for w in workflow_ids.values()
+                                    for step in ("gated", "last")}
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -65,8 +65,11 @@ class RecoveryStatements(StatementBase):
                     updated_at = {p(now_ms, 'bigint')}
                 WHERE {self._recovered(executor_id, application_version, exclude, p)}
                   AND queue_name IS NULL
+                -- The attributes as text however the rows come back (as JSON from a
+                -- Citus shard's own tables, see routed).
                 RETURNING workflow_uuid, status, name, class_name, config_name, owner_xid,
-                          serialization, workflow_deadline_epoch_ms, attributes,
+                          serialization, workflow_deadline_epoch_ms,
+                          attributes::text AS attributes,
                           authenticated_user, assumed_role, authenticated_roles,
                           recovery_attempts{self.key_columns('ws')},
                           (SELECT wi.inputs FROM {self.table('workflow_input')} wi
@@ -118,6 +121,37 @@ class RecoveryStatements(StatementBase):
                 RETURNING workflow_uuid{self.key_columns()}""",
             p.values,
         )
+
+    def _pending_on_shards(self, column: str, where: str, shard_ids: Sequence[int]) -> str:
+        """The distinct ``column`` of PENDING rows meeting ``where`` over the given shards
+        of ``workflow_status`` on a Citus node, named as that node's own tables (as
+        ``dequeue_scopes_on_shards`` reads them): a plain statement on that node alone, so
+        one node out of reach does not hide the rows of the others."""
+        return " UNION ".join(
+            f"SELECT DISTINCT {column} FROM {self.table('workflow_status')}_{shard_id} ws "
+            f"WHERE {where}" for shard_id in shard_ids)
+
+    def executors_with_pending_on_shards(self, application_version: str | None,
+                                         own_executor_id: str, shard_ids: Sequence[int]
+                                         ) -> Query:
+        """:meth:`executors_with_pending` over the given shards of a Citus node (see
+        :meth:`_pending_on_shards`): failover goes on while another node is down."""
+        p = Params()
+        where = (f"status = {p(PENDING)} AND {self._of_version(application_version, p)} "
+                 f"AND {self.own_scope('ws', p)} AND executor_id IS NOT NULL "
+                 f"AND executor_id <> {p(own_executor_id)}")
+        return Query(self._pending_on_shards("executor_id", where, shard_ids), p.values)
+
+    def pending_keys_on_shards(self, executor_id: str, application_version: str | None,
+                               shard_ids: Sequence[int]) -> Query:
+        """The shard keys of ``executor_id``'s PENDING workflows of this version over the
+        given shards of a Citus node (see :meth:`_pending_on_shards`): recovery there
+        claims key by key, each claim a statement on the key's node alone."""
+        p = Params()
+        where = (f"status = {p(PENDING)} AND executor_id = {p(executor_id)} "
+                 f"AND {self._of_version(application_version, p)} "
+                 f"AND {self.own_scope('ws', p)}")
+        return Query(self._pending_on_shards("shard_key", where, shard_ids), p.values)
 
     def executors_with_pending(self, application_version: str | None,
                                own_executor_id: str) -> Query:

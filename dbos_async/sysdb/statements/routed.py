@@ -47,6 +47,15 @@ class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):
         return Query(f"SELECT {self.table('run_routed')}({p(shard_key, 'text')}, "
                      f"{p(steps, 'text')}::jsonb, {p(shard, 'bigint')})", p.values)
 
+    def run_routed_on_shards(self, shard_key: str, steps: str, shards: Sequence[int]
+                             ) -> Query:
+        """:meth:`run_routed` of statements naming the tables of several shards of the
+        node run at (``shards``, ascending): each shard locked and checked as one is."""
+        p = Params()
+        return Query(f"SELECT {self.table('run_routed')}({p(shard_key, 'text')}, "
+                     f"{p(steps, 'text')}::jsonb, shards => {p.array(shards, 'bigint')})",
+                     p.values)
+
     def run_routed_many(self, shard_keys: Sequence[str | None], steps: Sequence[str],
                         shards: Sequence[int | None]) -> Query:
         """:meth:`run_routed` for the writes of several workflows (of any keys), in one

@@ -35,6 +35,16 @@ class _UnnestedStarts:
     key_values: str
 
 
+@dataclass(frozen=True)
+class _OwnKeys:
+    """SQL fragments of a batch whose rows carry their own keys (see ``_rows_scope``): the
+    keys' array parameter, their column name in the rows, and the lock order's first key."""
+
+    arrays: str = ""
+    names: str = ""
+    order: str = ""
+
+
 class WorkflowStatements(StatementBase):
     # ---- Workflow start ----
 
@@ -374,14 +384,28 @@ class WorkflowStatements(StatementBase):
         return Query(f"{insert} RETURNING workflow_uuid, function_id{self.key_columns()}",
                      p.values)
 
-    def record_steps(self, rows: Sequence[Checkpoint]) -> Query:
+    def _rows_scope(self, alias: str, shard_keys: Sequence[str] | None, p: Params
+                    ) -> tuple[str, _OwnKeys]:
+        """How a batch statement confines the status rows ``alias`` it joins: to the
+        caller's shard-key scope, or with ``shard_keys`` to each row's own key, one more
+        column of its rows (and first in its lock order: (key, ID))."""
+        if shard_keys is None:
+            return self.scoped(alias, p), _OwnKeys()
+        return (f"{alias}.shard_key = v.shard_key",
+                _OwnKeys(f", {p(list(shard_keys), 'text[]')}", ", shard_key",
+                         f"{alias}.shard_key, "))
+
+    def record_steps(self, rows: Sequence[Checkpoint],
+                     shard_keys: Sequence[str] | None = None) -> Query:
         """:meth:`record_step` for a batch of checkpoints of one shard key (under the
         caller's shard_key_scope), in one statement: each lands only while its execution
         owns its PENDING workflow, judged row by row. The status rows are locked FOR NO KEY
-        UPDATE (no hand-off commits between the check and the insert) in ID order, so
-        statements locking several of them cannot deadlock one another. Where two rows
-        claim one step, the first given lands. RETURNING each landed row's (workflow,
-        step) and key; a row missing from it asks :meth:`fence_verdict` why, as alone."""
+        UPDATE (no hand-off commits between the check and the insert) in (key and) ID
+        order, so statements locking several of them cannot deadlock one another. Where two
+        rows claim one step, the first given lands. RETURNING each landed row's (workflow,
+        step) and key; a row missing from it asks :meth:`fence_verdict` why, as alone.
+        With ``shard_keys`` (each row's key), the rows may be of several keys: for one
+        Citus shard's own table, which holds the rows of all its keys (see routed)."""
         p = Params()
         given = [{"workflow_uuid": r.workflow_id, "function_id": r.function_id,
                   "function_name": r.function_name, "owner_xid": r.owner_xid,
@@ -400,14 +424,16 @@ class WorkflowStatements(StatementBase):
         keys = self._key_values_of("ws")
         columns = [*keys, *stored, "application_name"]
         selected = [*keys.values(), *(f"v.{c}" for c in stored), p(self.app_name, "text")]
+        scope, own = self._rows_scope("ws", shard_keys, p)
         return Query(
             f"""INSERT INTO {self.table('operation_outputs')} ({', '.join(columns)})
                 SELECT {', '.join(selected)}
-                FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(names)}, ord)
+                FROM unnest({arrays}{own.arrays})
+                  WITH ORDINALITY AS v({', '.join(names)}{own.names}, ord)
                 JOIN {self.table('workflow_status')} ws
-                  ON {self.scoped('ws', p)} AND ws.workflow_uuid = v.workflow_uuid
+                  ON {scope} AND ws.workflow_uuid = v.workflow_uuid
                      AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
-                ORDER BY ws.workflow_uuid, v.ord
+                ORDER BY {own.order}ws.workflow_uuid, v.ord
                 FOR NO KEY UPDATE OF ws
                 {self._checkpoint_conflict()}
                 RETURNING workflow_uuid, function_id{self.key_columns()}""",
@@ -495,11 +521,14 @@ class WorkflowStatements(StatementBase):
         return (f"ON CONFLICT ({self.key_conflict('workflow_uuid')}) "
                 "DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error")
 
-    def record_outcomes(self, rows: Sequence[FinalOutcome], now_ms: int) -> Query:
+    def record_outcomes(self, rows: Sequence[FinalOutcome], now_ms: int,
+                        shard_keys: Sequence[str] | None = None) -> Query:
         """:meth:`record_outcome` for a batch of workflows of one shard key (under the
         caller's shard_key_scope; each workflow once), in one statement, judged row by row:
         a row's status is set only while its execution owns it PENDING, and its payload is
-        written only if it was. RETURNING the IDs (and key) whose outcome was recorded."""
+        written only if it was. RETURNING the IDs (and key) whose outcome was recorded.
+        With ``shard_keys`` (each row's key), the rows may be of several keys, as
+        :meth:`record_steps` takes them."""
         p = Params()
         names = {"workflow_uuid": "text", "status": "text", "owner_xid": "text",
                  "output": "text", "error": "text"}
@@ -508,9 +537,11 @@ class WorkflowStatements(StatementBase):
             strict=True))
         keys = self._key_values_of("updated")
         output_columns = [*keys, "workflow_uuid", "output", "error"]
+        scope, own = self._rows_scope("ws", shard_keys, p)
+        same_key = "" if shard_keys is None else " AND updated.shard_key = v.shard_key"
         return Query(
             f"""WITH v AS (
-                  SELECT * FROM unnest({arrays}) AS v({', '.join(names)})
+                  SELECT * FROM unnest({arrays}{own.arrays}) AS v({', '.join(names)}{own.names})
                 ), updated AS (
                   UPDATE {self.table('workflow_status')} ws
                   SET status = v.status,
@@ -520,13 +551,13 @@ class WorkflowStatements(StatementBase):
                       updated_at = {p(now_ms, 'bigint')},
                       completed_at = {p(now_ms, 'bigint')}
                   FROM v
-                  WHERE {self.scoped('ws', p)} AND ws.workflow_uuid = v.workflow_uuid
+                  WHERE {scope} AND ws.workflow_uuid = v.workflow_uuid
                     AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
                   RETURNING ws.workflow_uuid{self.key_columns('ws')}
                 ), stored AS (
                   INSERT INTO {self.table('workflow_output')} ({', '.join(output_columns)})
                   SELECT {', '.join([*keys.values(), 'v.workflow_uuid', 'v.output', 'v.error'])}
-                  FROM v JOIN updated ON updated.workflow_uuid = v.workflow_uuid
+                  FROM v JOIN updated ON updated.workflow_uuid = v.workflow_uuid{same_key}
                   ON CONFLICT ({self.key_conflict('workflow_uuid')})
                     DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error
                   RETURNING 1
