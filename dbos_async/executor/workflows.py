@@ -108,9 +108,10 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
         args = (runtime.registry.instance(row.class_name, row.config_name), *args)
     # A resumed or forked workflow continues from its own or copied checkpoints; a queue
     # claim says whether there are any, so a fresh one costs no read.
-    with bind_shard_keys({row.workflow_id: row.shard_key}):
-        checkpoints = (await runtime.system_database.load_checkpoints(row.workflow_id)
-                       if row.has_checkpoints else {})
+    checkpoints: dict[int, StepRecord] = {}
+    if row.has_checkpoints:
+        with bind_shard_keys({row.workflow_id: row.shard_key}):
+            checkpoints = await runtime.system_database.load_checkpoints(row.workflow_id)
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
                   row.deadline_epoch_ms, row.shard_key, row.attributes, authentication,
                   row.serialization or PORTABLE_JSON)
