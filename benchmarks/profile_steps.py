@@ -75,12 +75,13 @@ def own_time_by_group(stats: pstats.Stats) -> tuple[dict[str, float], dict[str, 
     return strict, charged
 
 
-def report(profiler: cProfile.Profile, workflows: int, limit: int) -> str:
+def report(profiler: cProfile.Profile, workflows: int, limit: int,
+           what: str = "workflows of 3 steps") -> str:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     strict, charged = own_time_by_group(stats)
     total = sum(strict.values())
-    out.write(f"Profiled: {workflows} workflows of 3 steps; {total:.3f} s of the event loop "
+    out.write(f"Profiled: {workflows} {what}; {total:.3f} s of the event loop "
               f"thread's CPU time (cProfile's overhead included), "
               f"{total / workflows * 1e6:.0f} µs per workflow\n\n")
     out.write("Own time per workflow, by group (µs; 'C charged to caller' moves each C "
