@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg
 from common import DEFAULT_URL, drop_database, recreate_database
-from profile_steps import report
-from queue_child import ENQUEUE_SQL, WORKFLOW, ZERO_STEP
+from profile_steps import add_report_options, publish, report
+from queue_child import ENQUEUE_SQL, WORKFLOW, ZERO_STEP, dbos_async_workflows
 
 import dbos_async
 from dbos_async import DBOS
@@ -51,18 +51,7 @@ async def profile(url: str, *, workflows: int, workflow: str, worker_concurrency
     dbos = DBOS(system_database_url=url, pool_size=pool_size, name="profile_drain",
                 application_version="bench")
     dbos.queue(QUEUE, worker_concurrency=worker_concurrency, polling_interval=0.1)
-
-    @dbos.step(name="add_one")
-    async def add_one(x: int) -> int:
-        return x + 1
-
-    @dbos.workflow(name=WORKFLOW)
-    async def one_step(x: int) -> int:
-        return await add_one(x)
-
-    @dbos.workflow(name=ZERO_STEP)
-    async def zero_step(x: int) -> int:
-        return x
+    dbos_async_workflows(dbos, {})  # those of the queue benchmark's executors
 
     async def drain(conn: asyncpg.Connection, profiler: cProfile.Profile | None
                     ) -> tuple[float, float]:
@@ -102,10 +91,7 @@ async def main() -> None:
     parser.add_argument("--workflow", choices=(ZERO_STEP, WORKFLOW), default=ZERO_STEP)
     parser.add_argument("--worker-concurrency", type=int, default=100)
     parser.add_argument("--pool-size", type=int, default=10)
-    parser.add_argument("--limit", type=int, default=30, help="entries per listing")
-    parser.add_argument("--out", type=Path, help="also write the report to this file")
-    parser.add_argument("--database", default="bench_profile_drain",
-                        help="scratch database (dropped afterwards)")
+    add_report_options(parser, "bench_profile_drain")
     args = parser.parse_args()
     url = await recreate_database(args.url, args.database)
     try:
@@ -114,15 +100,11 @@ async def main() -> None:
             worker_concurrency=args.worker_concurrency, pool_size=args.pool_size)
     finally:
         await drop_database(args.url, args.database)
-    text = (f"Unprofiled drain of {args.workflows} {args.workflow} workflows: "
+    publish(f"Unprofiled drain of {args.workflows} {args.workflow} workflows: "
             f"{args.workflows / wall:,.0f} wf/s wall, {cpu / args.workflows * 1e6:.0f} µs "
             f"of the process's CPU per workflow (the enqueue's included)\n"
             + report(profiler, args.workflows, args.limit,
-                     f"claimed {args.workflow} workflows"))
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+                     f"claimed {args.workflow} workflows"), args.out)
 
 
 if __name__ == "__main__":
