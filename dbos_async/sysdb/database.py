@@ -684,8 +684,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         """Record SUCCESS (no error) or ERROR; False if this execution no longer owned it.
 
         A recorded outcome is announced on the completion channel as soon as its batch has
-        committed, before any caller of the batch continues: a queue's claim loop reuses the
-        slot while those workflows are still winding down."""
+        committed, before any caller of the batch continues."""
         status = ERROR if error is not None else SUCCESS
         row = FinalOutcome(workflow_id, status, owner_xid, output, error)
         key = self.sql.key_hint(workflow_id)

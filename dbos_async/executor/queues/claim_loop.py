@@ -4,8 +4,9 @@ One claim loop task per queue this executor listens to. Each claim is one transa
 ``SystemDatabase.claim_queued``): the limits are read, the next workflows locked and flipped
 to PENDING with a fresh owner token each, and their inputs returned; each claimed workflow
 then runs as a task of the runtime. A claim loop sleeps until an enqueue notification
-for its queue (``dbos_enqueue_channel``, payload: the queue's name), a completion of one of
-its workflows (it frees a slot; announced on the same channel so other executors wake too),
+for its queue (``dbos_enqueue_channel``, payload: the queue's name), the end of one of its
+workflows' bodies (it frees a slot, while the outcome is still being written; announced on
+the same channel so other executors wake too),
 the end of a rate-limit window, or, while its queue has work in flight (a shared limit
 is spent, its own workers are busy), its polling interval, whichever is first. A round that
 finds nothing to start makes it idle: then the queue watcher
