@@ -75,12 +75,13 @@ def own_time_by_group(stats: pstats.Stats) -> tuple[dict[str, float], dict[str, 
     return strict, charged
 
 
-def report(profiler: cProfile.Profile, workflows: int, limit: int) -> str:
+def report(profiler: cProfile.Profile, workflows: int, limit: int,
+           what: str = "workflows of 3 steps") -> str:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     strict, charged = own_time_by_group(stats)
     total = sum(strict.values())
-    out.write(f"Profiled: {workflows} workflows of 3 steps; {total:.3f} s of the event loop "
+    out.write(f"Profiled: {workflows} {what}; {total:.3f} s of the event loop "
               f"thread's CPU time (cProfile's overhead included), "
               f"{total / workflows * 1e6:.0f} µs per workflow\n\n")
     out.write("Own time per workflow, by group (µs; 'C charged to caller' moves each C "
@@ -147,10 +148,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", "-c", type=int, default=100)
     parser.add_argument("--pool-size", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--limit", type=int, default=30, help="entries per listing")
-    parser.add_argument("--out", type=Path, help="also write the report to this file")
-    parser.add_argument("--database", default="bench_profile_steps",
-                        help="scratch database (dropped afterwards)")
+    add_report_options(parser, "bench_profile_steps")
     args = parser.parse_args()
     url = await recreate_database(args.url, args.database)
     try:
@@ -158,11 +156,23 @@ async def main() -> None:
                                  pool_size=args.pool_size, warmup=args.warmup)
     finally:
         await drop_database(args.url, args.database)
-    text = report(profiler, args.workflows, args.limit)
+    publish(report(profiler, args.workflows, args.limit), args.out)
+
+
+def add_report_options(parser: argparse.ArgumentParser, database: str) -> None:
+    """The options every profiling script here takes about its report and scratch database."""
+    parser.add_argument("--limit", type=int, default=30, help="entries per listing")
+    parser.add_argument("--out", type=Path, help="also write the report to this file")
+    parser.add_argument("--database", default=database,
+                        help="scratch database (dropped afterwards)")
+
+
+def publish(text: str, out: Path | None) -> None:
+    """Print the report, and write it to ``out`` if given."""
     print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def _dbos_async_instance(args: argparse.Namespace) -> Any:
                 executor_id=args.executor_id)
 
 
-def _dbos_async_workflows(dbos: Any, starts: dict[str, int]) -> None:
+def dbos_async_workflows(dbos: Any, starts: dict[str, int]) -> None:
     from dbos_async import DBOS
     from dbos_async.executor.context import current_workflow
 
@@ -178,7 +178,7 @@ async def serve_dbos_async(args: argparse.Namespace) -> None:
     dbos = _dbos_async_instance(args)
     dbos.queue(args.queue, worker_concurrency=args.worker_concurrency,
                polling_interval=args.polling_interval)
-    _dbos_async_workflows(dbos, {})
+    dbos_async_workflows(dbos, {})
     loop = asyncio.get_running_loop()
     async with dbos:
         print(READY, flush=True)
@@ -199,7 +199,7 @@ async def latency_dbos_async(args: argparse.Namespace) -> dict[str, Any]:
     # Notified: default polling interval (1 s), woken by the NOTIFY sent with the enqueue.
     dbos.queue("lat_notify")
     dbos.queue("lat_equal", polling_interval=args.polling_interval)
-    _dbos_async_workflows(dbos, starts)
+    dbos_async_workflows(dbos, starts)
     async with dbos:
         run = _runner(args, starts)
         return {

@@ -16,7 +16,13 @@ import asyncpg
 import pytest
 from helpers import execute, fetch, new_dbos, pool_statements, step_rows, wait_until, workflow_row
 
-from dbos_async import DBOSError, NondeterminismError, SetWorkflowID, WorkflowCancelledError
+from dbos_async import (
+    DBOSError,
+    NondeterminismError,
+    NonExistentWorkflowError,
+    SetWorkflowID,
+    WorkflowCancelledError,
+)
 
 BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
 """Text of the batched checkpoint statement (one row per workflow in its arrays)."""
@@ -305,3 +311,45 @@ async def test_a_start_the_database_refuses_fails_alone(database_url: str) -> No
     assert isinstance(outcomes[5], DBOSError) and "poison refused" in str(outcomes[5])
     assert "'poison'" in str(outcomes[5])
     assert await workflow_row(database_url, "poison") is None
+
+
+SEND_MARK = "AS m(message_uuid, destination_uuid, topic, message, serialization)"
+"""Text of the batched message insert (a send from outside a workflow)."""
+
+
+def sent_batches(logged: list[tuple[str, tuple[Any, ...]]]) -> list[list[str]]:
+    """The destinations of each message insert sent, in order (the array of destinations
+    is the fourth from last argument)."""
+    return [list(args[-4]) for sql, args in logged if SEND_MARK in sql]
+
+
+async def test_sends_made_together_go_as_one_statement_and_a_missing_destination_fails_alone(
+        database_url: str) -> None:
+    """Sends from outside a workflow made in one turn of the event loop are one insert; a
+    batch the foreign key refuses (a destination that does not exist) goes again row by
+    row, so only that caller gets NonExistentWorkflowError and every other message lands."""
+    dbos = new_dbos(database_url)
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv(timeout=60)
+
+    names = [f"receiver-{i}" for i in range(6)]
+    async with dbos:
+        handles = {}
+        for name in names:
+            with SetWorkflowID(name):
+                handles[name] = await dbos.start_workflow(receiver)
+        async with pool_statements(dbos) as logged:
+            together = await asyncio.gather(*(dbos.send(n, n.upper()) for n in names[:3]))
+            mixed = await asyncio.gather(*(dbos.send(n, n.upper()) for n in names[3:]),
+                                         dbos.send("nobody", 1), return_exceptions=True)
+        results = {n: await asyncio.wait_for(h.get_result(), 30) for n, h in handles.items()}
+    assert together == [None, None, None]
+    assert mixed[:3] == [None, None, None]
+    assert isinstance(mixed[3], NonExistentWorkflowError) and "nobody" in str(mixed[3])
+    assert results == {n: n.upper() for n in names}
+    assert sent_batches(logged) == [names[:3], [*names[3:], "nobody"],
+                                    *([n] for n in [*names[3:], "nobody"])]
+    stored = await fetch(database_url, "SELECT destination_uuid FROM dbos.notifications")
+    assert sorted(r["destination_uuid"] for r in stored) == names  # each once, none to nobody

@@ -36,6 +36,7 @@ from dbos_async import (
     DBOSClient,
     DBOSError,
     NondeterminismError,
+    NonExistentWorkflowError,
     QueueDeduplicatedError,
     SetEnqueueOptions,
     SetShardKey,
@@ -525,6 +526,36 @@ async def test_a_workflow_messages_a_workflow_under_another_key(database_url: st
         assert "DBOS.send" not in [s.name for s in receiver_steps]
         status = await dbos.get_workflow_status("twin", shard_key="acme")
         assert status is not None and status.status == "SUCCESS"
+
+
+async def test_sends_from_outside_go_together_per_key_and_a_missing_one_fails_alone(
+        database_url: str) -> None:
+    """Sends from outside a workflow made together, to workflows of one ID under two keys
+    and to an ID that exists under neither: every message lands under its own key, and
+    only the send to the missing workflow fails."""
+    dbos = sharded(database_url)
+
+    @dbos.workflow(name="receiver")
+    async def receiver() -> Any:
+        return await dbos.recv(timeout=PATIENCE)
+
+    keys = ["acme", "globex"]
+    async with dbos:
+        handles = {}
+        for key in keys:
+            with SetShardKey(key), SetWorkflowID("inbox"):
+                handles[key] = await dbos.start_workflow(receiver)
+        sent = await asyncio.gather(*(dbos.send("inbox", key, shard_key=key) for key in keys),
+                                    dbos.send("nobody", 1, shard_key="acme"),
+                                    return_exceptions=True)
+        assert sent[:2] == [None, None]
+        assert isinstance(sent[2], NonExistentWorkflowError) and "nobody" in str(sent[2])
+        for key in keys:
+            assert await asyncio.wait_for(handles[key].get_result(), PATIENCE) == key
+    stored = await fetch(database_url, "SELECT shard_key, destination_uuid, message "
+                                       "FROM dbos.notifications ORDER BY shard_key")
+    assert [(r["shard_key"], r["destination_uuid"]) for r in stored] == [
+        ("acme", "inbox"), ("globex", "inbox")]
 
 
 async def test_recovery_tells_same_id_workflows_of_two_keys_apart(database_url: str) -> None:

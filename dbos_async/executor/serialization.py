@@ -20,7 +20,7 @@ import base64
 import inspect
 import json
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection
 from enum import StrEnum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
@@ -341,10 +341,13 @@ class Signature:
         """Whether any parameter has an annotation a value is checked against."""
         return any(self._adapter(p.name) is not None for p in self.parameters)
 
-    def _parameter_names(self, positional: int, named: Iterable[str]
+    def _parameter_names(self, positional: int, named: Collection[str]
                          ) -> tuple[list[str], dict[str, str]]:
         """The parameter each of ``positional`` arguments and each ``named`` one binds to
         ("" for none): the annotation its value is checked against."""
+        known: dict[int, list[str]] = self.__dict__.setdefault("_positional_names", {})
+        if not named and positional in known:  # the common call: the same arguments again
+            return known[positional], {}
         names: list[str] = []
         params = iter(self.parameters)
         current: inspect.Parameter | None = None
@@ -356,6 +359,8 @@ class Signature:
                    if p.kind is not inspect.Parameter.VAR_POSITIONAL}
         var_keyword = next((p.name for p in self.parameters
                             if p.kind is inspect.Parameter.VAR_KEYWORD), "")
+        if not named:
+            known[positional] = names
         return names, {k: k if k in by_name else var_keyword for k in named}
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -403,6 +408,8 @@ class Signature:
         self, text: str | None, serialization: str | None, formats: Formats
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         positional, named = formats.decode_inputs(text, serialization, self.qualname)
+        if not self._checks_arguments:  # nothing to coerce: no parameter to look up
+            return tuple(positional), named
         names, keywords = self._parameter_names(len(positional), named)
         args = tuple(self.coerce(name, value, f"argument {index} of {self.qualname}")
                      for index, (name, value) in enumerate(zip(names, positional, strict=True)))

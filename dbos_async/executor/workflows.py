@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,10 +45,18 @@ class Execution:
 
     info: WorkflowInfo
     result: asyncio.Future[Any] = field(default_factory=asyncio.Future)
+    on_body_end: Callable[[], None] | None = None
+    """Called once the body has returned or raised, before its outcome is recorded (a
+    queue's claim loop frees the workflow's worker slot there)."""
 
     def __post_init__(self) -> None:
         # Mark an unawaited failure as seen: the outcome is in the database either way.
         self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def body_ended(self) -> None:
+        callback, self.on_body_end = self.on_body_end, None
+        if callback is not None:
+            callback()
 
 
 def launch(
@@ -99,9 +108,10 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
         args = (runtime.registry.instance(row.class_name, row.config_name), *args)
     # A resumed or forked workflow continues from its own or copied checkpoints; a queue
     # claim says whether there are any, so a fresh one costs no read.
-    with bind_shard_keys({row.workflow_id: row.shard_key}):
-        checkpoints = (await runtime.system_database.load_checkpoints(row.workflow_id)
-                       if row.has_checkpoints else {})
+    checkpoints: dict[int, StepRecord] = {}
+    if row.has_checkpoints:
+        with bind_shard_keys({row.workflow_id: row.shard_key}):
+            checkpoints = await runtime.system_database.load_checkpoints(row.workflow_id)
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
                   row.deadline_epoch_ms, row.shard_key, row.attributes, authentication,
                   row.serialization or PORTABLE_JSON)
@@ -135,7 +145,7 @@ async def _execute(ctx: WorkflowContext, execution: Execution, args: tuple[Any, 
     runtime, workflow_id = ctx.runtime, ctx.workflow_id
     future = execution.result
     try:
-        value = await _body_within_deadline(ctx, execution.info, args, kwargs)
+        value = await _body_within_deadline(ctx, execution, args, kwargs)
     except asyncio.CancelledError:
         # The executor is shutting down: the workflow stays PENDING and resumes on recovery.
         future.set_exception(DBOSError(
@@ -161,19 +171,23 @@ class _DeadlineExceeded(Exception):
     pass
 
 
-async def _body_within_deadline(ctx: WorkflowContext, info: WorkflowInfo,
+async def _body_within_deadline(ctx: WorkflowContext, execution: Execution,
                                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    with running_workflow(ctx):
-        if ctx.deadline_epoch_ms is None:
-            return await info.fn(*args, **kwargs)
-        deadline = ctx.runtime.system_database.clock.deadline(ctx.deadline_epoch_ms)
-        try:
-            async with deadline:
-                return await info.fn(*args, **kwargs)
-        except TimeoutError:
-            if deadline.expired():
-                raise _DeadlineExceeded() from None
-            raise  # the body's own
+    fn = execution.info.fn
+    try:
+        with running_workflow(ctx):
+            if ctx.deadline_epoch_ms is None:
+                return await fn(*args, **kwargs)
+            deadline = ctx.runtime.system_database.clock.deadline(ctx.deadline_epoch_ms)
+            try:
+                async with deadline:
+                    return await fn(*args, **kwargs)
+            except TimeoutError:
+                if deadline.expired():
+                    raise _DeadlineExceeded() from None
+                raise  # the body's own
+    finally:
+        execution.body_ended()
 
 
 async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = None,

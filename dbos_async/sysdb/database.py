@@ -201,6 +201,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         self._checkpoints = GroupCommit[Keyed[Checkpoint], bool](self._write_checkpoints)
         self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
+        self._sends = GroupCommit[Keyed[OutgoingMessage], bool](self._write_sends)
 
 
     async def dequeue_scopes(self, queue_name: str) -> list[str]:
@@ -224,6 +225,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         await self._starts.aclose()
         await self._checkpoints.aclose()
         await self._outcomes.aclose()
+        await self._sends.aclose()
         await super().close()
 
     # ---- Workflows ----
@@ -711,8 +713,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         """Record SUCCESS (no error) or ERROR; False if this execution no longer owned it.
 
         A recorded outcome is announced on the completion channel as soon as its batch has
-        committed, before any caller of the batch continues: a queue's claim loop reuses the
-        slot while those workflows are still winding down."""
+        committed, before any caller of the batch continues."""
         status = ERROR if error is not None else SUCCESS
         row = FinalOutcome(workflow_id, status, owner_xid, output, error)
         key = self.sql.key_hint(workflow_id)
@@ -942,12 +943,51 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def send(self, destination_id: str, message_uuid: str, topic: str, message: Payload
                    ) -> None:
-        """Send from outside a workflow; idempotent by ``message_uuid``."""
-        query = self.sql.send_message(destination_id, message_uuid, topic, message)
+        """Send from outside a workflow; idempotent by ``message_uuid``. The sends made
+        together go as one statement per key (group commit; on Citus, each alone): each
+        caller continues once its message has committed, exactly as alone."""
+        if self.routes_single_tables:
+            query = self.sql.send_message(destination_id, message_uuid, topic, message)
+            try:
+                await self._execute(query, f"sending to {destination_id}")
+            except asyncpg.ForeignKeyViolationError:
+                raise NonExistentWorkflowError(destination_id) from None
+            return
+        key = self.sql.key_hint(destination_id)
+        outgoing = OutgoingMessage(destination_id, message_uuid, topic, message.text, key,
+                                   message.serialization)
+        await self._sends.submit(await self._lane(key), (key, outgoing))
+
+    async def _write_sends(self, lane: Hashable, rows: Sequence[Keyed[OutgoingMessage]]
+                           ) -> list[bool | BaseException]:
+        """One group-commit batch of sends from outside workflows, one statement per key. A
+        key's statement that fails the foreign key (a destination is missing) wrote none of
+        its rows: they go again one by one, so only a send to a missing workflow fails."""
+        groups, statements = self._per_key(
+            rows, lambda key, m: self.sql.send_messages([m], key),
+            lambda key, group: self.sql.send_messages(group, key))
+        found = await self._fetch_per_key(statements, f"sending {len(rows)} messages")
+        verdicts: list[bool | BaseException] = [True] * len(rows)
+        for indexes, key in groups:
+            refused = found[key]
+            if not isinstance(refused, Exception):
+                continue
+            for i in indexes:
+                verdicts[i] = (await self._send_alone(rows[i][1])
+                               if isinstance(refused, asyncpg.ForeignKeyViolationError)
+                               else refused)
+        return verdicts
+
+    async def _send_alone(self, m: OutgoingMessage) -> bool | BaseException:
+        """A send of a refused batch, on its own: True once written, or why not."""
         try:
-            await self._execute(query, f"sending to {destination_id}")
+            await self._execute(self.sql.send_messages([m], m.shard_key),
+                                f"sending to {m.destination_id}")
         except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(destination_id) from None
+            return NonExistentWorkflowError(m.destination_id)
+        except Exception as error:
+            return error
+        return True
 
     async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
                           message_uuid: str, topic: str, message: Payload) -> None:

@@ -4,8 +4,9 @@ One claim loop task per queue this executor listens to. Each claim is one transa
 ``SystemDatabase.claim_queued``): the limits are read, the next workflows locked and flipped
 to PENDING with a fresh owner token each, and their inputs returned; each claimed workflow
 then runs as a task of the runtime. A claim loop sleeps until an enqueue notification
-for its queue (``dbos_enqueue_channel``, payload: the queue's name), a completion of one of
-its workflows (it frees a slot; announced on the same channel so other executors wake too),
+for its queue (``dbos_enqueue_channel``, payload: the queue's name), the end of one of its
+workflows' bodies (it frees a slot, while the outcome is still being written; announced on
+the same channel so other executors wake too),
 the end of a rate-limit window, or, while its queue has work in flight (a shared limit
 is spent, its own workers are busy), its polling interval, whichever is first. A round that
 finds nothing to start makes it idle: then the queue watcher
@@ -80,6 +81,8 @@ class ClaimLoop:
         # Whose turn it is: among the keys, and among each key's (scope's) partitions.
         self._scope_turn = Rotation()
         self._partition_turns: dict[str | None, Rotation] = {}
+        # Whether the slots freed in this turn of the event loop are to be announced.
+        self._announcing = False
 
     def _room(self) -> int | None:
         if self.queue.worker_concurrency is None:
@@ -323,18 +326,30 @@ class ClaimLoop:
             return
         running = keyed(workflow_id, row.shard_key)
         self.running[running] = partition_key
+        # The slot is free as soon as the body is done: the next claim goes while the
+        # outcomes are being written (the row stays PENDING under this execution's owner
+        # token until they commit, so a shared concurrency budget still counts it).
+        execution.on_body_end = lambda: self.finished(running)
         execution.result.add_done_callback(lambda _: self.finished(running))
 
     def finished(self, running: str) -> None:
-        """A workflow of this loop ended (its completion was announced, or its execution
-        stopped): its slot is free. The announcement comes as the outcome commits, so the
-        next claim is on its way while the finished workflows wind down."""
+        """A workflow of this loop ended (its body returned or raised, its completion was
+        announced, or its execution stopped): its worker slot is free."""
         if running in self.running:
             del self.running[running]
             self._freed()
 
     def _freed(self) -> None:
-        # A slot is free: wake this claim loop, and the queue's claim loops elsewhere.
+        """A slot is free: wake this claim loop, and the queue's claim loops elsewhere, once
+        for all the slots freed in this turn of the event loop (a claim's workflows end
+        together)."""
+        if self._announcing:
+            return
+        self._announcing = True
+        asyncio.get_running_loop().call_soon(self._announce_freed)
+
+    def _announce_freed(self) -> None:
+        self._announcing = False
         self.runtime.system_database.notify(ENQUEUE_CHANNEL, self.queue.name)
 
 
