@@ -80,6 +80,17 @@ def test_every_name_of_all_is_importable() -> None:
         assert not missing, f"{module_name}.__all__ names what it lacks: {missing}"
 
 
+def test_the_status_strings_are_the_dbos_packages() -> None:
+    import dbos
+
+    from dbos_async import WorkflowStatusString
+
+    ours = {status.name: status.value for status in WorkflowStatusString}
+    theirs = {status.name: status.value for status in dbos.WorkflowStatusString}
+    assert ours == theirs
+    assert WorkflowStatusString.SUCCESS == "SUCCESS"  # a str, comparable with stored text
+
+
 if __name__ == "__main__":
     RECORD.write_text("".join(f"{line}\n" for line in surface()))
     sys.stdout.write(f"recorded {RECORD}\n")
