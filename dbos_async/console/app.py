@@ -50,7 +50,7 @@ from dbos_async.executor.operator import Operator
 from dbos_async.prometheus import PrometheusMetrics
 from dbos_async.statuses import WorkflowStatusString
 from dbos_async.sysdb.clock import SYSTEM_CLOCK
-from dbos_async.web.views import query_flag
+from dbos_async.web.views import query_flag, query_statuses
 
 PAGE_SIZE = 50
 CHILD_DEPTH = 3
@@ -415,11 +415,7 @@ class Console:
 def workflow_filters(q: QueryParams) -> dict[str, Any]:
     """The arguments of ``list_workflows`` a list page's query asks for."""
     get = q.get
-    chosen = [s.upper() for s in q.getlist("status") if s]
-    unknown = [s for s in chosen if s not in list(WorkflowStatusString)]
-    if unknown:
-        raise ConsoleError(400, f"Unknown status {unknown[0]!r}: choose from "
-                                f"{', '.join(WorkflowStatusString)}")
+    chosen = query_statuses(q.getlist("status"))
     attributes = None
     text = get("attributes")
     if text:
