@@ -124,7 +124,7 @@ async def transactional(system_url: str, app_url: str, on: str, count: int,
 
     counter = QueryCounter()
     async with dbos:
-        runtime = dbos.runtime
+        runtime = dbos._current_runtime
         pools = [runtime.system_database.pool]
         pools += [d.pool for d in runtime.application_databases.values()]
         for pool in pools:

@@ -73,7 +73,7 @@ async def drop_scratch_schema(url: str) -> None:
 
 
 def dispatcher_of(peer: DBOS | DBOSClient) -> NotificationDispatcher:
-    dispatcher = peer.system_database.notifications
+    dispatcher = peer._peer().system_database.notifications
     assert dispatcher is not None
     return dispatcher
 

@@ -88,7 +88,7 @@ async def main() -> None:
             print(f"{args.workflows:,} workflows written in "
                   f"{time.perf_counter() - started:.1f} s")
             async with DBOSClient(url) as client:
-                sql = client.system_database.sql
+                sql = client._peer().system_database.sql
                 page = {"limit": PAGE_SIZE + 1, "offset": 0, "sort_desc": True,
                         "load_input": False, "load_output": False}
                 newest = await client.list_workflows(**page)

@@ -77,7 +77,7 @@ async def main() -> None:
               f"{time.perf_counter() - started:.1f} s")
         async with DBOSClient(system_database_url=args.url, schema_name=SCHEMA,
                               sharding=True) as client:
-            sysdb = client.system_database
+            sysdb = client._peer().system_database
             keys = await sysdb.dequeue_scopes(QUEUE)
             print(f"{len(keys)} keys; on Citus: {sysdb.routes_single_tables}")
             after = sysdb.sql.dequeue_scopes(QUEUE, distributed=sysdb.routes_single_tables)

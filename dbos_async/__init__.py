@@ -108,6 +108,7 @@ if TYPE_CHECKING:
     from dbos_async.executor.steps import RetryOn, StepOptions
     from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
     from dbos_async.executor.transactions import transaction_connection
+    from dbos_async.statuses import WorkflowStatusString
     from dbos_async.sysdb.health import DatabaseHealth
     from dbos_async.sysdb.migrations import holds_sharded_schema
     from dbos_async.sysdb.records import VersionBacklog
@@ -211,6 +212,7 @@ _EXPORTS: dict[str, str] = {
     "ExecutorHealth": "dbos_async.executor.tasks",
     "TaskHealth": "dbos_async.executor.tasks",
     "transaction_connection": "dbos_async.executor.transactions",
+    "WorkflowStatusString": "dbos_async.statuses",
     "DatabaseHealth": "dbos_async.sysdb.health",
     "holds_sharded_schema": "dbos_async.sysdb.migrations",
     "VersionBacklog": "dbos_async.sysdb.records",
@@ -323,6 +325,7 @@ __all__ = [
     "WorkflowSerializationFormat",
     "WorkflowStateError",
     "WorkflowStatus",
+    "WorkflowStatusString",
     "WorkflowStepInfo",
     "current_authentication",
     "current_shard_key",

@@ -50,6 +50,7 @@ __all__ = [
     "dbos_context",
     "dbos_middleware",
     "executor_of",
+    "metrics_handler",
     "problem_response",
     "setup",
     "workflow_routes",

@@ -68,7 +68,7 @@ from dbos_async.validation import check_identifier
 logger = logging.getLogger("dbos_async")
 
 
-class DBOSClient(Operator, Peer):
+class DBOSClient(Operator):
     """A client of the workflows in a system database, for processes that run none.
 
     ``async with DBOSClient(system_database_url=...) as client:`` connects, verifies the
@@ -88,6 +88,11 @@ class DBOSClient(Operator, Peer):
     an executor: the format it writes in, and whether it reads ``py_pickle``.
     """
 
+    config: DBOSConfig
+    """Its settings: those given, then the configuration file's and the environment's."""
+    application_name: str | None
+    """The application it acts for (None: every application's workflows)."""
+
     def __init__(self, system_database_url: str | None = None, *, schema_name: str = "dbos",
                  application_name: str | None = None, **settings: Any) -> None:
         application_name = (application_name
@@ -97,11 +102,8 @@ class DBOSClient(Operator, Peer):
             connection_name=application_name or "dbos_async_client", run_migrations=False,
             application_name=application_name, **settings)
         self.application_name = self.config.application_name
-        self.formats = Formats.of(self.config)
         self._sysdb: SystemDatabase | None = None
-        # A client opens no application database: rewinding or deleting a workflow whose
-        # transactions ran on one is an executor's job (see docs/guides/transactions.md).
-        self.application_databases: dict[str, ApplicationDatabase] = {}
+        self._as_peer = _ClientPeer(self)
         self._background = TaskOwner("client")
         self._state = "new"
 
@@ -141,45 +143,18 @@ class DBOSClient(Operator, Peer):
             if self._sysdb is not None:
                 await self._sysdb.close()
 
-    # ---- The Peer protocol ----
-
-    @property
-    def system_database(self) -> SystemDatabase:
-        """The connected system database (part of the peer protocol the operations use).
-
-        Raises:
-            DBOSError: the client is not entered, or has been closed.
-        """
-        if self._state != "running" or self._sysdb is None:
-            raise DBOSError("DBOSClient is not connected: use `async with DBOSClient(...)`"
-                            if self._state == "new" else "DBOSClient has been closed")
-        return self._sysdb
-
-    def signature_of(self, workflow_name: str) -> Signature | None:
-        """None: a client has no workflow code, so values stay plain JSON."""
-        return None  # a client has no workflow code: values are plain JSON
-
-    def running_result(self, workflow_id: str,
-                       shard_key: str | None = None) -> asyncio.Future[Any] | None:
-        """None: no workflow runs in a client, so its results come from the database."""
-        return None
-
-    def interrupt_local(self, waiters: set[str]) -> None:
-        """Nothing to interrupt: a client runs no workflow whose waits a cancel ends."""
-        return None
-
     # ---- Operator hooks (see executor/operator.py) ----
 
     def _firing_executor_id(self) -> str:
         return self.config.executor_id or DEFAULT_EXECUTOR_ID
 
     def _peer(self, during_shutdown: bool = False) -> Peer:
-        return self
+        return self._as_peer
 
     async def _handle(self, workflow_id: str,
                       shard_key: str | None = None) -> WorkflowHandle[Any]:
         # Plain JSON: no signature to look up.
-        return workflow_handle(self, workflow_id, shard_key=shard_key)
+        return workflow_handle(self._as_peer, workflow_id, shard_key=shard_key)
 
     # ---- Enqueue and send ----
 
@@ -261,8 +236,8 @@ class DBOSClient(Operator, Peer):
             Placement(queue_name, priority=priority, deduplication_id=deduplication_id,
                       partition_key=partition_key, delay=delay),
             class_name=class_name, config_name=config_name,
-            serialization=self.formats.chosen(serialization_type))
-        sysdb = self.system_database
+            serialization=self._as_peer.formats.chosen(serialization_type))
+        sysdb = self._as_peer.system_database
 
         def start() -> Awaitable[StartResult]:
             if connection is None:
@@ -274,13 +249,13 @@ class DBOSClient(Operator, Peer):
         started = await start_deduplicated(sysdb, start, queue_name, deduplication_id,
                                            deduplication_policy, shard_key)
         if isinstance(started, tuple):  # "return_existing": the holder's handle
-            return workflow_handle(self, started[0], shard_key=shard_key)
+            return workflow_handle(self._as_peer, started[0], shard_key=shard_key)
         if workflow_id_reuse_policy == "reject":
             started.refuse_reuse()
         check_name(started, plan.workflow_id, workflow_name)
         if started.created and connection is None:
             announce(sysdb, plan.row)
-        return workflow_handle(self, plan.workflow_id, shard_key=shard_key)
+        return workflow_handle(self._as_peer, plan.workflow_id, shard_key=shard_key)
 
     def _plan(self, call: CallContext, workflow_name: str, args: Sequence[Any],
               kwargs: Mapping[str, Any], application_version: str | None,
@@ -288,12 +263,13 @@ class DBOSClient(Operator, Peer):
               **columns: str | None) -> StartPlan:
         """The start plan of an enqueue by name: the arguments in format ``serialization``
         (None: the client's, portable JSON by default)."""
-        inputs = self.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name,
+        peer = self._as_peer
+        inputs = peer.formats.encode_inputs(tuple(args), dict(kwargs), workflow_name,
                                             serialization)
         return plan_start(call, name=workflow_name, inputs=inputs,
                           executor_id=self.config.executor_id or DEFAULT_EXECUTOR_ID,
                           application_version=application_version,
-                          now_ms=self.system_database.clock.now_ms(), placement=placement,
+                          now_ms=peer.system_database.clock.now_ms(), placement=placement,
                           **columns)
 
     async def enqueue_many(self, queue_name: str,
@@ -323,7 +299,7 @@ class DBOSClient(Operator, Peer):
             return (self._plan(r.call(CallContext()), r.workflow, r.args, r.kwargs,
                                r.application_version, r.placement(queue_name)), None)
 
-        return await enqueue_batch(self, await planned_rows(requests, plan))
+        return await enqueue_batch(self._as_peer, await planned_rows(requests, plan))
 
     def send(self, destination_id: str, message: Any, topic: str | None = None,
              idempotency_key: str | None = None, *, shard_key: str | None = None,
@@ -338,8 +314,8 @@ class DBOSClient(Operator, Peer):
                                 shard_key=shard_key, send_to_forks=send_to_forks,
                                 serialization_type=serialization_type)
         _no_forks_in_transaction(send_to_forks)
-        text = self.formats.encode_as(self.formats.chosen(serialization_type), message,
-                                      "a message")
+        formats = self._as_peer.formats
+        text = formats.encode_as(formats.chosen(serialization_type), message, "a message")
         return self._send_in_transaction(connection, destination_id, text, topic,
                                          idempotency_key, shard_key)
 
@@ -354,12 +330,12 @@ class DBOSClient(Operator, Peer):
                                      serialization_type=serialization_type)
         _no_forks_in_transaction(send_to_forks)
         return self._send_bulk_in_transaction(
-            connection, messaging.outgoing(messages, self.formats, serialization_type))
+            connection, messaging.outgoing(messages, self._as_peer.formats, serialization_type))
 
     async def _send_bulk_in_transaction(self, conn: asyncpg.Connection,
                                         batch: list[OutgoingMessage]) -> None:
         async with conn.transaction():
-            await self.system_database.send_many_on(conn, batch)
+            await self._as_peer.system_database.send_many_on(conn, batch)
 
     async def _send_in_transaction(self, conn: asyncpg.Connection, destination_id: str,
                                    message: Payload, topic: str | None,
@@ -369,7 +345,7 @@ class DBOSClient(Operator, Peer):
                                                                idempotency_key)
         with bind_shard_keys({destination_id: shard_key}):
             async with conn.transaction():
-                await self.system_database.send_on(conn, destination_id, message_uuid,
+                await self._as_peer.system_database.send_on(conn, destination_id, message_uuid,
                                                    stored_topic, message)
 
     # ---- Queues ----
@@ -379,7 +355,46 @@ class DBOSClient(Operator, Peer):
         """Store (upsert) a queue's settings in the ``queues`` table, where executors that
         listen to it by name find them: ``register_queue(name, ...)`` takes the arguments
         of :class:`~dbos_async.Queue`, checked as ``Queue`` checks them."""
-        await self.system_database.upsert_queue(Queue(*settings, **named).record)
+        await self._as_peer.system_database.upsert_queue(Queue(*settings, **named)._record)
+
+
+class _ClientPeer(Peer):
+    """A client as the peer the shared operations run through (the
+    :class:`~dbos_async.executor.peer.Peer` protocol), kept off the client's public API."""
+
+    def __init__(self, client: DBOSClient) -> None:
+        self._client = client
+        self.config = client.config
+        self.formats = Formats.of(client.config)
+        # A client opens no application database: rewinding or deleting a workflow whose
+        # transactions ran on one is an executor's job (see docs/guides/transactions.md).
+        self.application_databases: dict[str, ApplicationDatabase] = {}
+
+    @property
+    def system_database(self) -> SystemDatabase:
+        """The connected system database.
+
+        Raises:
+            DBOSError: the client is not entered, or has been closed.
+        """
+        client = self._client
+        if client._state != "running" or client._sysdb is None:
+            raise DBOSError("DBOSClient is not connected: use `async with DBOSClient(...)`"
+                            if client._state == "new" else "DBOSClient has been closed")
+        return client._sysdb
+
+    def signature_of(self, workflow_name: str) -> Signature | None:
+        """None: a client has no workflow code, so values stay plain JSON."""
+        return None
+
+    def running_result(self, workflow_id: str,
+                       shard_key: str | None = None) -> asyncio.Future[Any] | None:
+        """None: no workflow runs in a client, so its results come from the database."""
+        return None
+
+    def interrupt_local(self, waiters: set[str]) -> None:
+        """Nothing to interrupt: a client runs no workflow whose waits a cancel ends."""
+        return None
 
 
 def _no_forks_in_transaction(send_to_forks: bool) -> None:
@@ -451,13 +466,14 @@ class DebouncerClient:
         client = self.client
         placement = Placement(self.queue_name, deduplication_id=key, delay=self.period,
                               debounced=True, max_delay=self.max_delay)
-        inputs = client.formats.encode_inputs(tuple(args), dict(kwargs), self.workflow_name)
+        peer = client._peer()
+        inputs = peer.formats.encode_inputs(tuple(args), dict(kwargs), self.workflow_name)
 
         def plan() -> StartPlan:
             return client._plan(CallContext(shard_key=self.shard_key), self.workflow_name,
                                 args, kwargs, self.application_version, placement)
 
         workflow_id, shard_key = await debounce_start(
-            client.system_database, self.queue_name, key, self.workflow_name, inputs,
+            peer.system_database, self.queue_name, key, self.workflow_name, inputs,
             self.period, self.shard_key, plan)
-        return workflow_handle(client, workflow_id, shard_key=shard_key)
+        return workflow_handle(peer, workflow_id, shard_key=shard_key)

@@ -43,11 +43,13 @@ from dbos_async.executor.operator import Operator
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+__all__ = ["CONTENT_TYPE", "PrometheusMetrics", "prometheus_name"]
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """The content type of Prometheus's text format, version 0.0.4 (what it renders)."""
 
 _UNIT_SUFFIXES = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
-QUANTILES = (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms"))
+_QUANTILES = (("0.5", "p50_ms"), ("0.95", "p95_ms"), ("0.99", "p99_ms"))
 
 
 def prometheus_name(name: str) -> str:
@@ -236,7 +238,7 @@ async def database_families(operator: Operator, window_ms: int) -> list[Metric]:
         "that finished", labels=[name_label, "quantile"])
     for a in await operator.get_workflow_aggregates(
             group_by=("name",), start_time=_since(window_ms)):
-        for quantile, field in QUANTILES:
+        for quantile, field in _QUANTILES:
             value = getattr(a, field)
             if value is not None:
                 run.add_metric([a.name or "", quantile], value / 1000)

@@ -108,12 +108,12 @@ async def test_cancel_from_another_executor_wakes_the_watcher(database_url: str)
         with SetWorkflowID("wf-remote"):
             handle = await runner.start_workflow(flow.workflow)
         await asyncio.wait_for(flow.started.wait(), PATIENCE)
-        polls = runner.runtime.cancellation.polls
+        polls = runner._current_runtime.cancellation.polls
         await operator.cancel_workflow("wf-remote")
         # Woken by the notification (the poll interval is 30 s, far beyond the patience).
         await expect_cancelled(handle)
         assert flow.interrupted
-        assert runner.runtime.cancellation.polls == polls + 1
+        assert runner._current_runtime.cancellation.polls == polls + 1
 
 
 async def test_cancel_by_a_client_that_does_not_notify_is_polled(
@@ -269,7 +269,7 @@ async def test_idle_executor_does_not_poll(database_url: str) -> None:
     async with dbos:
         await noop()
         await asyncio.sleep(0.3)
-        assert dbos.runtime.cancellation.polls == 0
+        assert dbos._current_runtime.cancellation.polls == 0
 
 
 async def test_cancel_is_recorded_for_a_workflow_awaiting_a_plain_coroutine(

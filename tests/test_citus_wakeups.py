@@ -73,7 +73,7 @@ async def waiting(peer: DBOS | DBOSClient, channel: str, workflow_id: str, name:
                   key: str = "acme") -> None:
     """Until ``peer`` waits for a notification about ``name`` (a topic or an event's key) of
     workflow ``workflow_id`` under ``key``: a write after this must wake it."""
-    dispatcher = peer.system_database.notifications
+    dispatcher = peer._peer().system_database.notifications
     assert dispatcher is not None
     target = payload_key(workflow_id, name, key)
 

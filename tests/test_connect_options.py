@@ -24,7 +24,7 @@ PATIENCE = 15.0
 
 async def prepared_in_pool(peer: DBOSClient | object) -> list[str]:
     """The named prepared statements of the sessions of the (two-connection) pool."""
-    pool = peer.system_database.pool  # type: ignore[attr-defined]
+    pool = peer._peer().system_database.pool  # type: ignore[attr-defined]
     query = "SELECT name FROM pg_prepared_statements"
     async with pool.acquire() as one, pool.acquire() as two:
         return [r["name"] for r in [*await one.fetch(query), *await two.fetch(query)]]

@@ -256,7 +256,7 @@ async def test_a_live_executors_workflows_are_never_taken(
                    application_version=fw.APP_VERSION, failover_after=0.05)
     async with watcher:
         async def scanned() -> bool:
-            return watcher.runtime.failover_scans >= 20
+            return watcher._current_runtime.failover_scans >= 20
 
         await wait_until(scanned, patience=PATIENCE, what="20 failover scans")
         rows = await fetch(url, "SELECT status, executor_id, recovery_attempts "
@@ -284,7 +284,7 @@ async def test_a_partitioned_zombie_records_nothing_after_the_take_over(
         before = await effects(url)
         # The server ends the stopped process's ID lock session (as keepalives do across a
         # partition); its other connections stay open, as a zombie's would.
-        key = taker.runtime.system_database.sql.executor_lock_key(zombie.executor_id)
+        key = taker.system_database.sql.executor_lock_key(zombie.executor_id)
         holder = await advisory_lock_holder(url, key)
         assert holder is not None
         await execute(url, "SELECT pg_terminate_backend($1::integer, 10000::bigint)", holder)

@@ -207,6 +207,11 @@ async def test_lifespan_composes_with_the_apps_and_serves_a_client(database_url:
         assert (await client_http.get("/status/greeting")).json() == {"status": "SUCCESS"}
         detail = (await client_http.get("/admin/workflows/greeting")).json()
         assert detail["output"] == "hello startup"
+        # Statuses by name, in any case; an unknown one is refused naming the choices.
+        succeeded = (await client_http.get("/admin/workflows",
+                                           params={"status": "success"})).json()
+        assert "greeting" in {w["workflow_id"] for w in succeeded["workflows"]}
+        unknown = await client_http.get("/admin/workflows", params={"status": "DONE"})
         greetings = [await client_http.post("/greet", content=name,
                                             headers={"Idempotency-Key": "g1"})
                      for name in ("ann", "ann", "bob")]
@@ -214,6 +219,8 @@ async def test_lifespan_composes_with_the_apps_and_serves_a_client(database_url:
     assert [g.status_code for g in greetings] == [200, 200, 409], [g.text for g in greetings]
     assert greetings[0].json() == greetings[1].json() == {"workflow_id": "g1",
                                                           "greeting": "hello ann"}
+    assert unknown.status_code == 400
+    assert "Unknown status 'DONE': choose from PENDING, ENQUEUED" in unknown.text
     assert wrong_dependency.status_code == 500
     assert "get_client" in wrong_dependency.json()["detail"]
     assert not hasattr(app.state, "dbos_async")

@@ -92,7 +92,7 @@ async def test_an_idle_executor_sends_at_most_one_statement_every_five_seconds(
     conn = await asyncpg.connect(stats_url)
     try:
         async with dbos:
-            runtime = dbos.runtime
+            runtime = dbos._current_runtime
 
             async def backed_off() -> bool:
                 polls = (runtime.queue_poll, runtime.failover_poll)
@@ -139,7 +139,7 @@ async def test_wake_ups_reach_a_backed_off_executor(database_url: str) -> None:
         return "peer"
 
     async with dbos, DBOSClient(system_database_url=database_url) as client:
-        runtime = dbos.runtime
+        runtime = dbos._current_runtime
         with SetWorkflowID("long-1"):
             running = await dbos.start_workflow(long)
         await asyncio.wait_for(step_started.wait(), PATIENCE)
@@ -182,7 +182,7 @@ async def test_a_writer_that_does_not_notify_is_picked_up_after_the_backoff(
         return f"ran {x}"
 
     async with dbos:
-        poll = dbos.runtime.queue_poll
+        poll = dbos._current_runtime.queue_poll
         assert poll is not None
 
         async def backed_off() -> bool:

@@ -98,7 +98,7 @@ async def test_a_dbos_transaction_crashed_after_its_commit_shares_the_table(
             await asyncio.wait_for(handle.get_result(), PATIENCE)
         assert raised.value.sqlstate == "23505"
         # The record the `dbos` package wrote, as dbos_async reads it: at its step 1.
-        shop = dbos.runtime.application_databases["shop"]
+        shop = dbos._current_runtime.application_databases["shop"]
         stored = await shop.recorded_output(("interop-tx", None), 1)
         assert stored is not None and (stored.output, stored.serialization) == (
             "1", "portable_json")

@@ -144,6 +144,10 @@ async def test_bad_filters_are_refused_by_name(database_url: str) -> None:
             await dbos.list_workflows(dequeued_before=1.5)  # type: ignore[arg-type]
     with pytest.raises(DBOSError, match="'is_fork' must be true or false"):
         listing_filters([("is_fork", "maybe")])
+    with pytest.raises(DBOSError, match="Unknown status 'DONE': choose from PENDING"):
+        listing_filters([("status", "done")])
+    assert listing_filters([("status", "error"), ("status", "Cancelled")]) == {
+        "status": ["ERROR", "CANCELLED"]}
     assert listing_filters([("has_parent", "true"), ("schedule_name", "a"),
                             ("schedule_name", "b"), ("completed_after", "5")]) == {
         "has_parent": True, "schedule_name": ["a", "b"], "completed_after": 5}

@@ -267,7 +267,7 @@ async def test_each_read_is_served_by_an_index(database_url: str, sharding: bool
     rows = 120_000  # 30 s apart: about 41 days, of which a read takes the last hour
     key, key_value = ((", shard_key", ", 'tenant-' || (i % 100)") if sharding else ("", ""))
     async with client_of(database_url, sharding) as client:
-        sysdb = client.system_database
+        sysdb = client._peer().system_database
         conn = await asyncpg.connect(database_url)
         try:
             for fill in (FILL_WORKFLOWS, FILL_STEPS):

@@ -33,7 +33,7 @@ def client_of(url: str, application_name: str = "keys-app") -> DBOSClient:
 
 
 async def queue_keys(client: DBOSClient, queue_name: str = QUEUE) -> list[str]:
-    keys = await client.system_database.dequeue_scopes(queue_name)
+    keys = await client._peer().system_database.dequeue_scopes(queue_name)
     assert len(keys) == len(set(keys)), keys
     return keys
 
@@ -81,7 +81,7 @@ FROM generate_series(1, $1::int) AS i
 
 async def test_the_keys_are_read_through_an_index(database_url: str) -> None:
     async with client_of(database_url) as client:
-        sysdb = client.system_database
+        sysdb = client._peer().system_database
         conn = await asyncpg.connect(database_url)
         try:
             # Enough keys that every Citus shard holds some (an empty shard's part is a

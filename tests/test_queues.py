@@ -442,7 +442,7 @@ async def test_queue_defined_elsewhere_is_found_and_dispatched(database_url: str
     async with worker:
         queue = await worker.get_queue("shared")
         assert queue.concurrency == 3 and queue.limiter == RateLimit(10, 1.0)
-        assert "shared" in worker.runtime.claim_loops
+        assert "shared" in worker._current_runtime.claim_loops
         handle = await queue.enqueue(wfs["echo"], "via-table")
         assert await handle.get_result() == "via-table"
 
@@ -481,7 +481,7 @@ async def test_workflow_without_its_function_stays_enqueued(database_url: str) -
     async with lacking:
         assert await (await lacking.retrieve_workflow(common.workflow_id)).get_result() \
             == "common"
-        dispatcher = lacking.runtime.claim_loops["mixed"]
+        dispatcher = lacking._current_runtime.claim_loops["mixed"]
         await more_queue_polls(lacking, 3)
         assert (await statuses(database_url, "mixed"))[orphan.workflow_id] == "ENQUEUED"
         # ... and it says so: one warning naming the queue, the function and the workflow,
@@ -508,7 +508,7 @@ async def test_workflow_without_its_function_stays_enqueued(database_url: str) -
 async def more_queue_polls(dbos: DBOS, count: int) -> None:
     """Wait until the queue watcher has looked for startable work ``count`` more times
     (it polls for every idle queue, and would wake its claim loop)."""
-    watch = dbos.runtime.queue_poll
+    watch = dbos._current_runtime.queue_poll
     assert watch is not None
     polls = watch.polls
 

@@ -283,10 +283,13 @@ async def test_two_executors_racing_to_take_over_one_workflow(database_url: str)
         result = await asyncio.wait_for((await b.retrieve_workflow(workflow_id)).get_result(),
                                         60)
         # Both keep scanning after the take-over; neither claims it again.
-        scans = b.runtime.failover_scans + c.runtime.failover_scans
+        def scans_of_both() -> int:
+            return b._current_runtime.failover_scans + c._current_runtime.failover_scans
+
+        scans = scans_of_both()
 
         async def scanned_more() -> bool:
-            return b.runtime.failover_scans + c.runtime.failover_scans > scans + 10
+            return scans_of_both() > scans + 10
 
         await wait_until(scanned_more, what="more failover scans")
 

@@ -224,5 +224,5 @@ async def test_a_cancelled_exit_still_leaves_nothing_running(database_url: str) 
     assert row is not None and row["status"] == "PENDING"
     dbos.configure(shutdown_grace_period=0)
     async with dbos:  # recovers it
-        runtime = dbos.runtime
+        runtime = dbos._current_runtime
         assert ("forever-1", None) in runtime.running()

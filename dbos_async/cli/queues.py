@@ -11,9 +11,10 @@ from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.errors import QueueNotFoundError
 from dbos_async.executor.queues.declaration import Queue
-from dbos_async.sysdb.statements import DELAYED, ENQUEUED, PENDING
+from dbos_async.statuses import WorkflowStatusString
 
-DEPTH_STATUSES = (DELAYED, ENQUEUED, PENDING)
+DEPTH_STATUSES = (WorkflowStatusString.DELAYED, WorkflowStatusString.ENQUEUED,
+                  WorkflowStatusString.PENDING)
 
 
 @click.group("queue")

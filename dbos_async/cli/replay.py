@@ -16,10 +16,10 @@ from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.workflows import filter_options
 from dbos_async.executor.dbos import DBOS
 from dbos_async.executor.replay import ReplayResult
-from dbos_async.sysdb.statements import ENQUEUED, PENDING
+from dbos_async.statuses import WorkflowStatusString
 from dbos_async.testing.replay import replay_check
 
-WAITING = (PENDING, ENQUEUED)
+WAITING = (WorkflowStatusString.PENDING, WorkflowStatusString.ENQUEUED)
 """The statuses ``--move`` moves: work an executor of the workflow's version would run."""
 
 

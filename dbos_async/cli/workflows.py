@@ -14,10 +14,7 @@ from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.executor.control import StartPoint, StartStep, StepNamed
 from dbos_async.executor.handles import WorkflowStatus
-from dbos_async.sysdb.statements import (
-    SUCCESS,
-    WORKFLOW_STATUSES,
-)
+from dbos_async.statuses import WorkflowStatusString
 
 
 @click.group("workflow")
@@ -65,7 +62,7 @@ def filter_options(command: Any) -> Any:
     command receives them as ``filters``, the keyword arguments of ``list_workflows``."""
     options = [
         click.option("--status", "statuses", multiple=True, metavar="STATUS",
-                     type=click.Choice(WORKFLOW_STATUSES, case_sensitive=False),
+                     type=click.Choice(list(WorkflowStatusString), case_sensitive=False),
                      help="Keep workflows in this status (repeatable)."),
         click.option("--name", "names", multiple=True,
                      help="Workflow function name (repeatable)."),
@@ -235,7 +232,7 @@ def get_workflow(target: Target, workflow_id: str, shard_key: str | None,
         ("Authenticated user", status.authenticated_user),
         ("Attributes", status.attributes or None),
         ("Input", data["input"]),
-        ("Output", status.output if status.status == SUCCESS else None),
+        ("Output", status.output if status.status == WorkflowStatusString.SUCCESS else None),
         ("Error", f"{data['error']['name']}: {data['error']['message']}"
          if data["error"] else None),
     ])

@@ -48,17 +48,9 @@ from dbos_async.errors import DBOSError, NonExistentWorkflowError, Serialization
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.executor.operator import Operator
 from dbos_async.prometheus import PrometheusMetrics
+from dbos_async.statuses import WorkflowStatusString
 from dbos_async.sysdb.clock import SYSTEM_CLOCK
-from dbos_async.sysdb.statements import (
-    CANCELLED,
-    DELAYED,
-    ENQUEUED,
-    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
-    PENDING,
-    SUCCESS,
-    WORKFLOW_STATUSES,
-)
-from dbos_async.web.views import query_flag
+from dbos_async.web.views import query_flag, query_statuses
 
 PAGE_SIZE = 50
 CHILD_DEPTH = 3
@@ -77,6 +69,12 @@ MAX_STEP = 2**31 - 1
 """The largest step number (an integer column)."""
 MAX_ATTRIBUTE_DEPTH = 32
 """How deeply an attributes filter may nest its objects and arrays."""
+_ACTIVE = (WorkflowStatusString.PENDING, WorkflowStatusString.ENQUEUED,
+           WorkflowStatusString.DELAYED)
+"""The statuses a workflow can be cancelled in (and resumed from, beside the final ones)."""
+_DEPTH = (WorkflowStatusString.DELAYED, WorkflowStatusString.ENQUEUED,
+          WorkflowStatusString.PENDING)
+"""The statuses a queue's depth counts, in the order the queues page shows them."""
 MAX_URL_BYTES = 8 * 1024
 """A request's path and query string at most (what browsers and proxies commonly take)."""
 MAX_BODY_BYTES = 64 * 1024
@@ -149,7 +147,7 @@ class Console:
             load_input=False, load_output=False)
         more = len(rows) > PAGE_SIZE
         return self.page(request, "workflows.html", workflows=rows[:PAGE_SIZE], page=page,
-                         more=more, query=q, statuses=WORKFLOW_STATUSES,
+                         more=more, query=q, statuses=list(WorkflowStatusString),
                          chosen=set(q.getlist("status")),
                          sharded=self.operator.sharded,
                          page_params={k: q.getlist(k) for k in q if k != "page"})
@@ -217,7 +215,7 @@ class Console:
             if loaded.input is not None:
                 values["input"] = views.shown(views.pretty(
                     {"args": list(loaded.input.args), "kwargs": loaded.input.kwargs}))
-            if loaded.status == SUCCESS:
+            if loaded.status == WorkflowStatusString.SUCCESS:
                 values["output"] = views.shown(views.pretty(loaded.output))
             if loaded.error is not None:
                 values["error"] = views.shown(views.error_text(loaded.error) or "")
@@ -233,9 +231,9 @@ class Console:
             streams=[(s.key, s.offset, None if s.closed else views.pretty(s.value))
                      for s in streams],
             messages=[(m, views.pretty(m.value)) for m in messages],
-            can_cancel=status.status in (PENDING, ENQUEUED, DELAYED),
-            can_resume=status.status in (CANCELLED, MAX_RECOVERY_ATTEMPTS_EXCEEDED,
-                                         PENDING, ENQUEUED, DELAYED),
+            can_cancel=status.status in _ACTIVE,
+            can_resume=status.status in (*_ACTIVE, WorkflowStatusString.CANCELLED,
+                                         WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCEEDED),
             last_step=max((s.function_id for s in steps), default=-1))
 
     async def _children(self, root: WorkflowStatus, depth: int) -> list[views.ChildNode]:
@@ -362,7 +360,7 @@ class Console:
                                             now, ACTIVITY_MINUTES)}
                 for name in names]
         return self.page(request, "queues.html", queues=rows,
-                         depth_statuses=(DELAYED, ENQUEUED, PENDING),
+                         depth_statuses=_DEPTH,
                          chart_width=views.CHART_WIDTH, chart_height=views.CHART_HEIGHT)
 
     async def schedules(self, request: Request) -> Response:
@@ -417,11 +415,7 @@ class Console:
 def workflow_filters(q: QueryParams) -> dict[str, Any]:
     """The arguments of ``list_workflows`` a list page's query asks for."""
     get = q.get
-    chosen = [s.upper() for s in q.getlist("status") if s]
-    unknown = [s for s in chosen if s not in WORKFLOW_STATUSES]
-    if unknown:
-        raise ConsoleError(400, f"Unknown status {unknown[0]!r}: choose from "
-                                f"{', '.join(WORKFLOW_STATUSES)}")
+    chosen = query_statuses(q.getlist("status"))
     attributes = None
     text = get("attributes")
     if text:

@@ -18,6 +18,7 @@ from dbos_async.executor.observability import (
     WorkflowActivity,
     WorkflowAggregate,
 )
+from dbos_async.statuses import WorkflowStatusString
 from dbos_async.sysdb.statements.observability import MINUTE_MS
 
 SHOWN_CHARS = 2000
@@ -86,8 +87,8 @@ def timeline(status: WorkflowStatus, steps: list[WorkflowStepInfo], now_ms: int)
     starts = [s.started_at_epoch_ms for s in steps if s.started_at_epoch_ms is not None]
     ends = [s.completed_at_epoch_ms for s in steps if s.completed_at_epoch_ms is not None]
     origin = min([status.created_at, *starts])
-    finish = status.completed_at or (now_ms if status.status in ("PENDING", "ENQUEUED")
-                                     else status.updated_at)
+    waiting = status.status in (WorkflowStatusString.PENDING, WorkflowStatusString.ENQUEUED)
+    finish = status.completed_at or (now_ms if waiting else status.updated_at)
     end = max([finish, *ends, origin + 1])
     span = end - origin
     bars = []

@@ -76,7 +76,7 @@ class ApplicationVersion:
     created_at: int
 
     @classmethod
-    def from_record(cls, record: VersionRecord) -> ApplicationVersion:
+    def _from_record(cls, record: VersionRecord) -> ApplicationVersion:
         return cls(record.version_id, record.version_name, record.version_timestamp,
                    record.created_at)
 
@@ -240,7 +240,7 @@ async def delete(peer: Peer, workflow_ids: Sequence[str], delete_children: bool)
 
 def _status(peer: Peer, row: StatusRecord, load_input: bool,
             load_output: bool) -> WorkflowStatus:
-    status = WorkflowStatus.from_record(row)
+    status = WorkflowStatus._from_record(row)
     if not (load_input or load_output):
         return status
     signature = peer.signature_of(status.name)

@@ -435,7 +435,7 @@ class DBOS(Operator):
         existing = self._queues.get(queue.name)
         if existing is not None and existing is not queue:
             raise DBOSError(f"A queue named {queue.name!r} is already declared")
-        queue.bind(self)
+        queue._bind(self)
         self._queues[queue.name] = queue
         return queue
 
@@ -457,7 +457,7 @@ class DBOS(Operator):
         stored = await self.get_queue_definition(name)
         if stored is None:
             raise QueueNotFoundError(name)
-        stored.bind(self)
+        stored._bind(self)
         return stored
 
     def enqueue_many(
@@ -509,7 +509,7 @@ class DBOS(Operator):
 
     async def _start(self, info: WorkflowInfo, call: start.CallContext, args: tuple[Any, ...],
                      kwargs: dict[str, Any]) -> WorkflowHandle[Any]:
-        return await start.start_workflow(self.runtime, info, call, args, kwargs)
+        return await start.start_workflow(self._current_runtime, info, call, args, kwargs)
 
     async def _start_and_wait(self, info: WorkflowInfo, call: start.CallContext,
                               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -576,7 +576,7 @@ class DBOS(Operator):
             InvalidArgumentError: a bad key or an unknown ``serialization_type``.
         """
         check_identifier(key, "event key", empty_ok=True)
-        formats = self.runtime.formats
+        formats = self._current_runtime.formats
         text = formats.encode_as(formats.chosen(serialization_type), value, f"event {key!r}")
         ctx = current_workflow()
         step_id = ctx.allocate_step_id() if ctx is not None else None
@@ -597,7 +597,7 @@ class DBOS(Operator):
             InvalidArgumentError: a bad key or an unknown ``serialization_type``.
         """
         check_identifier(key, "stream key", empty_ok=True)
-        formats = self.runtime.formats
+        formats = self._current_runtime.formats
         text = formats.encode_as(formats.chosen(serialization_type), value,
                                  f"a value of stream {key!r}")
         ctx = current_workflow()
@@ -683,7 +683,7 @@ class DBOS(Operator):
     # ---- What the current entry has ----
 
     @property
-    def runtime(self) -> Runtime:
+    def _current_runtime(self) -> Runtime:
         """The runtime of the current entry (also while running workflows finish in the
         shutdown grace period); raises :class:`DBOSError` outside ``async with dbos:``.
         In a workflow body under a replay check, the check's runtime."""
@@ -716,7 +716,7 @@ class DBOS(Operator):
     @property
     def system_database(self) -> SystemDatabase:
         """The system database of the current entry (part of the peer protocol)."""
-        return self.runtime.system_database
+        return self._current_runtime.system_database
 
     @property
     def application_version(self) -> str:
@@ -758,7 +758,7 @@ class DBOS(Operator):
     # ---- Operator hooks (see executor/operator.py) ----
 
     def _peer(self, during_shutdown: bool = False) -> Peer:
-        return self.runtime if during_shutdown else self._operating()
+        return self._current_runtime if during_shutdown else self._operating()
 
     def transaction_names(self) -> frozenset[str]:
         """The names of the registered transactions (their steps are checkpointed apart)."""

@@ -89,7 +89,7 @@ class WorkflowStatus:
         return self.created_at if self.queue_name is None else None
 
     @classmethod
-    def from_record(cls, record: StatusRecord) -> WorkflowStatus:
+    def _from_record(cls, record: StatusRecord) -> WorkflowStatus:
         """The status of a row the system database read (payloads left unloaded)."""
         fields = {f.name: getattr(record, f.name) for f in dataclasses.fields(cls)
                   if f.name not in _LOADED_ON_REQUEST}
@@ -166,7 +166,7 @@ async def read_status(peer: Peer, workflow_id: str, ctx: WorkflowContext | None 
         if done:
             return WorkflowStatus.from_checkpoint(value)
     row = await peer.system_database.get_workflow(workflow_id)
-    status = WorkflowStatus.from_record(row) if row is not None else None
+    status = WorkflowStatus._from_record(row) if row is not None else None
     if ctx is None or step_id is None:
         return status
     with ctx.routed():

@@ -131,9 +131,9 @@ async def _start_queues(runtime: Runtime, queues: Mapping[str, Queue],
                         listen: Set[str] | None) -> None:
     sysdb = runtime.system_database
     for queue in queues.values():
-        await sysdb.upsert_queue(queue.record)
+        await sysdb.upsert_queue(queue._record)
     names = set(queues) if listen is None else set(listen)
-    records = [queues[n].record for n in sorted(names) if n in queues]
+    records = [queues[n]._record for n in sorted(names) if n in queues]
     missing = sorted(names - set(queues))
     if missing:
         stored = {r.name: r for r in await sysdb.list_queues(missing)}
@@ -142,7 +142,7 @@ async def _start_queues(runtime: Runtime, queues: Mapping[str, Queue],
                 raise QueueNotFoundError(name)
             records.append(stored[name])
     # Every executor runs resumed workflows (DBOS's internal queue).
-    internal = internal_queue().record
+    internal = internal_queue()._record
     if internal.name not in names:
         records.append(internal)
     start_claim_loops(runtime, records)

@@ -14,11 +14,13 @@ import logging
 import sys
 
 from dbos_async.executor.context import workflow_of_step
+from dbos_async.statuses import WorkflowStatusString
 
 workflow_logger = logging.getLogger("dbos_async.workflows")
 step_logger = logging.getLogger("dbos_async.steps")
 
-SUCCESS, ERROR, CANCELLED, PENDING = "SUCCESS", "ERROR", "CANCELLED", "PENDING"
+SUCCESS, ERROR = WorkflowStatusString.SUCCESS.value, WorkflowStatusString.ERROR.value
+CANCELLED, PENDING = WorkflowStatusString.CANCELLED.value, WorkflowStatusString.PENDING.value
 _FINISH_LEVELS = {SUCCESS: logging.DEBUG, CANCELLED: logging.INFO, PENDING: logging.INFO,
                   ERROR: logging.WARNING}
 

@@ -494,7 +494,7 @@ class Operator(ScheduleOperator):
             target = internal_queue()
         elif target is None and name is not None:
             stored = await peer.system_database.list_queues([name])
-            target = Queue.from_record(stored[0]) if stored else None
+            target = Queue._from_record(stored[0]) if stored else None
         if target is not None:
             check_partition(target, queue_partition_key)
         forked = await control.fork(peer, forks, workflow_timeout=workflow_timeout,
@@ -825,14 +825,14 @@ class Operator(ScheduleOperator):
     async def list_queues(self) -> list[Queue]:
         """The queues stored in the ``queues`` table: this application's and unclaimed
         ones (every one when it has no name)."""
-        return [Queue.from_record(r) for r in await self._peer().system_database.list_queues()]
+        return [Queue._from_record(r) for r in await self._peer().system_database.list_queues()]
 
     async def get_queue_definition(self, name: str) -> Queue | None:
         """The settings of queue ``name`` as stored in the ``queues`` table (whichever
         application owns it), or None if none are."""
         check_lookup(name, "queue name")
         records = await self._peer().system_database.list_queues([name])
-        return Queue.from_record(records[0]) if records else None
+        return Queue._from_record(records[0]) if records else None
 
     async def update_queue(
         self, name: str, *, concurrency: int | None = _UNCHANGED,
@@ -858,8 +858,8 @@ class Operator(ScheduleOperator):
         }.items() if value is not _UNCHANGED}
         check_lookup(name, "queue name")
         record = await self._peer().system_database.update_queue(
-            name, lambda current: Queue.changed(current, changes).record)
-        return Queue.from_record(record)
+            name, lambda current: Queue._changed(current, changes)._record)
+        return Queue._from_record(record)
 
     async def delete_queue(self, name: str) -> None:
         """Delete a stored queue's settings. Its workflows stay where they are, run only by
@@ -891,12 +891,12 @@ class Operator(ScheduleOperator):
     async def list_application_versions(self) -> list[ApplicationVersion]:
         """Every registered application version, latest first."""
         records = await self._peer().system_database.list_versions()
-        return [ApplicationVersion.from_record(r) for r in records]
+        return [ApplicationVersion._from_record(r) for r in records]
 
     async def get_latest_application_version(self) -> ApplicationVersion | None:
         """The version with the newest timestamp (None if none is registered)."""
         record = await self._peer().system_database.latest_version()
-        return ApplicationVersion.from_record(record) if record is not None else None
+        return ApplicationVersion._from_record(record) if record is not None else None
 
     async def list_waiting_versions(self, other_than: str | None = None
                                     ) -> list[VersionBacklog]:

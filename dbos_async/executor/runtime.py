@@ -56,7 +56,7 @@ class RuntimeSource(Protocol):
     queues and debouncers declared with it find the current runtime through it."""
 
     @property
-    def runtime(self) -> Runtime:
+    def _current_runtime(self) -> Runtime:
         """The runtime of the current entry; raises :class:`DBOSError` outside one."""
         ...
 

@@ -178,7 +178,7 @@ async def _run_plain(info: TransactionInfo, source: RuntimeSource, args: tuple[A
                      kwargs: dict[str, Any]) -> Any:
     options = info.options
     outer = workflow_of_step()
-    runtime = outer.runtime if outer is not None else source.runtime
+    runtime = outer.runtime if outer is not None else source._current_runtime
     runtime.require_running()
     opener = (runtime.system_database.transaction if options.data_source is None
               else _application_database(info, runtime.application_databases).transaction)

@@ -66,5 +66,5 @@ class CrashSimulator:
         """Stop the executor now, without a grace period: running workflows stop where they
         are and stay ``PENDING``. Then enter it again: recovery resumes them."""
         self.crashed = True
-        await close_runtime(self._dbos.runtime, grace_period=0)
+        await close_runtime(self._dbos._current_runtime, grace_period=0)
         await self._dbos.__aenter__()

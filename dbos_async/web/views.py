@@ -17,6 +17,7 @@ from dbos_async.errors import DBOSError, InvalidRequestError, NonExistentWorkflo
 from dbos_async.executor.control import WorkflowStepInfo, epoch_ms
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.executor.operator import Operator
+from dbos_async.statuses import WorkflowStatusString
 from dbos_async.web.problems import error_type_and_message
 
 DEFAULT_LIMIT = 100
@@ -129,12 +130,24 @@ def listing_filters(query: Query) -> dict[str, Any]:
     filters: dict[str, Any] = {}
     for name, values in _collect(query, LIST_PARAMETERS).items():
         if name in LIST_FILTERS:
-            filters[name] = values
+            filters[name] = query_statuses(values) if name == "status" else values
             continue
         if len(values) > 1:
             raise InvalidRequestError(f"Query parameter {name!r} may be given once")
         filters[name] = _PARSERS[name](name, values[0])
     return filters
+
+
+def query_statuses(values: Iterable[str]) -> list[str]:
+    """Workflow statuses named in a query (any case; empty values skipped); one that is not
+    a :class:`~dbos_async.WorkflowStatusString` raises :class:`InvalidRequestError` naming it
+    and the choices. What the web routes and the console filter listings by."""
+    chosen = [value.upper() for value in values if value]
+    for status in chosen:
+        if status not in WorkflowStatusString.__members__:
+            raise InvalidRequestError(f"Unknown status {status!r}: choose from "
+                                      f"{', '.join(WorkflowStatusString)}")
+    return chosen
 
 
 def query_flag(name: str, value: str) -> bool:

@@ -158,7 +158,7 @@ async def take_executor_id_away(url: str, dbos: DBOS) -> None:
     network partition does: its ID lock's session ends while another session is queued on
     the lock, so the executor cannot re-acquire its ID (it is lost for good); then that
     session lets the ID go, free for failover to find."""
-    key = dbos.runtime.system_database.sql.executor_lock_key(dbos.runtime.executor_id)
+    key = dbos.system_database.sql.executor_lock_key(dbos._current_runtime.executor_id)
     holder = await advisory_lock_holder(url, key)
     assert holder is not None
     taker = await asyncpg.connect(url)
@@ -173,7 +173,7 @@ async def take_executor_id_away(url: str, dbos: DBOS) -> None:
         await wait_until(queued, what="the taker to queue on the executor ID's lock")
         await execute(url, "SELECT pg_terminate_backend($1::integer, 10000::bigint)", holder)
         await asyncio.wait_for(waiting, 30)
-        lock = dbos.runtime.executor_lock
+        lock = dbos._current_runtime.executor_lock
         assert lock is not None
 
         async def lost() -> bool:

@@ -90,7 +90,7 @@ class Debouncer(Generic[P, R]):
                            ) -> WorkflowHandle[Any]:
         """A debounce from a workflow body, checkpointed as the handle it returned (at least
         once: a crash before the checkpoint debounces again on replay)."""
-        runtime = owner.runtime
+        runtime = owner._current_runtime
         recorded = parent.recorded(step_id, info.name)
         if recorded is not None:
             return replayed_child(runtime, parent, step_id, info, recorded)
@@ -104,7 +104,7 @@ class Debouncer(Generic[P, R]):
     async def _debounce(self, owner: RuntimeSource, info: WorkflowInfo, call: CallContext,
                         options: EnqueueOptions, args: tuple[Any, ...],
                         kwargs: dict[str, Any]) -> WorkflowHandle[Any]:
-        runtime = owner.runtime
+        runtime = owner._current_runtime
         runtime.require_running()
         call = authorized(call, info)  # before a call joins a burst, too
         queue, key = self.queue, options.deduplication_id

@@ -140,7 +140,7 @@ class Queue:
         return f"Queue({self.name!r})"
 
     @property
-    def record(self) -> QueueRecord:
+    def _record(self) -> QueueRecord:
         return QueueRecord(
             name=self.name,
             concurrency=self.concurrency,
@@ -158,17 +158,17 @@ class Queue:
         )
 
     @classmethod
-    def from_record(cls, record: QueueRecord) -> Queue:
+    def _from_record(cls, record: QueueRecord) -> Queue:
         """A queue as stored in the ``queues`` table (by this or another process)."""
         return cls(record.name, **_settings_of(record))
 
     @classmethod
-    def changed(cls, record: QueueRecord, changes: dict[str, Any]) -> Queue:
+    def _changed(cls, record: QueueRecord, changes: dict[str, Any]) -> Queue:
         """The stored queue ``record`` with the settings in ``changes`` (named as the
         arguments of :class:`Queue`) replaced, checked as a new declaration is."""
         return cls(record.name, **{**_settings_of(record), **changes})
 
-    def bind(self, owner: RuntimeSource) -> None:
+    def _bind(self, owner: RuntimeSource) -> None:
         if self._owner is not None and self._owner is not owner:
             raise DBOSError(f"Queue {self.name!r} is registered with another DBOS instance")
         self._owner = owner
@@ -199,7 +199,7 @@ class Queue:
     async def _enqueue(self, owner: RuntimeSource, info: WorkflowInfo, call: CallContext,
                        options: EnqueueOptions, args: tuple[Any, ...],
                        kwargs: dict[str, Any]) -> WorkflowHandle[Any]:
-        return await enqueue(owner.runtime, self, info, call, options, args, kwargs)
+        return await enqueue(owner._current_runtime, self, info, call, options, args, kwargs)
 
     def debouncer(
         self, fn: Callable[P, Coroutine[Any, Any, R]], /, *, period: float,

@@ -16,15 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbos_async.errors import DBOSError
+from dbos_async.statuses import WorkflowStatusString
 from dbos_async.sysdb import shard_keys
 
-PENDING = "PENDING"
-SUCCESS = "SUCCESS"
-ERROR = "ERROR"
-CANCELLED = "CANCELLED"
-ENQUEUED = "ENQUEUED"
-DELAYED = "DELAYED"
-MAX_RECOVERY_ATTEMPTS_EXCEEDED = "MAX_RECOVERY_ATTEMPTS_EXCEEDED"
+# The statuses as plain text, the form bound as statement parameters.
+PENDING = WorkflowStatusString.PENDING.value
+SUCCESS = WorkflowStatusString.SUCCESS.value
+ERROR = WorkflowStatusString.ERROR.value
+CANCELLED = WorkflowStatusString.CANCELLED.value
+ENQUEUED = WorkflowStatusString.ENQUEUED.value
+DELAYED = WorkflowStatusString.DELAYED.value
+MAX_RECOVERY_ATTEMPTS_EXCEEDED = WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCEEDED.value
 
 ACTIVE_STATUSES = (PENDING, ENQUEUED, DELAYED)
 
