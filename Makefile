@@ -14,6 +14,9 @@
 #                under CI=true)
 #                the fault-injection tests in tests/chaos/ run there in their short version;
 #                then `make test-lowest`
+#   make test-fast   the tests that need no database (marked nodb by tests/conftest.py),
+#                in seconds, without starting or reaching PostgreSQL: a test there that
+#                asks for a server fails
 #   make test-lowest   a subset of the suite in .venv-lowest, where every dependency is at
 #                the lower bound pyproject.toml states (constraints/lowest.txt)
 #   make constraints   rewrite constraints/test.txt from what .venv holds
@@ -43,7 +46,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 # Playwright drives the system's Chromium (/usr/bin/chromium): it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: venv demo lint docs browser pgbouncer test test-lowest constraints chaos bench bench-citus clean distclean
+.PHONY: venv demo lint docs browser pgbouncer test test-fast test-lowest constraints chaos bench bench-citus clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -105,6 +108,10 @@ test: lint docs browser pgbouncer
 	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests" >&2; exit 1; fi; \
 	if [ $$rc -ne 0 ]; then exit $$rc; fi
 	$(MAKE) --no-print-directory test-lowest
+
+# One process: starting xdist workers would cost more than these tests take.
+test-fast: venv
+	DBOS_TEST_NO_DATABASE=1 $(VENV)/bin/pytest -q -p no:xdist -m nodb
 
 # The lower bounds: the package with every extra a user may install, each dependency at
 # the lowest version pyproject.toml accepts, and the test tools the subset below needs.

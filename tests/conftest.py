@@ -32,14 +32,18 @@ Fixtures:
 - ``cluster``: a private PostgreSQL server the test may stop and start.
 - ``citus_cluster``: a private Citus cluster (a coordinator, two workers) whose nodes the
   test may stop, start and kill; gated like ``citus_url``.
+
+The no-database tier: a test that asks for none of the server fixtures (``SERVER_FIXTURES``)
+is marked ``nodb``, unless its module is in ``NOT_FAST`` (it reaches a server some other way,
+or is slow without one). ``make test-fast`` runs ``-m nodb`` with ``DBOS_TEST_NO_DATABASE=1``,
+under which any server fixture a test still reaches fails it (so the tier never waits on
+PostgreSQL).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -59,12 +63,59 @@ from dbos_async.testing import (
 from tests.helpers.citus_cluster import CitusCluster
 from tests.helpers.cluster import Cluster
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 pytest_plugins = ["pytester"]
 
 
+# The fixtures that start or reach a PostgreSQL server; every database fixture needs one.
+SERVER_FIXTURES = frozenset({"dbos_postgres", "cluster", "citus_url", "citus_cluster"})
+NO_DATABASE_ENV = "DBOS_TEST_NO_DATABASE"
+# Modules kept out of the no-database tier although some of their tests ask for no server
+# fixture: they take a server through ``request.getfixturevalue`` (the ``citus``
+# parameters), start one of their own, or spend seconds without one (mypy, wheel builds).
+NOT_FAST = frozenset({
+    # a server through getfixturevalue, or one of their own
+    "test_sharding.py", "test_reuse_policy.py", "test_queue_keys.py", "test_queue_fairness.py",
+    "test_foreign_rows.py", "test_idle.py", "test_embedded.py", "test_embedded_tools.py",
+    "test_pg_server.py", "test_connection_settings.py", "test_chaos_primary_failover.py",
+    "test_chaos_restart.py",
+    # seconds of work without a server
+    "test_typing.py", "test_packaging.py",
+})
+
+
+def _no_database() -> bool:
+    return os.environ.get(NO_DATABASE_ENV, "") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``nodb`` the tests that ask for no server fixture, outside ``NOT_FAST``."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if not names & SERVER_FIXTURES and item.path.name not in NOT_FAST:
+            item.add_marker(pytest.mark.nodb)
+
+
+class _NoDatabaseTier:
+    """In the no-database tier, a server fixture is a mistake in the tier, not a slow test.
+    A plugin rather than a hook of this conftest: the session's fixtures (``dbos_postgres``)
+    are set up above this directory, where its hooks do not reach."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[object]) -> None:
+        if fixturedef.argname in SERVER_FIXTURES:
+            pytest.fail(f"the database fixture {fixturedef.argname!r} was requested, but "
+                        f"{NO_DATABASE_ENV} is set (the no-database tier): name the test's "
+                        "module in NOT_FAST in tests/conftest.py", pytrace=False)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _no_database():
+        config.pluginmanager.register(_NoDatabaseTier(), "dbos-no-database-tier")
+
+
 def pytest_report_header(config: pytest.Config) -> str:
+    if _no_database():
+        return f"PostgreSQL for tests: none ({NO_DATABASE_ENV} is set)"
     try:
         return f"PostgreSQL for tests: {plan()}"
     except ConfigurationError as e:  # a bad DBOS_TEST_SKIP_BRANCHES; the fixture reports it too

@@ -9,9 +9,10 @@ import sys
 
 import pytest
 import uvloop
+from helpers import new_dbos
 
 import dbos_async
-from dbos_async import DBOS, ConfigurationError
+from dbos_async import ConfigurationError
 from dbos_async.eventloop import DEFAULT_GC_THRESHOLD, GC_THRESHOLD_ENV, UVLOOP_ENV
 
 
@@ -20,7 +21,7 @@ def run_one_workflow(database_url: str, **options: bool) -> type:
     its step."""
 
     async def main() -> type:
-        dbos = DBOS(system_database_url=database_url)
+        dbos = new_dbos(database_url)
 
         @dbos.step()
         async def loop_type() -> str:

@@ -252,8 +252,8 @@ async def test_a_live_executors_workflows_are_never_taken(
     url = database_url
     busy = await start_worker(url, workers, "-", "busy", direct=2, step_seconds=1.0)
     await wait_in_step(url, busy, ["busy-0", "busy-1"], 0)
-    watcher = DBOS(system_database_url=url, executor_id="watcher",
-                   application_version=fw.APP_VERSION, failover_after=0.05)
+    watcher = new_dbos(url, executor_id="watcher", application_version=fw.APP_VERSION,
+                       failover_after=0.05)
     async with watcher:
         async def scanned() -> bool:
             return watcher._current_runtime.failover_scans >= 20
