@@ -10,13 +10,16 @@ finished; it exits when its stdin closes.
 
 Every step body first appends ``<workflow_id> <step_id> <pid>`` to the file ``EFFECTS``
 (outside the database, so the primary's death cannot lose it), then sleeps
-``STEP_SECONDS``: the file counts how many times each step body ran.
+``STEP_SECONDS``: the file counts how many times each step body ran. The last step's body
+then waits for ``SIGUSR1``, so a test can fail the primary over before any workflow
+finishes, however slowly the machine runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,8 @@ QUEUE = "standby_failover_queue"
 RETRY_TIMEOUT = 60.0
 
 
-def build(url: str, effects: Path, step_seconds: float, **settings: Any) -> tuple[DBOS, Any]:
+def build(url: str, effects: Path, step_seconds: float, promoted: asyncio.Event,
+          **settings: Any) -> tuple[DBOS, Any]:
     dbos = DBOS(**{
         "system_database_url": url, "executor_id": EXECUTOR_ID,
         "application_version": APP_VERSION, "connection_name": CONNECTION_NAME,
@@ -40,21 +44,25 @@ def build(url: str, effects: Path, step_seconds: float, **settings: Any) -> tupl
     dbos.queue(QUEUE, worker_concurrency=16, polling_interval=0.1)
 
     @dbos.step(name="standby_step")
-    async def standby_step(index: int) -> int:
+    async def standby_step(index: int, last: bool) -> int:
         with effects.open("a") as file:
             file.write(f"{current_workflow_id()} {current_step_id()} {os.getpid()}\n")
         await asyncio.sleep(step_seconds)
+        if last:
+            await promoted.wait()
         return index
 
     @dbos.workflow(name="standby_chain")
     async def standby_chain(steps: int) -> int:
-        return sum([await standby_step(i) for i in range(steps)])
+        return sum([await standby_step(i, i == steps - 1) for i in range(steps)])
 
     return dbos, standby_chain
 
 
 async def main(url: str, effects: str, workflows: int, steps: int, step_seconds: float) -> None:
-    dbos, chain = build(url, Path(effects), step_seconds)
+    promoted = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, promoted.set)
+    dbos, chain = build(url, Path(effects), step_seconds, promoted)
     async with dbos:
         queue = await dbos.get_queue(QUEUE)
         handles = []

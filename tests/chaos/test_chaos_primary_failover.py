@@ -5,7 +5,8 @@ standby from the machine's initdb/pg_ctl; skipped where those are missing) and a
 executor process (``standby_worker.py``) reaching them through a multi-host URL with
 ``target_session_attrs=read-write``, the primary listed first. The executor runs workflows of
 several steps; mid-run the primary's postmaster is SIGKILLed and the standby promoted, as an
-HA manager would. Every step body appends a line to a file outside the database, so a
+HA manager would (the last step of every workflow waits for the promotion, so the kill always
+lands mid-run). Every step body appends a line to a file outside the database, so a
 body that runs twice shows twice whatever the servers lose.
 
 - Every workflow completes, each step body ran exactly once (the executor lived through the
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sys
 import time
 from collections import Counter
@@ -129,7 +131,7 @@ async def run_through_failover(pair: ReplicatedPair, scale: int, tmp_path: Path,
         run.promoted_at = await asyncio.to_thread(pair.promote_standby)
         # The first checkpoint committed on the new primary.
         promoted_with = await checkpoint_count(new_primary)
-        assert promoted_with < workflows * STEPS, "the kill landed after the last step"
+        worker.send_signal(signal.SIGUSR1)
         while await checkpoint_count(new_primary) == promoted_with:
             assert time.monotonic() < deadline, "no step completed after the promotion"
             await asyncio.sleep(0.005)
@@ -219,7 +221,9 @@ async def test_an_old_primary_back_with_stale_data_is_refused(
     # enters through the same URL, the old primary first.
     caplog.set_level(logging.WARNING, logger="dbos_async")
     before = bodies_run(run.effects)
-    dbos, chain = build(pair.url(DATABASE), run.effects, STEP_SECONDS)
+    promoted = asyncio.Event()
+    promoted.set()
+    dbos, chain = build(pair.url(DATABASE), run.effects, STEP_SECONDS, promoted)
     async with dbos:
         assert await (await dbos.start_workflow(chain, STEPS)).get_result() == sum(range(STEPS))
         await wait_no_connections(old_primary, CONNECTION_NAME)
