@@ -87,6 +87,17 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         def read_stream(self, workflow_id: str, key: str) -> AsyncIterator[Any]:
             return DBOS.read_stream_async(workflow_id, key)
 
+        async def insert_row(self, i: int) -> None:
+            await rows.insert(i)
+
+    rows = latency.RowInserter(args.url)
+
+    async def measured() -> dict[str, Any]:
+        try:
+            return await latency.measure(Adapter(), args.samples, args.warmup)
+        finally:
+            await rows.close()
+
     DBOS.launch()
     try:
         from dbos._tracer import dbos_tracer
@@ -95,7 +106,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
             "conductor": instance.conductor_websocket is not None,
             "otlp": not dbos_tracer.disable_otlp,
         }
-        operations = asyncio.run(latency.measure(Adapter(), args.samples, args.warmup))
+        operations = asyncio.run(measured())
     finally:
         DBOS.destroy()
     import dbos as dbos_package

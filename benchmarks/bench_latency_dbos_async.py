@@ -29,10 +29,12 @@ from dbos_async import DBOS
 
 
 class Adapter:
-    def __init__(self, runner: DBOS, client: DBOS, workflows: dict[str, Any]) -> None:
+    def __init__(self, runner: DBOS, client: DBOS, workflows: dict[str, Any],
+                 rows: latency.RowInserter) -> None:
         self.runner = runner
         self.client = client
         self.workflows = workflows
+        self.rows = rows
 
     async def start(self, workflow: str, *args: Any) -> latency.Started:
         handle = await self.runner.start_workflow(self.workflows[workflow], *args)
@@ -46,6 +48,9 @@ class Adapter:
 
     def read_stream(self, workflow_id: str, key: str) -> AsyncIterator[Any]:
         return self.client.read_stream(workflow_id, key)
+
+    async def insert_row(self, i: int) -> None:
+        await self.rows.insert(i)
 
 
 def _workflows(dbos: DBOS) -> dict[str, Any]:
@@ -98,12 +103,16 @@ async def run(url: str, *, samples: int, other_samples: int, warmup: int,
         "notification_coalesce_ms": config.notification_coalesce_ms,
         "use_listen_notify": config.use_listen_notify,
     }
+    rows = latency.RowInserter(url)
     async with runner, client:
-        result["same_executor"] = await latency.measure(
-            Adapter(runner, runner, workflows), samples, warmup)
-        result["other_executor"] = await latency.measure(
-            Adapter(runner, client, workflows), other_samples, warmup,
-            operations=("send_recv", "event", "stream"))
+        try:
+            result["same_executor"] = await latency.measure(
+                Adapter(runner, runner, workflows, rows), samples, warmup)
+            result["other_executor"] = await latency.measure(
+                Adapter(runner, client, workflows, rows), other_samples, warmup,
+                operations=("send_recv", "event", "stream"))
+        finally:
+            await rows.close()
         result["alone"] = await alone(runner, workflows["one_step"], LONE_WORKFLOWS)
     return result
 

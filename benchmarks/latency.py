@@ -20,6 +20,11 @@ The operations:
   latency = from it to the reader receiving the value.
 - ``start_result``: ``start_workflow`` of a one-step workflow, then ``get_result``; latency =
   the two together.
+- ``serial_start``: a request loop, ``start_workflow`` of a one-step workflow awaited before
+  the next, while the workflows started before it run; latency = the ``start_workflow`` call.
+  After each start, one single-row autocommit INSERT on a connection of its own to the same
+  database (``insert_row``) is timed too: the floor a start is compared with, under the same
+  load. The rate of the loop is samples over the sum of the start latencies.
 
 A sample where the waiter was not yet waiting when the write began (``recv`` called after
 ``send`` began; ``get_event`` called after ``set_event`` began; the reader still busy with
@@ -36,6 +41,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+import asyncpg
+
 TOPIC = "latency"
 KEY = "latency"
 WAIT_TIMEOUT = 30.0
@@ -48,6 +55,7 @@ OPERATIONS: dict[str, str] = {
     "event": "set_event -> get_event",
     "stream": "write_stream -> read_stream",
     "start_result": "start_workflow -> get_result",
+    "serial_start": "start_workflow, one after another, while the started run",
 }
 
 Started = tuple[str, Callable[[], Awaitable[Any]]]
@@ -73,6 +81,33 @@ class Adapter(Protocol):
     async def get_event(self, workflow_id: str, key: str, wait_s: float) -> Any: ...
 
     def read_stream(self, workflow_id: str, key: str) -> AsyncIterator[Any]: ...
+
+    async def insert_row(self, i: int) -> None: ...
+
+
+class RowInserter:
+    """Single-row autocommit INSERTs on a connection of its own (see ``serial_start``), into
+    a scratch table of the benchmark's database, as a request handler without a workflow
+    would write."""
+
+    TABLE = "latency_raw_insert"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: asyncpg.Connection | None = None
+
+    async def insert(self, i: int) -> None:
+        if self.conn is None:
+            self.conn = await asyncpg.connect(self.url)
+            await self.conn.execute(f"DROP TABLE IF EXISTS {self.TABLE}")
+            await self.conn.execute(f"CREATE TABLE {self.TABLE} (id bigint PRIMARY KEY, "
+                                    "payload text)")
+        await self.conn.execute(f"INSERT INTO {self.TABLE} VALUES ($1, $2)", i, "x" * 64)
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.execute(f"DROP TABLE IF EXISTS {self.TABLE}")
+            await self.conn.close()
 
 
 async def send_recv(adapter: Adapter, samples: int, warmup: int,
@@ -154,8 +189,32 @@ async def start_result(adapter: Adapter, samples: int, warmup: int,
     return figures(latencies, 0, warmup)
 
 
+async def serial_start(adapter: Adapter, samples: int, warmup: int,
+                       settle: float = SETTLE) -> dict[str, Any]:
+    latencies: list[int] = []
+    inserts: list[int] = []
+    results: list[Callable[[], Awaitable[Any]]] = []
+    for i in range(warmup + samples):
+        started = time.perf_counter_ns()
+        _, result = await adapter.start("one_step", i)
+        returned = time.perf_counter_ns()
+        await adapter.insert_row(i)
+        inserted = time.perf_counter_ns()
+        results.append(result)
+        if i >= warmup:
+            latencies.append(returned - started)
+            inserts.append(inserted - returned)
+    for i, result in enumerate(results):
+        if (value := await result()) != i + 1:
+            raise RuntimeError(f"serial_start sample {i}: {value!r}")
+    out = figures(latencies, 0, warmup)
+    out["starts_per_s"] = len(latencies) / (sum(latencies) / 1e9)
+    out["insert_row"] = figures(inserts, 0, warmup)
+    return out
+
+
 MEASURES = {"send_recv": send_recv, "event": event, "stream": stream,
-            "start_result": start_result}
+            "start_result": start_result, "serial_start": serial_start}
 
 
 async def measure(adapter: Adapter, samples: int, warmup: int,
