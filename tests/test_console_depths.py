@@ -42,6 +42,6 @@ def test_samples_older_than_the_longest_window_are_dropped() -> None:
     samples = DepthSamples()
     samples.record({"jobs": {"ENQUEUED": 9}}, T0)
     samples.record({"jobs": {"ENQUEUED": 1}}, T0 + KEEP_MINUTES * MINUTE)
-    merged = samples.merged(worked_back("jobs", 0) + [
-        QueueDepth("jobs", T0 + KEEP_MINUTES * MINUTE, 0)])
+    merged = samples.merged([*worked_back("jobs", 0),
+                             QueueDepth("jobs", T0 + KEEP_MINUTES * MINUTE, 0)])
     assert [(p.waiting, sampled) for p, sampled in merged] == [(0, False), (1, True)]
