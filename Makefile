@@ -8,6 +8,8 @@
 #   make lint    ruff + mypy --strict + lint-imports (the import contracts in pyproject.toml)
 #   make docs    the documentation site (mkdocs.yml, docs/) into site/, strict: a broken
 #                link, a missing page or a docstring mkdocstrings cannot read fails it
+#   make screenshots   the console's browser tests, copying the screenshots the docs show
+#                into docs/images/ (commit them with the change that alters the pages)
 #   make test    lint, the strict docs build, then the test suite in parallel (pytest -n
 #                auto); first installs Debian's chromium for the console's browser tests
 #                where it is missing and apt-get can (elsewhere those tests skip, and fail
@@ -46,7 +48,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 # Playwright drives the system's Chromium (/usr/bin/chromium): it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: venv demo lint docs browser pgbouncer test test-fast test-lowest constraints chaos bench bench-citus clean distclean
+.PHONY: venv demo lint docs screenshots browser pgbouncer test test-fast test-lowest constraints chaos bench bench-citus clean distclean
 
 venv: $(DEV_STAMP)
 
@@ -82,6 +84,10 @@ lint: venv
 # NO_MKDOCS_2_WARNING: the theme's notice about its own future, printed on every build.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
+
+screenshots: venv browser
+	DOCS_SCREENSHOTS=1 $(VENV)/bin/pytest -q -p no:xdist tests/test_console_browser.py \
+		-k "test_pages_read_only_and_escaped or test_metrics_charts"
 
 # Debian's chromium for tests/test_console_browser.py, only where it is missing and apt-get
 # is there (as root); a failed install leaves those tests to skip (or fail under CI=true).

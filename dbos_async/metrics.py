@@ -4,9 +4,11 @@ notifications, background tasks and connection pools.
 Native instrumentation, as for spans (``executor/tracing.py``): only the API is used,
 through the application's global meter provider. Without the API installed, or before the
 application sets a provider, :func:`current` returns None and every call site skips its
-one line. With a provider, a count is a dict increment, read by an observable counter when
-the provider collects (an SDK ``add`` costs some microseconds, and a workflow counts a
-dozen things); a duration or size is a histogram record.
+one line. With a provider, nothing on the hot path calls the SDK (its ``add`` or ``record``
+costs some microseconds, and a workflow counts a dozen things and measures four durations):
+a count is a dict increment, read by an observable counter when the provider collects; a
+duration or size goes into a bucket of a :class:`Distribution` in process, whose records
+the provider receives when it collects.
 
 Attributes are bounded, as metrics need: workflow, step and queue names, a status, a
 channel, a task's name; never a workflow ID. Their keys are those of the spans.
@@ -14,6 +16,8 @@ channel, a task's name; never a workflow ID. Their keys are those of the spans.
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -69,15 +73,76 @@ class Count:
                 for attribute, count in list(self._counts.items())]
 
 
+class Distribution:
+    """A histogram kept in process and handed to the SDK's histogram when the provider
+    collects, in as many records as it holds values.
+
+    Per attribute values and bucket (the advisory bounds, the SDK's unless a view changes
+    them) it keeps the count, sum, min and max: bounded memory however long the provider
+    goes without collecting. It replays a bucket as its min, its max and the rest at their
+    mean (which lies in the bucket), so the SDK's count, sum, min, max and bucket counts
+    come out those of the values recorded. The SDK's own work per value is not saved, only
+    moved off the hot path to the collection (the reader's thread, or the scrape).
+    """
+
+    def __init__(self, meter: Meter, name: str, unit: str, description: str,
+                 bounds: tuple[float, ...], keys: tuple[str, ...]) -> None:
+        self._histogram = meter.create_histogram(
+            name, unit, description, explicit_bucket_boundaries_advisory=bounds)
+        self._bounds = bounds
+        self._keys = keys
+        self._cells: dict[tuple[tuple[str, ...], int], list[float]] = {}
+        self._attributes: dict[tuple[str, ...], dict[str, str]] = {}
+        # Records come from the event loop, the collection from the reader's thread.
+        self._lock = threading.Lock()
+
+    def record(self, value: float, *attribute: str) -> None:
+        """``value`` under the attribute values ``attribute`` (one per key)."""
+        key = (attribute, bisect_left(self._bounds, value))
+        with self._lock:
+            cell = self._cells.get(key)
+            if cell is None:
+                self._cells[key] = [1, value, value, value]
+                return
+            cell[0] += 1
+            cell[1] += value
+            if value < cell[2]:
+                cell[2] = value
+            elif value > cell[3]:
+                cell[3] = value
+
+    def replay(self) -> None:
+        """Hand the values recorded since the last replay to the SDK's histogram."""
+        with self._lock:
+            cells, self._cells = self._cells, {}
+        record = self._histogram.record
+        for (attribute, _), (count, total, low, high) in cells.items():
+            attributes = self._attributes.get(attribute)
+            if attributes is None:
+                attributes = self._attributes[attribute] = dict(zip(self._keys, attribute,
+                                                                    strict=True))
+            record(low, attributes)
+            if count > 1:
+                record(high, attributes)
+            if count > 2:
+                rest = int(count) - 2
+                middle = min(high, max(low, (total - low - high) / rest))
+                for _ in range(rest):
+                    record(middle, attributes)
+
+
 class Instruments:
     """The instruments of one meter provider."""
 
     def __init__(self, provider: MeterProvider) -> None:
         meter = provider.get_meter(INSTRUMENTATION)
-        histogram = meter.create_histogram
 
         def counter(name: str, unit: str, description: str, key: str) -> Count:
             return Count(meter, name, unit, description, key)
+
+        def histogram(name: str, unit: str, description: str, bounds: tuple[float, ...],
+                      *keys: str) -> Distribution:
+            return Distribution(meter, name, unit, description, bounds, keys)
 
         self.workflows_started = counter(
             "dbos.workflow.started", "{workflow}", "Workflow runs started (first runs, "
@@ -96,7 +161,7 @@ class Instruments:
             "Workflows taken over by recovery (of this executor or a dead one)", WORKFLOW_NAME)
         self.workflow_duration = histogram(
             "dbos.workflow.duration", "s", "Run time of a workflow run, by outcome",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+            DURATION_BUCKETS, WORKFLOW_NAME, WORKFLOW_STATUS)
         self.step_attempts = counter(
             "dbos.step.attempts", "{attempt}", "Step attempts, the first and each retry",
             STEP_NAME)
@@ -104,28 +169,35 @@ class Instruments:
             "dbos.step.retries", "{attempt}", "Step attempts after the first", STEP_NAME)
         self.step_duration = histogram(
             "dbos.step.duration", "s", "Run time of a step attempt, by outcome",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+            DURATION_BUCKETS, STEP_NAME, STEP_STATUS)
         self.claim_latency = histogram(
             "dbos.queue.claim_latency", "s",
             "How long a queued workflow waited, from its enqueue to its start",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+            DURATION_BUCKETS, QUEUE_NAME)
         self.claims_per_round = histogram(
             "dbos.queue.claims_per_round", "{workflow}",
-            "Workflows started by one claim round of a queue",
-            explicit_bucket_boundaries_advisory=COUNT_BUCKETS)
+            "Workflows started by one claim round of a queue", COUNT_BUCKETS, QUEUE_NAME)
         self.batch_size = histogram(
             "dbos.group_commit.batch_size", "{write}",
-            "Writes committed together by one group commit",
-            explicit_bucket_boundaries_advisory=COUNT_BUCKETS)
+            "Writes committed together by one group commit", COUNT_BUCKETS)
         self.wakeups = counter(
             "dbos.notification.wakeups", "{wakeup}",
             "Waiters woken by a notification (a message, an event, an enqueue, ...)", CHANNEL)
         self.task_restarts = counter(
             "dbos.task.restarts", "{restart}", "Background task restarts after a failure",
             TASK_NAME)
+        self._distributions = (self.workflow_duration, self.step_duration,
+                               self.claim_latency, self.claims_per_round, self.batch_size)
+        # Its first callback replays the histograms: the SDK runs every observable
+        # instrument's callbacks before it reads the histograms, at each collection.
         meter.create_observable_up_down_counter(
-            "dbos.pool.in_use", [_pool_usage], "{connection}",
+            "dbos.pool.in_use", [self._replay, _pool_usage], "{connection}",
             "Database connections in use, by pool")
+
+    def _replay(self, _options: CallbackOptions) -> Iterable[Observation]:
+        for distribution in self._distributions:
+            distribution.replay()
+        return ()
 
 
 def _pool_usage(_options: CallbackOptions) -> Iterable[Observation]:
@@ -181,7 +253,7 @@ def workflow_finished(name: str, status: str, seconds: float) -> None:
         m.workflows_failed.add(1, name)
     elif status == "CANCELLED":
         m.workflows_cancelled.add(1, name)
-    m.workflow_duration.record(seconds, {WORKFLOW_NAME: name, WORKFLOW_STATUS: status})
+    m.workflow_duration.record(seconds, name, status)
 
 
 def workflows_recovered(names: Iterable[str]) -> None:
@@ -197,21 +269,20 @@ def step_finished(name: str, attempt: int, status: str, seconds: float) -> None:
     m.step_attempts.add(1, name)
     if attempt > 1:
         m.step_retries.add(1, name)
-    m.step_duration.record(seconds, {STEP_NAME: name, STEP_STATUS: status})
+    m.step_duration.record(seconds, name, status)
 
 
 def queue_waits(queue: str, waited_ms: Iterable[int | None]) -> None:
     """A claim of ``queue`` started workflows that waited ``waited_ms`` each."""
     if (m := current()) is not None:
-        attributes = {QUEUE_NAME: queue}
         for waited in waited_ms:
             if waited is not None:
-                m.claim_latency.record(max(0, waited) / 1000, attributes)
+                m.claim_latency.record(max(0, waited) / 1000, queue)
 
 
 def claim_round(queue: str, started: int) -> None:
     if (m := current()) is not None:
-        m.claims_per_round.record(started, {QUEUE_NAME: queue})
+        m.claims_per_round.record(started, queue)
 
 
 def batch_committed(size: int) -> None:

@@ -1,6 +1,8 @@
 """The console in a real browser: headless Chromium (Debian's package) driven by
 Playwright, over a running executor with workflows in every status. Screenshots of each
-page go to tests/artifacts/console/<test name>/ for a reviewer to look at.
+page go to tests/artifacts/console/<test name>/ for a reviewer to look at; with
+DOCS_SCREENSHOTS=1 (``make screenshots``) the ones the documentation shows are also copied
+to docs/images/, to be committed with the change that alters them.
 
 Without /usr/bin/chromium the tests are skipped, except under CI=true, where they fail
 (``make test`` installs it where apt can)."""
@@ -8,6 +10,7 @@ Without /usr/bin/chromium the tests are skipped, except under CI=true, where the
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from tests.helpers.console_scenario import XSS_INPUT, XSS_NAME, Scenario, scenar
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "console"
+DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 
 if not CHROMIUM.exists():
     reason = f"{CHROMIUM} is missing: install Debian's chromium package (make test does)"
@@ -41,6 +45,14 @@ def shots(request: pytest.FixtureRequest) -> Path:
     folder = ARTIFACTS / request.node.name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def for_docs(shot: Path, name: str) -> None:
+    """Copy ``shot`` to the documentation's images as ``name``, under DOCS_SCREENSHOTS=1:
+    the pictures on the site are the pages these tests checked."""
+    if os.environ.get("DOCS_SCREENSHOTS") == "1":
+        DOCS_IMAGES.mkdir(exist_ok=True)
+        shutil.copyfile(shot, DOCS_IMAGES / name)
 
 
 @pytest.fixture
@@ -82,6 +94,7 @@ async def test_pages_read_only_and_escaped(browser: Browser, world: Scenario,
                      ).to_have_text(XSS_NAME)
         await expect(page.locator(".mode")).to_have_text("read-only")
         await page.screenshot(path=shots / "workflows.png", full_page=True)
+        for_docs(shots / "workflows.png", "console-workflows.png")
 
         await page.goto(f"{base}/workflow?id={world.xss}")
         await expect(page.locator("#workflow-name")).to_have_text(XSS_NAME)
@@ -187,7 +200,11 @@ async def test_metrics_charts(browser: Browser, world: Scenario, shots: Path) ->
         await expect(backlog).to_have_attribute("data-waiting", "4")
         points = await backlog.locator("polyline").get_attribute("points") or ""
         assert len(points.split()) == 60
+        # This minute was sampled by the console: drawn as measured over the worked-back line.
+        assert int(await backlog.get_attribute("data-sampled") or "0") >= 1
+        await expect(backlog.locator("path.depth-sampled")).to_have_count(1)
         await page.screenshot(path=str(shots / "metrics-hour.png"), full_page=True)
+        for_docs(shots / "metrics-hour.png", "console-metrics.png")
 
         await page.click("text=day")
         await expect(page.locator("p.windows a.active")).to_have_text("day")

@@ -110,3 +110,40 @@ async def test_a_recovered_workflow_is_counted(database_url: str) -> None:
 
 def test_metrics_are_off_without_a_meter_provider() -> None:
     assert metrics.current() is None
+
+
+def test_histogram_values_reach_the_sdk_as_recorded() -> None:
+    """The histograms are kept in process and replayed when the provider collects: what the
+    SDK aggregates is what recording each value straight into it gives (count, sum, min,
+    max and every bucket), however the values fall, over several collections."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("test")
+    kept = metrics.Distribution(meter, "kept", "s", "", metrics.DURATION_BUCKETS,
+                                ("name", "status"))
+    straight = meter.create_histogram(
+        "straight", "s", "", explicit_bucket_boundaries_advisory=metrics.DURATION_BUCKETS)
+    # On the bounds, between them, repeated, beyond the last; three attribute sets.
+    values = [*metrics.DURATION_BUCKETS, 0.0, 0.0004, 0.003, 0.003, 0.0031, 0.04, 0.07,
+              0.09, 2.0, 2.2, 2.4, 7.5, 100_000.0]
+    rounds = [values, values[::3], [0.0042] * 7, []]
+    for number, batch in enumerate(rounds):
+        for i, value in enumerate(batch):
+            attributes = ("w", ("SUCCESS", "ERROR", "CANCELLED")[(i + number) % 3])
+            kept.record(value, *attributes)
+            straight.record(value, {"name": attributes[0], "status": attributes[1]})
+        kept.replay()
+        data = reader.get_metrics_data()
+        assert data is not None
+        found = {m.name: m.data.data_points
+                 for m in data.resource_metrics[0].scope_metrics[0].metrics}
+        got = {p.attributes["status"]: p for p in found["kept"]}
+        want = {p.attributes["status"]: p for p in found["straight"]}
+        assert got.keys() == want.keys() == {"SUCCESS", "ERROR", "CANCELLED"}
+        for status, point in want.items():
+            assert got[status].count == point.count
+            assert list(got[status].bucket_counts) == list(point.bucket_counts)
+            assert (got[status].min, got[status].max) == (point.min, point.max)
+            assert abs(got[status].sum - point.sum) <= 1e-9 * point.sum
