@@ -55,9 +55,15 @@ async def run(url: str, db_prefix: str, *, workflows: int, concurrency: int, poo
     return out
 
 
+def total_cost_us(m: dict[str, Any]) -> float:
+    """The CPU metrics cost per workflow in all: on the workflow's path (on - off) and at
+    collection, where the histograms' values reach the SDK."""
+    return float(m["cpu_cost_us"] + m["collect_cpu_us"])
+
+
 def within_noise(m: dict[str, Any]) -> bool:
-    """The CPU cost per workflow is no larger than the spread of the "off" rounds."""
-    return m["cpu_cost_us"] <= m["off"]["cpu_spread_us"]
+    """The whole CPU cost per workflow is no larger than the spread of the "off" rounds."""
+    return total_cost_us(m) <= m["off"]["cpu_spread_us"]
 
 
 def report(m: dict[str, Any]) -> list[str]:
