@@ -10,6 +10,7 @@ processes are in test_transactions_processes.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -203,6 +204,104 @@ async def test_serialization_failure_is_retried_in_a_new_transaction(
         assert await count() == 101
     assert attempts["n"] == 2
     assert await fetchval(url, "SELECT n FROM counter") == 101
+
+
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_a_deadlock_is_retried_in_a_new_transaction(
+        database_url: str, app_url: str, on: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The transaction updates row a; the test's own transaction, holding row b, then waits
+    for a; the transaction goes for b: a deadlock, which the server breaks by failing the
+    transaction (its deadlock_timeout is the shorter). It runs again, new, and commits, with
+    the retry logged as a step's."""
+    caplog.set_level(logging.WARNING, logger="dbos_async")
+    url = database_url if on == "system" else app_url
+    await execute(url, "CREATE TABLE pair (k text PRIMARY KEY, n int NOT NULL);"
+                       "INSERT INTO pair VALUES ('a', 0), ('b', 0)")
+    dbos = new_dbos(database_url)
+    source = None if on == "system" else "shop"
+    if source:
+        dbos.data_source("shop", app_url)
+    holder = await asyncpg.connect(url)
+    await holder.execute("BEGIN; UPDATE pair SET n = n + 10 WHERE k = 'b'")
+    attempts = {"n": 0}
+    holder_done: list[asyncio.Task[None]] = []
+
+    async def holder_takes_a() -> None:
+        await holder.execute("UPDATE pair SET n = n + 10 WHERE k = 'a'")  # after the victim
+        await holder.execute("COMMIT")
+
+    @dbos.transaction(data_source=source, name="both", isolation="READ COMMITTED")
+    async def both() -> int:
+        conn = transaction_connection()
+        attempts["n"] += 1
+        if attempts["n"] == 1:  # this side detects the deadlock first, and is failed
+            await conn.execute("SET LOCAL deadlock_timeout = '10ms'")
+        await conn.execute("UPDATE pair SET n = n + 1 WHERE k = 'a'")
+        if attempts["n"] == 1:
+            holder_done.append(asyncio.create_task(holder_takes_a()))
+            await wait_until(lambda: _lock_waiters(url), what="the holder to wait for a")
+        await conn.execute("UPDATE pair SET n = n + 1 WHERE k = 'b'")
+        return attempts["n"]
+
+    @dbos.workflow()
+    async def pairing() -> int:
+        return await both()
+
+    try:
+        async with dbos:
+            with SetWorkflowID("wf-d"):
+                assert await pairing() == 2
+            await holder_done[0]
+    finally:
+        await holder.close()
+    assert attempts["n"] == 2
+    rows = await fetch(url, "SELECT k, n FROM pair ORDER BY k")
+    assert [tuple(r) for r in rows] == [("a", 11), ("b", 11)]
+    retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retried) == 1
+    assert "Step both of workflow wf-d failed (attempt 1 of 11)" in retried[0]
+    assert "40P01" in retried[0]
+
+
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_conflicts_past_max_retries_are_raised_and_recorded(
+        database_url: str, app_url: str, on: str) -> None:
+    """Another writer updates the row this SERIALIZABLE transaction read, every time: after
+    ``max_retries`` retries the serialization failure is raised as a TransactionError, and
+    recorded, so the workflow run again raises it without running the SQL."""
+    url = database_url if on == "system" else app_url
+    await execute(url, "CREATE TABLE counter (n int); INSERT INTO counter VALUES (0)")
+    dbos = new_dbos(database_url)
+    source = None if on == "system" else "shop"
+    if source:
+        dbos.data_source("shop", app_url)
+    attempts = {"n": 0}
+
+    @dbos.transaction(data_source=source, name="contended", max_retries=2)
+    async def contended() -> int:
+        conn = transaction_connection()
+        attempts["n"] += 1
+        seen = await conn.fetchval("SELECT n FROM counter")
+        await execute(url, "UPDATE counter SET n = n + 100")  # another writer commits
+        await conn.execute("UPDATE counter SET n = $1", seen + 1)
+        return int(seen) + 1
+
+    @dbos.workflow()
+    async def count() -> int:
+        return await contended()
+
+    async with dbos:
+        for _ in range(2):  # the run, then the recorded failure
+            with SetWorkflowID("wf-m"), pytest.raises(TransactionError) as raised:
+                await count()
+            assert raised.value.sqlstate == "40001"
+            assert "could not serialize access" in str(raised.value)
+    assert attempts["n"] == 3  # the first and max_retries more, none on replay
+    assert await fetchval(url, "SELECT n FROM counter") == 300  # the other writer's only
+    steps = await step_rows(database_url, "wf-m")
+    assert [(s.function_name, s.error is not None) for s in steps] == [("contended", True)]
+    if source:
+        assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
 
 
 @pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"])

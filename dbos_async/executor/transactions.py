@@ -232,12 +232,13 @@ async def _retrying(info: TransactionInfo, step_id: int | None, retry_timeout: f
     options = info.options
     delay = options.retry_interval
     maybe_committed = False
-    conflicts = 0
+    failed = conflicts = 0
     give_up = time.monotonic() + retry_timeout
     while True:
         try:
             return await attempt(maybe_committed)
         except _Retry as retry:
+            failed += 1
             maybe_committed = maybe_committed or retry.maybe_committed
             if retry.lost and time.monotonic() + delay > give_up:
                 raise DatabaseUnavailableError(
@@ -247,8 +248,10 @@ async def _retrying(info: TransactionInfo, step_id: int | None, retry_timeout: f
                 conflicts += 1
                 if conflicts > options.max_retries:
                     raise retry.error from retry.error.__cause__
-            logs.step_retrying(options.name, step_id, conflicts + 1, options.max_retries + 1,
-                               delay, retry.error)
+            # Attempt ``failed`` failed, of those allowed so far (lost connections do not
+            # use up max_retries).
+            logs.step_retrying(options.name, step_id, failed,
+                               options.max_retries + 1 + failed - conflicts, delay, retry.error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, options.max_retry_interval)
 
