@@ -22,6 +22,7 @@ from helpers import (
     fetch,
     fetchval,
     new_dbos,
+    pool_statements,
     step_rows,
     take_executor_id_away,
     wait_until,
@@ -344,6 +345,9 @@ async def test_outside_a_workflow_it_is_a_plain_transaction(database_url: str,
     async with dbos:
         assert await insert_order("o1", 3) == 1
         assert await insert_order("o2", 4) == 2  # not a replay: it runs each time
+        with pytest.raises(TransactionError) as raised:
+            await insert_order("o1", 5)
+        assert raised.value.sqlstate == "23505"
     assert runs["n"] == 2
     assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
 
@@ -471,6 +475,133 @@ async def test_rewind_and_delete_discard_application_outcomes(database_url: str,
         assert await _orders(app_url) == [("a", 1), ("b", 2)]
         await dbos.delete_workflow("wf-w")
     assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
+
+
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_a_fork_runs_the_transactions_from_its_cut_again(database_url: str,
+                                                              app_url: str, on: str) -> None:
+    """A fork from step 1 replays step 0 from the copy of its original's checkpoint and runs
+    step 1's SQL again, under its own ID; the original's records stay as they were."""
+    url = database_url if on == "system" else app_url
+    if on == "system":
+        await execute(database_url, ORDERS)
+    dbos = new_dbos(database_url)
+    source = None if on == "system" else "shop"
+    if source:
+        dbos.data_source("shop", app_url)
+    runs: list[str] = []
+
+    @dbos.transaction(data_source=source, name="record")
+    async def record(label: str) -> str:
+        runs.append(label)
+        await transaction_connection().execute(
+            "INSERT INTO orders VALUES ($1, 1) ON CONFLICT (id) DO UPDATE "
+            "SET amount = orders.amount + 1", label)
+        return label
+
+    @dbos.workflow()
+    async def two() -> list[str]:
+        return [await record("a"), await record("b")]
+
+    async with dbos:
+        with SetWorkflowID("wf-o"):
+            assert await two() == ["a", "b"]
+        fork = await dbos.fork_workflow("wf-o", 1, new_workflow_id="wf-o-fork")
+        assert await fork.get_result() == ["a", "b"]
+        # Forked from the start: both run again.
+        whole = await dbos.fork_workflow("wf-o", 0, new_workflow_id="wf-o-whole")
+        assert await whole.get_result() == ["a", "b"]
+    assert runs == ["a", "b", "b", "a", "b"]
+    assert await _orders(url) == [("a", 2), ("b", 3)]
+    for workflow_id in ("wf-o", "wf-o-fork", "wf-o-whole"):
+        steps = await step_rows(database_url, workflow_id)
+        assert [(s.function_name, s.output) for s in steps] == [
+            ("record", "a"), ("record", "b")], workflow_id
+    if source:
+        rows = await fetch(app_url, "SELECT workflow_id, step_id FROM dbos.datasource_outputs"
+                                    " ORDER BY 1, 2")
+        assert [tuple(r) for r in rows] == [("wf-o", 0), ("wf-o", 1), ("wf-o-fork", 1),
+                                            ("wf-o-whole", 0), ("wf-o-whole", 1)]
+
+
+async def test_transactions_beside_group_committed_steps(database_url: str,
+                                                         app_url: str) -> None:
+    """Workflows at once, each an ordinary step, a transaction on each database and a
+    read-only one: the steps' checkpoints share statements (group commit) while the
+    transactions write theirs in their own transactions; every checkpoint lands once and
+    every effect is there once."""
+    await execute(database_url, ORDERS)
+    count = 8
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url, pool_size=count + 2)
+    arrived = {"note": 0, "look": 0}
+    everyone = {"note": asyncio.Event(), "look": asyncio.Event()}
+
+    async def meet(where: str) -> None:
+        """Wait until every workflow is here: they leave in one turn of the event loop."""
+        arrived[where] += 1
+        if arrived[where] == count:
+            everyone[where].set()
+        await everyone[where].wait()
+
+    @dbos.step(name="note")
+    async def note(i: int) -> int:
+        await meet("note")
+        return i
+
+    @dbos.transaction(name="on_system", isolation="READ COMMITTED")
+    async def on_system(i: int) -> None:
+        await transaction_connection().execute("INSERT INTO orders VALUES ($1, $2)", f"s{i}", i)
+
+    @dbos.transaction(data_source="shop", name="on_app", isolation="READ COMMITTED")
+    async def on_app(i: int) -> None:
+        await transaction_connection().execute("INSERT INTO orders VALUES ($1, $2)", f"a{i}", i)
+
+    @dbos.transaction(data_source="shop", name="look", read_only=True)
+    async def look(i: int) -> int:
+        found = await transaction_connection().fetchval(
+            "SELECT amount FROM orders WHERE id = $1", f"a{i}")
+        await meet("look")
+        return int(found)
+
+    @dbos.workflow(name="mixed")
+    async def mixed(i: int) -> int:
+        await note(i)
+        await on_system(i)
+        await on_app(i)
+        return await look(i)
+
+    async with dbos, pool_statements(dbos) as logged:
+        handles = []
+        for i in range(count):
+            with SetWorkflowID(f"mixed-{i}"):
+                handles.append(await dbos.start_workflow(mixed, i))
+        assert [await h.get_result() for h in handles] == list(range(count))
+    batches = _batched_checkpoints(logged)
+    assert any(len(rows) > 1 for rows in batches), "no checkpoints shared a statement"
+    # Steps 1 and 2 write in their own transactions; the read-only one's (3) may be batched.
+    assert [row for rows in batches for row in rows if row[1] in (1, 2)] == []
+    for i in range(count):
+        steps = await step_rows(database_url, f"mixed-{i}")
+        assert [(s.function_name, s.output) for s in steps] == [
+            ("note", i), ("on_system", None), ("on_app", None), ("look", i)]
+    assert sorted(await _orders(database_url)) == sorted((f"s{i}", i) for i in range(count))
+    assert sorted(await _orders(app_url)) == sorted((f"a{i}", i) for i in range(count))
+    # The application database records its writing transaction, not the read-only one.
+    rows = await fetch(app_url, "SELECT workflow_id, step_id FROM dbos.datasource_outputs")
+    assert sorted(tuple(r) for r in rows) == sorted((f"mixed-{i}", 2) for i in range(count))
+
+
+BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
+"""Text of the batched checkpoint statement (one row per workflow in its arrays)."""
+
+
+def _batched_checkpoints(logged: list[tuple[str, tuple[Any, ...]]]
+                         ) -> list[list[tuple[str, int]]]:
+    """The (workflow ID, step) rows of each batched checkpoint statement sent (the steps go
+    as text, which the server casts)."""
+    return [[(workflow_id, int(step)) for workflow_id, step in zip(args[0], args[1], strict=True)]
+            for sql, args in logged if BATCH_MARK in sql]
 
 
 async def test_two_data_sources_and_the_dbos_table_shape(database_url: str, app_url: str,
