@@ -32,6 +32,7 @@ from helpers import (
 from dbos_async import (
     DBOS,
     ConfigurationError,
+    DBOSClient,
     DBOSError,
     SetWorkflowID,
     SetWorkflowTimeout,
@@ -602,6 +603,45 @@ def _batched_checkpoints(logged: list[tuple[str, tuple[Any, ...]]]
     as text, which the server casts)."""
     return [[(workflow_id, int(step)) for workflow_id, step in zip(args[0], args[1], strict=True)]
             for sql, args in logged if BATCH_MARK in sql]
+
+
+async def test_a_client_with_the_data_source_covers_its_records(database_url: str,
+                                                                app_url: str) -> None:
+    """A client that registers the data source exports a workflow's records in it, and
+    its rewind and delete discard them as an executor's do: the rewound transaction runs
+    again."""
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    runs: list[str] = []
+
+    @dbos.transaction(data_source="shop", name="record")
+    async def record(label: str) -> str:
+        runs.append(label)
+        await transaction_connection().execute(
+            "INSERT INTO orders VALUES ($1, 1) ON CONFLICT (id) DO UPDATE "
+            "SET amount = orders.amount + 1", label)
+        return label
+
+    @dbos.workflow(name="two")
+    async def two() -> list[str]:
+        return [await record("a"), await record("b")]
+
+    async with dbos:
+        with SetWorkflowID("wf-k"):
+            assert await two() == ["a", "b"]
+        client = DBOSClient(database_url)
+        client.data_source("shop", app_url)
+        async with client:
+            with pytest.raises(DBOSError, match="before entering the DBOSClient"):
+                client.data_source("other", app_url)
+            lines = [w.to_json() async for w in client.export_workflows()]
+            assert '"datasource_outputs":{"shop":[{"step_id":0' in lines[0]
+            handle = await client.rewind_workflow("wf-k", 1)
+            assert await handle.get_result() == ["a", "b"]
+            assert runs == ["a", "b", "b"]
+            await client.delete_workflow("wf-k")
+    assert await _orders(app_url) == [("a", 1), ("b", 2)]
+    assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
 
 
 async def test_two_data_sources_and_the_dbos_table_shape(database_url: str, app_url: str,
