@@ -28,6 +28,7 @@ from helpers import (
     wait_until,
     workflow_row,
 )
+from test_cli import cli, failed, ok
 
 from dbos_async import (
     DBOS,
@@ -641,6 +642,21 @@ async def test_a_client_with_the_data_source_covers_its_records(database_url: st
             assert runs == ["a", "b", "b"]
             await client.delete_workflow("wf-k")
     assert await _orders(app_url) == [("a", 1), ("b", 2)]
+    assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
+
+    # The command line's client, given the data source, does the same.
+    async with dbos:
+        with SetWorkflowID("wf-l"):
+            assert await two() == ["a", "b"]
+        assert ok(await cli("workflow", "rewind", "wf-l", "--step", "1", "--url",
+                            database_url, "--data-source", f"shop={app_url}")) == (
+            "Rewound wf-l to step 1\n")
+        assert await (await dbos.retrieve_workflow("wf-l")).get_result() == ["a", "b"]
+        assert runs == ["a", "b", "b", "a", "b", "b"]
+        assert "--data-source takes NAME=URL, got 'shop'" in failed(await cli(
+            "workflow", "delete", "wf-l", "--url", database_url, "--data-source", "shop"))
+        ok(await cli("workflow", "delete", "wf-l", "--url", database_url,
+                     "--data-source", f"shop={app_url}"))
     assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
 
 
