@@ -717,6 +717,48 @@ async def test_sharded_system_database_prefixes_the_key(create_database: Any,
     assert ids == ["8:tenant-a:same", "8:tenant-b:same"]
 
 
+@pytest.mark.citus
+async def test_on_citus_application_transactions_run_and_system_ones_are_refused(
+        citus_url: str, app_url: str) -> None:
+    """With a Citus system database, a transaction on an application database commits once,
+    its fenced checkpoint routed to its workflow's shard, and replays; one on the system
+    database is refused with the reason (its checkpoint would span shards), running none
+    of its SQL."""
+    from dbos_async import SetShardKey
+
+    dbos = new_dbos(citus_url, sharding=True)
+    dbos.data_source("shop", app_url)
+    _, place, runs = _ordering(dbos, "shop")
+
+    @dbos.transaction(name="on_system")
+    async def on_system() -> None:
+        await transaction_connection().execute("SELECT 1")
+
+    @dbos.workflow(name="system_placing")
+    async def system_placing() -> None:
+        await on_system()
+
+    async with dbos:
+        for _ in range(2):  # the run, then the replay
+            with SetShardKey("tenant-a"), SetWorkflowID("c1"):
+                assert await place("a1", 1) == 1
+        with SetShardKey("tenant-b"), SetWorkflowID("c2"):
+            assert await place("b1", 2) == 2
+        with SetShardKey("tenant-a"), SetWorkflowID("c3"), \
+                pytest.raises(DBOSError, match="not supported on Citus"):
+            await system_placing()
+        steps = await dbos.list_workflow_steps("c1", shard_key="tenant-a")
+        assert [(s.name, s.output) for s in steps] == [("insert_order", 1)]
+        # The refusal is the step's outcome, like any error it raises.
+        steps = await dbos.list_workflow_steps("c3", shard_key="tenant-a")
+        assert [(s.name, type(s.error).__name__) for s in steps] == [("on_system", "DBOSError")]
+    assert runs["n"] == 2
+    assert await _orders(app_url) == [("a1", 1), ("b1", 2)]
+    ids = [r["workflow_id"] for r in await fetch(
+        app_url, "SELECT workflow_id FROM dbos.datasource_outputs ORDER BY 1")]
+    assert ids == ["8:tenant-a:c1", "8:tenant-b:c2"]
+
+
 @pytest.mark.parametrize("on", ["system", "application"])
 async def test_a_stale_execution_racing_the_taker_commits_nothing(
         database_url: str, app_url: str, on: str) -> None:
