@@ -28,11 +28,13 @@ from helpers import (
     wait_until,
     workflow_row,
 )
+from helpers.cluster import Cluster
 from test_cli import cli, failed, ok
 
 from dbos_async import (
     DBOS,
     ConfigurationError,
+    DatabaseUnavailableError,
     DBOSClient,
     DBOSError,
     SetWorkflowID,
@@ -889,6 +891,65 @@ async def test_a_lost_connection_is_retried_in_a_new_transaction(
         assert await inserting() == 1
     assert attempts["n"] == 2
     assert await _orders(url) == [("o1", 1)]
+
+
+async def test_an_application_database_outage_is_outlived_and_never_recorded(
+        database_url: str, cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """The application database's server stops before a transaction can open: the attempt
+    is retried like a lost connection (logged), nothing is recorded meanwhile, and once the
+    server is back the transaction commits, once."""
+    caplog.set_level(logging.WARNING, logger="dbos_async")
+    await execute(cluster.url("postgres"), "CREATE DATABASE shop")
+    app_url = cluster.url("shop")
+    await execute(app_url, ORDERS)
+    dbos = new_dbos(database_url, db_retry_timeout=120.0)
+    dbos.data_source("shop", app_url)
+    _, place, runs = _ordering(dbos, "shop")
+
+    async def retried() -> bool:
+        return any("Step insert_order of workflow wf-out failed (attempt 1" in r.getMessage()
+                   for r in caplog.records)
+
+    async with dbos:
+        cluster.stop()
+        try:
+            with SetWorkflowID("wf-out"):
+                handle = await dbos.start_workflow(place, "o1", 1)
+            await wait_until(retried, what="the transaction to be retried")
+            assert await step_rows(database_url, "wf-out") == []
+        finally:
+            cluster.start()
+        assert await handle.get_result() == 1
+    assert runs["n"] == 1
+    assert await _orders(app_url) == [("o1", 1)]
+    steps = await step_rows(database_url, "wf-out")
+    assert [(s.function_name, s.output, s.error) for s in steps] == [("insert_order", 1, None)]
+
+
+async def test_a_database_refusing_connections_is_never_the_outcome(database_url: str,
+                                                                    app_url: str) -> None:
+    """An application database that refuses connections (not a condition retrying
+    outlives): the caller gets a DatabaseUnavailableError naming it, not the driver's
+    error, and no outcome is recorded for the transaction."""
+    name = app_url.rsplit("/", 1)[1]
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    _, place, runs = _ordering(dbos, "shop")
+    async with dbos:
+        await execute(database_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            await execute(database_url, "SELECT pg_terminate_backend(pid) FROM "
+                                        "pg_stat_activity WHERE datname = $1", name)
+            with SetWorkflowID("wf-no"), pytest.raises(DatabaseUnavailableError) as raised:
+                await place("o1", 1)
+        finally:
+            await execute(database_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    assert "Could not open a transaction on the application database of data source " \
+           "'shop'" in str(raised.value)
+    assert "not currently accepting connections" in str(raised.value)
+    assert runs["n"] == 0
+    assert await step_rows(database_url, "wf-no") == []
+    assert await _orders(app_url) == []
 
 
 async def test_retention_deletes_old_application_records(database_url: str,

@@ -237,7 +237,9 @@ async def _retrying(info: TransactionInfo, step_id: int | None, retry_timeout: f
     while True:
         try:
             return await attempt(maybe_committed)
-        except _Retry as retry:
+        except (_Retry, DatabaseUnavailableError) as refused:
+            retry = _not_opened(refused) if isinstance(
+                refused, DatabaseUnavailableError) else refused
             failed += 1
             maybe_committed = maybe_committed or retry.maybe_committed
             if retry.lost and time.monotonic() + delay > give_up:
@@ -258,13 +260,23 @@ async def _retrying(info: TransactionInfo, step_id: int | None, retry_timeout: f
 
 class _Retry(Exception):
     """An attempt to run again in a new transaction (``error``: what to raise when no
-    attempts are left; ``lost``: its connection was lost, and then whether the commit may
-    have landed)."""
+    attempts are left; ``lost``: its connection was lost; ``maybe_committed``: whether its
+    commit may have landed, by default when its connection was lost)."""
 
-    def __init__(self, error: Exception, lost: bool = False) -> None:
+    def __init__(self, error: Exception, lost: bool = False,
+                 maybe_committed: bool | None = None) -> None:
         self.error = error
         self.lost = lost
-        self.maybe_committed = lost
+        self.maybe_committed = lost if maybe_committed is None else maybe_committed
+
+
+def _not_opened(error: DatabaseUnavailableError) -> _Retry:
+    """A database that could not be reached (a transaction not opened, a read not made):
+    retried like a lost connection when retrying may outlive it (nothing of the attempt
+    committed then), else raised as it is, never recorded as the transaction's outcome."""
+    if not is_transient(error):
+        raise error
+    return _Retry(error, lost=True, maybe_committed=False)
 
 
 def _refusal(info: TransactionInfo, tx: OpenTransaction,
