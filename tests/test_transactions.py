@@ -980,6 +980,18 @@ async def test_without_migrations_an_unmigrated_data_source_is_refused(
     assert await fetchval(app_url, "SELECT to_regclass('dbos.datasource_outputs')") is None
 
 
+async def test_a_client_never_migrates_a_data_source(database_url: str, app_url: str) -> None:
+    async with new_dbos(database_url):
+        pass  # the system database's schema, not the application database's
+    client = DBOSClient(database_url)
+    client.data_source("shop", app_url)
+    with pytest.raises(ConfigurationError, match="an executor entered with "
+                                                 "run_migrations=True creates it"):
+        async with client:
+            pass
+    assert await fetchval(app_url, "SELECT to_regclass('dbos.datasource_outputs')") is None
+
+
 async def test_a_commit_under_way_when_the_fence_ends_lands_once(database_url: str,
                                                                  app_url: str) -> None:
     """A's application commit is held up at commit time (a deferred trigger waits on a lock

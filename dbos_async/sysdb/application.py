@@ -184,8 +184,8 @@ class ApplicationDatabase:
                 raise ConfigurationError(
                     f"The application database of data source {self.name!r} "
                     f"({self.described}) has no up-to-date {self.schema}.datasource_outputs "
-                    "table, and migrations are off: migrate it (enter once with "
-                    "run_migrations=True)")
+                    "table, and migrations are off here: an executor entered with "
+                    "run_migrations=True creates it")
             async with conn.transaction():
                 q = self.sql.migration_lock(self.schema)
                 await conn.execute(q.sql, *q.params)
