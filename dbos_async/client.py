@@ -32,7 +32,12 @@ from dbos_async.executor.context import WorkflowIDReusePolicy, attributes_json, 
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.messaging import SendMessage
 from dbos_async.executor.operator import Operator
-from dbos_async.executor.peer import Peer, start_notifications, system_database_for
+from dbos_async.executor.peer import (
+    Peer,
+    application_database_for,
+    start_notifications,
+    system_database_for,
+)
 from dbos_async.executor.queues.batch import (
     EnqueueRequest,
     EnqueueResult,
@@ -48,6 +53,7 @@ from dbos_async.executor.queues.enqueue import (
     start_deduplicated,
 )
 from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
+from dbos_async.executor.registry import DataSource, add_data_source
 from dbos_async.executor.serialization import Formats, SerializationType, Signature
 from dbos_async.executor.start import (
     CallContext,
@@ -85,7 +91,9 @@ class DBOSClient(Operator):
     operator API of :class:`~dbos_async.DBOS` (defined once, in
     :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON
     (or what its ``serializer`` decodes). ``serializer`` and ``allow_pickle`` are those of
-    an executor: the format it writes in, and whether it reads ``py_pickle``.
+    an executor: the format it writes in, and whether it reads ``py_pickle``. Application
+    databases registered with :meth:`data_source` are covered by its rewinds, deletes,
+    exports and imports as by an executor's.
     """
 
     config: DBOSConfig
@@ -103,11 +111,34 @@ class DBOSClient(Operator):
             application_name=application_name, **settings)
         self.application_name = self.config.application_name
         self._sysdb: SystemDatabase | None = None
+        self._data_sources: dict[str, DataSource] = {}
         self._as_peer = _ClientPeer(self)
         self._background = TaskOwner("client")
         self._state = "new"
 
     # ---- Lifecycle ----
+
+    def data_source(self, name: str, url: str, *, schema: str = "dbos",
+                    pool_size: int = 2) -> None:
+        """Register an application database the executors' transactions record their
+        outcomes in (``@dbos.transaction(data_source=name)``), so that this client's
+        rewinds, deletes, exports and imports cover those records as an executor's do:
+        without it, a transaction from a rewind's cut on would replay its recorded outcome
+        instead of running again. Opened at entry, never migrated (an executor creates its
+        ``datasource_outputs`` table).
+
+        Args:
+            name: the data source's name, as the executors register it.
+            url: its PostgreSQL URL.
+            schema: the schema of its ``datasource_outputs`` table.
+            pool_size: the most connections its pool opens.
+
+        Raises:
+            DBOSError: called once entered, a name registered twice, or a bad option.
+        """
+        if self._state != "new":
+            raise DBOSError("Register data sources before entering the DBOSClient")
+        add_data_source(self._data_sources, DataSource(name, url, schema, pool_size))
 
     async def __aenter__(self) -> DBOSClient:
         if self._state != "new":
@@ -120,6 +151,10 @@ class DBOSClient(Operator):
         self._sysdb = sysdb
         try:
             await sysdb.open(run_migrations=False)
+            for source in self._data_sources.values():
+                database = application_database_for(self.config, source)
+                await database.open(run_migrations=False)
+                self._as_peer.application_databases[source.name] = database
             await start_notifications(sysdb, url, self.config, self._background.supervise)
         except BaseException:
             self._state = "closed"
@@ -140,6 +175,8 @@ class DBOSClient(Operator):
             if self._sysdb is not None and self._sysdb.notifications is not None:
                 await self._sysdb.notifications.stop()
             await self._background.close(0)
+            for database in self._as_peer.application_databases.values():
+                await database.close()
             if self._sysdb is not None:
                 await self._sysdb.close()
 
@@ -366,8 +403,7 @@ class _ClientPeer(Peer):
         self._client = client
         self.config = client.config
         self.formats = Formats.of(client.config)
-        # A client opens no application database: rewinding or deleting a workflow whose
-        # transactions ran on one is an executor's job (see docs/guides/transactions.md).
+        # Those registered with DBOSClient.data_source(), once entered.
         self.application_databases: dict[str, ApplicationDatabase] = {}
 
     @property

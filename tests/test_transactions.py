@@ -10,6 +10,7 @@ processes are in test_transactions_processes.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,15 +22,20 @@ from helpers import (
     fetch,
     fetchval,
     new_dbos,
+    pool_statements,
     step_rows,
     take_executor_id_away,
     wait_until,
     workflow_row,
 )
+from helpers.cluster import Cluster
+from test_cli import cli, failed, ok
 
 from dbos_async import (
     DBOS,
     ConfigurationError,
+    DatabaseUnavailableError,
+    DBOSClient,
     DBOSError,
     SetWorkflowID,
     SetWorkflowTimeout,
@@ -205,6 +211,104 @@ async def test_serialization_failure_is_retried_in_a_new_transaction(
     assert await fetchval(url, "SELECT n FROM counter") == 101
 
 
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_a_deadlock_is_retried_in_a_new_transaction(
+        database_url: str, app_url: str, on: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The transaction updates row a; the test's own transaction, holding row b, then waits
+    for a; the transaction goes for b: a deadlock, which the server breaks by failing the
+    transaction (its deadlock_timeout is the shorter). It runs again, new, and commits, with
+    the retry logged as a step's."""
+    caplog.set_level(logging.WARNING, logger="dbos_async")
+    url = database_url if on == "system" else app_url
+    await execute(url, "CREATE TABLE pair (k text PRIMARY KEY, n int NOT NULL);"
+                       "INSERT INTO pair VALUES ('a', 0), ('b', 0)")
+    dbos = new_dbos(database_url)
+    source = None if on == "system" else "shop"
+    if source:
+        dbos.data_source("shop", app_url)
+    holder = await asyncpg.connect(url)
+    await holder.execute("BEGIN; UPDATE pair SET n = n + 10 WHERE k = 'b'")
+    attempts = {"n": 0}
+    holder_done: list[asyncio.Task[None]] = []
+
+    async def holder_takes_a() -> None:
+        await holder.execute("UPDATE pair SET n = n + 10 WHERE k = 'a'")  # after the victim
+        await holder.execute("COMMIT")
+
+    @dbos.transaction(data_source=source, name="both", isolation="READ COMMITTED")
+    async def both() -> int:
+        conn = transaction_connection()
+        attempts["n"] += 1
+        if attempts["n"] == 1:  # this side detects the deadlock first, and is failed
+            await conn.execute("SET LOCAL deadlock_timeout = '10ms'")
+        await conn.execute("UPDATE pair SET n = n + 1 WHERE k = 'a'")
+        if attempts["n"] == 1:
+            holder_done.append(asyncio.create_task(holder_takes_a()))
+            await wait_until(lambda: _lock_waiters(url), what="the holder to wait for a")
+        await conn.execute("UPDATE pair SET n = n + 1 WHERE k = 'b'")
+        return attempts["n"]
+
+    @dbos.workflow()
+    async def pairing() -> int:
+        return await both()
+
+    try:
+        async with dbos:
+            with SetWorkflowID("wf-d"):
+                assert await pairing() == 2
+            await holder_done[0]
+    finally:
+        await holder.close()
+    assert attempts["n"] == 2
+    rows = await fetch(url, "SELECT k, n FROM pair ORDER BY k")
+    assert [tuple(r) for r in rows] == [("a", 11), ("b", 11)]
+    retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
+    assert len(retried) == 1
+    assert "Step both of workflow wf-d failed (attempt 1 of 11)" in retried[0]
+    assert "40P01" in retried[0]
+
+
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_conflicts_past_max_retries_are_raised_and_recorded(
+        database_url: str, app_url: str, on: str) -> None:
+    """Another writer updates the row this SERIALIZABLE transaction read, every time: after
+    ``max_retries`` retries the serialization failure is raised as a TransactionError, and
+    recorded, so the workflow run again raises it without running the SQL."""
+    url = database_url if on == "system" else app_url
+    await execute(url, "CREATE TABLE counter (n int); INSERT INTO counter VALUES (0)")
+    dbos = new_dbos(database_url)
+    source = None if on == "system" else "shop"
+    if source:
+        dbos.data_source("shop", app_url)
+    attempts = {"n": 0}
+
+    @dbos.transaction(data_source=source, name="contended", max_retries=2)
+    async def contended() -> int:
+        conn = transaction_connection()
+        attempts["n"] += 1
+        seen = await conn.fetchval("SELECT n FROM counter")
+        await execute(url, "UPDATE counter SET n = n + 100")  # another writer commits
+        await conn.execute("UPDATE counter SET n = $1", seen + 1)
+        return int(seen) + 1
+
+    @dbos.workflow()
+    async def count() -> int:
+        return await contended()
+
+    async with dbos:
+        for _ in range(2):  # the run, then the recorded failure
+            with SetWorkflowID("wf-m"), pytest.raises(TransactionError) as raised:
+                await count()
+            assert raised.value.sqlstate == "40001"
+            assert "could not serialize access" in str(raised.value)
+    assert attempts["n"] == 3  # the first and max_retries more, none on replay
+    assert await fetchval(url, "SELECT n FROM counter") == 300  # the other writer's only
+    steps = await step_rows(database_url, "wf-m")
+    assert [(s.function_name, s.error is not None) for s in steps] == [("contended", True)]
+    if source:
+        assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
+
+
 @pytest.mark.parametrize("isolation", ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"])
 async def test_isolation_level_and_read_only(database_url: str, app_url: str,
                                              isolation: str) -> None:
@@ -245,6 +349,9 @@ async def test_outside_a_workflow_it_is_a_plain_transaction(database_url: str,
     async with dbos:
         assert await insert_order("o1", 3) == 1
         assert await insert_order("o2", 4) == 2  # not a replay: it runs each time
+        with pytest.raises(TransactionError) as raised:
+            await insert_order("o1", 5)
+        assert raised.value.sqlstate == "23505"
     assert runs["n"] == 2
     assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
 
@@ -374,6 +481,187 @@ async def test_rewind_and_delete_discard_application_outcomes(database_url: str,
     assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
 
 
+@pytest.mark.parametrize("on", ["system", "application"])
+async def test_a_fork_runs_the_transactions_from_its_cut_again(database_url: str,
+                                                              app_url: str, on: str) -> None:
+    """A fork from step 1 replays step 0 from the copy of its original's checkpoint and runs
+    step 1's SQL again, under its own ID; the original's records stay as they were."""
+    url = database_url if on == "system" else app_url
+    if on == "system":
+        await execute(database_url, ORDERS)
+    dbos = new_dbos(database_url)
+    source = None if on == "system" else "shop"
+    if source:
+        dbos.data_source("shop", app_url)
+    runs: list[str] = []
+
+    @dbos.transaction(data_source=source, name="record")
+    async def record(label: str) -> str:
+        runs.append(label)
+        await transaction_connection().execute(
+            "INSERT INTO orders VALUES ($1, 1) ON CONFLICT (id) DO UPDATE "
+            "SET amount = orders.amount + 1", label)
+        return label
+
+    @dbos.workflow()
+    async def two() -> list[str]:
+        return [await record("a"), await record("b")]
+
+    async with dbos:
+        with SetWorkflowID("wf-o"):
+            assert await two() == ["a", "b"]
+        fork = await dbos.fork_workflow("wf-o", 1, new_workflow_id="wf-o-fork")
+        assert await fork.get_result() == ["a", "b"]
+        # Forked from the start: both run again.
+        whole = await dbos.fork_workflow("wf-o", 0, new_workflow_id="wf-o-whole")
+        assert await whole.get_result() == ["a", "b"]
+    assert runs == ["a", "b", "b", "a", "b"]
+    assert await _orders(url) == [("a", 2), ("b", 3)]
+    for workflow_id in ("wf-o", "wf-o-fork", "wf-o-whole"):
+        steps = await step_rows(database_url, workflow_id)
+        assert [(s.function_name, s.output) for s in steps] == [
+            ("record", "a"), ("record", "b")], workflow_id
+    if source:
+        rows = await fetch(app_url, "SELECT workflow_id, step_id FROM dbos.datasource_outputs"
+                                    " ORDER BY 1, 2")
+        assert [tuple(r) for r in rows] == [("wf-o", 0), ("wf-o", 1), ("wf-o-fork", 1),
+                                            ("wf-o-whole", 0), ("wf-o-whole", 1)]
+
+
+async def test_transactions_beside_group_committed_steps(database_url: str,
+                                                         app_url: str) -> None:
+    """Workflows at once, each an ordinary step, a transaction on each database and a
+    read-only one: the steps' checkpoints share statements (group commit) while the
+    transactions write theirs in their own transactions; every checkpoint lands once and
+    every effect is there once."""
+    await execute(database_url, ORDERS)
+    count = 8
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url, pool_size=count + 2)
+    arrived = {"note": 0, "look": 0}
+    everyone = {"note": asyncio.Event(), "look": asyncio.Event()}
+
+    async def meet(where: str) -> None:
+        """Wait until every workflow is here: they leave in one turn of the event loop."""
+        arrived[where] += 1
+        if arrived[where] == count:
+            everyone[where].set()
+        await everyone[where].wait()
+
+    @dbos.step(name="note")
+    async def note(i: int) -> int:
+        await meet("note")
+        return i
+
+    @dbos.transaction(name="on_system", isolation="READ COMMITTED")
+    async def on_system(i: int) -> None:
+        await transaction_connection().execute("INSERT INTO orders VALUES ($1, $2)", f"s{i}", i)
+
+    @dbos.transaction(data_source="shop", name="on_app", isolation="READ COMMITTED")
+    async def on_app(i: int) -> None:
+        await transaction_connection().execute("INSERT INTO orders VALUES ($1, $2)", f"a{i}", i)
+
+    @dbos.transaction(data_source="shop", name="look", read_only=True)
+    async def look(i: int) -> int:
+        found = await transaction_connection().fetchval(
+            "SELECT amount FROM orders WHERE id = $1", f"a{i}")
+        await meet("look")
+        return int(found)
+
+    @dbos.workflow(name="mixed")
+    async def mixed(i: int) -> int:
+        await note(i)
+        await on_system(i)
+        await on_app(i)
+        return await look(i)
+
+    async with dbos, pool_statements(dbos) as logged:
+        handles = []
+        for i in range(count):
+            with SetWorkflowID(f"mixed-{i}"):
+                handles.append(await dbos.start_workflow(mixed, i))
+        assert [await h.get_result() for h in handles] == list(range(count))
+    batches = _batched_checkpoints(logged)
+    assert any(len(rows) > 1 for rows in batches), "no checkpoints shared a statement"
+    # Steps 1 and 2 write in their own transactions; the read-only one's (3) may be batched.
+    assert [row for rows in batches for row in rows if row[1] in (1, 2)] == []
+    for i in range(count):
+        steps = await step_rows(database_url, f"mixed-{i}")
+        assert [(s.function_name, s.output) for s in steps] == [
+            ("note", i), ("on_system", None), ("on_app", None), ("look", i)]
+    assert sorted(await _orders(database_url)) == sorted((f"s{i}", i) for i in range(count))
+    assert sorted(await _orders(app_url)) == sorted((f"a{i}", i) for i in range(count))
+    # The application database records its writing transaction, not the read-only one.
+    rows = await fetch(app_url, "SELECT workflow_id, step_id FROM dbos.datasource_outputs")
+    assert sorted(tuple(r) for r in rows) == sorted((f"mixed-{i}", 2) for i in range(count))
+
+
+BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
+"""Text of the batched checkpoint statement (one row per workflow in its arrays)."""
+
+
+def _batched_checkpoints(logged: list[tuple[str, tuple[Any, ...]]]
+                         ) -> list[list[tuple[str, int]]]:
+    """The (workflow ID, step) rows of each batched checkpoint statement sent (the steps go
+    as text, which the server casts)."""
+    return [[(workflow_id, int(step)) for workflow_id, step in zip(args[0], args[1], strict=True)]
+            for sql, args in logged if BATCH_MARK in sql]
+
+
+async def test_a_client_with_the_data_source_covers_its_records(database_url: str,
+                                                                app_url: str) -> None:
+    """A client that registers the data source exports a workflow's records in it, and
+    its rewind and delete discard them as an executor's do: the rewound transaction runs
+    again."""
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    runs: list[str] = []
+
+    @dbos.transaction(data_source="shop", name="record")
+    async def record(label: str) -> str:
+        runs.append(label)
+        await transaction_connection().execute(
+            "INSERT INTO orders VALUES ($1, 1) ON CONFLICT (id) DO UPDATE "
+            "SET amount = orders.amount + 1", label)
+        return label
+
+    @dbos.workflow(name="two")
+    async def two() -> list[str]:
+        return [await record("a"), await record("b")]
+
+    async with dbos:
+        with SetWorkflowID("wf-k"):
+            assert await two() == ["a", "b"]
+        client = DBOSClient(database_url)
+        client.data_source("shop", app_url)
+        async with client:
+            with pytest.raises(DBOSError, match="before entering the DBOSClient"):
+                client.data_source("other", app_url)
+            lines = [w.to_json() async for w in client.export_workflows()]
+            assert '"datasource_outputs":{"shop":[{"step_id":0' in lines[0]
+            handle = await client.rewind_workflow("wf-k", 1)
+            assert await handle.get_result() == ["a", "b"]
+            assert runs == ["a", "b", "b"]
+            await client.delete_workflow("wf-k")
+    assert await _orders(app_url) == [("a", 1), ("b", 2)]
+    assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
+
+    # The command line's client, given the data source, does the same.
+    async with dbos:
+        with SetWorkflowID("wf-l"):
+            assert await two() == ["a", "b"]
+        assert ok(await cli("workflow", "rewind", "wf-l", "--step", "1", "--url",
+                            database_url, "--data-source", f"shop={app_url}")) == (
+            "Rewound wf-l to step 1\n")
+        assert await (await dbos.retrieve_workflow("wf-l")).get_result() == ["a", "b"]
+        assert runs == ["a", "b", "b", "a", "b", "b"]
+        assert "--data-source takes NAME=URL, got 'shop'" in failed(await cli(
+            "workflow", "delete", "wf-l", "--url", database_url, "--data-source", "shop"))
+        ok(await cli("workflow", "delete", "wf-l", "--url", database_url,
+                     "--data-source", f"shop={app_url}"))
+    assert await fetchval(app_url, "SELECT count(*) FROM dbos.datasource_outputs") == 0
+
+
 async def test_two_data_sources_and_the_dbos_table_shape(database_url: str, app_url: str,
                                                          create_database: Any) -> None:
     other = await create_database()
@@ -429,6 +717,48 @@ async def test_sharded_system_database_prefixes_the_key(create_database: Any,
     ids = [r["workflow_id"] for r in await fetch(
         app_url, "SELECT workflow_id FROM dbos.datasource_outputs ORDER BY 1")]
     assert ids == ["8:tenant-a:same", "8:tenant-b:same"]
+
+
+@pytest.mark.citus
+async def test_on_citus_application_transactions_run_and_system_ones_are_refused(
+        citus_url: str, app_url: str) -> None:
+    """With a Citus system database, a transaction on an application database commits once,
+    its fenced checkpoint routed to its workflow's shard, and replays; one on the system
+    database is refused with the reason (its checkpoint would span shards), running none
+    of its SQL."""
+    from dbos_async import SetShardKey
+
+    dbos = new_dbos(citus_url, sharding=True)
+    dbos.data_source("shop", app_url)
+    _, place, runs = _ordering(dbos, "shop")
+
+    @dbos.transaction(name="on_system")
+    async def on_system() -> None:
+        await transaction_connection().execute("SELECT 1")
+
+    @dbos.workflow(name="system_placing")
+    async def system_placing() -> None:
+        await on_system()
+
+    async with dbos:
+        for _ in range(2):  # the run, then the replay
+            with SetShardKey("tenant-a"), SetWorkflowID("c1"):
+                assert await place("a1", 1) == 1
+        with SetShardKey("tenant-b"), SetWorkflowID("c2"):
+            assert await place("b1", 2) == 2
+        with SetShardKey("tenant-a"), SetWorkflowID("c3"), \
+                pytest.raises(DBOSError, match="not supported on Citus"):
+            await system_placing()
+        steps = await dbos.list_workflow_steps("c1", shard_key="tenant-a")
+        assert [(s.name, s.output) for s in steps] == [("insert_order", 1)]
+        # The refusal is the step's outcome, like any error it raises.
+        steps = await dbos.list_workflow_steps("c3", shard_key="tenant-a")
+        assert [(s.name, type(s.error).__name__) for s in steps] == [("on_system", "DBOSError")]
+    assert runs["n"] == 2
+    assert await _orders(app_url) == [("a1", 1), ("b1", 2)]
+    ids = [r["workflow_id"] for r in await fetch(
+        app_url, "SELECT workflow_id FROM dbos.datasource_outputs ORDER BY 1")]
+    assert ids == ["8:tenant-a:c1", "8:tenant-b:c2"]
 
 
 @pytest.mark.parametrize("on", ["system", "application"])
@@ -563,6 +893,65 @@ async def test_a_lost_connection_is_retried_in_a_new_transaction(
     assert await _orders(url) == [("o1", 1)]
 
 
+async def test_an_application_database_outage_is_outlived_and_never_recorded(
+        database_url: str, cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """The application database's server stops before a transaction can open: the attempt
+    is retried like a lost connection (logged), nothing is recorded meanwhile, and once the
+    server is back the transaction commits, once."""
+    caplog.set_level(logging.WARNING, logger="dbos_async")
+    await execute(cluster.url("postgres"), "CREATE DATABASE shop")
+    app_url = cluster.url("shop")
+    await execute(app_url, ORDERS)
+    dbos = new_dbos(database_url, db_retry_timeout=120.0)
+    dbos.data_source("shop", app_url)
+    _, place, runs = _ordering(dbos, "shop")
+
+    async def retried() -> bool:
+        return any("Step insert_order of workflow wf-out failed (attempt 1" in r.getMessage()
+                   for r in caplog.records)
+
+    async with dbos:
+        cluster.stop()
+        try:
+            with SetWorkflowID("wf-out"):
+                handle = await dbos.start_workflow(place, "o1", 1)
+            await wait_until(retried, what="the transaction to be retried")
+            assert await step_rows(database_url, "wf-out") == []
+        finally:
+            cluster.start()
+        assert await handle.get_result() == 1
+    assert runs["n"] == 1
+    assert await _orders(app_url) == [("o1", 1)]
+    steps = await step_rows(database_url, "wf-out")
+    assert [(s.function_name, s.output, s.error) for s in steps] == [("insert_order", 1, None)]
+
+
+async def test_a_database_refusing_connections_is_never_the_outcome(database_url: str,
+                                                                    app_url: str) -> None:
+    """An application database that refuses connections (not a condition retrying
+    outlives): the caller gets a DatabaseUnavailableError naming it, not the driver's
+    error, and no outcome is recorded for the transaction."""
+    name = app_url.rsplit("/", 1)[1]
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    _, place, runs = _ordering(dbos, "shop")
+    async with dbos:
+        await execute(database_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            await execute(database_url, "SELECT pg_terminate_backend(pid) FROM "
+                                        "pg_stat_activity WHERE datname = $1", name)
+            with SetWorkflowID("wf-no"), pytest.raises(DatabaseUnavailableError) as raised:
+                await place("o1", 1)
+        finally:
+            await execute(database_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    assert "Could not open a transaction on the application database of data source " \
+           "'shop'" in str(raised.value)
+    assert "not currently accepting connections" in str(raised.value)
+    assert runs["n"] == 0
+    assert await step_rows(database_url, "wf-no") == []
+    assert await _orders(app_url) == []
+
+
 async def test_retention_deletes_old_application_records(database_url: str,
                                                          app_url: str) -> None:
     dbos = new_dbos(database_url)
@@ -587,6 +976,18 @@ async def test_without_migrations_an_unmigrated_data_source_is_refused(
     dbos.data_source("shop", app_url)
     with pytest.raises(ConfigurationError, match=r"no up-to-date dbos\.datasource_outputs"):
         async with dbos:
+            pass
+    assert await fetchval(app_url, "SELECT to_regclass('dbos.datasource_outputs')") is None
+
+
+async def test_a_client_never_migrates_a_data_source(database_url: str, app_url: str) -> None:
+    async with new_dbos(database_url):
+        pass  # the system database's schema, not the application database's
+    client = DBOSClient(database_url)
+    client.data_source("shop", app_url)
+    with pytest.raises(ConfigurationError, match="an executor entered with "
+                                                 "run_migrations=True creates it"):
+        async with client:
             pass
     assert await fetchval(app_url, "SELECT to_regclass('dbos.datasource_outputs')") is None
 

@@ -9,6 +9,9 @@ transaction, on the system database or on an application database.
   flight); a last worker drains. Every workflow ends ``SUCCESS`` with every step
   checkpointed, and every transaction's effect is there exactly once: one ``effects`` row
   per (workflow, step), ``counter`` equal to their number.
+- kill -9 between the two commits: an application database's commit held (a deferred
+  trigger waits on a lock) while the worker is killed, then let through; recovery finds the
+  record and the effect stays once.
 - zombie: a worker's transaction runs its SQL and stops (SIGSTOP) before committing; its
   executor ID lock's session ends (as across a partition), a live executor takes the
   workflow over and finishes it; the zombie resumes and commits nothing.
@@ -23,6 +26,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import asyncpg
 import pytest
 from helpers import (
     advisory_lock_holder,
@@ -107,6 +111,66 @@ async def kill_cycles(database_url: str, app_url: str, on: str, tmp_path: Path,
     assert await fetchval(effects_url, "SELECT count(*) FROM effects") == total * tw.STEPS
     assert await fetchval(effects_url, "SELECT n FROM counter") == total * tw.STEPS
     return pending_at_kill
+
+
+async def test_kill_nine_between_the_two_commits_leaves_the_effect_once(
+        database_url: str, app_url: str, tmp_path: Path) -> None:
+    """The kill point between an application database's commit and the system database's:
+    the worker's first transaction commits on the application database while a deferred
+    trigger holds that commit on a lock the test has; the worker is killed -9 there, its
+    system-database transaction (the fence, with the checkpoint) ends with its session, then
+    the test lets the commit land. The record is there, the checkpoint is not; the next
+    worker recovers the workflow: every effect once, every checkpoint there."""
+    await execute(app_url, tw.TABLES)
+    await execute(app_url, """
+        CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN PERFORM pg_advisory_xact_lock(4243); RETURN NULL; END $$;
+        CREATE CONSTRAINT TRIGGER held AFTER INSERT ON effects
+          DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION hold()""")
+    stderr = tmp_path / "worker.err"
+    holder = await asyncpg.connect(app_url)
+    try:
+        await holder.execute("SELECT pg_advisory_lock(4243)")
+        proc = await spawn(database_url, app_url, "application", 0, 1, stderr)
+        await expect(proc, "ready", stderr)
+
+        async def commit_held() -> bool:
+            return bool(await fetchval(app_url, "SELECT count(*) FROM pg_locks "
+                                                "WHERE NOT granted AND locktype = 'advisory'"))
+
+        await wait_until(commit_held, what="the worker's commit to wait on the trigger")
+        proc.kill()
+        await proc.wait()
+
+        async def system_sessions_gone() -> bool:
+            return not await fetchval(
+                database_url, "SELECT count(*) FROM pg_stat_activity WHERE "
+                              "application_name = $1 AND datname = current_database()",
+                tw.connection_name(0))
+
+        await wait_until(system_sessions_gone, patience=60,
+                         what="the killed worker's system-database sessions to end")
+        await holder.execute("SELECT pg_advisory_unlock(4243)")
+        await wait_no_connections(app_url, tw.connection_name(0), patience=60)
+    finally:
+        await holder.close()
+    # Between the two commits: the application's record and effect, no checkpoint.
+    assert [tuple(r) for r in await fetch(
+        app_url, "SELECT workflow_id, step_id FROM dbos.datasource_outputs")] == [("w0-0", 0)]
+    assert await fetchval(app_url, "SELECT count(*) FROM effects") == 1
+    assert await fetchval(database_url, "SELECT count(*) FROM dbos.operation_outputs") == 0
+
+    last = await spawn(database_url, app_url, "application", 1, 0, stderr)
+    await expect(last, "drained", stderr)
+    await last.wait()
+    row = await workflow_row(database_url, "w0-0")
+    assert row is not None and row["status"] == "SUCCESS"
+    assert await fetchval(database_url, "SELECT count(*) FROM dbos.operation_outputs "
+                                        "WHERE function_name = 'effect'") == tw.STEPS
+    rows = await fetch(app_url, "SELECT step_id, count(*) AS n FROM effects GROUP BY 1 "
+                                "ORDER BY 1")
+    assert [(r["step_id"], r["n"]) for r in rows] == [(i, 1) for i in range(tw.STEPS)]
+    assert await fetchval(app_url, "SELECT n FROM counter") == tw.STEPS
 
 
 @pytest.mark.parametrize("on", ["system", "application"])

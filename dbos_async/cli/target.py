@@ -43,6 +43,8 @@ class Target:
     application_name: str | None
     sharding: bool | None
     config_file: Path | None
+    data_sources: tuple[str, ...] = ()
+    """``NAME=URL`` of each application database the client registers."""
 
     def config(self) -> DBOSConfig:
         """These options over the environment and the configuration file. Without a URL,
@@ -75,6 +77,11 @@ class Target:
             config.system_database_url, schema_name=config.schema_name,
             application_name=config.application_name, sharding=await sharded(config),
             config_file=self.config_file, pool_size=2)
+        for source in self.data_sources:
+            name, equals, url = source.partition("=")
+            if not (name and equals and url):
+                raise ConfigurationError(f"--data-source takes NAME=URL, got {source!r}")
+            client.data_source(name, url)
         async with client:
             yield client
 
@@ -112,6 +119,10 @@ def target_options(command: Callable[..., T]) -> Callable[..., T]:
                   type=click.Path(dir_okay=False, path_type=Path),
                   help="TOML configuration file (default: DBOS_CONFIG_FILE, else "
                        "[tool.dbos_async] in ./pyproject.toml).")
+    @click.option("--data-source", "data_sources", metavar="NAME=URL", multiple=True,
+                  help="An application database the executors' transactions record in "
+                       "(its datasource_outputs in schema dbos; repeatable): rewind, "
+                       "delete, export and import cover its records.")
     @functools.wraps(command)
     def with_target(**options: Any) -> T:
         target = Target(*(options.pop(name) for name in _TARGET_OPTIONS))
@@ -120,4 +131,5 @@ def target_options(command: Callable[..., T]) -> Callable[..., T]:
     return with_target
 
 
-_TARGET_OPTIONS = ("url", "schema", "application_name", "sharding", "config_file")
+_TARGET_OPTIONS = ("url", "schema", "application_name", "sharding", "config_file",
+                   "data_sources")

@@ -166,7 +166,7 @@ async def import_workflows(
                     if source not in peer.application_databases:
                         raise WorkflowImportError(
                             f"Workflow {workflow.workflow_id!r} holds records of the data "
-                            f"source {source!r}, which this executor does not register")
+                            f"source {source!r}, which this executor or client does not register")
             written = await sysdb.import_workflows(targeted)
             imported, unchanged = imported + written, unchanged + len(targeted) - written
             for workflow in batch:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Mapping, Set
 
 import anyio
@@ -23,14 +22,17 @@ from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.database_url import redact
 from dbos_async.errors import QueueNotFoundError
 from dbos_async.executor import failover, maintenance, recovery, versions
-from dbos_async.executor.peer import start_notifications, system_database_for
+from dbos_async.executor.peer import (
+    application_database_for,
+    start_notifications,
+    system_database_for,
+)
 from dbos_async.executor.queues.claim_loop import start_claim_loops
 from dbos_async.executor.queues.declaration import Queue, internal_queue
 from dbos_async.executor.registry import Registry, application_version
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.scheduler import Scheduler
 from dbos_async.sysdb import connection
-from dbos_async.sysdb.application import ApplicationDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 
 logger = logging.getLogger("dbos_async")
@@ -85,14 +87,10 @@ async def start_runtime(runtime: Runtime, queues: Mapping[str, Queue],
 async def _open_application_databases(runtime: Runtime) -> None:
     """Open (and migrate) the application database of every registered data source,
     before recovery runs transactions on them."""
-    config = runtime.config
     runtime.registry.check_data_sources()
     for source in runtime.registry.data_sources.values():
-        database = ApplicationDatabase(
-            source.name, source.url, schema=source.schema, pool_size=source.pool_size,
-            connect_timeout=config.connect_timeout, connection_name=config.connection_name,
-            idle_transaction_timeout_ms=math.ceil(config.idle_transaction_timeout * 1000))
-        await database.open(run_migrations=config.run_migrations)
+        database = application_database_for(runtime.config, source)
+        await database.open(run_migrations=runtime.config.run_migrations)
         runtime.application_databases[source.name] = database
 
 

@@ -17,6 +17,7 @@ from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from dbos_async.config import DBOSConfig
+    from dbos_async.executor.registry import DataSource
     from dbos_async.executor.serialization import Formats, Signature
     from dbos_async.sysdb.application import ApplicationDatabase
     from dbos_async.sysdb.database import SystemDatabase
@@ -75,6 +76,17 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
         clock=clock_of(config),
         connect_options=config.connect_options,
     )
+
+
+def application_database_for(config: DBOSConfig, source: DataSource) -> ApplicationDatabase:
+    """The application database of a data source, for an executor or client with these
+    settings (it is opened by the caller)."""
+    from dbos_async.sysdb.application import ApplicationDatabase
+
+    return ApplicationDatabase(
+        source.name, source.url, schema=source.schema, pool_size=source.pool_size,
+        connect_timeout=config.connect_timeout, connection_name=config.connection_name,
+        idle_transaction_timeout_ms=math.ceil(config.idle_transaction_timeout * 1000))
 
 
 async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfig,

@@ -88,7 +88,8 @@ def instance_name(instance: object) -> str:
 @dataclass(frozen=True)
 class DataSource:
     """An application database registered with ``dbos.data_source()``: opened (and its
-    schema migrated) at every entry, closed at the exit."""
+    schema migrated) at every entry, closed at the exit; or with a client's
+    ``data_source()``: opened at its entry, never migrated."""
 
     name: str
     url: str
@@ -105,6 +106,13 @@ class DataSource:
             raise ConfigurationError(f"Data source {self.name!r}: the URL {error}") from None
         if not isinstance(self.pool_size, int) or self.pool_size < 1:
             raise DBOSError(f"Data source {self.name!r}: pool_size must be >= 1")
+
+
+def add_data_source(sources: dict[str, DataSource], source: DataSource) -> None:
+    """Add ``source`` to an executor's or a client's data sources, by name."""
+    if source.name in sources:
+        raise DBOSError(f"A data source named {source.name!r} is already registered")
+    sources[source.name] = source
 
 
 class Registry:
@@ -130,9 +138,7 @@ class Registry:
         self.workflows[info.name] = info
 
     def add_data_source(self, source: DataSource) -> None:
-        if source.name in self.data_sources:
-            raise DBOSError(f"A data source named {source.name!r} is already registered")
-        self.data_sources[source.name] = source
+        add_data_source(self.data_sources, source)
 
     def check_data_sources(self) -> None:
         """Refuse to enter with a transaction naming a data source never registered."""

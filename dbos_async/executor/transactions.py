@@ -232,12 +232,15 @@ async def _retrying(info: TransactionInfo, step_id: int | None, retry_timeout: f
     options = info.options
     delay = options.retry_interval
     maybe_committed = False
-    conflicts = 0
+    failed = conflicts = 0
     give_up = time.monotonic() + retry_timeout
     while True:
         try:
             return await attempt(maybe_committed)
-        except _Retry as retry:
+        except (_Retry, DatabaseUnavailableError) as refused:
+            retry = _not_opened(refused) if isinstance(
+                refused, DatabaseUnavailableError) else refused
+            failed += 1
             maybe_committed = maybe_committed or retry.maybe_committed
             if retry.lost and time.monotonic() + delay > give_up:
                 raise DatabaseUnavailableError(
@@ -247,21 +250,33 @@ async def _retrying(info: TransactionInfo, step_id: int | None, retry_timeout: f
                 conflicts += 1
                 if conflicts > options.max_retries:
                     raise retry.error from retry.error.__cause__
-            logs.step_retrying(options.name, step_id, conflicts + 1, options.max_retries + 1,
-                               delay, retry.error)
+            # Attempt ``failed`` failed, of those allowed so far (lost connections do not
+            # use up max_retries).
+            logs.step_retrying(options.name, step_id, failed,
+                               options.max_retries + 1 + failed - conflicts, delay, retry.error)
             await asyncio.sleep(delay)
             delay = min(delay * 2, options.max_retry_interval)
 
 
 class _Retry(Exception):
     """An attempt to run again in a new transaction (``error``: what to raise when no
-    attempts are left; ``lost``: its connection was lost, and then whether the commit may
-    have landed)."""
+    attempts are left; ``lost``: its connection was lost; ``maybe_committed``: whether its
+    commit may have landed, by default when its connection was lost)."""
 
-    def __init__(self, error: Exception, lost: bool = False) -> None:
+    def __init__(self, error: Exception, lost: bool = False,
+                 maybe_committed: bool | None = None) -> None:
         self.error = error
         self.lost = lost
-        self.maybe_committed = lost
+        self.maybe_committed = lost if maybe_committed is None else maybe_committed
+
+
+def _not_opened(error: DatabaseUnavailableError) -> _Retry:
+    """A database that could not be reached (a transaction not opened, a read not made):
+    retried like a lost connection when retrying may outlive it (nothing of the attempt
+    committed then), else raised as it is, never recorded as the transaction's outcome."""
+    if not is_transient(error):
+        raise error
+    return _Retry(error, lost=True, maybe_committed=False)
 
 
 def _refusal(info: TransactionInfo, tx: OpenTransaction,

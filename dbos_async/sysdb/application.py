@@ -75,30 +75,50 @@ class OpenTransaction:
         await self._tx.commit()
 
 
+OPEN_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+"""What opening a transaction raises when no connection can be had (refused, not accepting
+connections, timed out) or the one the pool gave was lost before the transaction began."""
+
+
 @contextlib.asynccontextmanager
 async def transaction(pool: asyncpg.Pool, isolation: IsolationLevel, read_only: bool,
-                      idle_timeout: Query | None = None) -> AsyncIterator[OpenTransaction]:
+                      described: str, idle_timeout: Query | None = None
+                      ) -> AsyncIterator[OpenTransaction]:
     """A pooled connection in a new transaction at ``isolation``; rolled back at the exit
     unless the block committed it (a connection whose rollback fails is closed).
     ``idle_timeout``: the statement bounding how long it may sit idle, for a pool whose
-    sessions are not bounded already."""
-    async with pool.acquire() as conn:
-        tx = conn.transaction(isolation=ISOLATION_LEVELS[isolation],  # type: ignore[arg-type]
-                              readonly=read_only)
-        await tx.start()
-        opened = OpenTransaction(conn, tx)
-        if idle_timeout is not None:
-            await conn.execute(idle_timeout.sql, *idle_timeout.params)
-        try:
-            yield opened
-        finally:
-            if not opened.committed:
-                try:
-                    await tx.rollback()
-                except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                    # Unusable: closed (a lost one is already detached from the pool).
-                    with contextlib.suppress(asyncpg.InterfaceError):
-                        conn.terminate()
+    sessions are not bounded already.
+
+    Raises:
+        DatabaseUnavailableError: the transaction could not be opened on ``described``
+            (the database, in words), the driver's error its cause: nothing of it ran.
+    """
+    began = False
+    try:
+        async with pool.acquire() as conn:
+            tx = conn.transaction(isolation=ISOLATION_LEVELS[isolation],  # type: ignore[arg-type]
+                                  readonly=read_only)
+            await tx.start()
+            opened = OpenTransaction(conn, tx)
+            try:
+                if idle_timeout is not None:
+                    await conn.execute(idle_timeout.sql, *idle_timeout.params)
+                began = True
+                yield opened
+            finally:
+                if not opened.committed:
+                    try:
+                        await tx.rollback()
+                    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                        # Unusable: closed (a lost one is already detached from the pool).
+                        with contextlib.suppress(asyncpg.InterfaceError):
+                            conn.terminate()
+    except OPEN_ERRORS as error:
+        if began:
+            raise  # the block's own, or its end's
+        raise DatabaseUnavailableError(
+            f"Could not open a transaction on {described}: {type(error).__name__}: "
+            f"{error}") from error
 
 
 class ApplicationDatabase:
@@ -164,8 +184,8 @@ class ApplicationDatabase:
                 raise ConfigurationError(
                     f"The application database of data source {self.name!r} "
                     f"({self.described}) has no up-to-date {self.schema}.datasource_outputs "
-                    "table, and migrations are off: migrate it (enter once with "
-                    "run_migrations=True)")
+                    "table, and migrations are off here: an executor entered with "
+                    "run_migrations=True creates it")
             async with conn.transaction():
                 q = self.sql.migration_lock(self.schema)
                 await conn.execute(q.sql, *q.params)
@@ -190,7 +210,9 @@ class ApplicationDatabase:
 
     def transaction(self, isolation: IsolationLevel,
                     read_only: bool) -> contextlib.AbstractAsyncContextManager[OpenTransaction]:
-        return transaction(self.pool, isolation, read_only)
+        return transaction(self.pool, isolation, read_only,
+                           f"the application database of data source {self.name!r} "
+                           f"({self.described})")
 
     # ---- Outcomes ----
 
@@ -204,7 +226,13 @@ class ApplicationDatabase:
                               conn: Connection | None = None) -> StoredOutput | None:
         """The outcome recorded for the step (in the caller's transaction, if given)."""
         q = self.sql.recorded_output(checkpoint_id(*workflow), step_id)
-        row = await (conn or self.pool).fetchrow(q.sql, *q.params)
+        if conn is not None:  # its errors are the transaction's to judge
+            row = await conn.fetchrow(q.sql, *q.params)
+        else:
+            try:
+                row = await self.pool.fetchrow(q.sql, *q.params)
+            except OPEN_ERRORS as error:
+                raise self.failure("reading a transaction's outcome", error) from error
         return None if row is None else StoredOutput(row["output"], row["error"],
                                                      row["serialization"])
 

@@ -34,6 +34,7 @@ from dbos_async.sysdb.application import (
     transaction,
 )
 from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
+from dbos_async.sysdb.connection import parsed_url
 from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.group_commit import GroupCommit
 from dbos_async.sysdb.notifications import (
@@ -625,8 +626,13 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             raise DBOSError("Transactions on the system database are not supported on Citus "
                             "(its checkpoint would span shards): use an application database")
         bound = self.idle_transaction_timeout_ms
-        return transaction(self.pool, isolation, read_only,
+        return transaction(self.pool, isolation, read_only, self._described,
                            self.sql.idle_transaction_timeout(bound) if bound > 0 else None)
+
+    @property
+    def _described(self) -> str:
+        """The system database, in words, for a transaction's errors."""
+        return f"the system database {parsed_url(self.url).describe()}"
 
     async def record_step_on(self, conn: Connection, row: Checkpoint) -> bool:
         """Record a step's checkpoint in the caller's transaction, fenced as
@@ -644,7 +650,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         """Record a step's checkpoint in a transaction of its own that keeps the workflow's
         status row locked for the block (no hand-off commits meanwhile); whether it landed.
         Committed when the block ends if it did, else rolled back."""
-        async with transaction(self.pool, "READ COMMITTED", False) as tx:
+        async with transaction(self.pool, "READ COMMITTED", False, self._described) as tx:
             landed = await self.record_step_on(tx.conn, row)
             yield landed
             if landed:
