@@ -19,12 +19,12 @@ from helpers import execute, fetch, fetchval, new_dbos, unique_name, wait_until
 from dbos_async import SetShardKey, SetWorkflowID, WorkflowCancelledError
 from dbos_async.database_url import Host, parse_database_url
 from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb import routed as routed_writes
 from dbos_async.sysdb.citus_shards import NodePools, ShardInterval, ShardMap, hash_text
 from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.routed import SHARD_MOVED, Step, encode
 from dbos_async.sysdb.statements import Query
 from dbos_async.sysdb.statements.sharded import ShardedStatements
+from dbos_async.sysdb.writes import routed as routed_writes
+from dbos_async.sysdb.writes.routed import SHARD_MOVED, Step, encode
 
 # A schema name that must be quoted: capitals, a space, a double quote.
 SCHEMA = 'Tenants "A"'

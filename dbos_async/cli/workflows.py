@@ -12,8 +12,8 @@ from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.executor.control import StartPoint, StartStep, StepNamed
 from dbos_async.executor.handles import WorkflowStatus
+from dbos_async.executor.management.control import StartPoint, StartStep, StepNamed
 from dbos_async.statuses import WorkflowStatusString
 
 

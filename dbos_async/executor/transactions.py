@@ -48,7 +48,7 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
-from dbos_async.executor import logs, observe, steps
+from dbos_async.executor import steps
 from dbos_async.executor.context import (
     WorkflowContext,
     current_workflow,
@@ -58,6 +58,7 @@ from dbos_async.executor.context import (
 from dbos_async.executor.recorded_errors import deserialize_error
 from dbos_async.executor.runtime import RuntimeSource
 from dbos_async.executor.serialization import Signature
+from dbos_async.executor.telemetry import logs, observe
 from dbos_async.sysdb.application import (
     ISOLATION_LEVELS,
     ApplicationDatabase,

@@ -2,8 +2,8 @@
 
 It stores and returns strings; serialization and types belong to the executor. The
 workflows' own statements (start, recovery, steps, outcome, messages, events, streams) are
-here; the operations on workflows as a whole are in :mod:`dbos_async.sysdb.operations` and
-the queues' in :mod:`dbos_async.sysdb.queues`.
+here; the operations on workflows as a whole are in
+:mod:`dbos_async.sysdb.management.operations` and the queues' in :mod:`dbos_async.sysdb.queues`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from dbos_async.errors import (
     WorkflowConflictError,
     workflow_id_taken,
 )
-from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.application import (
     Connection,
     IsolationLevel,
@@ -34,15 +33,14 @@ from dbos_async.sysdb.application import (
     transaction,
 )
 from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
-from dbos_async.sysdb.exports import ExportOperations
-from dbos_async.sysdb.group_commit import GroupCommit
+from dbos_async.sysdb.management.admin import AdminOperations
+from dbos_async.sysdb.management.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
 from dbos_async.sysdb.observability import ObservabilityOperations
-from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
     BatchStart,
@@ -54,7 +52,6 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
-from dbos_async.sysdb.routed import Program, Results, RoutedWrites, Row, ran_whole
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
@@ -78,6 +75,9 @@ from dbos_async.sysdb.statements import (
     Query,
     WorkflowRef,
 )
+from dbos_async.sysdb.transfer import ExportOperations
+from dbos_async.sysdb.writes.group_commit import GroupCommit
+from dbos_async.sysdb.writes.routed import Program, Results, RoutedWrites, Row, ran_whole
 
 __all__ = [
     "BatchStart",
@@ -207,7 +207,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     async def dequeue_scopes(self, queue_name: str) -> list[str]:
         """The shard keys with ENQUEUED work on the queue (sharded databases). On Citus,
         read from each node's own shards, so a node out of reach hides only its own keys
-        (see :meth:`~dbos_async.sysdb.routed.RoutedWrites._read_each_node`)."""
+        (see :meth:`~dbos_async.sysdb.writes.routed.RoutedWrites._read_each_node`)."""
         if not self.routes_single_tables:
             return await super().dequeue_scopes(queue_name)
         rows = await self._read_each_node(

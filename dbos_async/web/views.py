@@ -14,8 +14,8 @@ from typing import Any
 from pydantic_core import to_jsonable_python
 
 from dbos_async.errors import DBOSError, InvalidRequestError, NonExistentWorkflowError
-from dbos_async.executor.control import WorkflowStepInfo, epoch_ms
 from dbos_async.executor.handles import WorkflowStatus
+from dbos_async.executor.management.control import WorkflowStepInfo, epoch_ms
 from dbos_async.executor.operator import Operator
 from dbos_async.statuses import WorkflowStatusString
 from dbos_async.web.problems import error_type_and_message

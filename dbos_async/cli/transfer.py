@@ -9,7 +9,7 @@ import click
 
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.workflows import filter_options
-from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
+from dbos_async.executor.transfer import ExportedWorkflow, ImportSummary
 
 
 @click.command("export")

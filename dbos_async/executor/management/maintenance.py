@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from dbos_async.executor.control import announce_cancelled
+from dbos_async.executor.management.control import announce_cancelled
 from dbos_async.executor.runtime import Runtime
 from dbos_async.sysdb.clock import after
 from dbos_async.sysdb.repeats import Repeats

@@ -25,10 +25,10 @@ from typing import Any
 from dbos_async.errors import DBOSError, WorkflowImportConflictError, WorkflowImportError
 from dbos_async.executor.peer import Peer
 from dbos_async.sysdb.application import OUTPUT_COLUMNS
-from dbos_async.sysdb.exports import WorkflowRows
 from dbos_async.sysdb.shard_keys import validate_shard_key
 from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter
-from dbos_async.sysdb.statements.exports import WORKFLOW_COLUMN
+from dbos_async.sysdb.statements.transfer import WORKFLOW_COLUMN
+from dbos_async.sysdb.transfer import WorkflowRows
 
 EXPORT_FORMAT = "dbos_async.workflow"
 EXPORT_VERSION = 1

@@ -1,6 +1,6 @@
 """Changes of a workflow or an application in place: a queued workflow's priority and
 delay, a workflow's attributes, and renaming an application (see
-:mod:`dbos_async.sysdb.statements.admin`)."""
+:mod:`dbos_async.sysdb.statements.management.admin`)."""
 
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ from dbos_async.errors import (
 )
 from dbos_async.sysdb import connection
 from dbos_async.sysdb.core import DatabaseCore
-from dbos_async.sysdb.operations import JobConnection
+from dbos_async.sysdb.management.operations import JobConnection
 from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter, WorkflowRef
-from dbos_async.sysdb.statements.exports import WORKFLOW_COLUMN
+from dbos_async.sysdb.statements.transfer import WORKFLOW_COLUMN
 
 Row = dict[str, Any]
 

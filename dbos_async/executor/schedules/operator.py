@@ -10,12 +10,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dbos_async.errors import ScheduleError
-from dbos_async.executor import schedules
 from dbos_async.executor.handles import WorkflowHandle, workflow_handle
 from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import Queue
 from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.schedules import WorkflowSchedule, public_schedule
+from dbos_async.executor.schedules import definition
+from dbos_async.executor.schedules.definition import WorkflowSchedule, public_schedule
 from dbos_async.sysdb.clock import now_utc
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ScheduleRecord
@@ -86,7 +86,7 @@ class ScheduleOperator:
         """Announce a committed write to schedules: the schedulers of this process and of
         every other one listening re-read them at once."""
         self._peer().system_database.notify(ENQUEUE_CHANNEL,
-                                            schedules.SCHEDULES_CHANGED_KEY)
+                                            definition.SCHEDULES_CHANGED_KEY)
 
     async def _check_queues(self, records: Sequence[ScheduleRecord]) -> None:
         """Raise unless every queue the schedules name is stored (declared)."""
@@ -103,7 +103,7 @@ class ScheduleOperator:
     def _record(self, d: ScheduleDefinition) -> ScheduleRecord:
         name, class_name = self._scheduled_workflow(d.workflow)
         queue = d.queue.name if isinstance(d.queue, Queue) else d.queue
-        return schedules.new_record(d.name, name, class_name, d.cron, d.context, d.timezone,
+        return definition.new_record(d.name, name, class_name, d.cron, d.context, d.timezone,
                                     queue, d.automatic_backfill, d.shard_key)
 
     async def create_schedule(self, name: str, workflow: WorkflowRef, cron: str,
@@ -122,7 +122,7 @@ class ScheduleOperator:
         sysdb = self._writing("create_schedule").system_database
         await sysdb.create_schedule(record)
         self._schedules_changed()
-        return public_schedule(await schedules.stored(self._peer(), name))
+        return public_schedule(await definition.stored(self._peer(), name))
 
     async def apply_schedules(self, definitions: Sequence[ScheduleDefinition]
                               ) -> list[WorkflowSchedule]:
@@ -179,8 +179,8 @@ class ScheduleOperator:
     async def trigger_schedule(self, name: str) -> WorkflowHandle[Any]:
         """Fire a schedule now, off its cron times (a paused one too)."""
         peer = self._writing("trigger_schedule")
-        record = await schedules.stored(peer, name)
-        workflow_id = await schedules.fire(peer, self._firing_executor_id(), record,
+        record = await definition.stored(peer, name)
+        workflow_id = await definition.fire(peer, self._firing_executor_id(), record,
                                            now_utc(peer.system_database.clock),
                                            triggered=True)
         return workflow_handle(peer, workflow_id, shard_key=record.shard_key)
@@ -191,9 +191,9 @@ class ScheduleOperator:
         datetimes are UTC). Each time has its deterministic workflow ID, so times fired
         already, by the scheduler or an earlier backfill, are not run again."""
         peer = self._writing("backfill_schedule")
-        record = await schedules.stored(peer, name)
+        record = await definition.stored(peer, name)
         handles: list[WorkflowHandle[Any]] = []
-        for time in schedules.times_between(record, start, end):
-            workflow_id = await schedules.fire(peer, self._firing_executor_id(), record, time)
+        for time in definition.times_between(record, start, end):
+            workflow_id = await definition.fire(peer, self._firing_executor_id(), record, time)
             handles.append(workflow_handle(peer, workflow_id, shard_key=record.shard_key))
         return handles

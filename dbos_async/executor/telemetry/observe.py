@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from dbos_async import metrics
 from dbos_async.errors import WorkflowCancelledError
-from dbos_async.executor import logs, tracing
 from dbos_async.executor.context import WorkflowContext
+from dbos_async.executor.telemetry import logs, tracing
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

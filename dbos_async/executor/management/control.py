@@ -3,9 +3,10 @@
 The public methods over these functions are defined once, in
 :class:`~dbos_async.executor.operator.Operator`.
 
-The SQL runs in :mod:`dbos_async.sysdb.operations`; this module turns rows into typed values
-(inputs, outputs and errors deserialized with the registered workflow's signature when this
-executor has it, as plain JSON otherwise) and sends the notifications a cancel owes.
+The SQL runs in :mod:`dbos_async.sysdb.management.operations`; this module turns rows into
+typed values (inputs, outputs and errors deserialized with the registered workflow's
+signature when this executor has it, as plain JSON otherwise) and sends the notifications a
+cancel owes.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from dbos_async.executor.queues.enqueue import DELAYED_KEY
 from dbos_async.executor.queues.options import check_options
 from dbos_async.executor.recorded_errors import deserialize_error
 from dbos_async.sysdb.clock import Clock
+from dbos_async.sysdb.management.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
-from dbos_async.sysdb.operations import CancelledWorkflow, ForkSpec
 from dbos_async.sysdb.records import StatusRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
 from dbos_async.sysdb.statements import (

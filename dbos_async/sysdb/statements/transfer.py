@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dbos_async.sysdb.statements.base import Params, Query, WorkflowRef
-from dbos_async.sysdb.statements.control import ControlStatements, WorkflowFilter
+from dbos_async.sysdb.statements.management.control import ControlStatements, WorkflowFilter
 
 EXPORT_COLUMNS: dict[str, tuple[str, ...]] = {
     "workflow_status": (

@@ -2,7 +2,8 @@
 
 It keeps the next time of each schedule in a heap and sleeps until the earliest (or until
 the next re-read of the definitions, or until a dbos_async writer announces a change), so
-between re-reads it sends no statement. Firing is :func:`~dbos_async.executor.schedules.fire`:
+between re-reads it sends no statement. Firing is
+:func:`~dbos_async.executor.schedules.definition.fire`:
 several executors firing one time insert one workflow under one ID, so each time runs once.
 """
 
@@ -17,8 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dbos_async.errors import ScheduleError
-from dbos_async.executor import schedules
 from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.schedules import definition
 from dbos_async.sysdb.clock import epoch_ms, now_utc
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
@@ -62,7 +63,7 @@ class Scheduler:
         self._runtime.background.supervise(self._run, "scheduler")
 
     def _on_notification(self, key: str) -> None:
-        if key == schedules.SCHEDULES_CHANGED_KEY:
+        if key == definition.SCHEDULES_CHANGED_KEY:
             self._changed.set()
 
     async def _run(self) -> None:
@@ -97,7 +98,7 @@ class Scheduler:
                 self._records[name] = record
                 continue
             try:
-                next_time = next(schedules.times_after(record, now))
+                next_time = next(definition.times_after(record, now))
             except ScheduleError:
                 # Stored by another writer with a cron expression or time zone this
                 # library cannot read: skipped (logged once per definition), others fire.
@@ -126,9 +127,9 @@ class Scheduler:
         if not record.automatic_backfill or record.last_fired_at is None:
             return
         since = max(datetime.fromisoformat(record.last_fired_at), now - BACKFILL_WINDOW)
-        missed = schedules.times_between(record, since, now)[-BACKFILL_LIMIT:]
+        missed = definition.times_between(record, since, now)[-BACKFILL_LIMIT:]
         for time in missed:
-            await schedules.fire(self._runtime, self._runtime.executor_id, record, time)
+            await definition.fire(self._runtime, self._runtime.executor_id, record, time)
 
     def _push(self, name: str, time: datetime) -> None:
         generation = self._generation.get(name, 0) + 1
@@ -141,7 +142,7 @@ class Scheduler:
             return  # Superseded: the schedule changed, was paused or deleted.
         record = self._records[due.name]
         try:
-            await schedules.fire(self._runtime, self._runtime.executor_id, record, due.time)
+            await definition.fire(self._runtime, self._runtime.executor_id, record, due.time)
         except Exception:
             logger.exception("Firing schedule %s at %s failed", due.name, due.time)
-        self._push(due.name, next(schedules.times_after(record, due.time)))
+        self._push(due.name, next(definition.times_after(record, due.time)))
