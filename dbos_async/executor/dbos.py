@@ -53,7 +53,7 @@ from dbos_async.executor.registry import (
 from dbos_async.executor.replay import ReplayResult
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
 from dbos_async.executor.schedules import definition
-from dbos_async.executor.schedules.operator import WorkflowRef, check_scheduled_signature
+from dbos_async.executor.schedules.operator import ScheduledWorkflow, check_scheduled_signature
 from dbos_async.executor.serialization import (
     SerializationType,
     Signature,
@@ -773,7 +773,7 @@ class DBOS(Operator):
     def _firing_executor_id(self) -> str:
         return self._operating().executor_id
 
-    def _scheduled_workflow(self, workflow: WorkflowRef) -> tuple[str, str | None]:
+    def _scheduled_workflow(self, workflow: ScheduledWorkflow) -> tuple[str, str | None]:
         if isinstance(workflow, str):
             info = self._registry.workflows.get(workflow)
             if info is None:

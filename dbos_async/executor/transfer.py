@@ -25,7 +25,7 @@ from typing import Any
 from dbos_async.errors import DBOSError, WorkflowImportConflictError, WorkflowImportError
 from dbos_async.executor.peer import Peer
 from dbos_async.sysdb.application import OUTPUT_COLUMNS
-from dbos_async.sysdb.shard_keys import validate_shard_key
+from dbos_async.sysdb.shard_keys import WorkflowAddress, validate_shard_key
 from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter
 from dbos_async.sysdb.statements.transfer import WORKFLOW_COLUMN
 from dbos_async.sysdb.transfer import WorkflowRows
@@ -172,7 +172,7 @@ async def import_workflows(
             for workflow in batch:
                 for source, found in workflow.transactions.items():
                     await peer.application_databases[source].import_outputs(
-                        (workflow.workflow_id, keys.key_of(workflow)), found)
+                        WorkflowAddress(workflow.workflow_id, keys.key_of(workflow)), found)
             batch.clear()
 
     line_number = 0

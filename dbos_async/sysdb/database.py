@@ -56,6 +56,7 @@ from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
     bind_shard_keys,
+    by_key,
     cleared_shard_keys,
     shard_key_scope,
 )
@@ -73,7 +74,6 @@ from dbos_async.sysdb.statements import (
     ParentStep,
     Payload,
     Query,
-    WorkflowRef,
 )
 from dbos_async.sysdb.transfer import ExportOperations
 from dbos_async.sysdb.writes.group_commit import GroupCommit
@@ -100,11 +100,9 @@ Keyed = tuple[str | None, T]
 """A row to write and the shard key of its workflow (None unsharded)."""
 
 
-def _by_key(keys: Sequence[str | None]) -> list[KeyGroup]:
+def _key_groups(keys: Sequence[str | None]) -> list[KeyGroup]:
     """The indexes of a batch's rows grouped by their keys, in order of first appearance."""
-    groups: dict[str | None, list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
+    groups = by_key((key, i) for i, key in enumerate(keys))
     return [(indexes, key) for key, indexes in groups.items()]
 
 
@@ -143,7 +141,7 @@ def _with_child_key(key: str, r: Checkpoint) -> Checkpoint:
     return dataclasses.replace(r, child_shard_key=key)
 
 
-def _landed(programs: Sequence[tuple[WorkflowRef, Program]],
+def _landed(programs: Sequence[tuple[WorkflowAddress, Program]],
             found: Sequence[Results | Exception]) -> list[bool | BaseException]:
     """Per routed write of a group-commit batch: whether it landed whole, or the error
     that ended it."""
@@ -282,9 +280,9 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         only one to fail."""
         if self.routes_single_tables:
             return await self._write_starts_routed(rows)
-        firsts: dict[WorkflowRef, int] = {}
+        firsts: dict[WorkflowAddress, int] = {}
         for i, (wf, _) in enumerate(rows):
-            firsts.setdefault((wf.workflow_id, wf.shard_key), i)
+            firsts.setdefault(WorkflowAddress(wf.workflow_id, wf.shard_key), i)
         if len(firsts) < 2:
             return [await self._start_alone(wf, xid) for wf, xid in rows]
         batch = [rows[i] for i in firsts.values()]
@@ -307,14 +305,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                     started[i] = StartResult(workflow_row(r), r["creator_xid"] == batch[i][1])
         results = [started[i] for i in range(len(batch))]
         for i, (wf, xid) in enumerate(rows):
-            if firsts[wf.workflow_id, wf.shard_key] != i:
+            if firsts[WorkflowAddress(wf.workflow_id, wf.shard_key)] != i:
                 results.insert(i, await self._start_alone(wf, xid))
         return results
 
     async def _write_starts_routed(self, rows: Sequence[tuple[NewWorkflow, str]]
                                    ) -> list[StartResult | BaseException]:
         """:meth:`_write_starts` on Citus: one program per start, all in one round trip."""
-        programs = [((wf.workflow_id, wf.shard_key), self._start_program(wf, xid))
+        programs = [(WorkflowAddress(wf.workflow_id, wf.shard_key), self._start_program(wf, xid))
                     for wf, xid in rows]
         found = await self._routed_many(programs, f"starting {len(rows)} workflows")
         started: list[StartResult | BaseException] = []
@@ -412,10 +410,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         created: HoldersCreated = {}
         pending = list(range(len(rows)))
         for _ in range(10):
-            groups: dict[str | None, list[int]] = {}
-            for i in pending:
-                groups.setdefault(rows[i][0].shard_key, []).append(i)
-            per_key = [(indexes, key) for key, indexes in groups.items()]
+            per_key = [(indexes, key) for key, indexes
+                       in by_key((rows[i][0].shard_key, i) for i in pending).items()]
             fetched = await run(per_key)
             pending = []
             for (indexes, _), found in zip(per_key, fetched, strict=True):
@@ -693,8 +689,9 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 return _verdicts(rows, found, of_row, of_record)
             programs = []
             for key, r in rows:
-                with WorkflowAddress(r.workflow_id, key).routed():
-                    programs.append(((r.workflow_id, key), self._checkpoint_program(r)))
+                address = WorkflowAddress(r.workflow_id, key)
+                with address.routed():
+                    programs.append((address, self._checkpoint_program(r)))
             return _landed(programs, await self._routed_many(programs, what))
         _, statements = self._per_key(
             rows, lambda key, r: self.templates.query("record_step", one, key, r),
@@ -737,8 +734,9 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         if found is None and self.routes_single_tables:
             programs = []
             for key, r in rows:
-                with WorkflowAddress(r.workflow_id, key).routed():
-                    programs.append(((r.workflow_id, key), self._outcome_program(r, at)))
+                address = WorkflowAddress(r.workflow_id, key)
+                with address.routed():
+                    programs.append((address, self._outcome_program(r, at)))
             what = f"recording {len(rows)} outcomes"
             verdicts = _landed(programs, await self._routed_many(programs, what))
         elif found is None and not distinct:
@@ -778,7 +776,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         keys), each row's single-row statement ``one``, which costs the server less to run
         than the array form ``batch`` takes for several rows of a key. Every statement
         reads back each written row's ID and key, whatever its form."""
-        groups = _by_key([key for key, _ in rows])
+        groups = _key_groups([key for key, _ in rows])
         statements = []
         for indexes, key in groups:
             if len(groups) == len(rows):
@@ -804,8 +802,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     # ---- Recovery (see dbos_async/executor/recovery.py) ----
 
     async def _each_pending_key(self, executor_id: str, application_version: str | None,
-                                exclude: Sequence[WorkflowRef], failover: bool, what: str,
-                                statement: Callable[[Sequence[WorkflowRef]], Query],
+                                exclude: Sequence[WorkflowAddress], failover: bool, what: str,
+                                statement: Callable[[Sequence[WorkflowAddress]], Query],
                                 retried: bool = True) -> list[Row]:
         """The rows of ``statement`` (a recovery statement, built under the current
         shard-key scope), run once over every key; or on Citus once per key of
@@ -845,7 +843,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
 
     async def claim_pending(
         self, executor_id: str, application_version: str | None,
-        exclude: Sequence[WorkflowRef] = (), to_executor_id: str | None = None,
+        exclude: Sequence[WorkflowAddress] = (), to_executor_id: str | None = None,
     ) -> list[WorkflowRow]:
         now_ms = self.clock.now_ms()
         # Not retried: a lost reply would leave rows claimed under tokens we never learned;
@@ -873,7 +871,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         return [row["executor_id"] for row in await self._fetch(query, what)]
 
     async def requeue_pending(self, executor_id: str, application_version: str | None,
-                              exclude: Sequence[WorkflowRef] = (), *, failover: bool = False
+                              exclude: Sequence[WorkflowAddress] = (), *, failover: bool = False
                               ) -> list[tuple[str, str]]:
         """Re-enqueue this executor's PENDING queued workflows: [(workflow, queue)]."""
         now_ms = self.clock.now_ms()
@@ -885,7 +883,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
 
     async def dead_letter_pending(self, executor_id: str, application_version: str | None,
-                                  max_attempts: int, exclude: Sequence[WorkflowRef] = (),
+                                  max_attempts: int, exclude: Sequence[WorkflowAddress] = (),
                                   limits: Mapping[str, int] | None = None, *,
                                   failover: bool = False) -> list[tuple[str, str | None]]:
         """Dead-letter this executor's workflows past ``max_attempts`` (or their name's
@@ -1063,9 +1061,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         step (``sender`` without ``function_id``) they land only while its execution owns
         the workflow. Returns the checkpoint a replay found already recorded. A missing
         destination raises :class:`NonExistentWorkflowError` naming every missing one."""
-        groups: dict[str | None, list[OutgoingMessage]] = {}
-        for m in messages:
-            groups.setdefault(m.shard_key, []).append(m)
+        groups = by_key((m.shard_key, m) for m in messages)
         attempt: Callable[[], Awaitable[Row | None]] = (
             self._send_many_routed(groups, sender, owner_xid, function_id, self.clock.now_ms(),
                                    function_name)
@@ -1128,9 +1124,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         """Insert a batch of messages on the caller's connection, inside the transaction it
         holds (see :meth:`send_on`): one statement per shard key; on a sharded schema the
         receivers' notifications are queued in that transaction too."""
-        groups: dict[str | None, list[OutgoingMessage]] = {}
-        for m in messages:
-            groups.setdefault(m.shard_key, []).append(m)
+        groups = by_key((m.shard_key, m) for m in messages)
         try:
             batches = (self._message_batches(groups) if self.routes_single_tables
                        else [self.sql.send_messages(batch, key) for key, batch in groups.items()])
@@ -1148,10 +1142,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
     async def _missing(self, messages: Sequence[OutgoingMessage]) -> str:
         """The destinations of these messages that do not exist, for the error."""
         missing: list[str] = []
-        keys: dict[str | None, set[str]] = {}
-        for m in messages:
-            keys.setdefault(m.shard_key, set()).add(m.destination_id)
-        for key, ids in keys.items():
+        for key, listed in by_key((m.shard_key, m.destination_id) for m in messages).items():
+            ids = set(listed)
             with cleared_shard_keys(), bind_shard_keys(dict.fromkeys(ids, key)):
                 found = {r["workflow_uuid"] for r in await self._fetch(
                     self.sql.existing(sorted(ids)), "reading destinations")}
@@ -1257,21 +1249,22 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         found = row["stream_offset"] is not None
         return row["status"], row["value"], row["serialization"], found
 
-    async def finished_first(self, refs: Sequence[WorkflowRef]
-                             ) -> tuple[WorkflowRef | None, list[WorkflowRef]]:
+    async def finished_first(self, refs: Sequence[WorkflowAddress]
+                             ) -> tuple[WorkflowAddress | None, list[WorkflowAddress]]:
         """The first of these workflows to have finished (None if none has), and those
         that do not exist, in one query."""
         rows = await self._fetch(self.sql.finished_first(refs), "reading statuses")
         found = {(r["workflow_uuid"], r.get("shard_key")) for r in rows}
         first = rows[0] if rows and rows[0]["finished"] else None
-        return ((first["workflow_uuid"], first.get("shard_key")) if first is not None else None,
+        return (WorkflowAddress(first["workflow_uuid"], first.get("shard_key"))
+                if first is not None else None,
                 [ref for ref in refs if ref not in found])
 
-    async def fork_descendants(self, refs: Sequence[WorkflowRef]
-                               ) -> dict[WorkflowRef, list[WorkflowRef]]:
+    async def fork_descendants(self, refs: Sequence[WorkflowAddress]
+                               ) -> dict[WorkflowAddress, list[WorkflowAddress]]:
         """Every workflow forked from each of these, recursively (forks of forks), read
         one level of the fork forest per query for all of them at once."""
-        children: dict[WorkflowRef, list[WorkflowRef]] = {}
+        children: dict[WorkflowAddress, list[WorkflowAddress]] = {}
         seen = set(refs)
         frontier = list(dict.fromkeys(refs))
         while frontier:
@@ -1279,14 +1272,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             frontier = []
             for r in rows:
                 key = r.get("shard_key")
-                child: WorkflowRef = (r["workflow_uuid"], key)
-                children.setdefault((r["forked_from"], key), []).append(child)
+                child = WorkflowAddress(r["workflow_uuid"], key)
+                children.setdefault(WorkflowAddress(r["forked_from"], key), []).append(child)
                 if child not in seen:
                     seen.add(child)
                     frontier.append(child)
-        found: dict[WorkflowRef, list[WorkflowRef]] = {}
+        found: dict[WorkflowAddress, list[WorkflowAddress]] = {}
         for root in refs:
-            descendants: list[WorkflowRef] = []
+            descendants: list[WorkflowAddress] = []
             stack = list(children.get(root, ()))
             while stack:
                 ref = stack.pop()

@@ -24,10 +24,11 @@ from dbos_async.errors import (
 from dbos_async.sysdb import connection
 from dbos_async.sysdb.core import DatabaseCore
 from dbos_async.sysdb.management.operations import JobConnection
-from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter, WorkflowRef
+from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowAddress, WorkflowFilter
 from dbos_async.sysdb.statements.transfer import WORKFLOW_COLUMN
 
-Row = dict[str, Any]
+JsonRow = dict[str, Any]
+"""A row of one table as plain JSON values, by column: what an export line holds."""
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,14 @@ class WorkflowRows:
 
     workflow_id: str
     shard_key: str | None
-    tables: dict[str, list[Row]]
+    tables: dict[str, list[JsonRow]]
 
     @property
-    def ref(self) -> WorkflowRef:
-        return self.workflow_id, self.shard_key
+    def ref(self) -> WorkflowAddress:
+        return WorkflowAddress(self.workflow_id, self.shard_key)
 
 
-def _row(record: asyncpg.Record, table: str) -> Row:
+def _row(record: asyncpg.Record, table: str) -> JsonRow:
     """A record's exported columns as JSON values (the attributes jsonb as its object)."""
     row = {column: record[column] for column in EXPORT_COLUMNS[table]}
     if row.get("attributes") is not None:
@@ -97,8 +98,8 @@ class ExportOperations(DatabaseCore):
             q = self.sql.export_rows(table, refs)
             owner = WORKFLOW_COLUMN.get(table, "workflow_uuid")
             for record in await conn.fetch(q.sql, *q.params):
-                by_ref[(record[owner], record.get("shard_key"))].tables[table].append(
-                    _row(record, table))
+                address = WorkflowAddress(record[owner], record.get("shard_key"))
+                by_ref[address].tables[table].append(_row(record, table))
         return workflows
 
     async def import_workflows(self, workflows: Sequence[WorkflowRows]) -> int:
@@ -110,7 +111,7 @@ class ExportOperations(DatabaseCore):
         async def run() -> int:
             async with self.locking_transaction() as conn:
                 q = self.sql.existing_among([w.ref for w in workflows])
-                present = {(r["workflow_uuid"], r.get("shard_key"))
+                present = {WorkflowAddress(r["workflow_uuid"], r.get("shard_key"))
                            for r in await conn.fetch(q.sql, *q.params)}
                 if present:
                     stored = {w.ref: w for w in await self._stored(conn, list(present))}
@@ -137,7 +138,7 @@ class ExportOperations(DatabaseCore):
             raise WorkflowImportError(
                 f"Cannot import the batch: {error}; nothing of it was written") from None
 
-    async def _stored(self, conn: JobConnection, refs: Sequence[WorkflowRef]
+    async def _stored(self, conn: JobConnection, refs: Sequence[WorkflowAddress]
                       ) -> list[WorkflowRows]:
         q = self.sql.export_status(WorkflowFilter(workflow_ids=[i for i, _ in refs]))
         wanted = set(refs)
@@ -145,7 +146,7 @@ class ExportOperations(DatabaseCore):
                    if (r["workflow_uuid"], r.get("shard_key")) in wanted]
         return await self._rows_of(conn, records)
 
-    def _stored_row(self, table: str, row: Row, workflow: WorkflowRows) -> Row:
+    def _stored_row(self, table: str, row: JsonRow, workflow: WorkflowRows) -> JsonRow:
         """``row`` as the target schema stores it: its key first when sharded."""
         stored = {c: row[c] for c in self.sql.stored_columns(table)}
         if self.sharded:

@@ -231,7 +231,7 @@ async def delete(peer: Peer, workflow_ids: Sequence[str], delete_children: bool)
     descendants = await sysdb.descendants(workflow_ids) if delete_children else []
     await sysdb.delete(workflow_ids, descendants)
     # Their transactions' outcomes too, once nothing can run them any more.
-    refs = [*((i, sysdb.sql.key_hint(i)) for i in workflow_ids), *descendants]
+    refs = [*(WorkflowAddress(i, sysdb.sql.key_hint(i)) for i in workflow_ids), *descendants]
     for database in peer.application_databases.values():
         await database.delete_outputs(refs)
 
@@ -477,7 +477,7 @@ async def rewind(peer: Peer, workflow_id: str, start_step: StartStep, *,
     under its own ID; steps from ``start_step`` run again."""
     queue = queue_name or INTERNAL_QUEUE_NAME
     sysdb = peer.system_database
-    ref = (workflow_id, sysdb.sql.key_hint(workflow_id))
+    ref = WorkflowAddress(workflow_id, sysdb.sql.key_hint(workflow_id))
     start = await start_position(peer, workflow_id, start_step)
 
     async def discard_transactions() -> None:

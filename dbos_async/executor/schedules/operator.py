@@ -24,7 +24,7 @@ from dbos_async.validation import check_lookup
 if TYPE_CHECKING:
     from dbos_async.executor.context import WorkflowContext
 
-WorkflowRef = str | Callable[..., Any]
+ScheduledWorkflow = str | Callable[..., Any]
 """A workflow a schedule runs: its registered name, or (on an executor) the workflow."""
 
 
@@ -44,7 +44,7 @@ class ScheduleDefinition:
     """One schedule of :meth:`ScheduleOperator.apply_schedules`."""
 
     name: str
-    workflow: WorkflowRef
+    workflow: ScheduledWorkflow
     cron: str
     context: Any = None
     timezone: str | None = None
@@ -63,7 +63,7 @@ class ScheduleOperator:
         """The executor ID a workflow fired by hand is recorded with."""
         raise NotImplementedError
 
-    def _scheduled_workflow(self, workflow: WorkflowRef) -> tuple[str, str | None]:
+    def _scheduled_workflow(self, workflow: ScheduledWorkflow) -> tuple[str, str | None]:
         """The (name, class name) a schedule stores for ``workflow``; raises
         :class:`ScheduleError` for one that cannot be scheduled."""
         if isinstance(workflow, str) and workflow:
@@ -106,7 +106,7 @@ class ScheduleOperator:
         return definition.new_record(d.name, name, class_name, d.cron, d.context, d.timezone,
                                     queue, d.automatic_backfill, d.shard_key)
 
-    async def create_schedule(self, name: str, workflow: WorkflowRef, cron: str,
+    async def create_schedule(self, name: str, workflow: ScheduledWorkflow, cron: str,
                               context: Any = None, timezone: str | None = None,
                               queue: str | Queue | None = None,
                               automatic_backfill: bool = False,

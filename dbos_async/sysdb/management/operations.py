@@ -19,14 +19,14 @@ from dbos_async.errors import DBOSError, NonExistentWorkflowError
 from dbos_async.sysdb import connection
 from dbos_async.sysdb.core import DatabaseCore, PooledConnection
 from dbos_async.sysdb.records import StatusRecord, status_record
-from dbos_async.sysdb.shard_keys import bind_shard_keys, cleared_shard_keys
+from dbos_async.sysdb.shard_keys import bind_shard_keys, by_key, cleared_shard_keys
 from dbos_async.sysdb.statements import (
     ACTIVE_STATUSES,
     Query,
     RetentionCutoff,
     VersionRecord,
+    WorkflowAddress,
     WorkflowFilter,
-    WorkflowRef,
     job_lock_key,
 )
 
@@ -75,15 +75,15 @@ class WorkflowOperations(DatabaseCore):
 
         async def run(again: bool) -> list[CancelledWorkflow]:
             async with self.locking_transaction() as conn:
-                for key, ids in _by_key(refs).items():
+                for key, ids in _ids_by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
                         await self._require_existing(conn, ids)
                 cancelled: list[CancelledWorkflow] = []
                 visited = set(refs)
                 frontier = refs
                 while frontier:
-                    kids: list[WorkflowRef] = []
-                    for key, ids in _by_key(frontier).items():
+                    kids: list[WorkflowAddress] = []
+                    for key, ids in _ids_by_key(frontier).items():
                         with bind_shard_keys(dict.fromkeys(ids, key)):
                             cancelled += _cancelled(
                                 await _fetch_on(conn, self.sql.cancel(ids, now)))
@@ -98,7 +98,7 @@ class WorkflowOperations(DatabaseCore):
 
         return await self._retried_again("cancelling workflows", run)
 
-    async def _cancelled_before(self, conn: JobConnection, refs: Iterable[WorkflowRef],
+    async def _cancelled_before(self, conn: JobConnection, refs: Iterable[WorkflowAddress],
                                 changed: Sequence[CancelledWorkflow]
                                 ) -> list[CancelledWorkflow]:
         """On a retried cancel: the workflows among ``refs`` found CANCELLED that this
@@ -106,21 +106,21 @@ class WorkflowOperations(DatabaseCore):
         again, harmlessly if it did not; their queue is unknown, so no slot is announced)."""
         done = {(row.workflow_id, row.shard_key) for row in changed}
         found: list[CancelledWorkflow] = []
-        for key, ids in _by_key([ref for ref in refs if ref not in done]).items():
+        for key, ids in _ids_by_key([ref for ref in refs if ref not in done]).items():
             with bind_shard_keys(dict.fromkeys(ids, key)):
                 rows = await _fetch_on(conn, self.sql.cancelled_among(ids))
             found += [CancelledWorkflow(r["workflow_uuid"], None, key) for r in rows]
         return found
 
-    async def descendants(self, workflow_ids: Sequence[str]) -> list[WorkflowRef]:
+    async def descendants(self, workflow_ids: Sequence[str]) -> list[WorkflowAddress]:
         """Every workflow started by these, recursively (not including them), with its key."""
         refs = self._refs(workflow_ids)
         seen = set(refs)
-        found: list[WorkflowRef] = []
+        found: list[WorkflowAddress] = []
         frontier = refs
         while frontier:
-            kids: list[WorkflowRef] = []
-            for key, ids in _by_key(frontier).items():
+            kids: list[WorkflowAddress] = []
+            for key, ids in _ids_by_key(frontier).items():
                 with bind_shard_keys(dict.fromkeys(ids, key)):
                     kids += _refs_of(await self._fetch(self.sql.direct_children(ids),
                                                        "reading children"))
@@ -130,7 +130,7 @@ class WorkflowOperations(DatabaseCore):
         return found
 
     async def delete(self, workflow_ids: Sequence[str],
-                     extra: Sequence[WorkflowRef] = ()) -> None:
+                     extra: Sequence[WorkflowAddress] = ()) -> None:
         """Delete every row of the workflows (and of the ``extra`` ones, given with their
         keys), in one transaction."""
         refs = list(dict.fromkeys([*self._refs(workflow_ids), *extra]))
@@ -139,16 +139,16 @@ class WorkflowOperations(DatabaseCore):
 
         async def run() -> None:
             async with self.locking_transaction() as conn:
-                for key, ids in _by_key(refs).items():
+                for key, ids in _ids_by_key(refs).items():
                     with bind_shard_keys(dict.fromkeys(ids, key)):
                         for q in self.sql.delete(ids):
                             await conn.execute(q.sql, *q.params)
 
         await self._retried("deleting workflows", run)
 
-    def _refs(self, workflow_ids: Sequence[str]) -> list[WorkflowRef]:
+    def _refs(self, workflow_ids: Sequence[str]) -> list[WorkflowAddress]:
         """The workflows with the keys bound to them (None unsharded), once each."""
-        return [(i, self.sql.key_hint(i)) for i in dict.fromkeys(workflow_ids)]
+        return [WorkflowAddress(i, self.sql.key_hint(i)) for i in dict.fromkeys(workflow_ids)]
 
     async def cancelled_among(self, workflow_ids: Sequence[str]) -> set[str]:
         rows = await self._fetch(self.sql.cancelled_among(workflow_ids), "reading statuses")
@@ -286,7 +286,7 @@ class WorkflowOperations(DatabaseCore):
             # statement per key, as a lock may not span shards).
             candidates = _refs_of(await _fetch_on(conn, self.sql.active_created_before(cutoff_ms)))
             cancelled: list[CancelledWorkflow] = []
-            for key, ids in _by_key(candidates).items():
+            for key, ids in _ids_by_key(candidates).items():
                 with bind_shard_keys(dict.fromkeys(ids, key)):
                     cancelled += _cancelled(
                         await _fetch_on(conn, self.sql.cancel(ids, self.clock.now_ms())))
@@ -304,7 +304,7 @@ class WorkflowOperations(DatabaseCore):
                                                                             batch_size)))
         victims = _refs_of(await _fetch_on(
             conn, self.sql.terminal_finished_before(cutoff, batch_size)))
-        for key, ids in _by_key(victims).items():
+        for key, ids in _ids_by_key(victims).items():
             with bind_shard_keys(dict.fromkeys(ids, key)):
                 for q in self.sql.delete(ids):
                     await conn.execute(q.sql, *q.params)
@@ -446,13 +446,10 @@ def _cancelled(rows: list[asyncpg.Record]) -> list[CancelledWorkflow]:
             for r in rows]
 
 
-def _refs_of(rows: list[asyncpg.Record]) -> list[WorkflowRef]:
-    return [(r["workflow_uuid"], r.get("shard_key")) for r in rows]
+def _refs_of(rows: list[asyncpg.Record]) -> list[WorkflowAddress]:
+    return [WorkflowAddress(r["workflow_uuid"], r.get("shard_key")) for r in rows]
 
 
-def _by_key(refs: Sequence[WorkflowRef]) -> dict[str | None, list[str]]:
+def _ids_by_key(refs: Sequence[WorkflowAddress]) -> dict[str | None, list[str]]:
     """Workflow IDs grouped by key, for statements that each address one key."""
-    groups: dict[str | None, list[str]] = {}
-    for workflow_id, key in refs:
-        groups.setdefault(key, []).append(workflow_id)
-    return groups
+    return by_key((key, workflow_id) for workflow_id, key in refs)

@@ -23,7 +23,7 @@ from dbos_async.sysdb.statements.base import (
     Payload,
     Query,
     StatementBase,
-    WorkflowRef,
+    WorkflowAddress,
     qualify,
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
@@ -102,8 +102,8 @@ __all__ = [
     "StatementBase",
     "Statements",
     "VersionRecord",
+    "WorkflowAddress",
     "WorkflowFilter",
-    "WorkflowRef",
     "advisory_lock_key",
     "is_dedup_conflict",
     "job_lock_key",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dbos_async.sysdb.statements.base import Params, Query, WorkflowRef
+from dbos_async.sysdb.statements.base import Params, Query, WorkflowAddress
 from dbos_async.sysdb.statements.management.control import ControlStatements, WorkflowFilter
 
 EXPORT_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -83,7 +83,7 @@ class ExportStatements(ControlStatements):
         """Every exported column of the status rows a listing filter selects."""
         return self.filtered_status(f, self._selected("workflow_status", "ws"))
 
-    def export_rows(self, table: str, refs: Sequence[WorkflowRef]) -> Query:
+    def export_rows(self, table: str, refs: Sequence[WorkflowAddress]) -> Query:
         """The rows of ``table`` the workflows ``refs`` own, in a stable order."""
         p = Params()
         column = WORKFLOW_COLUMN.get(table, "workflow_uuid")
@@ -111,7 +111,7 @@ class ExportStatements(ControlStatements):
             p.values,
         )
 
-    def existing_among(self, refs: Sequence[WorkflowRef]) -> Query:
+    def existing_among(self, refs: Sequence[WorkflowAddress]) -> Query:
         """Which of these workflows the database holds already, with their keys."""
         p = Params()
         return Query(

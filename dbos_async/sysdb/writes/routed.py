@@ -54,7 +54,6 @@ from dbos_async.sysdb.statements import (
     OutgoingMessage,
     Payload,
     Query,
-    WorkflowRef,
 )
 
 T = TypeVar("T")
@@ -359,7 +358,7 @@ class RoutedWrites(DatabaseCore):
         results: Results = json.loads(found)
         return results
 
-    async def _routed_many(self, writes: Sequence[tuple[WorkflowRef, Program]], what: str
+    async def _routed_many(self, writes: Sequence[tuple[WorkflowAddress, Program]], what: str
                            ) -> list[Results | Exception]:
         """Run the programs of several workflows (group commit) in one round trip and one
         transaction, in the order of their shards, keys and workflows, so two such
