@@ -8,14 +8,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import make
+from helpers import messaging_settings, new_dbos
 
 from dbos_async import DBOS, NonExistentWorkflowError, SetWorkflowID
 
 
 async def test_events_inside_and_outside(database_url: str, conn: asyncpg.Connection,
                                          listen: bool) -> None:
-    dbos = make(database_url, listen)
+    dbos = new_dbos(database_url, **messaging_settings(listen))
 
     @dbos.step()
     async def publish_from_step() -> None:
@@ -56,7 +56,7 @@ async def test_events_inside_and_outside(database_url: str, conn: asyncpg.Connec
 
 
 async def test_get_event_wakes_promptly(database_url: str) -> None:
-    dbos = make(database_url, notification_poll_interval=60)
+    dbos = new_dbos(database_url, **messaging_settings(notification_poll_interval=60))
 
     @dbos.workflow()
     async def publisher() -> None:
@@ -76,7 +76,7 @@ async def test_get_event_wakes_promptly(database_url: str) -> None:
 
 async def test_get_event_replays_recorded_value(database_url: str,
                                                 conn: asyncpg.Connection) -> None:
-    dbos = make(database_url)
+    dbos = new_dbos(database_url, **messaging_settings())
 
     @dbos.workflow()
     async def setter() -> None:
@@ -94,14 +94,14 @@ async def test_get_event_replays_recorded_value(database_url: str,
     await conn.execute("UPDATE dbos.workflow_events SET value = '2'")
     await conn.execute("UPDATE dbos.workflow_status SET status = 'PENDING', owner_xid = 'x' "
                        "WHERE workflow_uuid = 'g'")
-    dbos2 = make(database_url)
+    dbos2 = new_dbos(database_url, **messaging_settings())
     dbos2.workflow(name="getter")(getter.__wrapped__)  # type: ignore[attr-defined]
     async with dbos2:
         assert await (await dbos2.retrieve_workflow("g")).get_result() == 1
 
 
 async def test_streams(database_url: str, conn: asyncpg.Connection, listen: bool) -> None:
-    dbos = make(database_url, listen)
+    dbos = new_dbos(database_url, **messaging_settings(listen))
 
     @dbos.step(name="from_step")
     async def from_step() -> None:
@@ -143,7 +143,7 @@ async def test_streams(database_url: str, conn: asyncpg.Connection, listen: bool
 
 
 async def test_concurrent_stream_writes(database_url: str) -> None:
-    dbos = make(database_url)
+    dbos = new_dbos(database_url, **messaging_settings())
 
     @dbos.workflow()
     async def writer() -> None:
@@ -162,8 +162,8 @@ async def _collect(dbos: DBOS, workflow_id: str, key: str, offset: int = 0) -> l
 
 async def test_remote_get_result_wakes_on_completion(database_url: str) -> None:
     """A handle in another executor wakes on the completion notification, not a poll."""
-    a = make(database_url, executor_id="a")
-    b = make(database_url, executor_id="b", result_poll_interval=30)
+    a = new_dbos(database_url, **messaging_settings(executor_id="a"))
+    b = new_dbos(database_url, **messaging_settings(executor_id="b", result_poll_interval=30))
 
     @a.workflow(name="slow")
     async def slow() -> str:
@@ -185,7 +185,7 @@ async def test_remote_get_result_wakes_on_completion(database_url: str) -> None:
 
 
 async def test_wait_first_and_all(database_url: str) -> None:
-    dbos = make(database_url)
+    dbos = new_dbos(database_url, **messaging_settings())
 
     @dbos.workflow()
     async def napper(seconds: float) -> float:

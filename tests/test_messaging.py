@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import messaging_worker
 import pytest
-from helpers import make
+from helpers import messaging_settings, new_dbos
 
 from dbos_async import NonExistentWorkflowError, SetWorkflowID
 
@@ -30,7 +30,7 @@ async def steps_of(conn: asyncpg.Connection, workflow_id: str) -> list[tuple[int
 
 
 async def test_order_topics_and_outside_send(database_url: str, listen: bool) -> None:
-    dbos = make(database_url, listen)
+    dbos = new_dbos(database_url, **messaging_settings(listen))
 
     @dbos.workflow()
     async def receiver() -> list[Any]:
@@ -52,7 +52,7 @@ async def test_order_topics_and_outside_send(database_url: str, listen: bool) ->
 async def test_send_from_workflow_is_recorded_once(
     database_url: str, conn: asyncpg.Connection
 ) -> None:
-    dbos = make(database_url)
+    dbos = new_dbos(database_url, **messaging_settings())
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -75,7 +75,7 @@ async def test_send_from_workflow_is_recorded_once(
 
 
 async def test_idempotency_key_delivers_once(database_url: str, listen: bool) -> None:
-    dbos = make(database_url, listen)
+    dbos = new_dbos(database_url, **messaging_settings(listen))
 
     @dbos.workflow()
     async def receiver() -> list[Any]:
@@ -90,7 +90,7 @@ async def test_idempotency_key_delivers_once(database_url: str, listen: bool) ->
 
 
 async def test_missing_destination(database_url: str, conn: asyncpg.Connection) -> None:
-    dbos = make(database_url)
+    dbos = new_dbos(database_url, **messaging_settings())
 
     @dbos.workflow()
     async def sender() -> str:
@@ -112,7 +112,7 @@ async def test_missing_destination(database_url: str, conn: asyncpg.Connection) 
 
 async def test_recv_timeout_records_deadline(database_url: str, conn: asyncpg.Connection,
                                              listen: bool) -> None:
-    dbos = make(database_url, listen)
+    dbos = new_dbos(database_url, **messaging_settings(listen))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -130,7 +130,7 @@ async def test_recv_timeout_records_deadline(database_url: str, conn: asyncpg.Co
 
 async def test_send_from_step_and_sql_function(database_url: str, conn: asyncpg.Connection,
                                                listen: bool) -> None:
-    dbos = make(database_url, listen)
+    dbos = new_dbos(database_url, **messaging_settings(listen))
 
     @dbos.step()
     async def notify(dest: str) -> None:
@@ -156,7 +156,7 @@ async def test_send_from_step_and_sql_function(database_url: str, conn: asyncpg.
 
 
 async def test_replay_returns_same_values(database_url: str, conn: asyncpg.Connection) -> None:
-    dbos = make(database_url)
+    dbos = new_dbos(database_url, **messaging_settings())
 
     @dbos.workflow(name="replayed")
     async def receiver() -> list[Any]:
@@ -177,7 +177,7 @@ async def test_replay_returns_same_values(database_url: str, conn: asyncpg.Conne
     await conn.execute("DELETE FROM dbos.workflow_output")
     # A message that must not be consumed by the replay.
     await conn.execute("SELECT dbos.send_message('r', '\"late\"'::json)")
-    dbos2 = make(database_url)
+    dbos2 = new_dbos(database_url, **messaging_settings())
     dbos2.workflow(name="replayed")(receiver.__wrapped__)  # type: ignore[attr-defined]
     async with dbos2:
         handle2 = await dbos2.retrieve_workflow("r")
@@ -187,7 +187,7 @@ async def test_replay_returns_same_values(database_url: str, conn: asyncpg.Conne
 
 
 async def test_concurrent_waiters(database_url: str, listen: bool) -> None:
-    dbos = make(database_url, listen, pool_size=6)
+    dbos = new_dbos(database_url, **messaging_settings(listen, pool_size=6))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -206,7 +206,7 @@ async def test_concurrent_waiters(database_url: str, listen: bool) -> None:
 async def test_a_thousand_waiting_workflows_hold_no_threads(database_url: str,
                                                             conn: asyncpg.Connection) -> None:
     """Waiting workflows are tasks: no thread each, and a small pool serves them all."""
-    dbos = make(database_url, pool_size=4)
+    dbos = new_dbos(database_url, **messaging_settings(pool_size=4))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -230,7 +230,7 @@ async def test_a_thousand_waiting_workflows_hold_no_threads(database_url: str,
 
 async def test_race_send_against_recv(database_url: str) -> None:
     """Sends racing the receiver's registration: no wake-up may be lost."""
-    dbos = make(database_url, notification_poll_interval=60)
+    dbos = new_dbos(database_url, **messaging_settings(notification_poll_interval=60))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -248,7 +248,7 @@ async def test_race_send_against_recv(database_url: str) -> None:
 
 async def test_race_remote_sender(database_url: str, conn: asyncpg.Connection) -> None:
     """A sender in another session (only the trigger's NOTIFY reaches us)."""
-    dbos = make(database_url, notification_poll_interval=60)
+    dbos = new_dbos(database_url, **messaging_settings(notification_poll_interval=60))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -266,7 +266,7 @@ async def test_race_remote_sender(database_url: str, conn: asyncpg.Connection) -
 
 
 async def test_sleep_records_wakeup(database_url: str, conn: asyncpg.Connection) -> None:
-    dbos = make(database_url)
+    dbos = new_dbos(database_url, **messaging_settings())
 
     @dbos.workflow()
     async def sleeper() -> str:

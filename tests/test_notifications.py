@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from helpers import make, unique_name, wait_no_connections, wait_until
+from helpers import messaging_settings, new_dbos, unique_name, wait_no_connections, wait_until
 
 from dbos_async import DBOS, SetWorkflowID
 from dbos_async.sysdb.notifications import (
@@ -26,7 +26,7 @@ def dispatcher_of(dbos: DBOS) -> NotificationDispatcher:
 
 async def test_register_then_notify_is_never_lost(database_url: str,
                                                   conn: asyncpg.Connection) -> None:
-    async with make(database_url) as dbos:
+    async with new_dbos(database_url, **messaging_settings()) as dbos:
         dispatcher = dispatcher_of(dbos)
         assert dispatcher.listening
         events = [(WORKFLOW_EVENTS_CHANNEL, "wf::k")]
@@ -48,7 +48,7 @@ async def test_plain_postgres_has_one_listener_connection(database_url: str,
                                                            conn: asyncpg.Connection) -> None:
     """Only a Citus cluster has other nodes to listen on."""
     name = unique_name("one_listener")
-    async with make(database_url, connection_name=name) as dbos:
+    async with new_dbos(database_url, **messaging_settings(connection_name=name)) as dbos:
         dispatcher = dispatcher_of(dbos)
         assert dispatcher.listening and dispatcher.nodes == []
         listening = await conn.fetch(
@@ -61,7 +61,7 @@ async def test_notifier_coalesces_into_batches(database_url: str,
                                                conn: asyncpg.Connection) -> None:
     heard: list[str] = []
     await conn.add_listener(WORKFLOW_EVENTS_CHANNEL, lambda *a: heard.append(a[3]))
-    async with make(database_url, notification_coalesce_ms=50) as dbos:
+    async with new_dbos(database_url, **messaging_settings(notification_coalesce_ms=50)) as dbos:
         dispatcher = dispatcher_of(dbos)
         for i in range(100):
             dispatcher.notify(WORKFLOW_EVENTS_CHANNEL, f"wf::{i % 10}")
@@ -76,7 +76,7 @@ async def test_notifier_coalesces_into_batches(database_url: str,
 
 
 async def test_listener_killed_mid_wait(database_url: str, conn: asyncpg.Connection) -> None:
-    dbos = make(database_url, notification_poll_interval=60)
+    dbos = new_dbos(database_url, **messaging_settings(notification_poll_interval=60))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -111,7 +111,7 @@ async def test_listener_killed_mid_wait(database_url: str, conn: asyncpg.Connect
 
 async def test_listener_killed_wakes_every_waiter(database_url: str,
                                                   conn: asyncpg.Connection) -> None:
-    async with make(database_url, notification_poll_interval=60) as dbos:
+    async with new_dbos(database_url, **messaging_settings(notification_poll_interval=60)) as dbos:
         dispatcher = dispatcher_of(dbos)
         waiters = [dispatcher.register(WORKFLOW_EVENTS_CHANNEL, f"w::{i}") for i in range(20)]
         waits = [asyncio.ensure_future(w.wait(60)) for w in waiters]
@@ -125,7 +125,8 @@ async def test_listener_killed_wakes_every_waiter(database_url: str,
 
 async def test_polling_mode_has_no_listener(database_url: str,
                                             conn: asyncpg.Connection) -> None:
-    dbos = make(database_url, listen=False, connection_name="polling_exec")
+    dbos = new_dbos(database_url,
+                    **messaging_settings(listen=False, connection_name="polling_exec"))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -153,7 +154,7 @@ async def test_idle_receivers_do_not_read_again(database_url: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """recv's channel is fed by the trigger on every insert, so while the listener is up a
     waiting receiver reads only when notified, however short ``listening_poll_interval``."""
-    dbos = make(database_url, listening_poll_interval=0.1)
+    dbos = new_dbos(database_url, **messaging_settings(listening_poll_interval=0.1))
     reads: list[str] = []
 
     @dbos.workflow()
@@ -194,7 +195,8 @@ async def test_idle_receivers_do_not_read_again(database_url: str,
 
 
 async def test_polling_queries_are_bounded(database_url: str) -> None:
-    dbos = make(database_url, listen=False, pool_size=4, max_polling_queries=2)
+    dbos = new_dbos(database_url,
+                    **messaging_settings(listen=False, pool_size=4, max_polling_queries=2))
 
     @dbos.workflow()
     async def receiver() -> Any:
@@ -225,7 +227,7 @@ async def test_polling_queries_are_bounded(database_url: str) -> None:
 
 
 async def test_nothing_outlives_the_executor(database_url: str, listen: bool) -> None:
-    dbos = make(database_url, listen, connection_name="lifecycle_exec")
+    dbos = new_dbos(database_url, **messaging_settings(listen, connection_name="lifecycle_exec"))
 
     @dbos.workflow()
     async def waiter() -> Any:
