@@ -1,9 +1,11 @@
 """The system database: an asyncpg pool and every operation on workflow rows.
 
 It stores and returns strings; serialization and types belong to the executor. The
-workflows' own statements (start, recovery, steps, outcome, messages, events, streams) are
-here; the operations on workflows as a whole are in
-:mod:`dbos_async.sysdb.management.operations` and the queues' in :mod:`dbos_async.sysdb.queues`.
+workflows' own statements (start, steps, outcome, messages, events, streams) are here; each
+other feature's are a family of their own, joined here as mixins: recovery
+(:mod:`dbos_async.sysdb.recovery`), management (:mod:`dbos_async.sysdb.management`), queues,
+schedules, transfer, observability, and the write path on Citus
+(:mod:`dbos_async.sysdb.writes.routed`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
+from dbos_async.sysdb.recovery import RecoveryOperations
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
@@ -75,7 +78,7 @@ from dbos_async.sysdb.statements import (
     Payload,
     Query,
 )
-from dbos_async.sysdb.transfer import ExportOperations
+from dbos_async.sysdb.transfer import TransferOperations
 from dbos_async.sysdb.writes.group_commit import GroupCommit
 from dbos_async.sysdb.writes.routed import Program, Results, RoutedWrites, Row, ran_whole
 
@@ -188,8 +191,9 @@ class _NotRecorded(Exception):
     """The parent's checkpoint of a batch did not land: roll the batch back."""
 
 
-class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, ScheduleOperations,
-                     AdminOperations, ExportOperations, ObservabilityOperations):
+class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, QueueOperations,
+                     ScheduleOperations, AdminOperations, TransferOperations,
+                     ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -798,103 +802,6 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         if row is None:
             return None
         return Outcome(row.name, row.status, row.output, row.error, row.serialization)
-
-    # ---- Recovery (see dbos_async/executor/recovery.py) ----
-
-    async def _each_pending_key(self, executor_id: str, application_version: str | None,
-                                exclude: Sequence[WorkflowAddress], failover: bool, what: str,
-                                statement: Callable[[Sequence[WorkflowAddress]], Query],
-                                retried: bool = True) -> list[Row]:
-        """The rows of ``statement`` (a recovery statement, built under the current
-        shard-key scope), run once over every key; or on Citus once per key of
-        ``executor_id``'s PENDING workflows (read from each node's own shards), each on the
-        key's shard's own tables (see ``_rows_on_shard``), so a node out of reach stops only
-        its keys' recovery. There,
-        in ``failover`` (another, dead executor's workflows), a key whose statement fails
-        is left with a warning: its rows stay the dead executor's, and the next scan finds
-        them again. Recovering its own, an executor raises the first such error once every
-        key was tried: what it claimed stays its own and a retry claims it again. Without
-        ``retried``, a statement is sent once (see :meth:`claim_pending`)."""
-        if not self.routes_single_tables:
-            query = statement(exclude)
-            send = functools.partial(self.pool.fetch, query.sql, *query.params)
-            return list(await (self._retried(what, send) if retried
-                               else self._once(what, send)))
-        keys = await self._read_each_node(
-            lambda shard_ids: self.sql.pending_keys_on_shards(executor_id,
-                                                              application_version, shard_ids),
-            f"listing the keys of executor {executor_id}'s pending workflows")
-        found: list[Row] = []
-        failed: Exception | None = None
-        for key in sorted({row["shard_key"] for row in keys}):
-            with shard_key_scope(key):
-                query = statement([ref for ref in exclude if ref[1] == key])
-            try:
-                found += await self._rows_on_shard(key, query, what, retried)
-            except Exception as error:
-                if not failover:
-                    failed = failed or error
-                    continue
-                logger.warning("%s under shard key %r failed; left for the next failover "
-                               "scan: %s", what, key, error)
-        if failed is not None:
-            raise failed
-        return found
-
-    async def claim_pending(
-        self, executor_id: str, application_version: str | None,
-        exclude: Sequence[WorkflowAddress] = (), to_executor_id: str | None = None,
-    ) -> list[WorkflowRow]:
-        now_ms = self.clock.now_ms()
-        # Not retried: a lost reply would leave rows claimed under tokens we never learned;
-        # a recovery run again (start-up retries it) claims them afresh.
-        rows = await self._each_pending_key(
-            executor_id, application_version, exclude,
-            to_executor_id not in (None, executor_id), "claiming pending workflows",
-            lambda excluded: self.sql.claim_pending(executor_id, application_version, now_ms,
-                                                    excluded, to_executor_id),
-            retried=False)
-        return [workflow_row(row) for row in rows]
-
-    async def executors_with_pending(self, application_version: str | None,
-                                     own_executor_id: str) -> list[str]:
-        """The other executors with PENDING workflows of this version (failover's
-        candidates). On Citus, read from each node's own shards: a node out of reach hides
-        only its keys' executors."""
-        what = "listing executors with pending workflows"
-        if self.routes_single_tables:
-            rows = await self._read_each_node(
-                lambda shard_ids: self.sql.executors_with_pending_on_shards(
-                    application_version, own_executor_id, shard_ids), what)
-            return sorted({row["executor_id"] for row in rows})
-        query = self.sql.executors_with_pending(application_version, own_executor_id)
-        return [row["executor_id"] for row in await self._fetch(query, what)]
-
-    async def requeue_pending(self, executor_id: str, application_version: str | None,
-                              exclude: Sequence[WorkflowAddress] = (), *, failover: bool = False
-                              ) -> list[tuple[str, str]]:
-        """Re-enqueue this executor's PENDING queued workflows: [(workflow, queue)]."""
-        now_ms = self.clock.now_ms()
-        rows = await self._each_pending_key(
-            executor_id, application_version, exclude, failover,
-            "re-enqueuing pending workflows",
-            lambda excluded: self.sql.requeue_pending(executor_id, application_version,
-                                                      now_ms, excluded))
-        return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
-
-    async def dead_letter_pending(self, executor_id: str, application_version: str | None,
-                                  max_attempts: int, exclude: Sequence[WorkflowAddress] = (),
-                                  limits: Mapping[str, int] | None = None, *,
-                                  failover: bool = False) -> list[tuple[str, str | None]]:
-        """Dead-letter this executor's workflows past ``max_attempts`` (or their name's
-        limit in ``limits``): [(workflow, key)]."""
-        now_ms = self.clock.now_ms()
-        rows = await self._each_pending_key(
-            executor_id, application_version, exclude, failover, "dead-lettering workflows",
-            lambda excluded: self.sql.dead_letter_pending(executor_id, application_version,
-                                                          max_attempts, now_ms, excluded,
-                                                          limits))
-        return [(row["workflow_uuid"], row.get("shard_key")) for row in rows]
 
     # ---- Fenced writes (steps too), messages, events and streams ----
 

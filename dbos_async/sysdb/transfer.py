@@ -54,7 +54,7 @@ def _row(record: asyncpg.Record, table: str) -> JsonRow:
     return row
 
 
-class ExportOperations(DatabaseCore):
+class TransferOperations(DatabaseCore):
     async def export_workflows(self, f: WorkflowFilter, batch_size: int
                                ) -> AsyncIterator[WorkflowRows]:
         """The workflows ``f`` selects, in its order, each with every row it owns.
