@@ -68,11 +68,11 @@ async def test_pages_show_the_workflows_and_escape_every_value(world: Scenario) 
 
         errors = await http.get("/workflows", params={"status": "ERROR"})
         assert world.failed in errors.text and world.succeeded not in errors.text
-        by_prefix = await http.get("/workflows", params={"id_prefix": "backlog-"})
+        by_prefix = await http.get("/workflows", params={"workflow_id_prefix": "backlog-"})
         assert all(w in by_prefix.text for w in world.backlog)
         assert world.waiting not in by_prefix.text
         bad = await http.get("/workflows", params={"attributes": "[1]"})
-        assert bad.status_code == 400 and "attributes must be a JSON object" in bad.text
+        assert bad.status_code == 400 and "must be a JSON object" in bad.text
 
         detail = await http.get("/workflow", params={"id": world.succeeded})
         assert "load_order" in detail.text and world.child in detail.text
@@ -276,8 +276,8 @@ async def test_bad_and_oversized_input_is_refused_with_the_reason(world: Scenari
                 ({"page": "-1"}, 400, "page must be from 0"),
                 ({"page": "184467440737095516"}, 200, ""),  # its offset fits a bigint
                 ({"attributes": "[" * 1300 + "]" * 1300}, 400,  # deeper than json recurses
-                 "attributes must nest at most 32 levels"),
-                ({"attributes": nested(33)}, 400, "attributes must nest at most 32 levels"),
+                 "must nest at most 32 levels"),
+                ({"attributes": nested(33)}, 400, "must nest at most 32 levels"),
                 ({"attributes": nested(32)}, 200, ""),
                 ({"attributes": '{"a": "' + "[{" * 100 + '\\""}'}, 200, ""),
                 ({"name": "x" * 9000}, 414, "The URL is over 8192 bytes")):

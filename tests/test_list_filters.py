@@ -21,7 +21,7 @@ from helpers import new_dbos
 
 from dbos_async import DBOS, DBOSClient, DBOSError, SetShardKey, SetWorkflowID
 from dbos_async.console import console_app
-from dbos_async.web.views import listing_filters
+from dbos_async.web.filters import listing_filters
 
 CLI = str(Path(sys.executable).with_name("dbos-async"))
 
@@ -187,7 +187,7 @@ async def test_console_filters(database_url: str) -> None:
             page = await http.get("/workflows", params={"is_fork": "true"})
             assert page.status_code == 200
             assert "dad-fork" in page.text and "data-workflow-id=\"plain\"" not in page.text
-            page = await http.get("/workflows", params={"schedule": "nightly",
+            page = await http.get("/workflows", params={"schedule_name": "nightly",
                                                         "has_parent": "false"})
             assert family.fired in page.text and "data-workflow-id=\"dad\"" not in page.text
             page = await http.get("/workflows", params={"completed_before": "2000-01-01T00:00"})
