@@ -1,28 +1,26 @@
 """The system database: an asyncpg pool and every operation on workflow rows.
 
 It stores and returns strings; serialization and types belong to the executor. The
-workflows' own statements (start, steps, outcome, messages, events, streams) are here; each
-other feature's are a family of their own, joined here as mixins: recovery
-(:mod:`dbos_async.sysdb.recovery`), management (:mod:`dbos_async.sysdb.management`), queues,
-schedules, transfer, observability, and the write path on Citus
-(:mod:`dbos_async.sysdb.writes.routed`).
+workflows' own statements (start, steps, outcome) are here; each other feature's are a
+family of their own, joined here as mixins: messaging (:mod:`dbos_async.sysdb.messaging`),
+recovery (:mod:`dbos_async.sysdb.recovery`), management (:mod:`dbos_async.sysdb.management`),
+queues, schedules, transfer, observability, and the write path
+(:mod:`dbos_async.sysdb.writes`: fenced writes, group commit, the Citus forms).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
 
 from dbos_async.errors import (
     DBOSError,
-    NondeterminismError,
     NonExistentWorkflowError,
     WorkflowCancelledError,
     WorkflowConflictError,
@@ -37,6 +35,7 @@ from dbos_async.sysdb.application import (
 from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
 from dbos_async.sysdb.management.admin import AdminOperations
 from dbos_async.sysdb.management.operations import JobConnection, WorkflowOperations
+from dbos_async.sysdb.messaging import MessagingOperations
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
@@ -60,7 +59,6 @@ from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
     bind_shard_keys,
     by_key,
-    cleared_shard_keys,
     shard_key_scope,
 )
 from dbos_async.sysdb.statements import (
@@ -68,19 +66,25 @@ from dbos_async.sysdb.statements import (
     ERROR,
     PENDING,
     PORTABLE_JSON,
-    SEND_BULK,
     SUCCESS,
     Checkpoint,
     FinalOutcome,
     NewWorkflow,
-    OutgoingMessage,
     ParentStep,
     Payload,
     Query,
 )
 from dbos_async.sysdb.transfer import TransferOperations
+from dbos_async.sysdb.writes.fenced import (
+    FencedWrites,
+    Keyed,
+    KeyGroup,
+    batch_verdicts,
+    keys_given,
+    programs_landed,
+)
 from dbos_async.sysdb.writes.group_commit import GroupCommit
-from dbos_async.sysdb.writes.routed import Program, Results, RoutedWrites, Row, ran_whole
+from dbos_async.sysdb.writes.routed import RoutedWrites, Row
 
 __all__ = [
     "BatchStart",
@@ -96,60 +100,12 @@ logger = logging.getLogger("dbos_async")
 
 T = TypeVar("T")
 
-KeyGroup = tuple[list[int], str | None]
-"""Rows of a batch (their indexes) under one shard key, and the key: one statement's rows."""
-
-Keyed = tuple[str | None, T]
-"""A row to write and the shard key of its workflow (None unsharded)."""
-
-
-def _key_groups(keys: Sequence[str | None]) -> list[KeyGroup]:
-    """The indexes of a batch's rows grouped by their keys, in order of first appearance."""
-    groups = by_key((key, i) for i, key in enumerate(keys))
-    return [(indexes, key) for key, indexes in groups.items()]
-
-
-def _verdicts(rows: Sequence[Keyed[T]],
-              found: Mapping[str | None, Sequence[Row] | Exception],
-              of_row: Callable[[str | None, T], Hashable],
-              of_record: Callable[[Row], Hashable]) -> list[bool | BaseException]:
-    """Per row of a group-commit batch: whether its write landed (its identity is among
-    the rows its key's statement read back), or the error that ended that key's
-    transaction. Of two rows claiming one write, the first landed."""
-    landed = {of_record(r) for outcome in found.values()
-              if not isinstance(outcome, Exception) for r in outcome}
-    verdicts: list[bool | BaseException] = []
-    for key, row in rows:
-        outcome = found[key]
-        if isinstance(outcome, Exception):
-            verdicts.append(outcome)
-            continue
-        identity = of_row(key, row)
-        verdicts.append(identity in landed)
-        landed.discard(identity)
-    return verdicts
-
-
-def _keys_given(rows: Sequence[Keyed[T]]) -> list[str] | None:
-    """Each row's key, or None if a row has none (then it cannot be placed in a shard)."""
-    keys = [key for key, _ in rows if key is not None]
-    return keys if len(keys) == len(rows) else None
-
-
 def _with_child_key(key: str, r: Checkpoint) -> Checkpoint:
     """``r`` naming its child's key: the parent's (``key``) unless it names another, as a
     batch of one key's scope reads it."""
     if r.child_workflow_id is None or r.child_shard_key is not None:
         return r
     return dataclasses.replace(r, child_shard_key=key)
-
-
-def _landed(programs: Sequence[tuple[WorkflowAddress, Program]],
-            found: Sequence[Results | Exception]) -> list[bool | BaseException]:
-    """Per routed write of a group-commit batch: whether it landed whole, or the error
-    that ended it."""
-    return [results if isinstance(results, Exception) else ran_whole(program, results)
-            for (_, program), results in zip(programs, found, strict=True)]
 
 
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
@@ -191,9 +147,9 @@ class _NotRecorded(Exception):
     """The parent's checkpoint of a batch did not land: roll the batch back."""
 
 
-class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, QueueOperations,
-                     ScheduleOperations, AdminOperations, TransferOperations,
-                     ObservabilityOperations):
+class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, RoutedWrites,
+                     WorkflowOperations, QueueOperations, ScheduleOperations, AdminOperations,
+                     TransferOperations, ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -203,7 +159,6 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
         self._checkpoints = GroupCommit[Keyed[Checkpoint], bool](self._write_checkpoints)
         self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
-        self._sends = GroupCommit[Keyed[OutgoingMessage], bool](self._write_sends)
 
 
     async def dequeue_scopes(self, queue_name: str) -> list[str]:
@@ -216,18 +171,10 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
             lambda shard_ids: self.sql.dequeue_scopes_on_shards(queue_name, shard_ids),
             "reading dequeue scopes")
         return [row["shard_key"] for row in rows]
-    async def _lane(self, shard_key: str | None) -> Hashable:
-        """The group-commit lane of a write under ``shard_key``: on Citus one per node
-        (the batch goes to the node holding its keys, one program per write, see routed);
-        on PostgreSQL one for every key (one statement per key, see _fetch_per_key). Each
-        batch goes in one round trip."""
-        return await self.node_of(shard_key)
-
     async def close(self) -> None:
         await self._starts.aclose()
         await self._checkpoints.aclose()
         await self._outcomes.aclose()
-        await self._sends.aclose()
         await super().close()
 
     # ---- Workflows ----
@@ -684,24 +631,24 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
             return r.get("shard_key"), r["workflow_uuid"], r["function_id"]
 
         if self.routes_single_tables:
-            keys = _keys_given(rows)
+            keys = keys_given(rows)
             found = None if keys is None else await self._batch_on_shards(
                 keys, lambda indexes: self.sql.record_steps(
                     [_with_child_key(keys[i], rows[i][1]) for i in indexes],
                     [keys[i] for i in indexes]), what)
             if found is not None:
-                return _verdicts(rows, found, of_row, of_record)
+                return batch_verdicts(rows, found, of_row, of_record)
             programs = []
             for key, r in rows:
                 address = WorkflowAddress(r.workflow_id, key)
                 with address.routed():
                     programs.append((address, self._checkpoint_program(r)))
-            return _landed(programs, await self._routed_many(programs, what))
+            return programs_landed(programs, await self._routed_many(programs, what))
         _, statements = self._per_key(
             rows, lambda key, r: self.templates.query("record_step", one, key, r),
             lambda key, group: self.sql.record_steps(group))
         found = await self._fetch_per_key(statements, what)
-        return _verdicts(rows, found, of_row, of_record)
+        return batch_verdicts(rows, found, of_row, of_record)
 
     async def record_outcome(
         self,
@@ -727,7 +674,7 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
         row by row; on Citus, where no shard can be named, one program per outcome."""
         verdicts: list[bool | BaseException]
         at = self.clock.now_ms()
-        keys = _keys_given(rows) if self.routes_single_tables else None
+        keys = keys_given(rows) if self.routes_single_tables else None
         distinct = len({(key, r.workflow_id) for key, r in rows}) == len(rows)
         found = None
         if keys is not None and distinct:
@@ -742,7 +689,7 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
                 with address.routed():
                     programs.append((address, self._outcome_program(r, at)))
             what = f"recording {len(rows)} outcomes"
-            verdicts = _landed(programs, await self._routed_many(programs, what))
+            verdicts = programs_landed(programs, await self._routed_many(programs, what))
         elif found is None and not distinct:
             verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
@@ -758,7 +705,7 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
                 what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
                         else f"recording {len(rows)} outcomes")
                 found = await self._fetch_per_key(statements, what)
-            verdicts = _verdicts(rows, found, lambda key, r: (key, r.workflow_id),
+            verdicts = batch_verdicts(rows, found, lambda key, r: (key, r.workflow_id),
                                  lambda r: (r.get("shard_key"), r["workflow_uuid"]))
         for (key, row), landed in zip(rows, verdicts, strict=True):
             if landed is True:
@@ -772,24 +719,6 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
         row = await self._fetchrow(query, f"recording the outcome of {r.workflow_id}")
         return row is not None
 
-    def _per_key(self, rows: Sequence[Keyed[T]], one: Callable[[str | None, T], Query],
-                 batch: Callable[[str | None, list[T]], Query]
-                 ) -> tuple[list[KeyGroup], list[tuple[str | None, Query]]]:
-        """The statements of a group-commit batch, one per key, and the rows (indexes) each
-        writes: where every key holds one row (a lone write, or workflows spread over many
-        keys), each row's single-row statement ``one``, which costs the server less to run
-        than the array form ``batch`` takes for several rows of a key. Every statement
-        reads back each written row's ID and key, whatever its form."""
-        groups = _key_groups([key for key, _ in rows])
-        statements = []
-        for indexes, key in groups:
-            if len(groups) == len(rows):
-                statements.append((key, one(*rows[indexes[0]])))
-                continue
-            with cleared_shard_keys(), shard_key_scope(key):
-                statements.append((key, batch(key, [rows[i][1] for i in indexes])))
-        return groups, statements
-
     async def get_workflow(
         self, workflow_id: str, *, load_input: bool = False, load_output: bool = False
     ) -> StatusRecord | None:
@@ -802,359 +731,6 @@ class SystemDatabase(RecoveryOperations, RoutedWrites, WorkflowOperations, Queue
         if row is None:
             return None
         return Outcome(row.name, row.status, row.output, row.error, row.serialization)
-
-    # ---- Fenced writes (steps too), messages, events and streams ----
-
-    def _check_fence(self, row: Row | None, workflow_id: str) -> bool:
-        """Raise if the fenced write found the workflow gone, cancelled or owned elsewhere."""
-        if row is None:
-            raise NonExistentWorkflowError(workflow_id)
-        if row["status"] == CANCELLED:
-            raise WorkflowCancelledError(workflow_id)
-        if row["status"] != PENDING or not row["owned"]:
-            raise WorkflowConflictError(workflow_id)
-        return bool(row["inserted"])
-
-    async def _recorded_or_existing(
-        self, row: Row | None, workflow_id: str, function_id: int, function_name: str
-    ) -> StepRecord | None:
-        """None if this statement recorded the step; else the record already there."""
-        if self._check_fence(row, workflow_id):
-            return None
-        record = await self._existing_step(workflow_id, function_id, function_name)
-        if record is None:
-            raise RuntimeError(f"Step {function_id} of {workflow_id} vanished while recorded")
-        return record
-
-    async def _existing_step(self, workflow_id: str, function_id: int, function_name: str
-                             ) -> StepRecord | None:
-        """The step recorded at ``function_id`` (None if none), which must be ``function_name``."""
-        row = await self._fetchrow(
-            self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
-        )
-        if row is None:
-            return None
-        record = StepRecord(**dict(row))
-        if record.function_name != function_name:
-            raise NondeterminismError(workflow_id, function_id, record.function_name, function_name)
-        return record
-
-    async def _fetchrow_fk(self, query: Query, what: str, destination_id: str
-                           ) -> asyncpg.Record | None:
-        try:
-            return await self._fetchrow(query, what)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(destination_id) from None
-
-    async def send(self, destination_id: str, message_uuid: str, topic: str, message: Payload
-                   ) -> None:
-        """Send from outside a workflow; idempotent by ``message_uuid``. The sends made
-        together go as one statement per key (group commit; on Citus, each alone): each
-        caller continues once its message has committed, exactly as alone."""
-        if self.routes_single_tables:
-            query = self.sql.send_message(destination_id, message_uuid, topic, message)
-            try:
-                await self._execute(query, f"sending to {destination_id}")
-            except asyncpg.ForeignKeyViolationError:
-                raise NonExistentWorkflowError(destination_id) from None
-            return
-        key = self.sql.key_hint(destination_id)
-        outgoing = OutgoingMessage(destination_id, message_uuid, topic, message.text, key,
-                                   message.serialization)
-        await self._sends.submit(await self._lane(key), (key, outgoing))
-
-    async def _write_sends(self, lane: Hashable, rows: Sequence[Keyed[OutgoingMessage]]
-                           ) -> list[bool | BaseException]:
-        """One group-commit batch of sends from outside workflows, one statement per key. A
-        key's statement that fails the foreign key (a destination is missing) wrote none of
-        its rows: they go again one by one, so only a send to a missing workflow fails."""
-        groups, statements = self._per_key(
-            rows, lambda key, m: self.sql.send_messages([m], key),
-            lambda key, group: self.sql.send_messages(group, key))
-        found = await self._fetch_per_key(statements, f"sending {len(rows)} messages")
-        verdicts: list[bool | BaseException] = [True] * len(rows)
-        for indexes, key in groups:
-            refused = found[key]
-            if not isinstance(refused, Exception):
-                continue
-            for i in indexes:
-                verdicts[i] = (await self._send_alone(rows[i][1])
-                               if isinstance(refused, asyncpg.ForeignKeyViolationError)
-                               else refused)
-        return verdicts
-
-    async def _send_alone(self, m: OutgoingMessage) -> bool | BaseException:
-        """A send of a refused batch, on its own: True once written, or why not."""
-        try:
-            await self._execute(self.sql.send_messages([m], m.shard_key),
-                                f"sending to {m.destination_id}")
-        except asyncpg.ForeignKeyViolationError:
-            return NonExistentWorkflowError(m.destination_id)
-        except Exception as error:
-            return error
-        return True
-
-    async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
-                          message_uuid: str, topic: str, message: Payload) -> None:
-        if self.routes_single_tables:
-            sent = self.sql.send_message(destination_id, message_uuid, topic, message)
-            try:
-                row = await self._send_fenced_routed(workflow_id, owner_xid, sent)
-            except asyncpg.ForeignKeyViolationError:
-                raise NonExistentWorkflowError(destination_id) from None
-            self._check_fence(row, workflow_id)
-            return
-        query = self.sql.send_message_fenced(workflow_id, owner_xid, destination_id,
-                                             message_uuid, topic, message)
-        row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
-        self._check_fence(row, workflow_id)
-
-    async def send_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                            destination_id: str, message_uuid: str, topic: str, message: Payload
-                            ) -> StepRecord | None:
-        if self.routes_single_tables:
-            return await self.send_recorded_across(
-                WorkflowAddress(workflow_id, self.sql.key_hint(workflow_id)), function_id,
-                owner_xid, WorkflowAddress(destination_id, self.sql.key_hint(destination_id)),
-                message_uuid, topic, message)
-        query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
-                                               destination_id, message_uuid, topic, message,
-                                               self.clock.now_ms())
-        row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
-        return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.send")
-
-    async def send_recorded_across(self, sender: WorkflowAddress, function_id: int,
-                                   owner_xid: str, destination: WorkflowAddress,
-                                   message_uuid: str, topic: str, message: Payload
-                                   ) -> StepRecord | None:
-        """A workflow's send to a workflow under another shard key: the sender's checkpoint
-        and the message, one statement per key, in one transaction, so the message lands
-        only with the checkpoint. Each statement is built under its own key alone: the
-        destination may have the sender's ID."""
-        now = self.clock.now_ms()
-        with sender.routed():
-            checkpoint = self.sql.record_step(sender.workflow_id, function_id, "DBOS.send",
-                                              owner_xid, None, None, now, now)
-        with destination.routed():
-            sent = self.sql.send_message(destination.workflow_id, message_uuid, topic, message)
-
-        async def attempt() -> bool:
-            async with self.locking_transaction() as conn:
-                if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
-                    return False  # nothing to send: not ours, or sent already
-                await conn.execute(sent.sql, *sent.params)
-                return True
-
-        what = f"sending to {destination.workflow_id}"
-        try:
-            if await self._retried(what, attempt):
-                return None
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(destination.workflow_id) from None
-        with sender.routed():
-            verdict = await self._fetchrow(
-                self.sql.fence_verdict(sender.workflow_id, owner_xid), what)
-            return await self._recorded_or_existing(verdict, sender.workflow_id, function_id,
-                                                    "DBOS.send")
-
-    async def send_many(self, messages: Sequence[OutgoingMessage], *,
-                        sender: WorkflowAddress | None = None, owner_xid: str | None = None,
-                        function_id: int | None = None,
-                        function_name: str = SEND_BULK) -> StepRecord | None:
-        """Insert a batch of messages: one statement per shard key (one in all, unsharded),
-        in one transaction, so the batch lands whole or not at all. From a workflow
-        (``sender`` with ``function_id``) the statement of the sender's key also records
-        its checkpoint and the other keys' messages are written only if it landed; from a
-        step (``sender`` without ``function_id``) they land only while its execution owns
-        the workflow. Returns the checkpoint a replay found already recorded. A missing
-        destination raises :class:`NonExistentWorkflowError` naming every missing one."""
-        groups = by_key((m.shard_key, m) for m in messages)
-        attempt: Callable[[], Awaitable[Row | None]] = (
-            self._send_many_routed(groups, sender, owner_xid, function_id, self.clock.now_ms(),
-                                   function_name)
-            if self.routes_single_tables
-            else self._send_many_attempt(groups, sender, owner_xid, function_id,
-                                         function_name))
-
-        destinations = sorted({m.destination_id for m in messages})
-        what = f"sending to {', '.join(destinations)}"
-        try:
-            verdict = await self._retried(what, attempt)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(await self._missing(messages)) from None
-        if sender is None:
-            return None
-        with sender.routed():
-            if function_id is None:
-                self._check_fence(verdict, sender.workflow_id)
-                return None
-            return await self._recorded_or_existing(verdict, sender.workflow_id,
-                                                    function_id, function_name)
-
-    def _send_many_attempt(self, groups: dict[str | None, list[OutgoingMessage]],
-                           sender: WorkflowAddress | None, owner_xid: str | None,
-                           function_id: int | None, function_name: str
-                           ) -> Callable[[], Awaitable[asyncpg.Record | None]]:
-        """:meth:`send_many`'s attempt: one statement per key, the sender's key's fenced
-        (and, from a workflow, recording the checkpoint)."""
-        head: Query | None = None
-        if sender is not None:
-            own = groups.pop(sender.shard_key, [])
-            assert owner_xid is not None
-            with sender.routed():
-                head = (self.sql.send_messages_recorded(sender.workflow_id, function_id,
-                                                        owner_xid, own, self.clock.now_ms(),
-                                                        function_name)
-                        if function_id is not None
-                        else self.sql.send_messages_fenced(sender.workflow_id, owner_xid, own))
-        rest = [self.sql.send_messages(batch, key) for key, batch in groups.items()]
-
-        async def attempt() -> asyncpg.Record | None:
-            alone = [head] if head is not None else []
-            if len(alone) + len(rest) == 1:  # one key: one autocommit statement
-                q = (alone or rest)[0]
-                return await self.pool.fetchrow(q.sql, *q.params)
-            async with self.locking_transaction() as conn:
-                verdict = await conn.fetchrow(head.sql, *head.params) if head else None
-                if verdict is not None and not (
-                        verdict["status"] == PENDING and verdict["owned"]
-                        and (function_id is None or verdict["inserted"])):
-                    return verdict  # not ours, or sent already: nothing more to write
-                for q in rest:
-                    await conn.execute(q.sql, *q.params)
-                return verdict
-
-        return attempt
-
-    async def send_many_on(self, conn: asyncpg.Connection,
-                           messages: Sequence[OutgoingMessage]) -> None:
-        """Insert a batch of messages on the caller's connection, inside the transaction it
-        holds (see :meth:`send_on`): one statement per shard key; on a sharded schema the
-        receivers' notifications are queued in that transaction too."""
-        groups = by_key((m.shard_key, m) for m in messages)
-        try:
-            batches = (self._message_batches(groups) if self.routes_single_tables
-                       else [self.sql.send_messages(batch, key) for key, batch in groups.items()])
-            for q in batches:
-                await conn.execute(q.sql, *q.params)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(await self._missing(messages)) from None
-        if self.sharded:
-            for m in messages:
-                with WorkflowAddress(m.destination_id, m.shard_key).routed():
-                    q = self.sql.notify_with_transaction(
-                        NOTIFICATIONS_CHANNEL, self.waiter_key(m.destination_id, m.topic))
-                await conn.execute(q.sql, *q.params)
-
-    async def _missing(self, messages: Sequence[OutgoingMessage]) -> str:
-        """The destinations of these messages that do not exist, for the error."""
-        missing: list[str] = []
-        for key, listed in by_key((m.shard_key, m.destination_id) for m in messages).items():
-            ids = set(listed)
-            with cleared_shard_keys(), bind_shard_keys(dict.fromkeys(ids, key)):
-                found = {r["workflow_uuid"] for r in await self._fetch(
-                    self.sql.existing(sorted(ids)), "reading destinations")}
-            missing += sorted(ids - found)
-        return ", ".join(missing)
-
-    async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
-                              topic: str) -> tuple[bool, str | None, str | None]:
-        """recv's consuming write: (found, message, serialization); found is False if none."""
-        row: Row | None
-        if self.routes_single_tables:
-            row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
-                                                     topic, self.clock.now_ms())
-        else:
-            query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic,
-                                             self.clock.now_ms())
-            row = await self._fetchrow(query, f"receiving for {workflow_id}")
-        self._check_fence(row, workflow_id)
-        assert row is not None
-        if row["inserted"]:
-            return True, row["message"], row["serialization"]
-        if row["recorded"]:
-            record = await self._existing_step(workflow_id, function_id, "DBOS.recv")
-            if record is not None:
-                return True, record.output, record.serialization
-        return False, None, None
-
-    async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                                 key: str, value: Payload) -> StepRecord | None:
-        row: Row | None
-        if self.routes_single_tables:
-            row = await self._set_event_routed(workflow_id, owner_xid, key, value,
-                                               function_id, self.clock.now_ms())
-        else:
-            query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key,
-                                                value, self.clock.now_ms())
-            row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
-        return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
-
-    async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload
-                               ) -> None:
-        if self.routes_single_tables:
-            self._check_fence(await self._set_event_routed(workflow_id, owner_xid, key, value,
-                                                           None, self.clock.now_ms()), workflow_id)
-            return
-        query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
-        self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
-
-    async def get_event(self, workflow_id: str, key: str) -> tuple[str, str | None] | None:
-        row = await self._fetchrow(self.sql.get_event(workflow_id, key), "reading an event")
-        return (row["value"], row["serialization"]) if row is not None else None
-
-    async def get_all_events(self, workflow_id: str) -> list[tuple[str, str, str | None]]:
-        rows = await self._fetch(self.sql.get_all_events(workflow_id), "reading events")
-        return [(row["key"], row["value"], row["serialization"]) for row in rows]
-
-    async def _write_stream(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
-                            function_id: int, function_name: str | None) -> Row | None:
-        """A stream write; with ``function_name``, the workflow's own, recorded."""
-        if self.routes_single_tables:
-            at = self.clock.now_ms()
-
-            def write() -> Awaitable[Row | None]:
-                return self._write_stream_routed(workflow_id, owner_xid, key, value,
-                                                 function_id, function_name, at)
-        else:
-            query = (self.sql.write_stream_recorded(workflow_id, function_id, function_name,
-                                                    owner_xid, key, value, self.clock.now_ms())
-                     if function_name is not None else
-                     self.sql.write_stream_fenced(workflow_id, owner_xid, key, value,
-                                                  function_id))
-
-            def write() -> Awaitable[Row | None]:
-                return self._fetchrow(query, f"writing stream {key!r} of {workflow_id}")
-        # Two writers can derive the same next offset; the loser fails the primary key (the
-        # whole statement rolls back) and simply runs again.
-        for _ in range(100):
-            try:
-                return await write()
-            except asyncpg.UniqueViolationError:
-                await asyncio.sleep(0)
-        raise RuntimeError(f"Could not append to stream {key!r} of {workflow_id}")
-
-    async def write_stream_recorded(self, workflow_id: str, function_id: int,
-                                    function_name: str, owner_xid: str, key: str, value: Payload
-                                    ) -> StepRecord | None:
-        row = await self._write_stream(workflow_id, owner_xid, key, value, function_id,
-                                       function_name)
-        return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
-
-    async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
-                                  function_id: int = 0) -> None:
-        self._check_fence(await self._write_stream(workflow_id, owner_xid, key, value,
-                                                   function_id, None), workflow_id)
-
-    async def read_stream_value(self, workflow_id: str, key: str, offset: int
-                                ) -> tuple[str | None, str | None, str | None, bool]:
-        """(writer status or None if no workflow, value, serialization, whether found)."""
-        row = await self._fetchrow(self.sql.read_stream_value(workflow_id, key, offset),
-                                   "reading a stream")
-        if row is None:
-            return None, None, None, False
-        found = row["stream_offset"] is not None
-        return row["status"], row["value"], row["serialization"], found
 
     async def finished_first(self, refs: Sequence[WorkflowAddress]
                              ) -> tuple[WorkflowAddress | None, list[WorkflowAddress]]:
