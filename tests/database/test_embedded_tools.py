@@ -77,7 +77,7 @@ def stop_server(project: Path) -> None:
 @pytest.fixture(scope="module")
 def project() -> Iterator[Path]:
     """A folder where the demo application ran once, without a URL (readable by others,
-    as a checkout is: see tests/test_embedded.py)."""
+    as a checkout is: see tests/database/test_embedded.py)."""
     folder = Path(tempfile.mkdtemp(prefix="dbos-embedded-tools-"))
     folder.chmod(0o755)
     try:
