@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from test_transactions_processes import CYCLES, kill_cycles
+
+from tests.transactions.test_transactions_processes import CYCLES, kill_cycles
 
 pytestmark = pytest.mark.chaos
 

@@ -27,7 +27,7 @@ from dbos_async.sysdb.embedded import pid_alive
 from dbos_async.testing import servers as pg_server
 from dbos_async.testing import with_database
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 
 INNER_TEST = textwrap.dedent(
     """

@@ -14,7 +14,7 @@ import pytest
 from dbos_async import DatabaseUnavailableError, SetWorkflowID
 from tests.helpers import new_dbos, wait_until
 from tests.helpers.cluster import Cluster
-from tests.test_control_faults import kill_storm
+from tests.management.test_control_faults import kill_storm
 
 
 async def test_entering_during_a_connection_kill_storm(

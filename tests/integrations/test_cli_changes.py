@@ -8,9 +8,9 @@ import json
 import subprocess
 
 from helpers import fetch, new_dbos, workflow_row
-from test_cli import cli, failed, ok, table_rows
 
 from dbos_async import DBOSClient, SetWorkflowID
+from tests.integrations.test_cli import cli, failed, ok, table_rows
 
 
 async def test_priority_delay_and_attributes(database_url: str) -> None:

@@ -18,7 +18,7 @@ from dbos_async.console import console_app
 from tests.helpers.console_scenario import XSS_INPUT, XSS_NAME, Scenario, scenario, serving
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "console"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "console"
 
 if not CHROMIUM.exists():
     reason = f"{CHROMIUM} is missing: install Debian's chromium package (make test does)"

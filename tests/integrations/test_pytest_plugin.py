@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-TESTING_PAGE = Path(__file__).resolve().parent.parent / "docs/guides/testing.md"
+TESTING_PAGE = Path(__file__).resolve().parents[2] / "docs/guides/testing.md"
 
 SERVICES = '''
 async def charge(order_id: str, cents: int) -> str:

@@ -13,7 +13,6 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 from helpers import execute, fetch, new_dbos, unique_name
-from test_cli import cli, failed, ok
 
 from dbos_async import (
     DBOS,
@@ -23,6 +22,7 @@ from dbos_async import (
     SetShardKey,
     SetWorkflowID,
 )
+from tests.integrations.test_cli import cli, failed, ok
 
 SHARDING = pytest.mark.parametrize("sharding", [False, True], ids=["unsharded", "sharded"])
 KEY = "tenant-1"

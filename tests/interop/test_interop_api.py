@@ -8,10 +8,10 @@ from __future__ import annotations
 import textwrap
 
 from helpers import new_dbos, wait_until
-from test_interop_ops import lines, run_script
-from test_reuse_policy import _DBOS_SCHEMA_SCRIPT
 
 from dbos_async import DBOS, DBOSClient, SetWorkflowID, WorkflowSerializationFormat
+from tests.interop.test_interop_ops import lines, run_script
+from tests.workflows.test_reuse_policy import _DBOS_SCHEMA_SCRIPT
 
 PATIENCE = 60.0
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from helpers import new_dbos
-from test_interop import lines, script_output, script_running
 
 from dbos_async import DBOSClient, RecordedError, SerializationError
+from tests.interop.test_interop import lines, script_output, script_running
 
 PATIENCE = 60.0
 

@@ -19,7 +19,7 @@ from helpers import messaging_settings, new_dbos
 
 from dbos_async import NonExistentWorkflowError, SetWorkflowID
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]
 
 
 async def steps_of(conn: asyncpg.Connection, workflow_id: str) -> list[tuple[int, str, Any]]:

@@ -23,7 +23,7 @@ from helpers.queue_worker import RUNS_DDL, define_workflows
 
 from dbos_async import DBOS, SetEnqueueOptions
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "queue_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "queue_worker.py"
 VERSION = "queue-test-version"
 
 

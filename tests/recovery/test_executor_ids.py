@@ -23,7 +23,7 @@ from helpers import execute, fetch, fetchval, wait_until
 
 from dbos_async import DBOS, DBOSClient, ExecutorIdLostError, SetWorkflowID
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "executor_id_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "executor_id_worker.py"
 PATIENCE = 60.0
 
 

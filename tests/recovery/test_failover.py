@@ -34,7 +34,7 @@ from helpers import failover_worker as fw
 
 from dbos_async import DBOS, Queue, SetShardKey, SetWorkflowID
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "failover_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "failover_worker.py"
 PATIENCE = 60.0
 
 

@@ -41,7 +41,7 @@ from dbos_async import (
     WorkflowNotRegisteredError,
 )
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "recovery_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "recovery_worker.py"
 LOAD_WORKFLOWS, LOAD_STEPS = 200, 6  # as in the worker's "load" kind
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from helpers import fetch, new_dbos
-from test_cli import cli, failed, ok, table_rows
 
 from dbos_async import DBOSClient
+from tests.integrations.test_cli import cli, failed, ok, table_rows
 
 
 async def test_schedule_commands(database_url: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from helpers import fetch, fetchval, wait_until
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "schedule_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "schedule_worker.py"
 DOWNTIME = 3.0  # the scenario: how long no executor runs (not a synchronisation)
 
 Start = Callable[[str, bool], Coroutine[Any, Any, asyncio.subprocess.Process]]

@@ -452,7 +452,7 @@ async def test_maintenance_jobs_span_every_key(database_url: str) -> None:
         assert await dbos.list_workflows() == []
 
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "recovery_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "recovery_worker.py"
 
 
 async def test_sigkilled_workflows_recover_under_their_keys(database_url: str) -> None:

@@ -21,7 +21,7 @@ from helpers.tracing_worker import new_dbos as worker_dbos
 
 from dbos_async import metrics
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "metrics_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "metrics_worker.py"
 
 
 def run_worker(url: str, scenario: str, *args: str) -> tuple[Points, Points]:

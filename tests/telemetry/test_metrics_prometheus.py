@@ -21,7 +21,7 @@ from dbos_async import DBOSClient, InvalidArgumentError, migrate
 from dbos_async.console import console_app
 from dbos_async.prometheus import CONTENT_TYPE, PrometheusMetrics
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "metrics_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "metrics_worker.py"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

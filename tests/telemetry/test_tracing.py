@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from dbos_async import DBOSClient
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "tracing_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "tracing_worker.py"
 CARRIER_KEY = "dbos.otelContext"
 
 

@@ -35,7 +35,7 @@ from helpers import (
 )
 from helpers import transaction_worker as tw
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "transaction_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "transaction_worker.py"
 CYCLES = 6
 PER_CYCLE = 6
 

@@ -36,7 +36,7 @@ from dbos_async.executor.transfer import ExportedWorkflow
 from dbos_async.testing import replay_check
 
 CLI = str(Path(sys.executable).with_name("dbos-async"))
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 APPLICATION = "helpers.order_versions:dbos"
 
 

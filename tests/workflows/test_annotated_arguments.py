@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from helpers import new_dbos, wait_until, workflow_row
 from pydantic import BaseModel
-from test_input_validation import table_counts
 
 from dbos_async import DBOSClient, InvalidArgumentError, SetWorkflowID
+from tests.workflows.test_input_validation import table_counts
 
 
 class Order(BaseModel):

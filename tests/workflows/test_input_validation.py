@@ -544,7 +544,7 @@ async def test_a_refused_connection_names_host_port_and_database() -> None:
 
 
 def test_the_limits_are_documented() -> None:
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     assert f"{MAX_IDENTIFIER_BYTES} bytes" in (docs / "guides" / "workflows.md").read_text()
     errors = (docs / "reference" / "errors.md").read_text()
     assert "InvalidArgumentError" in errors and "DatabaseAuthenticationError" in errors

@@ -33,7 +33,7 @@ from dbos_async import (
     WorkflowCancelledError,
 )
 
-WORKER = Path(__file__).resolve().parent / "helpers" / "errors_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "helpers" / "errors_worker.py"
 PATIENCE = 60.0
 
 # What each kind of failure raises at first, and the class a caller catches it by.
