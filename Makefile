@@ -86,10 +86,10 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -d site
 
 screenshots: venv browser
-	DOCS_SCREENSHOTS=1 $(VENV)/bin/pytest -q -p no:xdist tests/test_console_browser.py \
+	DOCS_SCREENSHOTS=1 $(VENV)/bin/pytest -q -p no:xdist tests/integrations/test_console_browser.py \
 		-k "test_pages_read_only_and_escaped or test_metrics_charts"
 
-# Debian's chromium for tests/test_console_browser.py, only where it is missing and apt-get
+# Debian's chromium for tests/integrations/test_console_browser.py, only where it is missing and apt-get
 # is there (as root); a failed install leaves those tests to skip (or fail under CI=true).
 browser:
 	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
@@ -99,7 +99,7 @@ browser:
 		|| echo "warning: could not install chromium; the browser tests will be skipped" >&2; \
 	fi
 
-# Debian's pgbouncer for tests/test_pgbouncer.py, in the same way.
+# Debian's pgbouncer for tests/database/test_pgbouncer.py, in the same way.
 pgbouncer:
 	@if [ ! -x /usr/sbin/pgbouncer ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		echo "installing pgbouncer for the transaction-mode pooler tests"; \
@@ -127,13 +127,13 @@ test-fast: venv
 # test that makes the `dbos` package read our records needs that package, which is not
 # installed here.
 LOWEST_STAMP := $(LOWEST)/.installed
-LOWEST_TESTS := tests/test_workflows.py tests/test_queues.py tests/test_events_streams.py \
-	tests/test_serializers.py tests/test_input_validation.py tests/test_recorded_errors.py \
-	tests/test_schedules.py tests/test_fastapi.py tests/test_aiohttp.py tests/test_tracing.py \
-	tests/test_config.py tests/test_packaging.py tests/test_imports.py \
-	tests/test_metrics_prometheus.py \
-	tests/test_cli.py::test_workflow_get_and_steps
-LOWEST_SKIP  := tests/test_recorded_errors.py::test_the_dbos_package_reads_our_recorded_errors
+LOWEST_TESTS := tests/workflows/test_workflows.py tests/queues/test_queues.py tests/messaging/test_events_streams.py \
+	tests/workflows/test_serializers.py tests/workflows/test_input_validation.py tests/workflows/test_recorded_errors.py \
+	tests/schedules/test_schedules.py tests/integrations/test_fastapi.py tests/integrations/test_aiohttp.py tests/telemetry/test_tracing.py \
+	tests/database/test_config.py tests/test_packaging.py tests/test_imports.py \
+	tests/telemetry/test_metrics_prometheus.py \
+	tests/integrations/test_cli.py::test_workflow_get_and_steps
+LOWEST_SKIP  := tests/workflows/test_recorded_errors.py::test_the_dbos_package_reads_our_recorded_errors
 
 $(LOWEST_STAMP): pyproject.toml constraints/lowest.txt
 	@test -n "$(PYTHON)" || { echo "error: no python3 >= 3.11 found on PATH (set PYTHON=...)" >&2; exit 1; }

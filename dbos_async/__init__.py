@@ -64,7 +64,9 @@ if TYPE_CHECKING:
         current_step_id,
         current_workflow_id,
     )
-    from dbos_async.executor.control import (
+    from dbos_async.executor.dbos import DBOS
+    from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
+    from dbos_async.executor.management.control import (
         ApplicationVersion,
         ForkRequest,
         StartPoint,
@@ -72,10 +74,6 @@ if TYPE_CHECKING:
         TimeBound,
         WorkflowStepInfo,
     )
-    from dbos_async.executor.dbos import DBOS
-    from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
-    from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
-    from dbos_async.executor.logs import log_to_stderr
     from dbos_async.executor.messaging import SendMessage
     from dbos_async.executor.observability import (
         EventChange,
@@ -102,12 +100,14 @@ if TYPE_CHECKING:
     )
     from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
     from dbos_async.executor.replay import Divergence, ReplayResult
-    from dbos_async.executor.schedule_api import ScheduleDefinition
-    from dbos_async.executor.schedules import WorkflowSchedule
+    from dbos_async.executor.schedules.definition import WorkflowSchedule
+    from dbos_async.executor.schedules.operator import ScheduleDefinition
     from dbos_async.executor.serialization import Serializer, WorkflowSerializationFormat
     from dbos_async.executor.steps import RetryOn, StepOptions
     from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
+    from dbos_async.executor.telemetry.logs import log_to_stderr
     from dbos_async.executor.transactions import transaction_connection
+    from dbos_async.executor.transfer import ExportedWorkflow, ImportSummary
     from dbos_async.statuses import WorkflowStatusString
     from dbos_async.sysdb.health import DatabaseHealth
     from dbos_async.sysdb.migrations import holds_sharded_schema
@@ -165,19 +165,19 @@ _EXPORTS: dict[str, str] = {
     "current_step_attempt": "dbos_async.executor.context",
     "current_step_id": "dbos_async.executor.context",
     "current_workflow_id": "dbos_async.executor.context",
-    "ApplicationVersion": "dbos_async.executor.control",
-    "ForkRequest": "dbos_async.executor.control",
-    "StartPoint": "dbos_async.executor.control",
-    "StepNamed": "dbos_async.executor.control",
-    "TimeBound": "dbos_async.executor.control",
-    "WorkflowStepInfo": "dbos_async.executor.control",
+    "ApplicationVersion": "dbos_async.executor.management.control",
+    "ForkRequest": "dbos_async.executor.management.control",
+    "StartPoint": "dbos_async.executor.management.control",
+    "StepNamed": "dbos_async.executor.management.control",
+    "TimeBound": "dbos_async.executor.management.control",
+    "WorkflowStepInfo": "dbos_async.executor.management.control",
     "DBOS": "dbos_async.executor.dbos",
-    "ExportedWorkflow": "dbos_async.executor.exports",
-    "ImportSummary": "dbos_async.executor.exports",
+    "ExportedWorkflow": "dbos_async.executor.transfer",
+    "ImportSummary": "dbos_async.executor.transfer",
     "WorkflowHandle": "dbos_async.executor.handles",
     "WorkflowInputs": "dbos_async.executor.handles",
     "WorkflowStatus": "dbos_async.executor.handles",
-    "log_to_stderr": "dbos_async.executor.logs",
+    "log_to_stderr": "dbos_async.executor.telemetry.logs",
     "SendMessage": "dbos_async.executor.messaging",
     "EventChange": "dbos_async.executor.observability",
     "ExecutorActivity": "dbos_async.executor.observability",
@@ -203,8 +203,8 @@ _EXPORTS: dict[str, str] = {
     "EnqueueResult": "dbos_async.executor.queues.batch",
     "Divergence": "dbos_async.executor.replay",
     "ReplayResult": "dbos_async.executor.replay",
-    "ScheduleDefinition": "dbos_async.executor.schedule_api",
-    "WorkflowSchedule": "dbos_async.executor.schedules",
+    "ScheduleDefinition": "dbos_async.executor.schedules.operator",
+    "WorkflowSchedule": "dbos_async.executor.schedules.definition",
     "Serializer": "dbos_async.executor.serialization",
     "WorkflowSerializationFormat": "dbos_async.executor.serialization",
     "RetryOn": "dbos_async.executor.steps",

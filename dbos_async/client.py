@@ -3,9 +3,9 @@
 A :class:`DBOSClient` is a peer of the executor on the same system database. It runs no
 workflow and never migrates (it verifies the schema); it keeps a pool and, for its waits, the
 same LISTEN/NOTIFY dispatcher an executor has. Every operation is the executor's own code
-(:mod:`dbos_async.executor.control`, :mod:`dbos_async.executor.messaging`, the start plan of
-:mod:`dbos_async.executor.start`), run through the :class:`~dbos_async.executor.peer.Peer`
-protocol.
+(:mod:`dbos_async.executor.management.control`, :mod:`dbos_async.executor.messaging`,
+the start plan of :mod:`dbos_async.executor.start`), run through the
+:class:`~dbos_async.executor.peer.Peer` protocol.
 
 ``enqueue`` and ``send`` can join a transaction the caller holds on an asyncpg connection
 (a transactional outbox): nothing is enqueued or sent unless the caller commits.
@@ -63,7 +63,7 @@ from dbos_async.executor.start import (
     plan_start,
 )
 from dbos_async.executor.tasks import TaskOwner
-from dbos_async.executor.tracing import traced_attributes
+from dbos_async.executor.telemetry.tracing import traced_attributes
 from dbos_async.sysdb.application import ApplicationDatabase
 from dbos_async.sysdb.database import StartResult, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL

@@ -146,7 +146,7 @@ class DBOSConfig(BaseModel):
     max_polling_queries: int | None = Field(
         None, ge=1, description="Concurrent polling reads of waiters; default pool_size // 2."
     )
-    # Operating workflows (see dbos_async/executor/cancellation.py and maintenance.py).
+    # Operating workflows (see dbos_async/executor/cancellation.py and management/maintenance.py).
     cancellation_poll_interval: float = Field(
         1.0, gt=0,
         description="Longest wait between the cancellation watcher's status reads while "

@@ -1,7 +1,7 @@
 """OpenTelemetry metrics of the executor: workflows and steps, queues, group commits,
 notifications, background tasks and connection pools.
 
-Native instrumentation, as for spans (``executor/tracing.py``): only the API is used,
+Native instrumentation, as for spans (``executor/telemetry/tracing.py``): only the API is used,
 through the application's global meter provider. Without the API installed, or before the
 application sets a provider, :func:`current` returns None and every call site skips its
 one line. With a provider, nothing on the hot path calls the SDK (its ``add`` or ``record``

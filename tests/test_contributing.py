@@ -55,7 +55,8 @@ def test_the_layout_parser_sees_the_directories() -> None:
     """The check above would pass vacuously on a tree it cannot read."""
     named = directories(tree())
     for directory in ["dbos_async/executor/queues", "dbos_async/sysdb/statements",
-                      "dbos_async/cli", "dbos_async/testing", "dbos_async/console"]:
+                      "dbos_async/sysdb/statements/management", "dbos_async/cli",
+                      "dbos_async/testing", "dbos_async/console"]:
         assert directory in named, directory
-    assert "group_commit.py" in named["dbos_async/sysdb"]
-    assert "group_commit.py" not in named["dbos_async/sysdb/statements"]
+    assert "group_commit.py" in named["dbos_async/sysdb/writes"]
+    assert "group_commit.py" not in named["dbos_async/sysdb"]

@@ -13,7 +13,7 @@ How a block is tested depends on its fence (CONTRIBUTING.md, "Code blocks in the
 - ```` ```python {test="by:tests/test_x.py"} ````: a file of a larger example that the test
   module named runs (it reads the block from the page, which it names).
 - A block that is only ``--8<-- "examples/NAME.py"`` shows a file the tests already run
-  (tests/test_examples.py, tests/test_fastapi.py, tests/test_aiohttp.py).
+  (tests/test_examples.py, tests/integrations/test_fastapi.py, tests/integrations/test_aiohttp.py).
 
 Other languages (shell, output, TOML) are not run.
 """

@@ -15,8 +15,8 @@ from helpers import wait_until
 from dbos_async import SetWorkflowID
 from dbos_async.testing import TestClock
 
-# The web services run until stopped: tests/test_fastapi.py and tests/test_aiohttp.py start
-# them as servers and drive them over HTTP.
+# The web services run until stopped: tests/integrations/test_fastapi.py and
+# tests/integrations/test_aiohttp.py start them as servers and drive them over HTTP.
 SERVICES = {"fastapi_app", "aiohttp_app"}
 EXAMPLES = sorted(p for p in (Path(__file__).parent.parent / "examples").glob("*.py")
                   if p.stem not in SERVICES)

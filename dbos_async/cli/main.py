@@ -6,12 +6,12 @@ import click
 
 from dbos_async.cli.applications import application
 from dbos_async.cli.console import console
-from dbos_async.cli.exports import export_workflows, import_workflows
 from dbos_async.cli.metrics import metrics
 from dbos_async.cli.queues import queue
 from dbos_async.cli.replay import replay
 from dbos_async.cli.schedules import schedule
 from dbos_async.cli.target import Target, run, target_options
+from dbos_async.cli.transfer import export_workflows, import_workflows
 from dbos_async.cli.versions import version
 from dbos_async.cli.workflows import workflow
 from dbos_async.database_url import redact

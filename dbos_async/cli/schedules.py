@@ -13,7 +13,7 @@ import click
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.client import DBOSClient
-from dbos_async.executor.schedules import WorkflowSchedule
+from dbos_async.executor.schedules.definition import WorkflowSchedule
 
 
 @click.group("schedule")

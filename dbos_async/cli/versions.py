@@ -9,7 +9,7 @@ import click
 
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
-from dbos_async.executor.control import ApplicationVersion
+from dbos_async.executor.management.control import ApplicationVersion
 from dbos_async.sysdb.records import VersionBacklog
 
 

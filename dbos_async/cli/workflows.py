@@ -11,10 +11,11 @@ import click
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.client import DBOSClient
-from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.executor.control import StartPoint, StartStep, StepNamed
+from dbos_async.errors import DBOSError, InvalidRequestError, NonExistentWorkflowError
 from dbos_async.executor.handles import WorkflowStatus
+from dbos_async.executor.management.control import StartPoint, StartStep, StepNamed
 from dbos_async.statuses import WorkflowStatusString
+from dbos_async.web.filters import listing_filters
 
 
 @click.group("workflow")
@@ -37,8 +38,9 @@ def time_bound(value: str | None) -> str | int | None:
     return int(value) if value is not None and value.isdigit() else value
 
 
-def _attributes(pairs: tuple[str, ...]) -> dict[str, Any] | None:
-    """``KEY=VALUE`` pairs; a VALUE that parses as JSON is that value, else the text."""
+def _attributes(pairs: tuple[str, ...]) -> str | None:
+    """``KEY=VALUE`` pairs as the JSON object the attributes filter takes; a VALUE that
+    parses as JSON is that value, else the text."""
     if not pairs:
         return None
     attributes: dict[str, Any] = {}
@@ -50,16 +52,18 @@ def _attributes(pairs: tuple[str, ...]) -> dict[str, Any] | None:
             attributes[key] = json.loads(text)
         except ValueError:
             attributes[key] = text
-    return attributes
+    return json.dumps(attributes)
 
 
-def _or_none(values: tuple[str, ...]) -> list[str] | None:
-    return list(values) if values else None
+def _text(value: bool | None) -> str | None:
+    """A yes-or-no option as the filter's text; None when not given."""
+    return None if value is None else str(value).lower()
 
 
 def filter_options(command: Any) -> Any:
     """The filters of ``list_workflows`` as options (``workflow list``, ``export``); the
-    command receives them as ``filters``, the keyword arguments of ``list_workflows``."""
+    command receives them as ``filters``, the keyword arguments of ``list_workflows`` read
+    by the one parser of filters (:mod:`dbos_async.web.filters`)."""
     options = [
         click.option("--status", "statuses", multiple=True, metavar="STATUS",
                      type=click.Choice(list(WorkflowStatusString), case_sensitive=False),
@@ -119,20 +123,23 @@ def filter_options(command: Any) -> Any:
                      has_parent: bool | None, schedules: tuple[str, ...],
                      users: tuple[str, ...], attributes: tuple[str, ...],
                      shard_keys: tuple[str, ...], **kwargs: Any) -> Any:
-        filters: dict[str, Any] = dict(
-            status=_or_none(tuple(s.upper() for s in statuses)), name=_or_none(names),
-            queue_name=_or_none(queues), queues_only=queued,
-            start_time=time_bound(start_time), end_time=time_bound(end_time),
-            completed_after=time_bound(completed_after),
-            completed_before=time_bound(completed_before),
-            dequeued_after=time_bound(dequeued_after),
-            dequeued_before=time_bound(dequeued_before),
-            was_forked_from=was_forked_from, is_fork=is_fork, has_parent=has_parent,
-            schedule_name=_or_none(schedules),
-            workflow_id_prefix=_or_none(prefixes), application_version=_or_none(versions),
-            executor_id=_or_none(executors), parent_workflow_id=_or_none(parents),
-            forked_from=_or_none(forks), authenticated_user=_or_none(users),
-            attributes=_attributes(attributes), shard_key=_or_none(shard_keys))
+        lists = {"status": statuses, "name": names, "queue_name": queues,
+                 "workflow_id_prefix": prefixes, "application_version": versions,
+                 "executor_id": executors, "parent_workflow_id": parents,
+                 "forked_from": forks, "schedule_name": schedules,
+                 "authenticated_user": users, "shard_key": shard_keys}
+        singles = {"start_time": start_time, "end_time": end_time,
+                   "completed_after": completed_after, "completed_before": completed_before,
+                   "dequeued_after": dequeued_after, "dequeued_before": dequeued_before,
+                   "was_forked_from": _text(was_forked_from), "is_fork": _text(is_fork),
+                   "has_parent": _text(has_parent), "queues_only": _text(queued or None),
+                   "attributes": _attributes(attributes)}
+        pairs = [(name, value) for name, values in lists.items() for value in values]
+        pairs += [(name, value) for name, value in singles.items() if value is not None]
+        try:
+            filters = listing_filters(pairs)
+        except InvalidRequestError as error:
+            raise click.UsageError(str(error)) from None
         return command(*args, filters=filters, **kwargs)
 
     for option in reversed(options):

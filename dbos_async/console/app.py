@@ -9,7 +9,6 @@ methods. Safety: :mod:`dbos_async.console.safety`.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext, suppress
@@ -46,13 +45,18 @@ from dbos_async.console.safety import (
     new_csrf_token,
     same_origin,
 )
-from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
+from dbos_async.errors import (
+    DBOSError,
+    InvalidRequestError,
+    NonExistentWorkflowError,
+    SerializationError,
+)
 from dbos_async.executor.handles import WorkflowStatus
 from dbos_async.executor.operator import Operator
 from dbos_async.prometheus import PrometheusMetrics
 from dbos_async.statuses import WorkflowStatusString
 from dbos_async.sysdb.clock import SYSTEM_CLOCK
-from dbos_async.web.views import query_flag, query_statuses
+from dbos_async.web.filters import listing_filters
 
 logger = logging.getLogger("dbos_async")
 
@@ -71,8 +75,6 @@ MAX_PAGE = (2**63 - 1) // PAGE_SIZE
 """The last page number whose offset PostgreSQL takes (a bigint)."""
 MAX_STEP = 2**31 - 1
 """The largest step number (an integer column)."""
-MAX_ATTRIBUTE_DEPTH = 32
-"""How deeply an attributes filter may nest its objects and arrays."""
 _ACTIVE = (WorkflowStatusString.PENDING, WorkflowStatusString.ENQUEUED,
            WorkflowStatusString.DELAYED)
 """The statuses a workflow can be cancelled in (and resumed from, beside the final ones)."""
@@ -431,69 +433,13 @@ class Console:
 
 
 def workflow_filters(q: QueryParams) -> dict[str, Any]:
-    """The arguments of ``list_workflows`` a list page's query asks for."""
-    get = q.get
-    chosen = query_statuses(q.getlist("status"))
-    attributes = None
-    text = get("attributes")
-    if text:
-        # Measured before parsing: the parser recurses once per level.
-        if _nesting(text) > MAX_ATTRIBUTE_DEPTH:
-            raise ConsoleError(400, f"attributes must nest at most {MAX_ATTRIBUTE_DEPTH} "
-                                    "levels of objects and arrays")
-        try:
-            attributes = json.loads(text)
-        except ValueError:
-            raise ConsoleError(400, "attributes must be a JSON object") from None
-        if not isinstance(attributes, dict):
-            raise ConsoleError(400, "attributes must be a JSON object")
-    return {
-        "status": chosen or None,
-        "name": get("name") or None,
-        "queue_name": get("queue") or None,
-        "start_time": get("start") or None,
-        "end_time": get("end") or None,
-        "completed_after": get("completed_after") or None,
-        "completed_before": get("completed_before") or None,
-        "dequeued_after": get("dequeued_after") or None,
-        "dequeued_before": get("dequeued_before") or None,
-        "was_forked_from": _flag(get("was_forked_from"), "was_forked_from"),
-        "is_fork": _flag(get("is_fork"), "is_fork"),
-        "has_parent": _flag(get("has_parent"), "has_parent"),
-        "schedule_name": get("schedule") or None,
-        "workflow_id_prefix": get("id_prefix") or None,
-        "application_name": get("application") or None,
-        "application_version": get("application_version") or None,
-        "attributes": attributes,
-        "shard_key": get("shard_key") or None,
-    }
-
-
-def _flag(text: str | None, what: str) -> bool | None:
-    """A yes-or-no filter of a query; empty or absent is either."""
-    return query_flag(what, text) if text else None
-
-
-def _nesting(text: str) -> int:
-    """How deeply the JSON ``text`` nests objects and arrays (brackets in strings aside)."""
-    deepest = depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
+    """The arguments of ``list_workflows`` a list page's query asks for (its filters, in
+    the vocabulary of the web routes and the command line: see
+    :mod:`dbos_async.web.filters`); the page number is the page's own."""
+    try:
+        return listing_filters((k, v) for k, v in q.multi_items() if k != "page")
+    except InvalidRequestError as error:
+        raise ConsoleError(400, str(error)) from None
 
 
 def _int(text: str, what: str, minimum: int, maximum: int) -> int:

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dbos_async.errors import RecordedError
-from dbos_async.executor.control import WorkflowStepInfo
 from dbos_async.executor.handles import WorkflowStatus
+from dbos_async.executor.management.control import WorkflowStepInfo
 from dbos_async.executor.observability import (
     QueueDepth,
     QueueMinute,

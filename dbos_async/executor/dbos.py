@@ -25,20 +25,18 @@ from dbos_async.errors import (
 )
 from dbos_async.executor import (
     lifecycle,
-    maintenance,
     messaging,
     patches,
     recovery,
     replay,
-    schedules,
     start,
     steps,
     transactions,
 )
 from dbos_async.executor.authentication import RequiredRoles, required_roles_of
 from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
-from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.handles import WorkflowHandle
+from dbos_async.executor.management import maintenance
 from dbos_async.executor.operator import Operator
 from dbos_async.executor.peer import Peer, clock_of
 from dbos_async.executor.queues import batch
@@ -54,7 +52,8 @@ from dbos_async.executor.registry import (
 )
 from dbos_async.executor.replay import ReplayResult
 from dbos_async.executor.runtime import NOT_RUNNING, Runtime
-from dbos_async.executor.schedule_api import WorkflowRef, check_scheduled_signature
+from dbos_async.executor.schedules import definition
+from dbos_async.executor.schedules.operator import ScheduledWorkflow, check_scheduled_signature
 from dbos_async.executor.serialization import (
     SerializationType,
     Signature,
@@ -63,6 +62,7 @@ from dbos_async.executor.serialization import (
 from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
 from dbos_async.executor.tasks import ExecutorHealth
 from dbos_async.executor.transactions import TransactionInfo, TransactionOptions
+from dbos_async.executor.transfer import ExportedWorkflow
 from dbos_async.sysdb.application import IsolationLevel
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.validation import check_identifier, check_seconds
@@ -409,7 +409,7 @@ class DBOS(Operator):
         def decorate(fn: AsyncFn[P, R]) -> AsyncFn[P, R]:
             name, class_name = self._scheduled_workflow(fn)
             queue_name = queue.name if isinstance(queue, Queue) else queue
-            self._registry.schedules.append(schedules.new_record(
+            self._registry.schedules.append(definition.new_record(
                 name, name, class_name, cron, None, timezone, queue_name,
                 automatic_backfill, shard_key))
             return fn
@@ -621,7 +621,7 @@ class DBOS(Operator):
         step_id = ctx.allocate_step_id() if ctx is not None else None
         return messaging.sleep(clock_of(self.config), ctx, step_id, seconds)
 
-    # ---- Maintenance jobs (see executor/maintenance.py) ----
+    # ---- Maintenance jobs (see executor/management/maintenance.py) ----
 
     async def garbage_collect(self, cutoff_epoch_ms: int | None = None,
                               batch_size: int | None = None, *,
@@ -773,7 +773,7 @@ class DBOS(Operator):
     def _firing_executor_id(self) -> str:
         return self._operating().executor_id
 
-    def _scheduled_workflow(self, workflow: WorkflowRef) -> tuple[str, str | None]:
+    def _scheduled_workflow(self, workflow: ScheduledWorkflow) -> tuple[str, str | None]:
         if isinstance(workflow, str):
             info = self._registry.workflows.get(workflow)
             if info is None:

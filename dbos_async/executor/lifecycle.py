@@ -21,7 +21,8 @@ import anyio
 from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
 from dbos_async.database_url import redact
 from dbos_async.errors import QueueNotFoundError
-from dbos_async.executor import failover, maintenance, recovery, versions
+from dbos_async.executor import failover, recovery, versions
+from dbos_async.executor.management import maintenance
 from dbos_async.executor.peer import (
     application_database_for,
     start_notifications,
@@ -31,7 +32,7 @@ from dbos_async.executor.queues.claim_loop import start_claim_loops
 from dbos_async.executor.queues.declaration import Queue, internal_queue
 from dbos_async.executor.registry import Registry, application_version
 from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.scheduler import Scheduler
+from dbos_async.executor.schedules.scheduler import Scheduler
 from dbos_async.sysdb import connection
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 

@@ -49,7 +49,6 @@ from dbos_async.sysdb.statements import (
     STREAM_CLOSED_SERIALIZED,
     OutgoingMessage,
     Payload,
-    WorkflowRef,
 )
 
 if TYPE_CHECKING:
@@ -207,13 +206,13 @@ def outgoing(messages: Sequence[SendMessage], formats: Formats,
 
 
 def to_forks(messages: Sequence[SendMessage], batch: Sequence[OutgoingMessage],
-             forks: dict[WorkflowRef, list[WorkflowRef]]) -> list[OutgoingMessage]:
+             forks: dict[WorkflowAddress, list[WorkflowAddress]]) -> list[OutgoingMessage]:
     """``batch`` (the addressed ``messages``) with a copy of each message for every fork
     of its destination: an idempotency key gives each copy the ID ``<key>::<fork>``."""
     out: list[OutgoingMessage] = []
     for m, sent in zip(messages, batch, strict=True):
         out.append(sent)
-        for fork_id, _ in forks.get((m.destination_id, m.shard_key), ()):
+        for fork_id, _ in forks.get(WorkflowAddress(m.destination_id, m.shard_key), ()):
             _, message_uuid = message_address(fork_id, m.topic, m.idempotency_key)
             out.append(dataclasses.replace(sent, destination_id=fork_id,
                                            message_uuid=message_uuid))
@@ -236,7 +235,7 @@ async def send_bulk(peer: Peer, ctx: WorkflowContext | None, step_ctx: WorkflowC
     sysdb = peer.system_database  # after the replay: a replay check has no database
     if forks_of is not None:
         forks = await sysdb.fork_descendants(
-            [(m.destination_id, m.shard_key) for m in forks_of])
+            [WorkflowAddress(m.destination_id, m.shard_key) for m in forks_of])
         messages = to_forks(forks_of, messages, forks)
     if ctx is not None and step_id is not None:
         try:
@@ -557,7 +556,7 @@ def check_waited(handles: Sequence[WorkflowHandle[Any]], what: str) -> None:
     """Refuse an empty list of handles, or one naming a workflow twice."""
     if not handles:
         raise InvalidArgumentError(f"{what} handles", "needs at least one handle")
-    refs = [(h.workflow_id, h.shard_key) for h in handles]
+    refs = [WorkflowAddress(h.workflow_id, h.shard_key) for h in handles]
     repeated = [ref for ref, n in Counter(refs).items() if n > 1]
     if repeated:
         raise InvalidArgumentError(f"{what} handles",
@@ -583,7 +582,7 @@ async def wait_first(peer: Peer, handles: Sequence[WorkflowHandle[Any]],
                                 "not wait for")
             return by_id[str(chosen)]
     sysdb = peer.system_database
-    refs = [(h.workflow_id, h.shard_key) for h in handles]
+    refs = [WorkflowAddress(h.workflow_id, h.shard_key) for h in handles]
     for workflow_id, key in refs:
         if sysdb.sharded and key is None:
             raise DBOSError(f"wait_first needs the shard key of workflow {workflow_id!r}: "

@@ -3,7 +3,7 @@
 waits, cancel, delete, resume, fork, rewind, listings and application versions.
 
 :class:`Operator` defines each of these methods once, as thin wrappers over
-:mod:`~dbos_async.executor.control` and :mod:`~dbos_async.executor.messaging`, run on a
+:mod:`~dbos_async.executor.management.control` and :mod:`~dbos_async.executor.messaging`, run on a
 :class:`~dbos_async.executor.peer.Peer` of the system database. Where an executor and a
 client differ, a small hook decides:
 
@@ -23,21 +23,21 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, I
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from dbos_async.errors import DBOSError, InvalidArgumentError, NonExistentWorkflowError
-from dbos_async.executor import control, exports, messaging, observability
-from dbos_async.executor.control import (
+from dbos_async.executor import messaging, observability, transfer
+from dbos_async.executor.handles import (
+    WorkflowHandle,
+    WorkflowStatus,
+    read_status,
+    workflow_handle,
+)
+from dbos_async.executor.management import control
+from dbos_async.executor.management.control import (
     ApplicationVersion,
     ForkRequest,
     StartStep,
     TimeBound,
     WorkflowFilters,
     WorkflowStepInfo,
-)
-from dbos_async.executor.exports import ExportedWorkflow, ImportSummary
-from dbos_async.executor.handles import (
-    WorkflowHandle,
-    WorkflowStatus,
-    read_status,
-    workflow_handle,
 )
 from dbos_async.executor.observability import (
     EventChange,
@@ -57,9 +57,10 @@ from dbos_async.executor.peer import Peer
 from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_queue
 from dbos_async.executor.queues.enqueue import check_partition
 from dbos_async.executor.queues.options import check_options
-from dbos_async.executor.schedule_api import ScheduleOperator
+from dbos_async.executor.schedules.operator import ScheduleOperator
 from dbos_async.executor.serialization import SerializationType
 from dbos_async.executor.start import CallContext
+from dbos_async.executor.transfer import ExportedWorkflow, ImportSummary
 from dbos_async.sysdb.records import VersionBacklog
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.validation import (
@@ -371,7 +372,7 @@ class Operator(ScheduleOperator):
             self._caller_peer(ctx or step_ctx), workflow_id, key, offset, shard_key,
             timeout, ctx, step_id))
 
-    # ---- Cancel and delete (see executor/control.py) ----
+    # ---- Cancel and delete (see executor/management/control.py) ----
 
     async def cancel_workflow(self, workflow_id: str, cancel_children: bool = False, *,
                               shard_key: str | None = None) -> None:
@@ -526,7 +527,7 @@ class Operator(ScheduleOperator):
                              **filters: Unpack[WorkflowFilters]) -> list[WorkflowStatus]:
         """Workflows matching every given filter (a list matches any of its values), by
         creation time (``sort_desc`` for newest first), a page of ``limit`` after
-        ``offset``. The filters (:class:`~dbos_async.executor.control.WorkflowFilters`):
+        ``offset``. The filters (:class:`~dbos_async.executor.management.control.WorkflowFilters`):
         ``workflow_ids``, ``status``, ``name``, ``queue_name``, ``parent_workflow_id``,
         ``forked_from``, ``executor_id``, ``application_version``, ``authenticated_user``,
         ``workflow_id_prefix``, ``schedule_name``; ``start_time``/``end_time`` bound
@@ -582,7 +583,7 @@ class Operator(ScheduleOperator):
             return await control.list_steps(self._peer(), workflow_id, limit=limit,
                                             offset=offset, load_output=load_output)
 
-    # ---- Export and import (see executor/exports.py) ----
+    # ---- Export and import (see executor/transfer.py) ----
 
     def export_workflows(self, *, batch_size: int = 100,
                          **filters: Unpack[WorkflowFilters]) -> AsyncIterator[ExportedWorkflow]:
@@ -592,7 +593,7 @@ class Operator(ScheduleOperator):
         ``workflow.to_json()`` is its line of the export format. One read-only transaction
         on one snapshot, no row locked; ``batch_size`` workflows are read at a time."""
         f = control.workflow_filter(filters, load_input=False, load_output=False)
-        return exports.export_workflows(self._peer(), f, batch_size)
+        return transfer.export_workflows(self._peer(), f, batch_size)
 
     async def import_workflows(
         self,
@@ -608,7 +609,7 @@ class Operator(ScheduleOperator):
         :class:`~dbos_async.errors.WorkflowImportConflictError`. ``shard_key_of`` gives
         each workflow its key in a sharded target (how an unsharded database moves onto a
         sharded one); without it a sharded target takes the exported keys."""
-        return await exports.import_workflows(self._peer(), rows, shard_key_of, batch_size)
+        return await transfer.import_workflows(self._peer(), rows, shard_key_of, batch_size)
 
     async def queue_depths(self) -> dict[str, dict[str, int]]:
         """How many workflows wait or run on each queue: ``{queue name: {status: count}}``

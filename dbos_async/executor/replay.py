@@ -34,11 +34,11 @@ from dbos_async.executor.context import (
     current_workflow,
     running_workflow,
 )
-from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.handles import outcome_value
 from dbos_async.executor.peer import system_database_for
 from dbos_async.executor.registry import Registry
 from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.transfer import ExportedWorkflow
 from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.records import Outcome, StepRecord
 from dbos_async.sysdb.statements import ERROR, PORTABLE_JSON, SUCCESS

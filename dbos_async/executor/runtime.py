@@ -25,6 +25,7 @@ from dbos_async.sysdb.database import SystemDatabase
 from dbos_async.sysdb.executor_ids import ExecutorIdLock
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async.sysdb.records import VersionBacklog
+from dbos_async.sysdb.shard_keys import WorkflowAddress
 from dbos_async.sysdb.statements import QueueRecord
 
 State = Literal["starting", "running", "stopping", "closed"]
@@ -150,9 +151,9 @@ class Runtime:
 
     # ---- Workflows running here ----
 
-    def running(self) -> list[tuple[str, str | None]]:
+    def running(self) -> list[WorkflowAddress]:
         """The (workflow ID, shard key) of every execution running here."""
-        return list(self._running)
+        return [WorkflowAddress(*address) for address in self._running]
 
     def track(self, workflow_id: str, shard_key: str | None,
               result: asyncio.Future[Any]) -> None:

@@ -22,7 +22,7 @@ from dbos_async.errors import (
     WorkflowIDInUseError,
     workflow_id_taken,
 )
-from dbos_async.executor import tracing, workflows
+from dbos_async.executor import workflows
 from dbos_async.executor.authentication import (
     NO_AUTHENTICATION,
     Authentication,
@@ -44,6 +44,7 @@ from dbos_async.executor.recorded_errors import deserialize_error, recorded_erro
 from dbos_async.executor.registry import WorkflowInfo, instance_name
 from dbos_async.executor.runtime import Runtime
 from dbos_async.executor.serialization import Formats
+from dbos_async.executor.telemetry import tracing
 from dbos_async.sysdb.database import StartResult, StepRecord
 from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
 from dbos_async.sysdb.statements import (

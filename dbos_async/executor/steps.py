@@ -14,7 +14,6 @@ from dbos_async.errors import (
     StepRetriesExceededError,
     WorkflowCancelledError,
 )
-from dbos_async.executor import logs, observe
 from dbos_async.executor.authentication import (
     Authentication,
     RequiredRoles,
@@ -30,6 +29,7 @@ from dbos_async.executor.context import (
 )
 from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
 from dbos_async.executor.serialization import Signature
+from dbos_async.executor.telemetry import logs, observe
 from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock, after
 from dbos_async.sysdb.database import StepRecord
 from dbos_async.sysdb.statements import Payload

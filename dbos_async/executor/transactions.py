@@ -48,7 +48,7 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
-from dbos_async.executor import logs, observe, steps
+from dbos_async.executor import steps
 from dbos_async.executor.context import (
     WorkflowContext,
     current_workflow,
@@ -58,6 +58,7 @@ from dbos_async.executor.context import (
 from dbos_async.executor.recorded_errors import deserialize_error
 from dbos_async.executor.runtime import RuntimeSource
 from dbos_async.executor.serialization import Signature
+from dbos_async.executor.telemetry import logs, observe
 from dbos_async.sysdb.application import (
     ISOLATION_LEVELS,
     ApplicationDatabase,
@@ -67,6 +68,7 @@ from dbos_async.sysdb.application import (
     StoredOutput,
 )
 from dbos_async.sysdb.retry import is_transient
+from dbos_async.sysdb.shard_keys import WorkflowAddress
 from dbos_async.sysdb.statements import Checkpoint
 from dbos_async.validation import check_identifier
 
@@ -371,7 +373,7 @@ class _Attempt:
         """The user's SQL and its ``datasource_outputs`` row in one transaction on ``app``,
         committed inside the system database's fence (see the module's docstring)."""
         options = self.info.options
-        workflow = (self.ctx.workflow_id, self.ctx.shard_key)
+        workflow = WorkflowAddress(self.ctx.workflow_id, self.ctx.shard_key)
         async with app.transaction(options.isolation, options.read_only) as tx:
             if maybe_committed or not self.ctx.first_run:
                 stored = await self._guarded(

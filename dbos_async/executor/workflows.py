@@ -24,13 +24,13 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
-from dbos_async.executor import observe
 from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, authorize
 from dbos_async.executor.context import WorkflowContext, running_workflow
 from dbos_async.executor.handles import outcome_value
 from dbos_async.executor.recorded_errors import recorded_error
 from dbos_async.executor.registry import WorkflowInfo
 from dbos_async.executor.runtime import Runtime
+from dbos_async.executor.telemetry import observe
 from dbos_async.sysdb.database import StepRecord, WorkflowRow
 from dbos_async.sysdb.retry import outlasting_outages
 from dbos_async.sysdb.shard_keys import bind_shard_keys

@@ -22,7 +22,7 @@ from dbos_async.sysdb.connection import keep_session, parsed_url
 from dbos_async.sysdb.core import PooledConnection
 from dbos_async.sysdb.migrations import quote_schema
 from dbos_async.sysdb.retry import is_transient
-from dbos_async.sysdb.statements.base import Query, WorkflowRef
+from dbos_async.sysdb.statements.base import Query, WorkflowAddress
 from dbos_async.sysdb.statements.transactions import ApplicationStatements, checkpoint_id
 
 logger = logging.getLogger("dbos_async")
@@ -216,13 +216,13 @@ class ApplicationDatabase:
 
     # ---- Outcomes ----
 
-    async def record_output(self, conn: Connection, workflow: WorkflowRef,
+    async def record_output(self, conn: Connection, workflow: WorkflowAddress,
                             step_id: int, output: str | None, serialization: str) -> bool:
         """Record the output in the caller's transaction; False: a record was there."""
         q = self.sql.record_output(checkpoint_id(*workflow), step_id, output, serialization)
         return await conn.fetchrow(q.sql, *q.params) is not None
 
-    async def recorded_output(self, workflow: WorkflowRef, step_id: int,
+    async def recorded_output(self, workflow: WorkflowAddress, step_id: int,
                               conn: Connection | None = None) -> StoredOutput | None:
         """The outcome recorded for the step (in the caller's transaction, if given)."""
         q = self.sql.recorded_output(checkpoint_id(*workflow), step_id)
@@ -236,7 +236,7 @@ class ApplicationDatabase:
         return None if row is None else StoredOutput(row["output"], row["error"],
                                                      row["serialization"])
 
-    async def delete_outputs(self, workflows: Sequence[WorkflowRef], from_step: int = 0
+    async def delete_outputs(self, workflows: Sequence[WorkflowAddress], from_step: int = 0
                              ) -> None:
         """Forget these workflows' outcomes from step ``from_step`` on (retried through a
         lost connection: deleting again is harmless)."""
@@ -265,7 +265,7 @@ class ApplicationDatabase:
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as error:
             raise self.failure("deleting old outcomes", error) from error
 
-    async def export_outputs(self, workflow: WorkflowRef) -> list[dict[str, Any]]:
+    async def export_outputs(self, workflow: WorkflowAddress) -> list[dict[str, Any]]:
         """The workflow's rows, each of :data:`OUTPUT_COLUMNS`."""
         q = self.sql.export_outputs([checkpoint_id(*workflow)])
         try:
@@ -274,7 +274,7 @@ class ApplicationDatabase:
             raise self.failure("exporting outcomes", error) from error
         return [{column: r[column] for column in OUTPUT_COLUMNS} for r in rows]
 
-    async def import_outputs(self, workflow: WorkflowRef,
+    async def import_outputs(self, workflow: WorkflowAddress,
                              rows: Sequence[dict[str, Any]]) -> None:
         """Insert exported rows (each of :data:`OUTPUT_COLUMNS`); those there stand."""
         try:

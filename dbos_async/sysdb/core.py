@@ -29,7 +29,7 @@ from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payloa
 from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
-from dbos_async.sysdb.statements.templates import StatementTemplates
+from dbos_async.sysdb.writes.templates import StatementTemplates
 
 T = TypeVar("T")
 
@@ -105,7 +105,7 @@ class DatabaseCore:
         # Set by the executor once started; None means every wait polls.
         self.notifications: NotificationDispatcher | None = None
         # Whether the multi-table writes run as transactions of single-table statements
-        # (a sharded schema on Citus, read at open; see dbos_async/sysdb/routed.py).
+        # (a sharded schema on Citus, read at open; see dbos_async/sysdb/writes/routed.py).
         self.routes_single_tables = False
         # Where the schema is migrated and the executor IDs' advisory locks are held, which
         # every executor must see: the coordinator's URL on a Citus worker node (set at open).

@@ -1,32 +1,31 @@
 """The system database: an asyncpg pool and every operation on workflow rows.
 
 It stores and returns strings; serialization and types belong to the executor. The
-workflows' own statements (start, recovery, steps, outcome, messages, events, streams) are
-here; the operations on workflows as a whole are in :mod:`dbos_async.sysdb.operations` and
-the queues' in :mod:`dbos_async.sysdb.queues`.
+workflows' own statements (start, steps, outcome) are here; each other feature's are a
+family of their own, joined here as mixins: messaging (:mod:`dbos_async.sysdb.messaging`),
+recovery (:mod:`dbos_async.sysdb.recovery`), management (:mod:`dbos_async.sysdb.management`),
+queues, schedules, transfer, observability, and the write path
+(:mod:`dbos_async.sysdb.writes`: fenced writes, group commit, the Citus forms).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
 
 from dbos_async.errors import (
     DBOSError,
-    NondeterminismError,
     NonExistentWorkflowError,
     WorkflowCancelledError,
     WorkflowConflictError,
     workflow_id_taken,
 )
-from dbos_async.sysdb.admin import AdminOperations
 from dbos_async.sysdb.application import (
     Connection,
     IsolationLevel,
@@ -35,15 +34,15 @@ from dbos_async.sysdb.application import (
 )
 from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
 from dbos_async.sysdb.connection import parsed_url
-from dbos_async.sysdb.exports import ExportOperations
-from dbos_async.sysdb.group_commit import GroupCommit
+from dbos_async.sysdb.management.admin import AdminOperations
+from dbos_async.sysdb.management.operations import JobConnection, WorkflowOperations
+from dbos_async.sysdb.messaging import MessagingOperations
 from dbos_async.sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
 from dbos_async.sysdb.observability import ObservabilityOperations
-from dbos_async.sysdb.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.queues import QueueOperations
 from dbos_async.sysdb.records import (
     BatchStart,
@@ -55,12 +54,12 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
-from dbos_async.sysdb.routed import Program, Results, RoutedWrites, Row, ran_whole
+from dbos_async.sysdb.recovery import RecoveryOperations
 from dbos_async.sysdb.schedules import ScheduleOperations
 from dbos_async.sysdb.shard_keys import (
     WorkflowAddress,
     bind_shard_keys,
-    cleared_shard_keys,
+    by_key,
     shard_key_scope,
 )
 from dbos_async.sysdb.statements import (
@@ -68,17 +67,25 @@ from dbos_async.sysdb.statements import (
     ERROR,
     PENDING,
     PORTABLE_JSON,
-    SEND_BULK,
     SUCCESS,
     Checkpoint,
     FinalOutcome,
     NewWorkflow,
-    OutgoingMessage,
     ParentStep,
     Payload,
     Query,
-    WorkflowRef,
 )
+from dbos_async.sysdb.transfer import TransferOperations
+from dbos_async.sysdb.writes.fenced import (
+    FencedWrites,
+    Keyed,
+    KeyGroup,
+    batch_verdicts,
+    keys_given,
+    programs_landed,
+)
+from dbos_async.sysdb.writes.group_commit import GroupCommit
+from dbos_async.sysdb.writes.routed import RoutedWrites, Row
 
 __all__ = [
     "BatchStart",
@@ -94,62 +101,12 @@ logger = logging.getLogger("dbos_async")
 
 T = TypeVar("T")
 
-KeyGroup = tuple[list[int], str | None]
-"""Rows of a batch (their indexes) under one shard key, and the key: one statement's rows."""
-
-Keyed = tuple[str | None, T]
-"""A row to write and the shard key of its workflow (None unsharded)."""
-
-
-def _by_key(keys: Sequence[str | None]) -> list[KeyGroup]:
-    """The indexes of a batch's rows grouped by their keys, in order of first appearance."""
-    groups: dict[str | None, list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
-    return [(indexes, key) for key, indexes in groups.items()]
-
-
-def _verdicts(rows: Sequence[Keyed[T]],
-              found: Mapping[str | None, Sequence[Row] | Exception],
-              of_row: Callable[[str | None, T], Hashable],
-              of_record: Callable[[Row], Hashable]) -> list[bool | BaseException]:
-    """Per row of a group-commit batch: whether its write landed (its identity is among
-    the rows its key's statement read back), or the error that ended that key's
-    transaction. Of two rows claiming one write, the first landed."""
-    landed = {of_record(r) for outcome in found.values()
-              if not isinstance(outcome, Exception) for r in outcome}
-    verdicts: list[bool | BaseException] = []
-    for key, row in rows:
-        outcome = found[key]
-        if isinstance(outcome, Exception):
-            verdicts.append(outcome)
-            continue
-        identity = of_row(key, row)
-        verdicts.append(identity in landed)
-        landed.discard(identity)
-    return verdicts
-
-
-def _keys_given(rows: Sequence[Keyed[T]]) -> list[str] | None:
-    """Each row's key, or None if a row has none (then it cannot be placed in a shard)."""
-    keys = [key for key, _ in rows if key is not None]
-    return keys if len(keys) == len(rows) else None
-
-
 def _with_child_key(key: str, r: Checkpoint) -> Checkpoint:
     """``r`` naming its child's key: the parent's (``key``) unless it names another, as a
     batch of one key's scope reads it."""
     if r.child_workflow_id is None or r.child_shard_key is not None:
         return r
     return dataclasses.replace(r, child_shard_key=key)
-
-
-def _landed(programs: Sequence[tuple[WorkflowRef, Program]],
-            found: Sequence[Results | Exception]) -> list[bool | BaseException]:
-    """Per routed write of a group-commit batch: whether it landed whole, or the error
-    that ended it."""
-    return [results if isinstance(results, Exception) else ran_whole(program, results)
-            for (_, program), results in zip(programs, found, strict=True)]
 
 
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
@@ -191,8 +148,9 @@ class _NotRecorded(Exception):
     """The parent's checkpoint of a batch did not land: roll the batch back."""
 
 
-class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, ScheduleOperations,
-                     AdminOperations, ExportOperations, ObservabilityOperations):
+class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, RoutedWrites,
+                     WorkflowOperations, QueueOperations, ScheduleOperations, AdminOperations,
+                     TransferOperations, ObservabilityOperations):
     """Every statement of the system database, run on one asyncpg pool with retries."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -202,31 +160,22 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         self._checkpoints = GroupCommit[Keyed[Checkpoint], bool](self._write_checkpoints)
         self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
-        self._sends = GroupCommit[Keyed[OutgoingMessage], bool](self._write_sends)
 
 
     async def dequeue_scopes(self, queue_name: str) -> list[str]:
         """The shard keys with ENQUEUED work on the queue (sharded databases). On Citus,
         read from each node's own shards, so a node out of reach hides only its own keys
-        (see :meth:`~dbos_async.sysdb.routed.RoutedWrites._read_each_node`)."""
+        (see :meth:`~dbos_async.sysdb.writes.routed.RoutedWrites._read_each_node`)."""
         if not self.routes_single_tables:
             return await super().dequeue_scopes(queue_name)
         rows = await self._read_each_node(
             lambda shard_ids: self.sql.dequeue_scopes_on_shards(queue_name, shard_ids),
             "reading dequeue scopes")
         return [row["shard_key"] for row in rows]
-    async def _lane(self, shard_key: str | None) -> Hashable:
-        """The group-commit lane of a write under ``shard_key``: on Citus one per node
-        (the batch goes to the node holding its keys, one program per write, see routed);
-        on PostgreSQL one for every key (one statement per key, see _fetch_per_key). Each
-        batch goes in one round trip."""
-        return await self.node_of(shard_key)
-
     async def close(self) -> None:
         await self._starts.aclose()
         await self._checkpoints.aclose()
         await self._outcomes.aclose()
-        await self._sends.aclose()
         await super().close()
 
     # ---- Workflows ----
@@ -283,9 +232,9 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         only one to fail."""
         if self.routes_single_tables:
             return await self._write_starts_routed(rows)
-        firsts: dict[WorkflowRef, int] = {}
+        firsts: dict[WorkflowAddress, int] = {}
         for i, (wf, _) in enumerate(rows):
-            firsts.setdefault((wf.workflow_id, wf.shard_key), i)
+            firsts.setdefault(WorkflowAddress(wf.workflow_id, wf.shard_key), i)
         if len(firsts) < 2:
             return [await self._start_alone(wf, xid) for wf, xid in rows]
         batch = [rows[i] for i in firsts.values()]
@@ -308,14 +257,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                     started[i] = StartResult(workflow_row(r), r["creator_xid"] == batch[i][1])
         results = [started[i] for i in range(len(batch))]
         for i, (wf, xid) in enumerate(rows):
-            if firsts[wf.workflow_id, wf.shard_key] != i:
+            if firsts[WorkflowAddress(wf.workflow_id, wf.shard_key)] != i:
                 results.insert(i, await self._start_alone(wf, xid))
         return results
 
     async def _write_starts_routed(self, rows: Sequence[tuple[NewWorkflow, str]]
                                    ) -> list[StartResult | BaseException]:
         """:meth:`_write_starts` on Citus: one program per start, all in one round trip."""
-        programs = [((wf.workflow_id, wf.shard_key), self._start_program(wf, xid))
+        programs = [(WorkflowAddress(wf.workflow_id, wf.shard_key), self._start_program(wf, xid))
                     for wf, xid in rows]
         found = await self._routed_many(programs, f"starting {len(rows)} workflows")
         started: list[StartResult | BaseException] = []
@@ -413,10 +362,8 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         created: HoldersCreated = {}
         pending = list(range(len(rows)))
         for _ in range(10):
-            groups: dict[str | None, list[int]] = {}
-            for i in pending:
-                groups.setdefault(rows[i][0].shard_key, []).append(i)
-            per_key = [(indexes, key) for key, indexes in groups.items()]
+            per_key = [(indexes, key) for key, indexes
+                       in by_key((rows[i][0].shard_key, i) for i in pending).items()]
             fetched = await run(per_key)
             pending = []
             for (indexes, _), found in zip(per_key, fetched, strict=True):
@@ -690,23 +637,24 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             return r.get("shard_key"), r["workflow_uuid"], r["function_id"]
 
         if self.routes_single_tables:
-            keys = _keys_given(rows)
+            keys = keys_given(rows)
             found = None if keys is None else await self._batch_on_shards(
                 keys, lambda indexes: self.sql.record_steps(
                     [_with_child_key(keys[i], rows[i][1]) for i in indexes],
                     [keys[i] for i in indexes]), what)
             if found is not None:
-                return _verdicts(rows, found, of_row, of_record)
+                return batch_verdicts(rows, found, of_row, of_record)
             programs = []
             for key, r in rows:
-                with WorkflowAddress(r.workflow_id, key).routed():
-                    programs.append(((r.workflow_id, key), self._checkpoint_program(r)))
-            return _landed(programs, await self._routed_many(programs, what))
+                address = WorkflowAddress(r.workflow_id, key)
+                with address.routed():
+                    programs.append((address, self._checkpoint_program(r)))
+            return programs_landed(programs, await self._routed_many(programs, what))
         _, statements = self._per_key(
             rows, lambda key, r: self.templates.query("record_step", one, key, r),
             lambda key, group: self.sql.record_steps(group))
         found = await self._fetch_per_key(statements, what)
-        return _verdicts(rows, found, of_row, of_record)
+        return batch_verdicts(rows, found, of_row, of_record)
 
     async def record_outcome(
         self,
@@ -732,7 +680,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         row by row; on Citus, where no shard can be named, one program per outcome."""
         verdicts: list[bool | BaseException]
         at = self.clock.now_ms()
-        keys = _keys_given(rows) if self.routes_single_tables else None
+        keys = keys_given(rows) if self.routes_single_tables else None
         distinct = len({(key, r.workflow_id) for key, r in rows}) == len(rows)
         found = None
         if keys is not None and distinct:
@@ -743,10 +691,11 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         if found is None and self.routes_single_tables:
             programs = []
             for key, r in rows:
-                with WorkflowAddress(r.workflow_id, key).routed():
-                    programs.append(((r.workflow_id, key), self._outcome_program(r, at)))
+                address = WorkflowAddress(r.workflow_id, key)
+                with address.routed():
+                    programs.append((address, self._outcome_program(r, at)))
             what = f"recording {len(rows)} outcomes"
-            verdicts = _landed(programs, await self._routed_many(programs, what))
+            verdicts = programs_landed(programs, await self._routed_many(programs, what))
         elif found is None and not distinct:
             verdicts = [await self._write_outcome(key, r) for key, r in rows]
         else:
@@ -762,7 +711,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                 what = (f"recording the outcome of {rows[0][1].workflow_id}" if len(rows) == 1
                         else f"recording {len(rows)} outcomes")
                 found = await self._fetch_per_key(statements, what)
-            verdicts = _verdicts(rows, found, lambda key, r: (key, r.workflow_id),
+            verdicts = batch_verdicts(rows, found, lambda key, r: (key, r.workflow_id),
                                  lambda r: (r.get("shard_key"), r["workflow_uuid"]))
         for (key, row), landed in zip(rows, verdicts, strict=True):
             if landed is True:
@@ -775,24 +724,6 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                                             r.error, self.clock.now_ms())
         row = await self._fetchrow(query, f"recording the outcome of {r.workflow_id}")
         return row is not None
-
-    def _per_key(self, rows: Sequence[Keyed[T]], one: Callable[[str | None, T], Query],
-                 batch: Callable[[str | None, list[T]], Query]
-                 ) -> tuple[list[KeyGroup], list[tuple[str | None, Query]]]:
-        """The statements of a group-commit batch, one per key, and the rows (indexes) each
-        writes: where every key holds one row (a lone write, or workflows spread over many
-        keys), each row's single-row statement ``one``, which costs the server less to run
-        than the array form ``batch`` takes for several rows of a key. Every statement
-        reads back each written row's ID and key, whatever its form."""
-        groups = _by_key([key for key, _ in rows])
-        statements = []
-        for indexes, key in groups:
-            if len(groups) == len(rows):
-                statements.append((key, one(*rows[indexes[0]])))
-                continue
-            with cleared_shard_keys(), shard_key_scope(key):
-                statements.append((key, batch(key, [rows[i][1] for i in indexes])))
-        return groups, statements
 
     async def get_workflow(
         self, workflow_id: str, *, load_input: bool = False, load_output: bool = False
@@ -807,477 +738,22 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             return None
         return Outcome(row.name, row.status, row.output, row.error, row.serialization)
 
-    # ---- Recovery (see dbos_async/executor/recovery.py) ----
-
-    async def _each_pending_key(self, executor_id: str, application_version: str | None,
-                                exclude: Sequence[WorkflowRef], failover: bool, what: str,
-                                statement: Callable[[Sequence[WorkflowRef]], Query],
-                                retried: bool = True) -> list[Row]:
-        """The rows of ``statement`` (a recovery statement, built under the current
-        shard-key scope), run once over every key; or on Citus once per key of
-        ``executor_id``'s PENDING workflows (read from each node's own shards), each on the
-        key's shard's own tables (see ``_rows_on_shard``), so a node out of reach stops only
-        its keys' recovery. There,
-        in ``failover`` (another, dead executor's workflows), a key whose statement fails
-        is left with a warning: its rows stay the dead executor's, and the next scan finds
-        them again. Recovering its own, an executor raises the first such error once every
-        key was tried: what it claimed stays its own and a retry claims it again. Without
-        ``retried``, a statement is sent once (see :meth:`claim_pending`)."""
-        if not self.routes_single_tables:
-            query = statement(exclude)
-            send = functools.partial(self.pool.fetch, query.sql, *query.params)
-            return list(await (self._retried(what, send) if retried
-                               else self._once(what, send)))
-        keys = await self._read_each_node(
-            lambda shard_ids: self.sql.pending_keys_on_shards(executor_id,
-                                                              application_version, shard_ids),
-            f"listing the keys of executor {executor_id}'s pending workflows")
-        found: list[Row] = []
-        failed: Exception | None = None
-        for key in sorted({row["shard_key"] for row in keys}):
-            with shard_key_scope(key):
-                query = statement([ref for ref in exclude if ref[1] == key])
-            try:
-                found += await self._rows_on_shard(key, query, what, retried)
-            except Exception as error:
-                if not failover:
-                    failed = failed or error
-                    continue
-                logger.warning("%s under shard key %r failed; left for the next failover "
-                               "scan: %s", what, key, error)
-        if failed is not None:
-            raise failed
-        return found
-
-    async def claim_pending(
-        self, executor_id: str, application_version: str | None,
-        exclude: Sequence[WorkflowRef] = (), to_executor_id: str | None = None,
-    ) -> list[WorkflowRow]:
-        now_ms = self.clock.now_ms()
-        # Not retried: a lost reply would leave rows claimed under tokens we never learned;
-        # a recovery run again (start-up retries it) claims them afresh.
-        rows = await self._each_pending_key(
-            executor_id, application_version, exclude,
-            to_executor_id not in (None, executor_id), "claiming pending workflows",
-            lambda excluded: self.sql.claim_pending(executor_id, application_version, now_ms,
-                                                    excluded, to_executor_id),
-            retried=False)
-        return [workflow_row(row) for row in rows]
-
-    async def executors_with_pending(self, application_version: str | None,
-                                     own_executor_id: str) -> list[str]:
-        """The other executors with PENDING workflows of this version (failover's
-        candidates). On Citus, read from each node's own shards: a node out of reach hides
-        only its keys' executors."""
-        what = "listing executors with pending workflows"
-        if self.routes_single_tables:
-            rows = await self._read_each_node(
-                lambda shard_ids: self.sql.executors_with_pending_on_shards(
-                    application_version, own_executor_id, shard_ids), what)
-            return sorted({row["executor_id"] for row in rows})
-        query = self.sql.executors_with_pending(application_version, own_executor_id)
-        return [row["executor_id"] for row in await self._fetch(query, what)]
-
-    async def requeue_pending(self, executor_id: str, application_version: str | None,
-                              exclude: Sequence[WorkflowRef] = (), *, failover: bool = False
-                              ) -> list[tuple[str, str]]:
-        """Re-enqueue this executor's PENDING queued workflows: [(workflow, queue)]."""
-        now_ms = self.clock.now_ms()
-        rows = await self._each_pending_key(
-            executor_id, application_version, exclude, failover,
-            "re-enqueuing pending workflows",
-            lambda excluded: self.sql.requeue_pending(executor_id, application_version,
-                                                      now_ms, excluded))
-        return [(row["workflow_uuid"], row["queue_name"]) for row in rows]
-
-    async def dead_letter_pending(self, executor_id: str, application_version: str | None,
-                                  max_attempts: int, exclude: Sequence[WorkflowRef] = (),
-                                  limits: Mapping[str, int] | None = None, *,
-                                  failover: bool = False) -> list[tuple[str, str | None]]:
-        """Dead-letter this executor's workflows past ``max_attempts`` (or their name's
-        limit in ``limits``): [(workflow, key)]."""
-        now_ms = self.clock.now_ms()
-        rows = await self._each_pending_key(
-            executor_id, application_version, exclude, failover, "dead-lettering workflows",
-            lambda excluded: self.sql.dead_letter_pending(executor_id, application_version,
-                                                          max_attempts, now_ms, excluded,
-                                                          limits))
-        return [(row["workflow_uuid"], row.get("shard_key")) for row in rows]
-
-    # ---- Fenced writes (steps too), messages, events and streams ----
-
-    def _check_fence(self, row: Row | None, workflow_id: str) -> bool:
-        """Raise if the fenced write found the workflow gone, cancelled or owned elsewhere."""
-        if row is None:
-            raise NonExistentWorkflowError(workflow_id)
-        if row["status"] == CANCELLED:
-            raise WorkflowCancelledError(workflow_id)
-        if row["status"] != PENDING or not row["owned"]:
-            raise WorkflowConflictError(workflow_id)
-        return bool(row["inserted"])
-
-    async def _recorded_or_existing(
-        self, row: Row | None, workflow_id: str, function_id: int, function_name: str
-    ) -> StepRecord | None:
-        """None if this statement recorded the step; else the record already there."""
-        if self._check_fence(row, workflow_id):
-            return None
-        record = await self._existing_step(workflow_id, function_id, function_name)
-        if record is None:
-            raise RuntimeError(f"Step {function_id} of {workflow_id} vanished while recorded")
-        return record
-
-    async def _existing_step(self, workflow_id: str, function_id: int, function_name: str
-                             ) -> StepRecord | None:
-        """The step recorded at ``function_id`` (None if none), which must be ``function_name``."""
-        row = await self._fetchrow(
-            self.sql.get_checkpoint(workflow_id, function_id), "reading a checkpoint"
-        )
-        if row is None:
-            return None
-        record = StepRecord(**dict(row))
-        if record.function_name != function_name:
-            raise NondeterminismError(workflow_id, function_id, record.function_name, function_name)
-        return record
-
-    async def _fetchrow_fk(self, query: Query, what: str, destination_id: str
-                           ) -> asyncpg.Record | None:
-        try:
-            return await self._fetchrow(query, what)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(destination_id) from None
-
-    async def send(self, destination_id: str, message_uuid: str, topic: str, message: Payload
-                   ) -> None:
-        """Send from outside a workflow; idempotent by ``message_uuid``. The sends made
-        together go as one statement per key (group commit; on Citus, each alone): each
-        caller continues once its message has committed, exactly as alone."""
-        if self.routes_single_tables:
-            query = self.sql.send_message(destination_id, message_uuid, topic, message)
-            try:
-                await self._execute(query, f"sending to {destination_id}")
-            except asyncpg.ForeignKeyViolationError:
-                raise NonExistentWorkflowError(destination_id) from None
-            return
-        key = self.sql.key_hint(destination_id)
-        outgoing = OutgoingMessage(destination_id, message_uuid, topic, message.text, key,
-                                   message.serialization)
-        await self._sends.submit(await self._lane(key), (key, outgoing))
-
-    async def _write_sends(self, lane: Hashable, rows: Sequence[Keyed[OutgoingMessage]]
-                           ) -> list[bool | BaseException]:
-        """One group-commit batch of sends from outside workflows, one statement per key. A
-        key's statement that fails the foreign key (a destination is missing) wrote none of
-        its rows: they go again one by one, so only a send to a missing workflow fails."""
-        groups, statements = self._per_key(
-            rows, lambda key, m: self.sql.send_messages([m], key),
-            lambda key, group: self.sql.send_messages(group, key))
-        found = await self._fetch_per_key(statements, f"sending {len(rows)} messages")
-        verdicts: list[bool | BaseException] = [True] * len(rows)
-        for indexes, key in groups:
-            refused = found[key]
-            if not isinstance(refused, Exception):
-                continue
-            for i in indexes:
-                verdicts[i] = (await self._send_alone(rows[i][1])
-                               if isinstance(refused, asyncpg.ForeignKeyViolationError)
-                               else refused)
-        return verdicts
-
-    async def _send_alone(self, m: OutgoingMessage) -> bool | BaseException:
-        """A send of a refused batch, on its own: True once written, or why not."""
-        try:
-            await self._execute(self.sql.send_messages([m], m.shard_key),
-                                f"sending to {m.destination_id}")
-        except asyncpg.ForeignKeyViolationError:
-            return NonExistentWorkflowError(m.destination_id)
-        except Exception as error:
-            return error
-        return True
-
-    async def send_fenced(self, workflow_id: str, owner_xid: str, destination_id: str,
-                          message_uuid: str, topic: str, message: Payload) -> None:
-        if self.routes_single_tables:
-            sent = self.sql.send_message(destination_id, message_uuid, topic, message)
-            try:
-                row = await self._send_fenced_routed(workflow_id, owner_xid, sent)
-            except asyncpg.ForeignKeyViolationError:
-                raise NonExistentWorkflowError(destination_id) from None
-            self._check_fence(row, workflow_id)
-            return
-        query = self.sql.send_message_fenced(workflow_id, owner_xid, destination_id,
-                                             message_uuid, topic, message)
-        row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
-        self._check_fence(row, workflow_id)
-
-    async def send_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                            destination_id: str, message_uuid: str, topic: str, message: Payload
-                            ) -> StepRecord | None:
-        if self.routes_single_tables:
-            return await self.send_recorded_across(
-                WorkflowAddress(workflow_id, self.sql.key_hint(workflow_id)), function_id,
-                owner_xid, WorkflowAddress(destination_id, self.sql.key_hint(destination_id)),
-                message_uuid, topic, message)
-        query = self.sql.send_message_recorded(workflow_id, function_id, owner_xid,
-                                               destination_id, message_uuid, topic, message,
-                                               self.clock.now_ms())
-        row = await self._fetchrow_fk(query, f"sending to {destination_id}", destination_id)
-        return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.send")
-
-    async def send_recorded_across(self, sender: WorkflowAddress, function_id: int,
-                                   owner_xid: str, destination: WorkflowAddress,
-                                   message_uuid: str, topic: str, message: Payload
-                                   ) -> StepRecord | None:
-        """A workflow's send to a workflow under another shard key: the sender's checkpoint
-        and the message, one statement per key, in one transaction, so the message lands
-        only with the checkpoint. Each statement is built under its own key alone: the
-        destination may have the sender's ID."""
-        now = self.clock.now_ms()
-        with sender.routed():
-            checkpoint = self.sql.record_step(sender.workflow_id, function_id, "DBOS.send",
-                                              owner_xid, None, None, now, now)
-        with destination.routed():
-            sent = self.sql.send_message(destination.workflow_id, message_uuid, topic, message)
-
-        async def attempt() -> bool:
-            async with self.locking_transaction() as conn:
-                if await conn.fetchrow(checkpoint.sql, *checkpoint.params) is None:
-                    return False  # nothing to send: not ours, or sent already
-                await conn.execute(sent.sql, *sent.params)
-                return True
-
-        what = f"sending to {destination.workflow_id}"
-        try:
-            if await self._retried(what, attempt):
-                return None
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(destination.workflow_id) from None
-        with sender.routed():
-            verdict = await self._fetchrow(
-                self.sql.fence_verdict(sender.workflow_id, owner_xid), what)
-            return await self._recorded_or_existing(verdict, sender.workflow_id, function_id,
-                                                    "DBOS.send")
-
-    async def send_many(self, messages: Sequence[OutgoingMessage], *,
-                        sender: WorkflowAddress | None = None, owner_xid: str | None = None,
-                        function_id: int | None = None,
-                        function_name: str = SEND_BULK) -> StepRecord | None:
-        """Insert a batch of messages: one statement per shard key (one in all, unsharded),
-        in one transaction, so the batch lands whole or not at all. From a workflow
-        (``sender`` with ``function_id``) the statement of the sender's key also records
-        its checkpoint and the other keys' messages are written only if it landed; from a
-        step (``sender`` without ``function_id``) they land only while its execution owns
-        the workflow. Returns the checkpoint a replay found already recorded. A missing
-        destination raises :class:`NonExistentWorkflowError` naming every missing one."""
-        groups: dict[str | None, list[OutgoingMessage]] = {}
-        for m in messages:
-            groups.setdefault(m.shard_key, []).append(m)
-        attempt: Callable[[], Awaitable[Row | None]] = (
-            self._send_many_routed(groups, sender, owner_xid, function_id, self.clock.now_ms(),
-                                   function_name)
-            if self.routes_single_tables
-            else self._send_many_attempt(groups, sender, owner_xid, function_id,
-                                         function_name))
-
-        destinations = sorted({m.destination_id for m in messages})
-        what = f"sending to {', '.join(destinations)}"
-        try:
-            verdict = await self._retried(what, attempt)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(await self._missing(messages)) from None
-        if sender is None:
-            return None
-        with sender.routed():
-            if function_id is None:
-                self._check_fence(verdict, sender.workflow_id)
-                return None
-            return await self._recorded_or_existing(verdict, sender.workflow_id,
-                                                    function_id, function_name)
-
-    def _send_many_attempt(self, groups: dict[str | None, list[OutgoingMessage]],
-                           sender: WorkflowAddress | None, owner_xid: str | None,
-                           function_id: int | None, function_name: str
-                           ) -> Callable[[], Awaitable[asyncpg.Record | None]]:
-        """:meth:`send_many`'s attempt: one statement per key, the sender's key's fenced
-        (and, from a workflow, recording the checkpoint)."""
-        head: Query | None = None
-        if sender is not None:
-            own = groups.pop(sender.shard_key, [])
-            assert owner_xid is not None
-            with sender.routed():
-                head = (self.sql.send_messages_recorded(sender.workflow_id, function_id,
-                                                        owner_xid, own, self.clock.now_ms(),
-                                                        function_name)
-                        if function_id is not None
-                        else self.sql.send_messages_fenced(sender.workflow_id, owner_xid, own))
-        rest = [self.sql.send_messages(batch, key) for key, batch in groups.items()]
-
-        async def attempt() -> asyncpg.Record | None:
-            alone = [head] if head is not None else []
-            if len(alone) + len(rest) == 1:  # one key: one autocommit statement
-                q = (alone or rest)[0]
-                return await self.pool.fetchrow(q.sql, *q.params)
-            async with self.locking_transaction() as conn:
-                verdict = await conn.fetchrow(head.sql, *head.params) if head else None
-                if verdict is not None and not (
-                        verdict["status"] == PENDING and verdict["owned"]
-                        and (function_id is None or verdict["inserted"])):
-                    return verdict  # not ours, or sent already: nothing more to write
-                for q in rest:
-                    await conn.execute(q.sql, *q.params)
-                return verdict
-
-        return attempt
-
-    async def send_many_on(self, conn: asyncpg.Connection,
-                           messages: Sequence[OutgoingMessage]) -> None:
-        """Insert a batch of messages on the caller's connection, inside the transaction it
-        holds (see :meth:`send_on`): one statement per shard key; on a sharded schema the
-        receivers' notifications are queued in that transaction too."""
-        groups: dict[str | None, list[OutgoingMessage]] = {}
-        for m in messages:
-            groups.setdefault(m.shard_key, []).append(m)
-        try:
-            batches = (self._message_batches(groups) if self.routes_single_tables
-                       else [self.sql.send_messages(batch, key) for key, batch in groups.items()])
-            for q in batches:
-                await conn.execute(q.sql, *q.params)
-        except asyncpg.ForeignKeyViolationError:
-            raise NonExistentWorkflowError(await self._missing(messages)) from None
-        if self.sharded:
-            for m in messages:
-                with WorkflowAddress(m.destination_id, m.shard_key).routed():
-                    q = self.sql.notify_with_transaction(
-                        NOTIFICATIONS_CHANNEL, self.waiter_key(m.destination_id, m.topic))
-                await conn.execute(q.sql, *q.params)
-
-    async def _missing(self, messages: Sequence[OutgoingMessage]) -> str:
-        """The destinations of these messages that do not exist, for the error."""
-        missing: list[str] = []
-        keys: dict[str | None, set[str]] = {}
-        for m in messages:
-            keys.setdefault(m.shard_key, set()).add(m.destination_id)
-        for key, ids in keys.items():
-            with cleared_shard_keys(), bind_shard_keys(dict.fromkeys(ids, key)):
-                found = {r["workflow_uuid"] for r in await self._fetch(
-                    self.sql.existing(sorted(ids)), "reading destinations")}
-            missing += sorted(ids - found)
-        return ", ".join(missing)
-
-    async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
-                              topic: str) -> tuple[bool, str | None, str | None]:
-        """recv's consuming write: (found, message, serialization); found is False if none."""
-        row: Row | None
-        if self.routes_single_tables:
-            row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
-                                                     topic, self.clock.now_ms())
-        else:
-            query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic,
-                                             self.clock.now_ms())
-            row = await self._fetchrow(query, f"receiving for {workflow_id}")
-        self._check_fence(row, workflow_id)
-        assert row is not None
-        if row["inserted"]:
-            return True, row["message"], row["serialization"]
-        if row["recorded"]:
-            record = await self._existing_step(workflow_id, function_id, "DBOS.recv")
-            if record is not None:
-                return True, record.output, record.serialization
-        return False, None, None
-
-    async def set_event_recorded(self, workflow_id: str, function_id: int, owner_xid: str,
-                                 key: str, value: Payload) -> StepRecord | None:
-        row: Row | None
-        if self.routes_single_tables:
-            row = await self._set_event_routed(workflow_id, owner_xid, key, value,
-                                               function_id, self.clock.now_ms())
-        else:
-            query = self.sql.set_event_recorded(workflow_id, function_id, owner_xid, key,
-                                                value, self.clock.now_ms())
-            row = await self._fetchrow(query, f"setting event {key!r} of {workflow_id}")
-        return await self._recorded_or_existing(row, workflow_id, function_id, "DBOS.setEvent")
-
-    async def set_event_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload
-                               ) -> None:
-        if self.routes_single_tables:
-            self._check_fence(await self._set_event_routed(workflow_id, owner_xid, key, value,
-                                                           None, self.clock.now_ms()), workflow_id)
-            return
-        query = self.sql.set_event_fenced(workflow_id, owner_xid, key, value)
-        self._check_fence(await self._fetchrow(query, f"setting event {key!r}"), workflow_id)
-
-    async def get_event(self, workflow_id: str, key: str) -> tuple[str, str | None] | None:
-        row = await self._fetchrow(self.sql.get_event(workflow_id, key), "reading an event")
-        return (row["value"], row["serialization"]) if row is not None else None
-
-    async def get_all_events(self, workflow_id: str) -> list[tuple[str, str, str | None]]:
-        rows = await self._fetch(self.sql.get_all_events(workflow_id), "reading events")
-        return [(row["key"], row["value"], row["serialization"]) for row in rows]
-
-    async def _write_stream(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
-                            function_id: int, function_name: str | None) -> Row | None:
-        """A stream write; with ``function_name``, the workflow's own, recorded."""
-        if self.routes_single_tables:
-            at = self.clock.now_ms()
-
-            def write() -> Awaitable[Row | None]:
-                return self._write_stream_routed(workflow_id, owner_xid, key, value,
-                                                 function_id, function_name, at)
-        else:
-            query = (self.sql.write_stream_recorded(workflow_id, function_id, function_name,
-                                                    owner_xid, key, value, self.clock.now_ms())
-                     if function_name is not None else
-                     self.sql.write_stream_fenced(workflow_id, owner_xid, key, value,
-                                                  function_id))
-
-            def write() -> Awaitable[Row | None]:
-                return self._fetchrow(query, f"writing stream {key!r} of {workflow_id}")
-        # Two writers can derive the same next offset; the loser fails the primary key (the
-        # whole statement rolls back) and simply runs again.
-        for _ in range(100):
-            try:
-                return await write()
-            except asyncpg.UniqueViolationError:
-                await asyncio.sleep(0)
-        raise RuntimeError(f"Could not append to stream {key!r} of {workflow_id}")
-
-    async def write_stream_recorded(self, workflow_id: str, function_id: int,
-                                    function_name: str, owner_xid: str, key: str, value: Payload
-                                    ) -> StepRecord | None:
-        row = await self._write_stream(workflow_id, owner_xid, key, value, function_id,
-                                       function_name)
-        return await self._recorded_or_existing(row, workflow_id, function_id, function_name)
-
-    async def write_stream_fenced(self, workflow_id: str, owner_xid: str, key: str, value: Payload,
-                                  function_id: int = 0) -> None:
-        self._check_fence(await self._write_stream(workflow_id, owner_xid, key, value,
-                                                   function_id, None), workflow_id)
-
-    async def read_stream_value(self, workflow_id: str, key: str, offset: int
-                                ) -> tuple[str | None, str | None, str | None, bool]:
-        """(writer status or None if no workflow, value, serialization, whether found)."""
-        row = await self._fetchrow(self.sql.read_stream_value(workflow_id, key, offset),
-                                   "reading a stream")
-        if row is None:
-            return None, None, None, False
-        found = row["stream_offset"] is not None
-        return row["status"], row["value"], row["serialization"], found
-
-    async def finished_first(self, refs: Sequence[WorkflowRef]
-                             ) -> tuple[WorkflowRef | None, list[WorkflowRef]]:
+    async def finished_first(self, refs: Sequence[WorkflowAddress]
+                             ) -> tuple[WorkflowAddress | None, list[WorkflowAddress]]:
         """The first of these workflows to have finished (None if none has), and those
         that do not exist, in one query."""
         rows = await self._fetch(self.sql.finished_first(refs), "reading statuses")
         found = {(r["workflow_uuid"], r.get("shard_key")) for r in rows}
         first = rows[0] if rows and rows[0]["finished"] else None
-        return ((first["workflow_uuid"], first.get("shard_key")) if first is not None else None,
+        return (WorkflowAddress(first["workflow_uuid"], first.get("shard_key"))
+                if first is not None else None,
                 [ref for ref in refs if ref not in found])
 
-    async def fork_descendants(self, refs: Sequence[WorkflowRef]
-                               ) -> dict[WorkflowRef, list[WorkflowRef]]:
+    async def fork_descendants(self, refs: Sequence[WorkflowAddress]
+                               ) -> dict[WorkflowAddress, list[WorkflowAddress]]:
         """Every workflow forked from each of these, recursively (forks of forks), read
         one level of the fork forest per query for all of them at once."""
-        children: dict[WorkflowRef, list[WorkflowRef]] = {}
+        children: dict[WorkflowAddress, list[WorkflowAddress]] = {}
         seen = set(refs)
         frontier = list(dict.fromkeys(refs))
         while frontier:
@@ -1285,14 +761,14 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             frontier = []
             for r in rows:
                 key = r.get("shard_key")
-                child: WorkflowRef = (r["workflow_uuid"], key)
-                children.setdefault((r["forked_from"], key), []).append(child)
+                child = WorkflowAddress(r["workflow_uuid"], key)
+                children.setdefault(WorkflowAddress(r["forked_from"], key), []).append(child)
                 if child not in seen:
                     seen.add(child)
                     frontier.append(child)
-        found: dict[WorkflowRef, list[WorkflowRef]] = {}
+        found: dict[WorkflowAddress, list[WorkflowAddress]] = {}
         for root in refs:
-            descendants: list[WorkflowRef] = []
+            descendants: list[WorkflowAddress] = []
             stack = list(children.get(root, ()))
             while stack:
                 ref = stack.pop()

@@ -11,7 +11,7 @@ import asyncpg
 
 from dbos_async.errors import QueueNotFoundError
 from dbos_async.sysdb.core import DatabaseCore
-from dbos_async.sysdb.operations import JobConnection
+from dbos_async.sysdb.management.operations import JobConnection
 from dbos_async.sysdb.records import WorkflowRow, workflow_row
 from dbos_async.sysdb.statements import QUEUE_COLUMNS, Payload, QueueRecord
 

@@ -9,11 +9,11 @@ IDs are unique only per key, so a binding is what tells two same-ID workflows ap
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from dbos_async.validation import check_identifier, check_lookup
 
@@ -85,6 +85,18 @@ def bound_shard_key(workflow_id: str) -> str | None:
 def current_scope() -> str | None:
     """The shard-key scope of the current context, if any."""
     return _scope.get()
+
+
+T = TypeVar("T")
+
+
+def by_key(pairs: Iterable[tuple[str | None, T]]) -> dict[str | None, list[T]]:
+    """Values grouped by shard key, keys in order of first appearance: a statement names one
+    key, so a batch goes as one statement per group."""
+    groups: dict[str | None, list[T]] = {}
+    for key, value in pairs:
+        groups.setdefault(key, []).append(value)
+    return groups
 
 
 class WorkflowAddress(NamedTuple):

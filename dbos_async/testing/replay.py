@@ -11,8 +11,8 @@ from typing import Any
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError
 from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.exports import ExportedWorkflow
 from dbos_async.executor.replay import ReplayResult
+from dbos_async.executor.transfer import ExportedWorkflow
 
 
 async def replay_check(dbos: DBOS, *, client: DBOSClient | None = None,

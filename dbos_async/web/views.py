@@ -1,40 +1,28 @@
 """The read-only workflow routes, as JSON: a page of workflows, one workflow, its steps.
 
 Each framework's routes only hand their query parameters (name and value pairs, repeated
-names for lists) and path to these functions and send back what they return.
+names for lists) and path to these functions and send back what they return. A listing's
+parameters are read by :mod:`dbos_async.web.filters`, the parser the command line and the
+console use too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-from dbos_async.errors import DBOSError, InvalidRequestError, NonExistentWorkflowError
-from dbos_async.executor.control import WorkflowStepInfo, epoch_ms
+from dbos_async.errors import InvalidRequestError, NonExistentWorkflowError
 from dbos_async.executor.handles import WorkflowStatus
+from dbos_async.executor.management.control import WorkflowStepInfo
 from dbos_async.executor.operator import Operator
-from dbos_async.statuses import WorkflowStatusString
+from dbos_async.web.filters import listing_filters
 from dbos_async.web.problems import error_type_and_message
 
 DEFAULT_LIMIT = 100
-MAX_LIMIT = 1000
 
-# list_workflows filters that take one value or several (the parameter repeated).
-LIST_FILTERS = frozenset({
-    "workflow_ids", "status", "name", "queue_name", "parent_workflow_id", "forked_from",
-    "executor_id", "application_version", "authenticated_user", "workflow_id_prefix",
-    "application_name", "shard_key", "parent_shard_key", "schedule_name",
-})
-FLAGS = frozenset({"sort_desc", "load_input", "load_output", "was_forked_from", "is_fork",
-                   "has_parent"})
-TIME_BOUNDS = frozenset({"start_time", "end_time", "completed_after", "completed_before",
-                         "dequeued_after", "dequeued_before"})
-SINGLE = TIME_BOUNDS | {"attributes", "limit", "offset"}
-LIST_PARAMETERS = LIST_FILTERS | FLAGS | SINGLE
 ONE_PARAMETERS = frozenset({"shard_key"})
 
 Query = Iterable[tuple[str, str]]
@@ -74,7 +62,7 @@ def step_json(step: WorkflowStepInfo) -> dict[str, Any]:
 async def workflow_page(operator: Operator, query: Query) -> dict[str, Any]:
     """``GET /workflows``: a page of ``list_workflows`` for these query parameters, with
     the offset of the next page (None once a page comes back short)."""
-    filters = listing_filters(query)
+    filters = listing_filters(query, paging=True)
     filters.setdefault("limit", DEFAULT_LIMIT)
     filters.setdefault("offset", 0)
     filters.setdefault("load_input", False)
@@ -122,87 +110,3 @@ def _collect(query: Query, known: frozenset[str]) -> dict[str, list[str]]:
                 f"Unknown query parameter {name!r}; known: {', '.join(sorted(known))}")
         values.setdefault(name, []).append(value)
     return values
-
-
-def listing_filters(query: Query) -> dict[str, Any]:
-    """The keyword arguments of ``list_workflows`` these query parameters ask for; an
-    unknown or malformed parameter raises :class:`InvalidRequestError` naming it."""
-    filters: dict[str, Any] = {}
-    for name, values in _collect(query, LIST_PARAMETERS).items():
-        if name in LIST_FILTERS:
-            filters[name] = query_statuses(values) if name == "status" else values
-            continue
-        if len(values) > 1:
-            raise InvalidRequestError(f"Query parameter {name!r} may be given once")
-        filters[name] = _PARSERS[name](name, values[0])
-    return filters
-
-
-def query_statuses(values: Iterable[str]) -> list[str]:
-    """Workflow statuses named in a query (any case; empty values skipped); one that is not
-    a :class:`~dbos_async.WorkflowStatusString` raises :class:`InvalidRequestError` naming it
-    and the choices. What the web routes and the console filter listings by."""
-    chosen = [value.upper() for value in values if value]
-    for status in chosen:
-        if status not in WorkflowStatusString.__members__:
-            raise InvalidRequestError(f"Unknown status {status!r}: choose from "
-                                      f"{', '.join(WorkflowStatusString)}")
-    return chosen
-
-
-def query_flag(name: str, value: str) -> bool:
-    """A yes-or-no query parameter; anything but true or false raises
-    :class:`InvalidRequestError` naming it."""
-    lowered = value.lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise InvalidRequestError(f"Query parameter {name!r} must be true or false, got {value!r}")
-
-
-def _count(name: str, value: str, low: int, high: int | None) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = low - 1
-    if number < low or (high is not None and number > high):
-        upper = f" to {high}" if high is not None else " or more"
-        raise InvalidRequestError(
-            f"Query parameter {name!r} must be an integer from {low}{upper}, got {value!r}")
-    return number
-
-
-def _limit(name: str, value: str) -> int:
-    return _count(name, value, 1, MAX_LIMIT)
-
-
-def _offset(name: str, value: str) -> int:
-    return _count(name, value, 0, None)
-
-
-def _bound(name: str, value: str) -> int:
-    """A time bound, in epoch milliseconds: given as such, or as ISO 8601."""
-    try:
-        bound = epoch_ms(int(value) if value.isdigit() else value, f"Query parameter {name!r}")
-    except DBOSError as error:
-        raise InvalidRequestError(str(error)) from None
-    assert bound is not None
-    return bound
-
-
-def _attributes(name: str, value: str) -> dict[str, Any]:
-    try:
-        attributes = json.loads(value)
-    except ValueError:
-        attributes = None
-    if not isinstance(attributes, dict):
-        raise InvalidRequestError(
-            f"Query parameter {name!r} must be a JSON object, got {value!r}")
-    return attributes
-
-
-_PARSERS: dict[str, Callable[[str, str], Any]] = {
-    **dict.fromkeys(FLAGS, query_flag), **dict.fromkeys(TIME_BOUNDS, _bound),
-    "limit": _limit, "offset": _offset, "attributes": _attributes,
-}

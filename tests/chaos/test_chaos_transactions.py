@@ -1,5 +1,5 @@
 """kill -9 of workers running transactions, at random points, many times over (the normal
-suite runs a short version: ``tests/test_transactions_processes.py``): on the system
+suite runs a short version: ``tests/transactions/test_transactions_processes.py``): on the system
 database and on an application database, each transaction's effect is there exactly once
 and every workflow finishes with every checkpoint."""
 
@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from test_transactions_processes import CYCLES, kill_cycles
+
+from tests.transactions.test_transactions_processes import CYCLES, kill_cycles
 
 pytestmark = pytest.mark.chaos
 

@@ -51,16 +51,16 @@ def new_dbos(url: str, **settings: Any) -> DBOS:
     return DBOS(**defaults)
 
 
-def make(url: str, listen: bool = True, **settings: Any) -> DBOS:
-    """A DBOS instance for the messaging, events and notification tests.
+def messaging_settings(listen: bool = True, **settings: Any) -> dict[str, Any]:
+    """The settings of the messaging, events and notification tests, for :func:`new_dbos`.
 
     Notifications over LISTEN/NOTIFY when ``listen``, else by polling (every 0.1 s unless
-    ``notification_poll_interval`` says otherwise); a short shutdown grace period. Unlike
-    :func:`new_dbos` it keeps the default executor ID and connection name.
+    ``notification_poll_interval`` says otherwise); a short shutdown grace period; the
+    default pool size (these tests hold many waits at once).
     """
-    options: dict[str, Any] = {"notification_poll_interval": 0.1, "shutdown_grace_period": 1,
-                               "application_version": "messaging-v1", **settings}
-    return DBOS(system_database_url=url, use_listen_notify=listen, **options)
+    return {"use_listen_notify": listen, "notification_poll_interval": 0.1,
+            "shutdown_grace_period": 1, "application_version": "messaging-v1",
+            "pool_size": 10, **settings}
 
 
 async def worker_urls(url: str) -> list[str]:

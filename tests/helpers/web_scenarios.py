@@ -1,8 +1,8 @@
 """What the FastAPI and aiohttp example services must both do, driven over HTTP.
 
 Each scenario takes a running :class:`~tests.helpers.web_services.Service` and its
-:class:`~tests.helpers.web_services.Warehouse`; ``tests/test_fastapi.py`` and
-``tests/test_aiohttp.py`` run every one against their framework's example.
+:class:`~tests.helpers.web_services.Warehouse`; ``tests/integrations/test_fastapi.py`` and
+``tests/integrations/test_aiohttp.py`` run every one against their framework's example.
 """
 
 from __future__ import annotations

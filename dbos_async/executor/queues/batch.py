@@ -34,7 +34,7 @@ from dbos_async.executor.start import (
     read_call,
 )
 from dbos_async.executor.steps import replay
-from dbos_async.executor.tracing import traced_attributes
+from dbos_async.executor.telemetry.tracing import traced_attributes
 from dbos_async.sysdb.chunks import spans
 from dbos_async.sysdb.database import BatchStart, StepRecord, SystemDatabase
 from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL

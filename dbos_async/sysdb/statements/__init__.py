@@ -5,7 +5,6 @@ Each family of statements lives in its own module, all built on the shard-key se
 one schema.
 """
 
-from dbos_async.sysdb.statements.admin import APPLICATION_TABLES, AdminStatements
 from dbos_async.sysdb.statements.base import (
     ACTIVE_STATUSES,
     CANCELLED,
@@ -24,10 +23,12 @@ from dbos_async.sysdb.statements.base import (
     Payload,
     Query,
     StatementBase,
-    WorkflowRef,
+    WorkflowAddress,
     qualify,
 )
-from dbos_async.sysdb.statements.control import (
+from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
+from dbos_async.sysdb.statements.management.admin import APPLICATION_TABLES, AdminStatements
+from dbos_async.sysdb.statements.management.control import (
     BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS,
     PAYLOAD_TABLES,
     STREAM_CLOSED_SERIALIZED,
@@ -39,8 +40,6 @@ from dbos_async.sysdb.statements.control import (
     advisory_lock_key,
     job_lock_key,
 )
-from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
-from dbos_async.sysdb.statements.exports import EXPORT_COLUMNS, ExportStatements
 from dbos_async.sysdb.statements.messaging import SEND_BULK, MessagingStatements, OutgoingMessage
 from dbos_async.sysdb.statements.observability import ObservabilityStatements
 from dbos_async.sysdb.statements.permissions import PermissionStatements
@@ -56,6 +55,7 @@ from dbos_async.sysdb.statements.queues import (
 from dbos_async.sysdb.statements.recovery import RecoveryStatements
 from dbos_async.sysdb.statements.routed import RoutedStatements
 from dbos_async.sysdb.statements.schedules import ScheduleStatements
+from dbos_async.sysdb.statements.transfer import EXPORT_COLUMNS, ExportStatements
 from dbos_async.sysdb.statements.versions import VersionRecord, VersionStatements
 from dbos_async.sysdb.statements.workflows import WorkflowStatements
 
@@ -102,8 +102,8 @@ __all__ = [
     "StatementBase",
     "Statements",
     "VersionRecord",
+    "WorkflowAddress",
     "WorkflowFilter",
-    "WorkflowRef",
     "advisory_lock_key",
     "is_dedup_conflict",
     "job_lock_key",

@@ -147,7 +147,7 @@ class FinalOutcome:
     error: str | None
 
 
-WorkflowRef = tuple[str, str | None]
+WorkflowAddress = shard_keys.WorkflowAddress
 """A workflow as a sharded database tells it apart: its ID and shard key (None unsharded)."""
 
 
@@ -201,7 +201,7 @@ class StatementBase:
             self._reject_shard_key(workflow_id)
         return f"{qualify(alias, 'workflow_uuid')} = ANY({p(list(workflow_ids), 'text[]')})"
 
-    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params,
+    def among(self, alias: str | None, refs: Sequence[WorkflowAddress], p: Params,
               column: str = "workflow_uuid") -> str:
         """Predicate true for the rows of these workflows (of any keys: they are given)."""
         return f"{qualify(alias, column)} = ANY({p([i for i, _ in refs], 'text[]')})"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from dbos_async.sysdb.statements.base import Params, Query, StatementBase
-from dbos_async.sysdb.statements.control import advisory_lock_key
+from dbos_async.sysdb.statements.management.control import advisory_lock_key
 
 # Server-side keepalives of the lock's session: a holder whose machine vanished without
 # closing its connection releases the ID after about idle + interval * count seconds

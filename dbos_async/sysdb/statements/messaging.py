@@ -12,7 +12,7 @@ from dbos_async.sysdb.statements.base import (
     Payload,
     Query,
     StatementBase,
-    WorkflowRef,
+    WorkflowAddress,
     Writes,
 )
 
@@ -90,7 +90,7 @@ class MessagingStatements(StatementBase):
         return lambda source: [("sent", self._insert_message(
             destination_id, message_uuid, topic, message, source, p))]
 
-    def _insert_messages(self, messages: Sequence[OutgoingMessage], key: WorkflowRef,
+    def _insert_messages(self, messages: Sequence[OutgoingMessage], key: WorkflowAddress,
                          source: str | None, p: Params) -> str:
         """One insert of a batch of messages to workflows of one shard key (``key``: a
         workflow of that key and the key), their columns as arrays, so the statement's size
@@ -116,14 +116,14 @@ class MessagingStatements(StatementBase):
         """A batch of messages from outside a workflow, to workflows of one key."""
         p = Params()
         return Query(self._insert_messages(
-            messages, (messages[0].destination_id, shard_key), None, p), p.values)
+            messages, WorkflowAddress(messages[0].destination_id, shard_key), None, p), p.values)
 
     def send_messages_fenced(self, workflow_id: str, owner_xid: str,
                              messages: Sequence[OutgoingMessage]) -> Query:
         """A batch from a step of ``workflow_id``, to workflows of its key: only while the
         caller owns it."""
         p = Params()
-        key = (workflow_id, self.key_hint(workflow_id))
+        key = WorkflowAddress(workflow_id, self.key_hint(workflow_id))
         return self._fenced_write(workflow_id, owner_xid, p, lambda source: [
             ("sent", self._insert_messages(messages, key, source, p))])
 
@@ -134,7 +134,7 @@ class MessagingStatements(StatementBase):
         send delivered to forks too) and the messages to workflows of its own key, in one
         fenced statement."""
         p = Params()
-        key = (workflow_id, self.key_hint(workflow_id))
+        key = WorkflowAddress(workflow_id, self.key_hint(workflow_id))
         return self._recorded_write(
             workflow_id, function_id, function_name, owner_xid, now_ms, p,
             lambda source: [("sent", self._insert_messages(messages, key, source, p))])
@@ -316,7 +316,7 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def finished_first(self, refs: Sequence[WorkflowRef]) -> Query:
+    def finished_first(self, refs: Sequence[WorkflowAddress]) -> Query:
         """Which of these workflows exist, the finished ones first in the order they
         finished (what ``wait_first`` reads on every wake, in one query)."""
         p = Params()
@@ -329,7 +329,7 @@ class MessagingStatements(StatementBase):
             p.values,
         )
 
-    def forks_of(self, refs: Sequence[WorkflowRef]) -> Query:
+    def forks_of(self, refs: Sequence[WorkflowAddress]) -> Query:
         """The workflows forked directly from these (one level of a ``send_to_forks``
         walk; a fork lives under its original's key). A plain read, no lock: a fork
         created after it is not among the recipients, as in the ``dbos`` package."""

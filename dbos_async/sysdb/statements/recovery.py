@@ -17,7 +17,7 @@ from dbos_async.sysdb.statements.base import (
     Params,
     Query,
     StatementBase,
-    WorkflowRef,
+    WorkflowAddress,
 )
 
 
@@ -28,7 +28,7 @@ class RecoveryStatements(StatementBase):
                 if application_version is not None else "application_version IS NULL")
 
     def _recovered(self, executor_id: str, application_version: str | None,
-                   exclude: Sequence[WorkflowRef], p: Params) -> str:
+                   exclude: Sequence[WorkflowAddress], p: Params) -> str:
         """This executor's PENDING rows of this version that nothing here runs."""
         version = self._of_version(application_version, p)
         return f"""{self.scoped('ws', p)} AND status = {p(PENDING)}
@@ -43,7 +43,7 @@ class RecoveryStatements(StatementBase):
         executor_id: str,
         application_version: str | None,
         now_ms: int,
-        exclude: Sequence[WorkflowRef] = (),
+        exclude: Sequence[WorkflowAddress] = (),
         to_executor_id: str | None = None,
     ) -> Query:
         """Take ownership of ``executor_id``'s PENDING workflows that no queue started, each
@@ -78,7 +78,7 @@ class RecoveryStatements(StatementBase):
         )
 
     def requeue_pending(self, executor_id: str, application_version: str | None,
-                        now_ms: int, exclude: Sequence[WorkflowRef] = ()) -> Query:
+                        now_ms: int, exclude: Sequence[WorkflowAddress] = ()) -> Query:
         """Recovery of queued workflows: this executor's PENDING ones go back to ENQUEUED on
         their queue, so the queue's claim (and its limits) admits exactly one runner.
 
@@ -97,7 +97,7 @@ class RecoveryStatements(StatementBase):
 
     def dead_letter_pending(self, executor_id: str, application_version: str | None,
                             max_attempts: int, now_ms: int,
-                            exclude: Sequence[WorkflowRef] = (),
+                            exclude: Sequence[WorkflowAddress] = (),
                             limits: Mapping[str, int] | None = None) -> Query:
         """This executor's PENDING workflows that have used up their recovery attempts
         (``limits``' for their workflow name, else ``max_attempts``) become

@@ -18,7 +18,7 @@ from typing import Any
 from dbos_async.errors import DBOSError
 from dbos_async.sysdb import shard_keys
 from dbos_async.sysdb.statements import Statements
-from dbos_async.sysdb.statements.base import Params, WorkflowRef, qualify
+from dbos_async.sysdb.statements.base import Params, WorkflowAddress, qualify
 
 
 class ShardedStatements(Statements):
@@ -59,7 +59,7 @@ class ShardedStatements(Statements):
             return ids
         return f"{qualify(alias, 'shard_key')} = {p(keys.pop())} AND {ids}"
 
-    def among(self, alias: str | None, refs: Sequence[WorkflowRef], p: Params,
+    def among(self, alias: str | None, refs: Sequence[WorkflowAddress], p: Params,
               column: str = "workflow_uuid") -> str:
         ids, keys = [i for i, _ in refs], [k or "" for _, k in refs]
         if len(set(keys)) == 1:
