@@ -182,8 +182,9 @@ def _say_stopping(runtime: Runtime, grace_period: float) -> None:
         return
     waits = []
     if busy:
-        waits.append(f"waiting up to {grace_period:g}s for {busy} running workflows to reach "
-                     "their end")
+        waits.append(f"waiting up to {grace_period:g}s for {busy} running "
+                     + ("workflow to reach its end" if busy == 1 else
+                        "workflows to reach their end"))
     if parked:
         waits.append(f"releasing at once {parked} waiting in a durable sleep, recv or "
                      "get_event")
