@@ -21,9 +21,12 @@ from dbos_async import SetWorkflowID
 
 SCRIPT = textwrap.dedent(
     """
-    import asyncio, logging, sys
+    import asyncio, logging, signal, sys
     from dbos_async import DBOS, SetWorkflowID
 
+    # Ctrl-C as in a terminal, even where the suite was started as a background job of a
+    # shell (which ignores SIGINT, and the child would inherit that).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     logging.basicConfig(level=logging.INFO, format="LOG %(levelname)s %(message)s")
     dbos = DBOS(name="sleeper", system_database_url=sys.argv[1], executor_id="sleeper",
                 application_version="v1", shutdown_grace_period=10)
@@ -57,17 +60,22 @@ def child(url: str, mode: str) -> subprocess.Popen[str]:
 async def test_sigint_during_a_durable_sleep_exits_at_once_and_the_sleep_resumes(
         database_url: str) -> None:
     sleeper = child(database_url, "start")
-    assert sleeper.stdout is not None
-    assert sleeper.stdout.readline().strip() == "STARTED"
+    try:
+        assert sleeper.stdout is not None
+        assert sleeper.stdout.readline().strip() == "STARTED"
 
-    async def asleep() -> bool:
-        # The sleep's checkpoint (its deadline) is written just before it waits.
-        return bool(await fetchval(database_url, "SELECT count(*) FROM dbos.operation_outputs "
-                                   "WHERE workflow_uuid = 'nap-1'"))
-    await wait_until(asleep, what="the workflow to sleep")
-    interrupted = time.monotonic()
-    sleeper.send_signal(signal.SIGINT)
-    _, err = sleeper.communicate(timeout=60)
+        async def asleep() -> bool:
+            # The sleep's checkpoint (its deadline) is written just before it waits.
+            return bool(await fetchval(database_url, "SELECT count(*) FROM "
+                                       "dbos.operation_outputs WHERE workflow_uuid = 'nap-1'"))
+        await wait_until(asleep, what="the workflow to sleep")
+        interrupted = time.monotonic()
+        sleeper.send_signal(signal.SIGINT)
+        _, err = sleeper.communicate(timeout=60)
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
     # It used to wait out the sleep (or the 10 s grace period) in silence.
     assert time.monotonic() - interrupted < 3.0, err
     stopping = [line for line in err.splitlines() if "stopping" in line]
