@@ -102,6 +102,17 @@ def test_the_wheel_carries_its_files_and_metadata(wheel: Path) -> None:
     assert "Requires-Dist: pydantic<3,>=2.10.0" in metadata
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_install_lines_name_the_wheel_the_build_makes(wheel: Path, page: str) -> None:
+    """The README's and the install page's wheel lines: the file `pip wheel` writes, the
+    same name in both lines, so the copied command installs what was just built."""
+    text = (ROOT / page).read_text()
+    assert "pip wheel --no-deps -w dist ./dbos_async" in text
+    named = {line.split("dist/", 1)[1].split("[", 1)[0].split()[0]
+             for line in text.splitlines() if "dist/dbos_async-" in line}
+    assert named == {wheel.name}, named
+
+
 # ---- Resolution beside an application's pins ----
 
 # What the stand-in index offers for each dependency besides its lower bound and the

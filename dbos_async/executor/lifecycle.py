@@ -157,14 +157,20 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
         await runtime.queue_tasks.close(0)
         await runtime.workflows.close(grace_period)
     finally:
-        runtime.state = "closed"
+        try:
+            with anyio.CancelScope(shield=True):
+                # Again, in case the exit was cancelled before these were closed. The
+                # background tasks (the scheduler, maintenance, ...) stop before the
+                # runtime is closed: one caught between the two would fail on it, and
+                # log a traceback at every short program's exit.
+                await runtime.queue_tasks.close(0)
+                await runtime.workflows.close(0)
+                if sysdb.notifications is not None:
+                    await sysdb.notifications.stop()
+                await runtime.background.close(0)
+        finally:
+            runtime.state = "closed"
         with anyio.CancelScope(shield=True):
-            # Again, in case the exit was cancelled before these were closed.
-            await runtime.queue_tasks.close(0)
-            await runtime.workflows.close(0)
-            if sysdb.notifications is not None:
-                await sysdb.notifications.stop()
-            await runtime.background.close(0)
             for database in runtime.application_databases.values():
                 await database.close()
             await sysdb.close()
@@ -181,8 +187,9 @@ def _say_stopping(runtime: Runtime, grace_period: float) -> None:
         return
     waits = []
     if busy:
-        waits.append(f"waiting up to {grace_period:g}s for {busy} running workflows to reach "
-                     "their end")
+        waits.append(f"waiting up to {grace_period:g}s for {busy} running "
+                     + ("workflow to reach its end" if busy == 1 else
+                        "workflows to reach their end"))
     if parked:
         waits.append(f"releasing at once {parked} waiting in a durable sleep, recv or "
                      "get_event")
