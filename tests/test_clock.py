@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from dbos_async import (
     SetWorkflowID,
     SetWorkflowTimeout,
     StreamTimeoutError,
+    transaction_connection,
 )
 from dbos_async.errors import WorkflowCancelledError
 from dbos_async.testing import TestClock
@@ -453,22 +455,42 @@ async def test_several_executors_share_one_clock(database_url: str) -> None:
         assert await unanswered.get_result() is None
 
 
-async def test_maintenance_ages_count_on_the_clock(database_url: str) -> None:
+async def test_maintenance_ages_count_on_the_clock(
+        database_url: str, create_database: Callable[[], Awaitable[str]]) -> None:
+    """Retention ages workflows, and a data source's transaction records, on the clock:
+    the records carry the clock's time, not the server's."""
+    app_url = await create_database()
     clock = TestClock(START)
     dbos = new_dbos(database_url, clock=clock, retention_hours=24, maintenance_interval=3600)
+    dbos.data_source("app", app_url)
+
+    @dbos.transaction(data_source="app")
+    async def one() -> int:
+        return int(await transaction_connection().fetchval("SELECT 1"))
 
     @dbos.workflow()
     async def quick() -> int:
-        return 1
+        return await one()
+
+    async def records() -> list[int]:
+        conn = await asyncpg.connect(app_url)
+        try:
+            return [r["created_at"] for r in await conn.fetch(
+                "SELECT created_at FROM dbos.datasource_outputs")]
+        finally:
+            await conn.close()
 
     async with dbos:
         with SetWorkflowID("old"):
             await quick()
+        assert await records() == [epoch_ms(START)]
         await clock.wait_for_timers()  # the jobs ran at start, and wait for the next round
         await clock.advance(hours=24)
         assert [w.workflow_id for w in await dbos.list_workflows()] == ["old"]
+        assert await records() == [epoch_ms(START)]
         await clock.advance(hours=1)  # the next run of the job: "old" is 25 hours old
         assert await dbos.list_workflows() == []
+        assert await records() == []
 
 
 async def test_time_only_moves_forward() -> None:
