@@ -386,8 +386,10 @@ class _Attempt:
                 await _committed(self.info, tx)
                 return await steps.record_step_output(self.ctx, self.step_id, self.name,
                                                       self.started, value, self.info.signature)
+            created_at = self.ctx.runtime.system_database.clock.now_ms()
             if await self._guarded(tx, app.record_output(tx.conn, workflow, self.step_id,
-                                                         output.text, output.serialization)):
+                                                         output.text, output.serialization,
+                                                         created_at)):
                 checkpoint = self._checkpoint(output.text, output.serialization)
                 return await self._commit_fenced(tx, checkpoint, value)
         # An earlier execution committed this step: the read comes after our rollback.

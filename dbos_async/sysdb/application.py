@@ -217,9 +217,11 @@ class ApplicationDatabase:
     # ---- Outcomes ----
 
     async def record_output(self, conn: Connection, workflow: WorkflowAddress,
-                            step_id: int, output: str | None, serialization: str) -> bool:
+                            step_id: int, output: str | None, serialization: str,
+                            created_at: int) -> bool:
         """Record the output in the caller's transaction; False: a record was there."""
-        q = self.sql.record_output(checkpoint_id(*workflow), step_id, output, serialization)
+        q = self.sql.record_output(checkpoint_id(*workflow), step_id, output, serialization,
+                                   created_at)
         return await conn.fetchrow(q.sql, *q.params) is not None
 
     async def recorded_output(self, workflow: WorkflowAddress, step_id: int,

@@ -133,10 +133,21 @@ async def test_other_versions_work_is_logged_shown_and_moved(
         waiting = (VersionBacklog("v1", 1, 1),)
         # Counted at start: logged, and in health().
         assert new.dbos.health().waiting_versions == waiting
-        [line] = [r.getMessage() for r in caplog.records if "other application" in r.getMessage()]
+        def reports() -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if "other application" in r.getMessage()]
+
+        line = reports()[0]
         assert "1 PENDING and 1 ENQUEUED workflows of other application versions" in line
         assert "v1 (1 PENDING, 1 ENQUEUED)" in line and "runs version v2" in line
         assert "dbos-async replay" in line
+
+        # Logged again every version_report_interval while the work waits.
+        async def logged_again() -> bool:
+            return len(reports()) >= 2
+
+        await wait_until(logged_again, what="the periodic report")
+        assert set(reports()) == {line}
         assert await new.dbos.list_waiting_versions() == [VersionBacklog("v1", 1, 1)]
         assert await new.dbos.list_waiting_versions(other_than="v1") == []
         assert await version_of(database_url, "sleeping") == ("PENDING", "v1")

@@ -78,8 +78,8 @@ class Shop:
     at_gate: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def make_shop(url: str, **settings: Any) -> Shop:
-    shop = Shop(new_dbos(url, application_version="v1", **settings))
+def make_shop(url: str, version: str = "v1", **settings: Any) -> Shop:
+    shop = Shop(new_dbos(url, application_version=version, **settings))
     dbos = shop.dbos
 
     @dbos.step(name="charge")
@@ -204,6 +204,37 @@ async def test_cancel_and_resume_a_running_workflow(shop: Shop, database_url: st
         "Resumed gated-1\n")
     resumed = await shop.dbos.retrieve_workflow("gated-1")
     assert await resumed.get_result() == "through"
+
+
+async def test_resume_under_another_application_version(shop: Shop,
+                                                          database_url: str) -> None:
+    """``workflow resume --application-version`` moves a workflow of version v1 to v2: an
+    executor of v2 runs it from its checkpoints, under its own ID."""
+    with SetWorkflowID("gated-2"):
+        handle = await shop.dbos.start_workflow(shop.gated)  # type: ignore[attr-defined]
+    await shop.at_gate.wait()
+    ok(await cli("workflow", "cancel", "gated-2", "--url", database_url))
+    with pytest.raises(WorkflowCancelledError):
+        await handle.get_result()
+    assert ok(await cli("workflow", "resume", "gated-2", "--application-version", "v2",
+                        "--url", database_url)) == "Resumed gated-2\n"
+    status = await shop.dbos.get_workflow_status("gated-2")
+    assert status is not None
+    assert (status.status, status.application_version) == ("ENQUEUED", "v2")
+
+    later = make_shop(database_url, version="v2", executor_id="later",
+                      shutdown_grace_period=0)
+    later.gate.set()
+    async with later.dbos:
+        resumed = await later.dbos.retrieve_workflow("gated-2")
+        assert await resumed.get_result() == "through"
+    assert later.at_gate.is_set()  # the step ran on the v2 executor
+    status = await shop.dbos.get_workflow_status("gated-2")
+    assert status is not None
+    assert (status.status, status.application_version) == ("SUCCESS", "v2")
+    message = failed(await cli("workflow", "resume", "gated-2", "--application-version", "",
+                               "--url", database_url))
+    assert "application_version" in message, message
 
 
 async def test_fork_rewind_and_delete(shop: Shop, database_url: str) -> None:

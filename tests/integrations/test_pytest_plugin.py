@@ -135,6 +135,64 @@ async def test_needs_an_app(dbos_executor):
 '''
 
 
+LATER = '''
+from dbos_async import DBOS
+
+dbos = DBOS(name="later")
+jobs = dbos.queue("jobs")
+
+
+@dbos.workflow()
+async def remind(order_id: str) -> str:
+    await dbos.sleep(86400)
+    return f"{order_id}: reminded"
+'''
+
+CLOCK_TESTS = '''
+from datetime import timedelta
+
+from later import remind
+
+
+def epoch_ms(moment):
+    return int(moment.timestamp() * 1000)
+
+
+async def test_a_clients_delayed_enqueue_runs_on_the_clock(dbos_executor, dbos_client,
+                                                           dbos_clock):
+    await dbos_clock.advance(days=10)  # ahead of the wall clock: only the test clock says now
+    start = dbos_clock.now()
+    handle = await dbos_client.enqueue("jobs", "remind", "o-1", delay=3600)
+    await dbos_clock.wait_for_timers()
+    assert dbos_clock.next_due == start + timedelta(hours=1)  # the delay, on the clock
+    assert (await handle.get_status()).status == "DELAYED"
+    await dbos_clock.advance(hours=1)  # it starts, and sleeps for a day
+    await dbos_clock.wait_for_timers()
+    assert dbos_clock.next_due == start + timedelta(days=1, hours=1)
+    await dbos_clock.advance(days=1)
+    assert await handle.get_result() == "o-1: reminded"
+    status = await handle.get_status()
+    assert status.created_at == epoch_ms(start)
+    assert status.updated_at == epoch_ms(start + timedelta(days=1, hours=1))
+
+
+async def test_a_sleep_cut_by_a_crash_ends_at_its_recorded_time(dbos_executor, dbos_crash,
+                                                               dbos_clock):
+    start = dbos_clock.now()
+    handle = await dbos_executor.start_workflow(remind, "o-2")
+    await dbos_clock.wait_for_timers()
+    await dbos_clock.advance(hours=20)
+    await dbos_crash.crash_and_recover()  # killed in its sleep, then entered again
+    recovered = await dbos_executor.retrieve_workflow(handle.workflow_id)
+    await dbos_clock.wait_for_timers()  # recovered, asleep on the clock again
+    assert dbos_clock.next_due == start + timedelta(days=1)
+    assert (await recovered.get_status()).status == "PENDING"
+    await dbos_clock.advance(hours=4)
+    assert await recovered.get_result() == "o-2: reminded"
+    assert (await recovered.get_status()).updated_at == epoch_ms(start + timedelta(days=1))
+'''
+
+
 @pytest.fixture
 def user_project(pytester: pytest.Pytester, admin_url: str,
                  monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
@@ -190,6 +248,19 @@ def test_the_readmes_clock_example(user_project: pytest.Pytester) -> None:
     """))
     user_project.makepyfile(reminders=readme_block("# reminders.py"),
                             test_reminders=readme_block("# test_reminders.py"))
+    result = user_project.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+
+
+def test_the_clock_with_a_client_and_across_a_crash(user_project: pytest.Pytester) -> None:
+    """``dbos_clock`` puts ``dbos_client`` on the clock too (a delayed enqueue falls due in
+    the clock's terms), and ``dbos_crash``'s executor, entered again, resumes on it."""
+    user_project.makeini(textwrap.dedent("""
+        [pytest]
+        asyncio_mode = auto
+        dbos_app = later:dbos
+    """))
+    user_project.makepyfile(later=LATER, test_later=CLOCK_TESTS)
     result = user_project.runpytest_subprocess("-p", "no:xdist", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
 

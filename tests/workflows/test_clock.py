@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
-from helpers import new_dbos
+from helpers import new_dbos, wait_until
 
 from dbos_async import (
     DBOS,
@@ -19,6 +20,8 @@ from dbos_async import (
     SetEnqueueOptions,
     SetWorkflowID,
     SetWorkflowTimeout,
+    StreamTimeoutError,
+    transaction_connection,
 )
 from dbos_async.errors import WorkflowCancelledError
 from dbos_async.testing import TestClock
@@ -73,7 +76,8 @@ async def test_a_thirty_day_sleep_ends_when_the_clock_gets_there(database_url: s
     assert sleep["completed_at_epoch_ms"] == epoch_ms(wake_up)
     assert status.created_at == epoch_ms(START)
     assert status.updated_at == epoch_ms(wake_up)
-    print(f"30-day sleep: {elapsed:.3f} s of wall time")
+    # From the start to the result, not one of the 30 days waited for in real time.
+    assert elapsed < 1.0, f"30-day sleep: {elapsed:.3f} s of wall time"
 
 
 async def test_recv_times_out_after_an_hour_and_not_before(database_url: str) -> None:
@@ -122,6 +126,41 @@ async def test_get_event_times_out_on_the_clock(database_url: str) -> None:
         await clock.wait_for_timers()
         await clock.advance(minutes=10)
         assert await handle.get_result() is None
+
+
+async def test_read_stream_times_out_on_the_clock(database_url: str) -> None:
+    clock = TestClock(START)
+    dbos = new_dbos(database_url, clock=clock)
+
+    @dbos.workflow()
+    async def writer() -> None:
+        await dbos.write_stream("out", "first")
+        await dbos.recv("never", timeout=None)  # the stream stays open
+
+    @dbos.workflow()
+    async def reader() -> list[Any]:
+        values: list[Any] = []
+        try:
+            async for value in dbos.read_stream("writer", "out", timeout=3600):
+                values.append(value)
+        except StreamTimeoutError:
+            values.append("timed out")
+        return values
+
+    async with dbos:
+        with SetWorkflowID("writer"):
+            await dbos.start_workflow(writer)
+        with SetWorkflowID("reader"):
+            handle = await dbos.start_workflow(reader)
+        await clock.wait_for_timers()  # the reader waits for a second value
+        assert clock.next_due == START + timedelta(hours=1)
+        await clock.advance(minutes=59, seconds=59)
+        assert (await handle.get_status()).status == "PENDING"
+        await clock.advance(seconds=1)
+        assert await handle.get_result() == ["first", "timed out"]
+    [first, timeout] = await steps_of(database_url, "reader")
+    assert first["function_name"] == timeout["function_name"] == "DBOS.readStream"
+    assert timeout["completed_at_epoch_ms"] == epoch_ms(START) + HOUR_MS
 
 
 async def test_a_cron_schedule_fires_each_time_of_an_advanced_day_once(
@@ -219,6 +258,49 @@ async def test_a_workflow_timeout_cancels_when_the_clock_passes_it(database_url:
         status = await handle.get_status()
     assert status.status == "CANCELLED"
     assert status.deadline_epoch_ms == epoch_ms(START) + 2 * HOUR_MS
+
+
+async def test_deadlines_on_the_clock(database_url: str) -> None:
+    """An enqueued workflow's timeout counts from when a claim starts it (its delay's end,
+    on the clock), and a child it starts inherits its deadline: both are cancelled when the
+    clock passes it, and not before."""
+    clock = TestClock(START)
+    dbos = new_dbos(database_url, clock=clock)
+    queue = dbos.queue("later", polling_interval=0.1)
+
+    @dbos.workflow()
+    async def stuck() -> None:
+        await dbos.recv("never", timeout=None)
+
+    @dbos.workflow()
+    async def parent() -> None:
+        with SetWorkflowID("child"):
+            child = await dbos.start_workflow(stuck)
+        await child.get_result()
+
+    async with dbos:
+        with SetEnqueueOptions(delay=86400), SetWorkflowTimeout(3600), \
+                SetWorkflowID("parent"):
+            queued = await queue.enqueue(parent)
+        await clock.wait_for_timers()
+        await clock.advance(days=1)  # claimed and started now
+        deadline = epoch_ms(START + timedelta(days=1, hours=1))
+
+        async def child_started() -> bool:
+            return await dbos.get_workflow_status("child") is not None
+
+        await wait_until(child_started, what="the child to start")
+        child = await dbos.retrieve_workflow("child")
+        assert (await queued.get_status()).deadline_epoch_ms == deadline
+        assert (await child.get_status()).deadline_epoch_ms == deadline
+        await clock.advance(minutes=59, seconds=59)
+        assert (await queued.get_status()).status == "PENDING"
+        assert (await child.get_status()).status == "PENDING"
+        await clock.advance(seconds=1)
+        for handle in (queued, child):
+            with pytest.raises(WorkflowCancelledError):
+                await handle.get_result()
+            assert (await handle.get_status()).status == "CANCELLED"
 
 
 async def test_step_retry_backoff_waits_on_the_clock(database_url: str) -> None:
@@ -373,22 +455,42 @@ async def test_several_executors_share_one_clock(database_url: str) -> None:
         assert await unanswered.get_result() is None
 
 
-async def test_maintenance_ages_count_on_the_clock(database_url: str) -> None:
+async def test_maintenance_ages_count_on_the_clock(
+        database_url: str, create_database: Callable[[], Awaitable[str]]) -> None:
+    """Retention ages workflows, and a data source's transaction records, on the clock:
+    the records carry the clock's time, not the server's."""
+    app_url = await create_database()
     clock = TestClock(START)
     dbos = new_dbos(database_url, clock=clock, retention_hours=24, maintenance_interval=3600)
+    dbos.data_source("app", app_url)
+
+    @dbos.transaction(data_source="app")
+    async def one() -> int:
+        return int(await transaction_connection().fetchval("SELECT 1"))
 
     @dbos.workflow()
     async def quick() -> int:
-        return 1
+        return await one()
+
+    async def records() -> list[int]:
+        conn = await asyncpg.connect(app_url)
+        try:
+            return [r["created_at"] for r in await conn.fetch(
+                "SELECT created_at FROM dbos.datasource_outputs")]
+        finally:
+            await conn.close()
 
     async with dbos:
         with SetWorkflowID("old"):
             await quick()
+        assert await records() == [epoch_ms(START)]
         await clock.wait_for_timers()  # the jobs ran at start, and wait for the next round
         await clock.advance(hours=24)
         assert [w.workflow_id for w in await dbos.list_workflows()] == ["old"]
+        assert await records() == [epoch_ms(START)]
         await clock.advance(hours=1)  # the next run of the job: "old" is 25 hours old
         assert await dbos.list_workflows() == []
+        assert await records() == []
 
 
 async def test_time_only_moves_forward() -> None:

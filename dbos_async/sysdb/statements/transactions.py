@@ -95,17 +95,20 @@ class ApplicationStatements:
     # ---- A transaction's outcome ----
 
     def record_output(self, checkpoint_id: str, step_id: int, output: str | None,
-                      serialization: str) -> Query:
+                      serialization: str, created_at: int) -> Query:
         """Record a transaction's output in the transaction itself. ON CONFLICT DO NOTHING:
         a record already there (an earlier execution's commit) stands, and RETURNING no row
         tells the caller to roll back and replay it; under REPEATABLE READ or SERIALIZABLE a
         record committed after the snapshot fails the transaction instead, and the retry
-        finds it."""
+        finds it. ``created_at`` is the runtime's clock, not the server's: retention ages
+        it on that clock."""
         p = Params()
         return Query(
-            f"""INSERT INTO {self.outputs} (workflow_id, step_id, output, error, serialization)
+            f"""INSERT INTO {self.outputs}
+                  (workflow_id, step_id, output, error, serialization, created_at)
                 VALUES ({p(checkpoint_id, 'text')}, {p(step_id, 'integer')},
-                        {p(output, 'text')}, NULL, {p(serialization, 'text')})
+                        {p(output, 'text')}, NULL, {p(serialization, 'text')},
+                        {p(created_at, 'bigint')})
                 ON CONFLICT (workflow_id, step_id) DO NOTHING
                 RETURNING step_id""",
             p.values)
