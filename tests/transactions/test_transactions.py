@@ -29,7 +29,6 @@ from helpers import (
     workflow_row,
 )
 from helpers.cluster import Cluster
-from test_cli import cli, failed, ok
 
 from dbos_async import (
     DBOS,
@@ -43,6 +42,7 @@ from dbos_async import (
     WorkflowCancelledError,
     transaction_connection,
 )
+from tests.integrations.test_cli import cli, failed, ok
 
 ORDERS = "CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, amount int NOT NULL)"
 
