@@ -170,7 +170,7 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
     async with dbos:
         await measured(warmup)
         _collect_metrics()  # the warmup's, so that the one after the run holds only its own
-        pool = dbos.system_database.pool
+        pool = dbos._system_database.pool
         size_before = pool.get_size()
 
         before = await read_pool_transactions(pool)

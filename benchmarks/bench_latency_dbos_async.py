@@ -123,7 +123,7 @@ LONE_WORKFLOWS = 50
 async def alone(runner: DBOS, one_step: Any, count: int) -> dict[str, Any]:
     """Statements of ``count`` one-step workflows run one at a time."""
     counter = QueryCounter(phase="run")
-    pool = runner.system_database.pool
+    pool = runner._system_database.pool
     conns = await all_connections(pool)
     for conn in conns:
         conn.add_query_logger(counter)

@@ -178,7 +178,7 @@ async def _dbos_async(args: argparse.Namespace) -> dict[str, Any]:
     adapter.start, adapter.send = start, send
     adapter.statements = lambda: sum(counter.texts.get(counter.phase, {}).values())
     async with dbos:
-        pool = dbos.system_database.pool
+        pool = dbos._system_database.pool
         # Every connection the pool may open, opened now, so each one is counted.
         connections = [await pool.acquire() for _ in range(pool.get_max_size())]
         for conn in connections:

@@ -183,7 +183,7 @@ async def serve_dbos_async(args: argparse.Namespace) -> None:
     async with dbos:
         print(READY, flush=True)
         while (await loop.run_in_executor(None, sys.stdin.readline)).strip() == "flush":
-            pool = dbos.system_database.pool
+            pool = dbos._system_database.pool
             conns = [await pool.acquire() for _ in range(pool.get_size())]
             try:
                 await flush_statistics(conns)

@@ -52,7 +52,7 @@ async def main() -> None:
                 await checkout(order_id)
 
         # CI, before deploying version 2: replay what production recorded (read-only).
-        async with DBOSClient(production.system_database.url) as client:
+        async with DBOSClient(production.system_database_url) as client:
             for version in ("2-unpatched", "2"):
                 candidate, _ = application(version)
                 results = await replay_check(candidate, client=client, name=["checkout"])

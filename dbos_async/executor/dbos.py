@@ -714,9 +714,24 @@ class DBOS(Operator):
         return None
 
     @property
-    def system_database(self) -> SystemDatabase:
-        """The system database of the current entry (part of the peer protocol)."""
+    def _system_database(self) -> SystemDatabase:
+        """The system database of the current entry, for the package's own tools and tests."""
         return self._current_runtime.system_database
+
+    @property
+    def system_database_url(self) -> str:
+        """The URL of the system database this entry uses.
+
+        Where no URL was configured it is the embedded server's, which is only known once
+        entered: a client or a tool of the same application connects with it.
+
+        Returns:
+            The URL, password included, as the executor connects with it.
+
+        Raises:
+            DBOSError: Outside ``async with dbos:``.
+        """
+        return self._current_runtime.system_database.url
 
     @property
     def application_version(self) -> str:

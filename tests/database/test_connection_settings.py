@@ -147,7 +147,7 @@ async def run_everything(url: str, observer: str, *, expect: dict[str, str]) -> 
         assert results == [i + 2 for i in range(25)]
         assert await asyncio.wait_for(waiting.get_result(), PATIENCE) == "got hello"
         assert await client.get_event(started[0].workflow_id, "y") == 1
-        assert await show(dbos.system_database.pool, list(expect)) == expect
+        assert await show(dbos._system_database.pool, list(expect)) == expect
         assert await show(client._peer().system_database.pool, list(expect)) == expect
         await sessions_outlive(observer, name, idle_ms=200)
         assert dbos.health().healthy, dbos.health()

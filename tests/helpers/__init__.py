@@ -158,7 +158,7 @@ async def take_executor_id_away(url: str, dbos: DBOS) -> None:
     network partition does: its ID lock's session ends while another session is queued on
     the lock, so the executor cannot re-acquire its ID (it is lost for good); then that
     session lets the ID go, free for failover to find."""
-    key = dbos.system_database.sql.executor_lock_key(dbos._current_runtime.executor_id)
+    key = dbos._system_database.sql.executor_lock_key(dbos._current_runtime.executor_id)
     holder = await advisory_lock_holder(url, key)
     assert holder is not None
     taker = await asyncpg.connect(url)
@@ -193,7 +193,7 @@ async def pool_statements(dbos: DBOS) -> Any:
     def log(record: Any) -> None:
         logged.append((record.query, tuple(record.args)))
 
-    pool = dbos.system_database.pool
+    pool = dbos._system_database.pool
     held = [await pool.acquire() for _ in range(pool.get_max_size())]
     for conn in held:
         conn.add_query_logger(log)

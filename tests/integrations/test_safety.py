@@ -133,7 +133,7 @@ async def test_a_stalled_lock_holder_loses_its_session_and_its_locks(database_ur
         locked = asyncio.Event()
 
         async def stall() -> None:
-            async with dbos.system_database.locking_transaction() as conn:
+            async with dbos._system_database.locking_transaction() as conn:
                 await conn.execute("SELECT 1 FROM dbos.workflow_status "
                                    "WHERE workflow_uuid = 'locked' FOR UPDATE")
                 locked.set()

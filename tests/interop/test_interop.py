@@ -283,7 +283,7 @@ async def test_send_bulk_both_ways(database_url: str) -> None:
         [received] = lines(stdout, "RESULT")
         assert sorted(received, key=str) == [[3], "x"]
         # The same message IDs on both sides: <key>::<destination>.
-        rows = await dbos.system_database.pool.fetch(
+        rows = await dbos._system_database.pool.fetch(
             "SELECT destination_uuid, message_uuid FROM dbos.notifications "
             "ORDER BY message_uuid")
         assert [(r["destination_uuid"], r["message_uuid"]) for r in rows] == [

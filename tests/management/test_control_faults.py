@@ -96,7 +96,7 @@ async def test_a_fork_whose_commit_reply_was_lost_returns_that_fork(
     async with dbos:
         with SetWorkflowID("orig"):
             assert await double(21) == 42
-        lost = lose_commit_replies(monkeypatch, dbos.system_database, error)
+        lost = lose_commit_replies(monkeypatch, dbos._system_database, error)
         handle = await dbos.fork_workflow("orig", 0, new_workflow_id="orig-fork")
         assert lost == [1]
         assert handle.workflow_id == "orig-fork"
@@ -128,7 +128,7 @@ async def test_a_cancel_whose_commit_reply_was_lost_reports_and_announces_it(
     async with dbos:
         with SetWorkflowID("waiting"):
             handle = await dbos.start_workflow(waiter)
-        lost = lose_commit_replies(monkeypatch, dbos.system_database,
+        lost = lose_commit_replies(monkeypatch, dbos._system_database,
                                    DEAD_CONNECTION_ERRORS[1])
         assert await dbos.cancel_workflows(["waiting"]) == ["waiting"]
         assert lost == [1]
@@ -146,7 +146,7 @@ async def test_a_resume_whose_commit_reply_was_lost_leaves_the_claimed_run_alone
         with SetWorkflowID("waiting"):
             await dbos.start_workflow(waiter)
         await dbos.cancel_workflow("waiting")
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
         real = sysdb.locking_transaction
         claimed = asyncio.Event()
         owners: list[str] = []

@@ -128,7 +128,7 @@ async def test_two_executors_never_run_a_job_at_once(database_url: str) -> None:
                 await conn.execute("UPDATE job_runs SET finished = clock_timestamp() "
                                    "WHERE executor = $1 AND finished IS NULL", name)
 
-            ran, _ = await executor.system_database.run_locked("test_job", job)
+            ran, _ = await executor._system_database.run_locked("test_job", job)
             return ran
 
         # Each runs the job while the other is refused, in turn.
@@ -165,7 +165,7 @@ async def test_two_executors_never_run_a_job_at_once(database_url: str) -> None:
             holding.set()
             await release.wait()
 
-        holder = asyncio.create_task(a.system_database.run_locked("retention", hold))
+        holder = asyncio.create_task(a._system_database.run_locked("retention", hold))
         await asyncio.wait_for(holding.wait(), 10)
         assert await b.garbage_collect(0) is None
         assert await b.global_timeout(0) == []  # another job, another lock
@@ -249,7 +249,7 @@ async def test_jobs_touch_only_their_application_and_unclaimed_rows(
             holding.set()
             await release.wait()
 
-        holder = asyncio.create_task(a.system_database.run_locked("retention", hold))
+        holder = asyncio.create_task(a._system_database.run_locked("retention", hold))
         await asyncio.wait_for(holding.wait(), 10)
         try:
             assert await b.garbage_collect(now - HOUR_MS) == 1

@@ -19,7 +19,7 @@ from dbos_async.sysdb.notifications import (
 
 
 def dispatcher_of(dbos: DBOS) -> NotificationDispatcher:
-    dispatcher = dbos.system_database.notifications
+    dispatcher = dbos._system_database.notifications
     assert dispatcher is not None
     return dispatcher
 
@@ -162,13 +162,13 @@ async def test_idle_receivers_do_not_read_again(database_url: str,
         return await dbos.recv(timeout=60)
 
     async with dbos:
-        consume = dbos.system_database.consume_message
+        consume = dbos._system_database.consume_message
 
         async def counted(workflow_id: str, *args: Any) -> Any:
             reads.append(workflow_id)
             return await consume(workflow_id, *args)
 
-        monkeypatch.setattr(dbos.system_database, "consume_message", counted)
+        monkeypatch.setattr(dbos._system_database, "consume_message", counted)
         handles = []
         for i in range(50):
             with SetWorkflowID(f"idle-{i}"):

@@ -402,7 +402,7 @@ async def test_a_retried_batch_recognises_the_rows_it_wrote(database_url: str,
                              executor_id="x", application_version=None, created_at_ms=1,
                              queue_name="jobs", shard_key=key), f"token-{i}")
                 for i, key in enumerate((a, b))]
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
         assert [s.created for s in await sysdb.start_workflows(rows)] == [True, True]
         assert [s.created for s in await sysdb.start_workflows(rows)] == [True, True]
         others = [(wf, "another-token") for wf, _ in rows]
@@ -418,7 +418,7 @@ async def test_a_batch_from_a_workflow_is_fenced_by_its_owner(database_url: str,
     a, _ = keys(sharding)
     jobs = Jobs(database_url, sharding, listen_queues=[])
     async with jobs.dbos as dbos:
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
 
         def row(workflow_id: str, status: str, queue: str | None) -> NewWorkflow:
             return NewWorkflow(workflow_id=workflow_id, name="job", status=status,
@@ -577,7 +577,7 @@ async def test_wait_first_waits_on_many_handles_with_one_waiter(database_url: st
         handles = [await box.start_inbox(f"w-{i}", a if i % 2 else b, 1) for i in range(20)]
         if sharding:  # the same ID under the other key, still waiting
             handles.append(await box.start_inbox("w-7", b, 1))
-        dispatcher = dbos.system_database.notifications
+        dispatcher = dbos._system_database.notifications
         assert dispatcher is not None
         targets = [(WORKFLOW_COMPLETION_CHANNEL, keyed(h.workflow_id, h.shard_key))
                    for h in handles]

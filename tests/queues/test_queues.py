@@ -391,7 +391,7 @@ async def test_recovery_leaves_a_workflow_its_queue_just_started(database_url: s
         await execute(database_url, "UPDATE dbos.workflow_status SET status = 'PENDING', "
                                     "executor_id = $1, recovery_attempts = 1 "
                                     "WHERE workflow_uuid = 'just-started'", EXECUTOR_ID)
-        claimed = await dbos.system_database.claim_pending(EXECUTOR_ID, APP_VERSION)
+        claimed = await dbos._system_database.claim_pending(EXECUTOR_ID, APP_VERSION)
         assert claimed == []
     assert await fetchval(database_url, "SELECT recovery_attempts FROM dbos.workflow_status "
                                         "WHERE workflow_uuid = 'just-started'") == 1

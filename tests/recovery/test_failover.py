@@ -284,7 +284,7 @@ async def test_a_partitioned_zombie_records_nothing_after_the_take_over(
         before = await effects(url)
         # The server ends the stopped process's ID lock session (as keepalives do across a
         # partition); its other connections stay open, as a zombie's would.
-        key = taker.system_database.sql.executor_lock_key(zombie.executor_id)
+        key = taker._system_database.sql.executor_lock_key(zombie.executor_id)
         holder = await advisory_lock_holder(url, key)
         assert holder is not None
         await execute(url, "SELECT pg_terminate_backend($1::integer, 10000::bigint)", holder)

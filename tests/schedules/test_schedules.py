@@ -334,7 +334,7 @@ async def test_idle_scheduler_sends_no_statement_between_rereads(database_url: s
         texts.append(record.query)
 
     async with dbos:
-        pool = dbos.system_database.pool
+        pool = dbos._system_database.pool
         held = [await pool.acquire() for _ in range(pool.get_max_size())]
         for conn in held:
             conn.add_query_logger(logged)

@@ -323,7 +323,7 @@ async def test_writes_by_a_stale_map_follow_a_moved_shard(citus_url: str,
         return await double(await double(n))
 
     async with dbos:
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
         with SetShardKey("tenant-7"):
             assert await twice(1) == 4
         stale = sysdb._shard_map
@@ -370,7 +370,7 @@ async def test_a_role_not_owning_the_tables_writes_on_the_distributed_ones(citus
     async with dbos:
         with SetShardKey("tenant-9"), SetWorkflowID("by-writer"):
             assert await twice(3) == 12
-        assert not dbos.system_database._writes_on_shards
+        assert not dbos._system_database._writes_on_shards
         steps = await dbos.list_workflow_steps("by-writer", shard_key="tenant-9")
         assert [s.name for s in steps] == ["double", "double"]
 
@@ -405,7 +405,7 @@ async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_stateme
 
     logged: list[tuple[str, tuple[Any, ...]]] = []
     async with dbos:
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
         shards = await sysdb._current_shard_map()
         assert shards is not None
         shard = shards.shard_of("tenant-0")

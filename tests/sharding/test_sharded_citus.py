@@ -259,7 +259,7 @@ async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, 
         statements.setdefault(query, args)
 
     async with dbos:
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
         # The pools of the nodes holding the workload's keys (opened on first use).
         pools = [sysdb.pool, *{await sysdb._node_pool(key) for key in ("acme", "globex")}]
         for pool in pools:

@@ -189,7 +189,7 @@ async def test_a_stopped_zombie_commits_nothing_after_the_take_over(
     taker, _ = tw.build(database_url, app_url, on, 91, "taker", failover_after=0.2,
                         idle_transaction_timeout=2.0)
     async with taker:
-        key = taker.system_database.sql.executor_lock_key("zombie-executor")
+        key = taker._system_database.sql.executor_lock_key("zombie-executor")
         holder = await advisory_lock_holder(database_url, key)
         assert holder is not None
         await execute(database_url, "SELECT pg_terminate_backend($1::integer, 10000::bigint)",

@@ -42,7 +42,7 @@ def fail_notifier_sends(monkeypatch: pytest.MonkeyPatch, dbos: DBOS, error: Exce
     """Make the notifier's next ``times`` sends (its pg_notify statement, run on the pool)
     raise ``error``, as a broken connection under the pool would. Returns the failure
     count so far (one element per failure)."""
-    pool = dbos.system_database.pool
+    pool = dbos._system_database.pool
     execute: Callable[..., Awaitable[Any]] = asyncpg.Pool.execute
     failures: list[int] = []
 
@@ -135,7 +135,7 @@ async def test_a_task_failing_on_every_start_is_reported_down(
     async with dbos:
         failures = fail_notifier_sends(monkeypatch, dbos, RuntimeError("still broken"),
                                        times=1_000_000)
-        dbos.system_database.notify(WORKFLOW_COMPLETION_CHANNEL, str(uuid.uuid4()))
+        dbos._system_database.notify(WORKFLOW_COMPLETION_CHANNEL, str(uuid.uuid4()))
 
         def down() -> list[str]:
             return [t.name for t in dbos.health().down]

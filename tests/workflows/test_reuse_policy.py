@@ -147,7 +147,7 @@ async def test_a_retry_of_the_creating_start_is_not_refused(schema: tuple[str, b
     app = App(url, sharded)
     key = "acme" if sharded else None
     async with app.dbos as dbos:
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
         call = read_call(workflow_id="r", as_child=False, shard_key=key,
                          reuse_policy="reject")
 
