@@ -37,6 +37,7 @@ from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
 from dbos_async.sysdb.exports import ExportOperations
 from dbos_async.sysdb.group_commit import GroupCommit
 from dbos_async.sysdb.notifications import (
+    ENQUEUE_CHANNEL,
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
@@ -484,11 +485,12 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
         """Insert a workflow on the caller's connection, in a savepoint of the caller's
         transaction (so a duplicate does not abort it), with its ``announce`` notification
-        (channel, payload) queued in that transaction; not retried, since the transaction
-        is the caller's."""
+        (channel, payload) queued in that transaction, unless the enqueue trigger queues it
+        there already; not retried, since the transaction is the caller's."""
         async with conn.transaction():
             started = await self._start_on(conn, wf, creator_xid)
-            if started.created:
+            if started.created and not (self.enqueue_trigger
+                                        and announce[0] == ENQUEUE_CHANNEL):
                 q = self.sql.notify_with_transaction(*announce)
                 await conn.execute(q.sql, *q.params)
         return started
