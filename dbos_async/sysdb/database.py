@@ -71,6 +71,7 @@ from dbos_async.sysdb.statements import (
     SEND_BULK,
     SUCCESS,
     Checkpoint,
+    Consume,
     FinalOutcome,
     NewWorkflow,
     OutgoingMessage,
@@ -98,6 +99,18 @@ KeyGroup = tuple[list[int], str | None]
 """Rows of a batch (their indexes) under one shard key, and the key: one statement's rows."""
 
 Keyed = tuple[str | None, T]
+
+Received = tuple[bool, str | None, str | None]
+"""What recv's consuming write found: (found, message, serialization)."""
+
+
+async def _outcome_of(verdict: Awaitable[T]) -> T | BaseException:
+    """A row's verdict in a group-commit batch: its value, or the error that is its alone
+    (a fence), which the batch hands its caller rather than raising for every row."""
+    try:
+        return await verdict
+    except (NonExistentWorkflowError, WorkflowCancelledError, WorkflowConflictError) as error:
+        return error
 """A row to write and the shard key of its workflow (None unsharded)."""
 
 
@@ -203,6 +216,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         self._outcomes = GroupCommit[Keyed[FinalOutcome], bool](self._write_outcomes)
         self._starts = GroupCommit[tuple[NewWorkflow, str], StartResult](self._write_starts)
         self._sends = GroupCommit[Keyed[OutgoingMessage], bool](self._write_sends)
+        self._consumes = GroupCommit[Consume, Received](self._write_consumes)
 
 
     async def dequeue_scopes(self, queue_name: str) -> list[str]:
@@ -227,6 +241,7 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
         await self._checkpoints.aclose()
         await self._outcomes.aclose()
         await self._sends.aclose()
+        await self._consumes.aclose()
         await super().close()
 
     # ---- Workflows ----
@@ -1160,10 +1175,39 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             missing += sorted(ids - found)
         return ", ".join(missing)
 
+    @property
+    def consumes_in_batches(self) -> bool:
+        """Whether recv's consuming writes are group-committed (on an unsharded schema):
+        then the reads of many woken waiters are a few statements, not one each."""
+        return not self.sharded
+
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
-                              topic: str) -> tuple[bool, str | None, str | None]:
-        """recv's consuming write: (found, message, serialization); found is False if none."""
+                              topic: str) -> Received:
+        """recv's consuming write: (found, message, serialization); found is False if none.
+        On an unsharded schema it joins the others of its turn of the event loop (or of
+        the round trip before) in one statement."""
+        if self.consumes_in_batches:
+            return await self._consumes.submit(
+                None, Consume(workflow_id, function_id, owner_xid, topic))
+        return await self._consume_one(Consume(workflow_id, function_id, owner_xid, topic))
+
+    async def _write_consumes(self, _lane: Hashable, rows: Sequence[Consume]
+                              ) -> list[Received | BaseException]:
+        """One group-commit batch of recv's consuming writes, each judged on its own. A
+        batch naming a workflow twice (two readers of one workflow, as a retry can make)
+        goes row by row: one statement would hand both the same message."""
+        if len(rows) == 1 or len({r.workflow_id for r in rows}) < len(rows):
+            return [await _outcome_of(self._consume_one(r)) for r in rows]
+        found = await self._fetch(self.sql.consume_messages(rows, self.clock.now_ms()),
+                                  f"receiving for {len(rows)} workflows")
+        return [await _outcome_of(self._received(r, row if row["status"] is not None
+                                                 else None))
+                for r, row in zip(rows, found, strict=True)]
+
+    async def _consume_one(self, c: Consume) -> Received:
         row: Row | None
+        workflow_id, function_id, owner_xid, topic = (c.workflow_id, c.function_id,
+                                                      c.owner_xid, c.topic)
         if self.routes_single_tables:
             row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
                                                      topic, self.clock.now_ms())
@@ -1171,12 +1215,16 @@ class SystemDatabase(RoutedWrites, WorkflowOperations, QueueOperations, Schedule
             query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic,
                                              self.clock.now_ms())
             row = await self._fetchrow(query, f"receiving for {workflow_id}")
-        self._check_fence(row, workflow_id)
+        return await self._received(c, row)
+
+    async def _received(self, c: Consume, row: Row | None) -> Received:
+        """What a consuming write's row (None: no such workflow) says recv received."""
+        self._check_fence(row, c.workflow_id)
         assert row is not None
         if row["inserted"]:
             return True, row["message"], row["serialization"]
         if row["recorded"]:
-            record = await self._existing_step(workflow_id, function_id, "DBOS.recv")
+            record = await self._existing_step(c.workflow_id, c.function_id, "DBOS.recv")
             if record is not None:
                 return True, record.output, record.serialization
         return False, None, None

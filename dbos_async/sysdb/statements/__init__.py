@@ -41,7 +41,12 @@ from dbos_async.sysdb.statements.control import (
 )
 from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
 from dbos_async.sysdb.statements.exports import EXPORT_COLUMNS, ExportStatements
-from dbos_async.sysdb.statements.messaging import SEND_BULK, MessagingStatements, OutgoingMessage
+from dbos_async.sysdb.statements.messaging import (
+    SEND_BULK,
+    Consume,
+    MessagingStatements,
+    OutgoingMessage,
+)
 from dbos_async.sysdb.statements.observability import ObservabilityStatements
 from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
@@ -90,6 +95,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "WORKFLOW_STATUSES",
     "Checkpoint",
+    "Consume",
     "FinalOutcome",
     "NewWorkflow",
     "OutgoingMessage",
