@@ -216,13 +216,14 @@ class MessagingStatements(StatementBase):
                             p([r.owner_xid for r in rows], "text[]"),
                             p([r.topic for r in rows], "text[]")])
         recorded = f"""EXISTS (SELECT 1 FROM {self.table('operation_outputs')} oo
-                               WHERE oo.workflow_uuid = v.workflow_uuid
-                                 AND oo.function_id = v.function_id)"""
+                               WHERE oo.workflow_uuid = waiting.workflow_uuid
+                                 AND oo.function_id = waiting.function_id)"""
         at = p(now_ms, "bigint")
         return Query(
-            f"""WITH v AS (
+            f"""WITH waiting AS (
                   SELECT * FROM unnest({arrays})
-                    WITH ORDINALITY AS v(workflow_uuid, function_id, owner_xid, topic, ord)
+                    WITH ORDINALITY
+                    AS waiting(workflow_uuid, function_id, owner_xid, topic, ord)
                 ), owner AS (
                   SELECT ws.workflow_uuid, ws.status, ws.owner_xid
                   FROM {self.table('workflow_status')} ws
@@ -230,13 +231,14 @@ class MessagingStatements(StatementBase):
                   ORDER BY ws.workflow_uuid
                   FOR NO KEY UPDATE
                 ), msg AS (
-                  SELECT v.ord, v.function_id, m.message_uuid
-                  FROM v JOIN owner ON owner.workflow_uuid = v.workflow_uuid
+                  SELECT waiting.ord, waiting.function_id, m.message_uuid
+                  FROM waiting JOIN owner ON owner.workflow_uuid = waiting.workflow_uuid
                                    AND owner.status = {p(PENDING)}
-                                   AND owner.owner_xid = v.owner_xid
+                                   AND owner.owner_xid = waiting.owner_xid
                   CROSS JOIN LATERAL (
                     SELECT n.message_uuid FROM {self.table('notifications')} n
-                    WHERE n.destination_uuid = v.workflow_uuid AND n.topic = v.topic
+                    WHERE n.destination_uuid = waiting.workflow_uuid
+                      AND n.topic = waiting.topic
                       AND n.consumed = false AND NOT {recorded}
                     ORDER BY {MESSAGE_ORDER}
                     LIMIT 1
@@ -251,24 +253,25 @@ class MessagingStatements(StatementBase):
                   INSERT INTO {self.table('operation_outputs')} (workflow_uuid, function_id,
                       function_name, output, started_at_epoch_ms, completed_at_epoch_ms,
                       serialization, application_name)
-                  SELECT v.workflow_uuid, v.function_id, 'DBOS.recv', consumed.message,
+                  SELECT waiting.workflow_uuid, waiting.function_id, 'DBOS.recv',
+                         consumed.message,
                          {at}, {at}, consumed.serialization, {p(self.app_name, 'text')}
-                  FROM consumed JOIN v ON v.ord = consumed.ord
+                  FROM consumed JOIN waiting ON waiting.ord = consumed.ord
                   {self._checkpoint_conflict()}
                   RETURNING workflow_uuid, function_id
                 )
                 SELECT owner.status,
-                       owner.owner_xid IS NOT DISTINCT FROM v.owner_xid AS owned,
+                       owner.owner_xid IS NOT DISTINCT FROM waiting.owner_xid AS owned,
                        consumed.message, consumed.serialization,
                        step.workflow_uuid IS NOT NULL AS inserted,
                        -- Already recorded (a retry whose first reply was lost).
                        {recorded} AS recorded
-                FROM v
-                LEFT JOIN owner ON owner.workflow_uuid = v.workflow_uuid
-                LEFT JOIN consumed ON consumed.ord = v.ord
-                LEFT JOIN step ON step.workflow_uuid = v.workflow_uuid
-                              AND step.function_id = v.function_id
-                ORDER BY v.ord""",
+                FROM waiting
+                LEFT JOIN owner ON owner.workflow_uuid = waiting.workflow_uuid
+                LEFT JOIN consumed ON consumed.ord = waiting.ord
+                LEFT JOIN step ON step.workflow_uuid = waiting.workflow_uuid
+                              AND step.function_id = waiting.function_id
+                ORDER BY waiting.ord""",
             p.values,
         )
 
