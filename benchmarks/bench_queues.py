@@ -13,7 +13,10 @@ Throughput, per system and executor count, on a fresh scratch database:
    ``workflow_status``: drain rate = N / (last completion - first start); also the delay
    from the enqueue commit to the first start, and how the workflows split between executors.
 
-For dbos_async also a drain of ``zero_step`` workflows (no step) with one executor, and for
+For dbos_async also a drain of ``zero_step`` workflows (no step) with one executor, one of
+``IDLE_WORKFLOWS`` one-step workflows enqueued after the executor sat idle for
+``IDLE_SECONDS`` (its idle poll backed off meanwhile: the delay to the first start shows
+whether the backlog's commit alone wakes it), and for
 every dbos_async drain the server's transactions from just before the enqueue to the end
 (each executor flushes its pool's statistics on request, see ``common.TransactionReading``).
 Then pgqueuer's enqueue and drain (``bench_pgqueuer.py``), when it is installed.
@@ -46,6 +49,10 @@ from common import (
 
 SCRIPT = Path(__file__).resolve().parent / "queue_child.py"
 QUEUE = "bench_queue"
+IDLE_SECONDS = 8.0
+"""How long the executor sits idle before the idle run's enqueue: its idle poll, doubling
+from the polling interval, has backed off to several seconds by then."""
+IDLE_WORKFLOWS = 1000
 
 
 class Executor:
@@ -144,10 +151,11 @@ async def published(conn: asyncpg.Connection, executors: list[Executor]) -> Tran
 
 async def drain(admin_url: str, database: str, system: str, *, processes: int,
                 workflows: int, worker_concurrency: int, polling_interval: float,
-                pool_size: int, workflow: str = "one_step",
+                pool_size: int, workflow: str = "one_step", idle_seconds: float = 0.0,
                 time_limit: float = 180.0) -> dict[str, Any]:
-    """One throughput run on a fresh database; see the module docstring. For dbos_async,
-    also the transactions the server ended over the drain (the enqueue's included)."""
+    """One throughput run on a fresh database, the enqueue ``idle_seconds`` after the
+    executors are ready; see the module docstring. For dbos_async, also the transactions
+    the server ended over the drain (the enqueue's included)."""
     url = await recreate_database(admin_url, database)
     executors = [Executor(system, url, f"bench-{system}-{i}",
                           worker_concurrency=worker_concurrency,
@@ -159,6 +167,7 @@ async def drain(admin_url: str, database: str, system: str, *, processes: int,
         counted = system == "dbos_async"
         conn = await asyncpg.connect(url)
         try:
+            await asyncio.sleep(idle_seconds)
             if counted:
                 before = await published(conn, executors)
             enqueue = await run_child(["enqueue", "--url", url, "--queue", QUEUE,
@@ -205,6 +214,7 @@ async def drain(admin_url: str, database: str, system: str, *, processes: int,
         "drain_seconds": seconds,
         "workflows_per_s": workflows / seconds if seconds > 0 else float("inf"),
         "commit_to_first_start_ms": pickup_ms,
+        "idle_seconds": idle_seconds,
         "per_executor": {r["executor_id"]: r["n"] for r in split},
         "enqueue": enqueue,
         "worker_concurrency": worker_concurrency,
@@ -248,19 +258,25 @@ async def run(admin_url: str, prefix: str, *, workflows: int, dbos_workflows: in
                        "polling_interval": polling_interval, "pool_size": pool_size},
         "throughput": {},
     }
-    runs = [("dbos_async", workflows, 1, "one_step"), ("dbos_async", workflows, 2, "one_step"),
-            ("dbos_async", workflows, 1, "zero_step")]
+    runs = [("dbos_async", workflows, 1, "one_step", 0.0),
+            ("dbos_async", workflows, 2, "one_step", 0.0),
+            ("dbos_async", workflows, 1, "zero_step", 0.0),
+            ("dbos_async", min(workflows, IDLE_WORKFLOWS), 1, "one_step", IDLE_SECONDS)]
     if not skip_dbos:
-        runs += [("dbos", dbos_workflows, 1, "one_step"), ("dbos", dbos_workflows, 2, "one_step")]
-    for system, count, processes, workflow in runs:
+        runs += [("dbos", dbos_workflows, 1, "one_step", 0.0),
+                 ("dbos", dbos_workflows, 2, "one_step", 0.0)]
+    for system, count, processes, workflow, idle in runs:
         progress(f"queues: {system}, drain {count} {workflow} workflows with {processes} "
-                 f"executor process(es)")
+                 f"executor process(es)" + (f", enqueued after {idle:g} s idle" if idle else ""))
         key = f"{system}_{processes}" if workflow == "one_step" else f"{system}_0step_{processes}"
+        if idle:
+            key = f"{system}_idle_{processes}"
         try:
             out["throughput"][key] = await drain(
                 admin_url, f"{prefix}_queues_{system}", system, processes=processes,
                 workflows=count, worker_concurrency=worker_concurrency,
-                polling_interval=polling_interval, pool_size=pool_size, workflow=workflow)
+                polling_interval=polling_interval, pool_size=pool_size, workflow=workflow,
+                idle_seconds=idle)
         except RuntimeError as error:
             progress(f"queue run {key} failed: {error}")
             out.setdefault("errors", []).append(f"{key}: {error}")

@@ -17,7 +17,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -276,7 +276,10 @@ async def recv(ctx: WorkflowContext, step_id: int, timeout_id: int, topic: str |
     with dispatcher.register(NOTIFICATIONS_CHANNEL,
                              sysdb.waiter_key(ctx.workflow_id, topic)) as w:
         while True:
-            async with dispatcher.polling():
+            # Batched, the reads of every waiter woken at once are a few statements: the
+            # bound on concurrent reads would only shrink the batches.
+            async with (nullcontext() if sysdb.consumes_in_batches
+                        else dispatcher.polling()):
                 found, message, serialization = await sysdb.consume_message(
                     ctx.workflow_id, step_id, ctx.owner_xid, topic
                 )

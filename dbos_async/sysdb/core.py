@@ -25,7 +25,12 @@ from dbos_async.sysdb import connection, migrations, setup
 from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
 from dbos_async.sysdb.fencing import TimelineFence
 from dbos_async.sysdb.health import DatabaseHealth, DatabaseWatch, describe_waits
-from dbos_async.sysdb.notifications import NotificationDispatcher, keyed, payload_key
+from dbos_async.sysdb.notifications import (
+    ENQUEUE_CHANNEL,
+    NotificationDispatcher,
+    keyed,
+    payload_key,
+)
 from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
 from dbos_async.sysdb.statements import Query, Statements
 from dbos_async.sysdb.statements.sharded import ShardedStatements
@@ -107,6 +112,9 @@ class DatabaseCore:
         # Whether the multi-table writes run as transactions of single-table statements
         # (a sharded schema on Citus, read at open; see dbos_async/sysdb/writes/routed.py).
         self.routes_single_tables = False
+        # Whether the server announces every workflow inserted ENQUEUED or DELAYED at its
+        # commit (the enqueue trigger, read at open; see dbos_async/sysdb/migrations.py).
+        self.enqueue_trigger = False
         # Where the schema is migrated and the executor IDs' advisory locks are held, which
         # every executor must see: the coordinator's URL on a Citus worker node (set at open).
         self.coordination_url = url
@@ -124,6 +132,17 @@ class DatabaseCore:
         the dispatcher is started."""
         if self.notifications is not None:
             self.notifications.notify(channel, key)
+
+    def announce_insert(self, key: str) -> None:
+        """Announce a committed insert of a workflow ENQUEUED or DELAYED (``key``: its
+        queue, or the queue watchers' key): wake the waiters here now and, unless the
+        enqueue trigger has done so at the commit, NOTIFY other processes."""
+        if self.notifications is None:
+            return
+        if self.enqueue_trigger:
+            self.notifications.wake(ENQUEUE_CHANNEL, key)
+        else:
+            self.notifications.notify(ENQUEUE_CHANNEL, key)
 
     # ---- Lifecycle ----
 
@@ -157,6 +176,10 @@ class DatabaseCore:
             citus = self.sql.routes_single_tables()
             self.routes_single_tables = bool(await run(
                 "reading the database's extensions", lambda: self.pool.fetchval(citus.sql)))
+        else:
+            self.enqueue_trigger = await run(
+                "reading the schema's triggers",
+                lambda: migrations.enqueue_trigger_enabled(self.pool, self.schema))
 
     async def check_connection(self) -> None:
         """One round trip on a connection of the pool, within the connect timeout and not

@@ -38,6 +38,7 @@ from dbos_async.sysdb.management.admin import AdminOperations
 from dbos_async.sysdb.management.operations import JobConnection, WorkflowOperations
 from dbos_async.sysdb.messaging import MessagingOperations
 from dbos_async.sysdb.notifications import (
+    ENQUEUE_CHANNEL,
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
@@ -432,11 +433,12 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
                                 creator_xid: str, *, announce: tuple[str, str]) -> StartResult:
         """Insert a workflow on the caller's connection, in a savepoint of the caller's
         transaction (so a duplicate does not abort it), with its ``announce`` notification
-        (channel, payload) queued in that transaction; not retried, since the transaction
-        is the caller's."""
+        (channel, payload) queued in that transaction, unless the enqueue trigger queues it
+        there already; not retried, since the transaction is the caller's."""
         async with conn.transaction():
             started = await self._start_on(conn, wf, creator_xid)
-            if started.created:
+            if started.created and not (self.enqueue_trigger
+                                        and announce[0] == ENQUEUE_CHANNEL):
                 q = self.sql.notify_with_transaction(*announce)
                 await conn.execute(q.sql, *q.params)
         return started

@@ -10,18 +10,43 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 
-from dbos_async.errors import NonExistentWorkflowError
+from dbos_async.errors import (
+    NonExistentWorkflowError,
+    WorkflowCancelledError,
+    WorkflowConflictError,
+)
 from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL
 from dbos_async.sysdb.records import StepRecord
 from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, by_key, cleared_shard_keys
-from dbos_async.sysdb.statements import PENDING, SEND_BULK, OutgoingMessage, Payload, Query
+from dbos_async.sysdb.statements import (
+    PENDING,
+    SEND_BULK,
+    Consume,
+    OutgoingMessage,
+    Payload,
+    Query,
+)
 from dbos_async.sysdb.writes.fenced import FencedWrites, Keyed
 from dbos_async.sysdb.writes.group_commit import GroupCommit
 from dbos_async.sysdb.writes.routed import Row
+
+T = TypeVar("T")
+
+Received = tuple[bool, str | None, str | None]
+"""What recv's consuming write found: (found, message, serialization)."""
+
+
+async def _outcome_of(verdict: Awaitable[T]) -> T | BaseException:
+    """A row's verdict in a group-commit batch: its value, or the error that is its alone
+    (a fence), which the batch hands its caller rather than raising for every row."""
+    try:
+        return await verdict
+    except (NonExistentWorkflowError, WorkflowCancelledError, WorkflowConflictError) as error:
+        return error
 
 
 class MessagingOperations(FencedWrites):
@@ -31,9 +56,12 @@ class MessagingOperations(FencedWrites):
         super().__init__(*args, **kwargs)
         # Sends from outside workflows, in group commit (see group_commit) by lane (_lane).
         self._sends = GroupCommit[Keyed[OutgoingMessage], bool](self._write_sends)
+        # recv's consuming writes of woken waiters, in group commit (unsharded only).
+        self._consumes = GroupCommit[Consume, Received](self._write_consumes)
 
     async def close(self) -> None:
         await self._sends.aclose()
+        await self._consumes.aclose()
         await super().close()
 
     async def send(self, destination_id: str, message_uuid: str, topic: str, message: Payload
@@ -247,10 +275,39 @@ class MessagingOperations(FencedWrites):
             missing += sorted(ids - found)
         return ", ".join(missing)
 
+    @property
+    def consumes_in_batches(self) -> bool:
+        """Whether recv's consuming writes are group-committed (on an unsharded schema):
+        then the reads of many woken waiters are a few statements, not one each."""
+        return not self.sharded
+
     async def consume_message(self, workflow_id: str, function_id: int, owner_xid: str,
-                              topic: str) -> tuple[bool, str | None, str | None]:
-        """recv's consuming write: (found, message, serialization); found is False if none."""
+                              topic: str) -> Received:
+        """recv's consuming write: (found, message, serialization); found is False if none.
+        On an unsharded schema it joins the others of its turn of the event loop (or of
+        the round trip before) in one statement."""
+        if self.consumes_in_batches:
+            return await self._consumes.submit(
+                None, Consume(workflow_id, function_id, owner_xid, topic))
+        return await self._consume_one(Consume(workflow_id, function_id, owner_xid, topic))
+
+    async def _write_consumes(self, _lane: Hashable, rows: Sequence[Consume]
+                              ) -> list[Received | BaseException]:
+        """One group-commit batch of recv's consuming writes, each judged on its own. A
+        batch naming a workflow twice (two readers of one workflow, as a retry can make)
+        goes row by row: one statement would hand both the same message."""
+        if len(rows) == 1 or len({r.workflow_id for r in rows}) < len(rows):
+            return [await _outcome_of(self._consume_one(r)) for r in rows]
+        found = await self._fetch(self.sql.consume_messages(rows, self.clock.now_ms()),
+                                  f"receiving for {len(rows)} workflows")
+        return [await _outcome_of(self._received(r, row if row["status"] is not None
+                                                 else None))
+                for r, row in zip(rows, found, strict=True)]
+
+    async def _consume_one(self, c: Consume) -> Received:
         row: Row | None
+        workflow_id, function_id, owner_xid, topic = (c.workflow_id, c.function_id,
+                                                      c.owner_xid, c.topic)
         if self.routes_single_tables:
             row = await self._consume_message_routed(workflow_id, function_id, owner_xid,
                                                      topic, self.clock.now_ms())
@@ -258,12 +315,16 @@ class MessagingOperations(FencedWrites):
             query = self.sql.consume_message(workflow_id, function_id, owner_xid, topic,
                                              self.clock.now_ms())
             row = await self._fetchrow(query, f"receiving for {workflow_id}")
-        self._check_fence(row, workflow_id)
+        return await self._received(c, row)
+
+    async def _received(self, c: Consume, row: Row | None) -> Received:
+        """What a consuming write's row (None: no such workflow) says recv received."""
+        self._check_fence(row, c.workflow_id)
         assert row is not None
         if row["inserted"]:
             return True, row["message"], row["serialization"]
         if row["recorded"]:
-            record = await self._existing_step(workflow_id, function_id, "DBOS.recv")
+            record = await self._existing_step(c.workflow_id, c.function_id, "DBOS.recv")
             if record is not None:
                 return True, record.output, record.serialization
         return False, None, None

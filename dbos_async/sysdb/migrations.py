@@ -41,6 +41,17 @@ Two tracks: unsharded and sharded
     tables; on plain PostgreSQL the same files build the same schema, undistributed.
     :func:`migrate` and :func:`verify` run one track or the other (``sharded=``).
 
+Additions of this package's own
+    ``sql/additions/`` holds objects DBOS's schema lacks and this package adds to the
+    unsharded track: the trigger that NOTIFYs the enqueue channel for every workflow
+    inserted ENQUEUED or DELAYED, whoever inserts it (see the file for why). They carry no
+    version (DBOS's version row stays DBOS's): :func:`migrate` adds them, in one transaction
+    under the lock, wherever the trigger is missing, on a schema it built or one DBOS built.
+    :func:`verify` does not require them; :func:`enqueue_trigger_enabled` says whether the
+    trigger is there, so an executor on a schema without it notifies by itself. On the
+    sharded track there is none: on Citus a trigger fires on a worker, whose NOTIFY never
+    reaches the coordinator's listeners (its SQL functions notify by themselves).
+
     Both tracks record the DBOS version they build (125) in ``dbos_migrations``: the version
     says how far a schema is migrated, and the kind is read off the schema itself, as DBOS does:
     a schema is sharded iff ``workflow_status`` has a ``shard_key`` column. A distinct version
@@ -80,6 +91,18 @@ _BODY_TAG = "$dbos_fn$"
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_[a-z0-9_]+\.sql$")
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1; longer names are silently cut.
 _SHARDED_DIR = "sharded"
+_ADDITIONS_DIR = "additions"
+_ADDITIONS = ("enqueue_notify.sql",)
+ENQUEUE_TRIGGER = "dbos_async_enqueue_trigger"
+"""The trigger of ``sql/additions/enqueue_notify.sql``; its presence records the addition."""
+# The trigger on the schema's workflow_status: None if absent, else whether it fires.
+_ENQUEUE_TRIGGER_STATE = """
+    SELECT g.tgenabled <> 'D'
+    FROM pg_catalog.pg_trigger g
+    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = $1 AND c.relname = 'workflow_status' AND g.tgname = $2
+"""
 # Bounds holds_sharded_schema's connection attempt, as the caller's own connection would be.
 _PROBE_CONNECT_TIMEOUT = 10.0
 
@@ -128,10 +151,11 @@ def _lock_key(schema: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def _sql_dir(sharded: bool) -> Path:
+def _sql_dir(sharded: bool, track: str | None = None) -> Path:
     """Where a track's migration files are: the wheel's copy first, else the source checkout's."""
     here = Path(__file__).resolve()
-    track = _SHARDED_DIR if sharded else ""
+    if track is None:
+        track = _SHARDED_DIR if sharded else ""
     candidates = (here.parents[1] / "_sql" / track, here.parents[2] / "sql" / track)
     for candidate in candidates:
         if candidate.is_dir():
@@ -171,6 +195,26 @@ def _steps(sharded: bool) -> tuple[_Step, ...]:
             f"expects {LATEST_VERSION}"
         )
     return steps
+
+
+@functools.cache
+def _additions() -> str:
+    """The additions' SQL (see the module docstring), loaded once."""
+    directory = _sql_dir(False, _ADDITIONS_DIR)
+    return "\n".join((directory / name).read_text(encoding="utf-8") for name in _ADDITIONS)
+
+
+async def enqueue_trigger_enabled(conn: asyncpg.Connection | asyncpg.Pool, schema: str
+                                  ) -> bool:
+    """Whether the schema's workflow_status has the enqueue trigger, enabled: then every
+    workflow inserted ENQUEUED or DELAYED is announced by the server, at its commit."""
+    return bool(await conn.fetchval(_ENQUEUE_TRIGGER_STATE, schema, ENQUEUE_TRIGGER))
+
+
+async def _lacks_additions(conn: asyncpg.Connection, schema: str, sharded: bool) -> bool:
+    if sharded:
+        return False
+    return await conn.fetchval(_ENQUEUE_TRIGGER_STATE, schema, ENQUEUE_TRIGGER) is None
 
 
 def _render(template: str, quoted_schema: str) -> str:
@@ -333,7 +377,8 @@ async def migrate(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bo
 
     # Fast path without the lock: the usual case is a database that is already migrated.
     version = await _recorded_version(conn, schema)
-    if version is not None and not _needs_migration(schema, version, sharded):
+    if (version is not None and not _needs_migration(schema, version, sharded)
+            and not await _lacks_additions(conn, schema, sharded)):
         return version
 
     held: list[int] = []
@@ -347,12 +392,13 @@ async def migrate(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bo
         await check_schema_kind(conn, schema, sharded=sharded)
         version = await _recorded_version(conn, schema)
         assert version is not None
-        if not _needs_migration(schema, version, sharded):
-            return version
-        for step in steps:
-            if step.version > version:
-                await _apply(conn, schema, quoted, step)
-                version = step.version
+        if _needs_migration(schema, version, sharded):
+            for step in steps:
+                if step.version > version:
+                    await _apply(conn, schema, quoted, step)
+                    version = step.version
+        if await _lacks_additions(conn, schema, sharded):
+            await _add(conn, schema, quoted)
         return version
     finally:
         # A closed connection has already dropped its session locks.
@@ -406,6 +452,26 @@ async def _apply(conn: asyncpg.Connection, schema: str, quoted: str, step: _Step
             f"migrating DBOS system schema {schema!r} to version {step.version} failed "
             f"({', '.join(step.files)}): {type(e).__name__}: {e}"
         ) from e
+
+
+async def _add(conn: asyncpg.Connection, schema: str, quoted: str) -> None:
+    """Create the additions in one transaction (see the module docstring)."""
+    logger.info("adding dbos_async's enqueue trigger to the DBOS system schema %r", schema)
+    try:
+        async with conn.transaction():
+            await conn.execute(_render(_additions(), quoted))
+    except asyncpg.InsufficientPrivilegeError as e:
+        # A role that may use a schema another role made, but not add to it: everything
+        # works without the trigger, as on a verified schema (executors notify by
+        # themselves, and a non-notifying writer's rows wait for the idle poll).
+        logger.warning("Could not add dbos_async's enqueue trigger to the DBOS system schema "
+                       "%r (%s): workflows other writers enqueue are found by polling", schema, e)
+    except asyncpg.PostgresError as e:
+        if is_transient(e):
+            raise
+        raise MigrationError(
+            f"adding dbos_async's enqueue trigger to the DBOS system schema {schema!r} failed "
+            f"({', '.join(_ADDITIONS)}): {type(e).__name__}: {e}") from e
 
 
 async def verify(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bool = False) -> int:

@@ -102,16 +102,16 @@ async def test_migrate_builds_the_schema(conn: asyncpg.Connection) -> None:
         "WHERE n.nspname = 'dbos' ORDER BY 1"
     )
     assert [f["proname"] for f in functions] == [
+        "dbos_async_enqueue_notify",
         "enqueue_workflow",
         "notifications_function",
         "send_message",
     ]
-    assert (
-        await conn.fetchval(
-            "SELECT count(*) FROM pg_trigger WHERE tgname = 'dbos_notifications_trigger'"
+    for trigger in ("dbos_notifications_trigger", "dbos_async_enqueue_trigger"):
+        assert (
+            await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE tgname = $1", trigger)
+            == 1
         )
-        == 1
-    )
 
 
 async def test_migrate_is_idempotent(db: asyncpg.Connection) -> None:

@@ -1,8 +1,10 @@
 """Compatibility of our migrations with the `dbos` package (3.4.0), the schema's owner.
 
-(a) Our SQL builds the same catalog as DBOS's own migrations.
+(a) Our SQL builds the same catalog as DBOS's own migrations, plus our own additions (the
+    enqueue trigger and its function, see sql/additions/) and nothing else.
 (b) DBOS launched on a database we migrated runs no migration, and runs workflows.
-(c) Our runner accepts a database DBOS migrated, and changes nothing in it.
+(c) Our runner accepts a database DBOS migrated, and changes nothing in it but adding our
+    additions (verifying changes nothing at all).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import pytest
 import sqlalchemy as sa
 from dbos._migration import ensure_dbos_schema, run_dbos_migrations
 
-from dbos_async.sysdb.migrations import LATEST_VERSION, migrate, verify
+from dbos_async.sysdb.migrations import ENQUEUE_TRIGGER, LATEST_VERSION, migrate, verify
+
+ADDITIONS = {ENQUEUE_TRIGGER, "dbos_async_enqueue_notify"}
+"""The names of the objects our runner adds to DBOS's schema (sql/additions/)."""
 
 # Each query returns rows describing one kind of object in schema $1. Text that names the schema
 # (constraint, index and trigger definitions) has it replaced by <schema>, so two schemas with
@@ -108,6 +113,28 @@ async def catalog(url: str, schema: str) -> dict[str, list[tuple[Any, ...]]]:
         }
     finally:
         await conn.close()
+
+
+def additions(catalog: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+    """The rows of ``catalog`` naming one of our additions."""
+    return {kind: [row for row in rows if ADDITIONS & set(map(str, row))]
+            for kind, rows in catalog.items()}
+
+
+def without_additions(catalog: dict[str, list[tuple[Any, ...]]]
+                      ) -> dict[str, list[tuple[Any, ...]]]:
+    """``catalog`` less the rows naming one of our additions."""
+    return {kind: [row for row in rows if not ADDITIONS & set(map(str, row))]
+            for kind, rows in catalog.items()}
+
+
+def assert_added(catalog: dict[str, list[tuple[Any, ...]]]) -> None:
+    """The additions are there: one trigger on workflow_status, one function."""
+    added = additions(catalog)
+    assert [row[:2] for row in added["triggers"]] == [("workflow_status", ENQUEUE_TRIGGER)]
+    assert [row[0] for row in added["functions"]] == ["dbos_async_enqueue_notify"]
+    assert not any(added[kind] for kind in ("relations", "columns", "constraints", "indexes",
+                                            "types"))
 
 
 def assert_same_catalog(
@@ -216,7 +243,9 @@ async def test_catalog_matches_dbos(
     ours = await catalog(second_database_url, schema)
     # Guard against comparing two empty catalogs: the queries must have found the schema.
     assert len(theirs["relations"]) > 40 and theirs["functions"] and theirs["triggers"]
-    assert_same_catalog(theirs, ours)
+    assert not any(additions(theirs).values())
+    assert_added(ours)
+    assert_same_catalog(theirs, without_additions(ours))
     assert await recorded_versions(database_url, schema) == [LATEST_VERSION]
     assert await recorded_versions(second_database_url, schema) == [LATEST_VERSION]
 
@@ -308,11 +337,16 @@ async def test_we_accept_a_database_dbos_migrated(database_url: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
         assert await verify(conn) == LATEST_VERSION
+        assert_same_catalog(before, await catalog(database_url, "dbos"))
         assert await migrate(conn) == LATEST_VERSION
         assert await verify(conn) == LATEST_VERSION
     finally:
         await conn.close()
 
-    assert_same_catalog(before, await catalog(database_url, "dbos"))
-    assert await object_ids(database_url, "dbos") == ids_before
+    after = await catalog(database_url, "dbos")
+    assert_added(after)
+    assert_same_catalog(before, without_additions(after))
+    # DBOS's objects were left in place (not dropped and re-created).
+    ids_after = await object_ids(database_url, "dbos")
+    assert [row for row in ids_after if row[1] not in ADDITIONS] == ids_before
     assert await recorded_versions(database_url, "dbos") == [LATEST_VERSION]

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from dbos_async import DBOS
+from dbos_async import DBOS, DBOSClient
 from dbos_async.database_url import Host, parse_database_url
 
 EXECUTOR_ID = "test-executor"
@@ -185,15 +185,16 @@ async def take_executor_id_away(url: str, dbos: DBOS) -> None:
 
 
 @contextlib.asynccontextmanager
-async def pool_statements(dbos: DBOS) -> Any:
-    """The statements (text and arguments) the executor's pool sends inside the block, as
-    a list filled in as they go."""
+async def pool_statements(dbos: DBOS | DBOSClient) -> Any:
+    """The statements (text and arguments) the executor's (or client's) pool sends inside
+    the block, as a list filled in as they go."""
     logged: list[tuple[str, tuple[Any, ...]]] = []
 
     def log(record: Any) -> None:
         logged.append((record.query, tuple(record.args)))
 
-    pool = dbos._system_database.pool
+    sysdb = dbos._system_database if isinstance(dbos, DBOS) else dbos._peer().system_database
+    pool = sysdb.pool
     held = [await pool.acquire() for _ in range(pool.get_max_size())]
     for conn in held:
         conn.add_query_logger(log)

@@ -273,6 +273,33 @@ async def test_an_executor_runs_as_a_granted_least_privilege_role(
         assert await fetch(database_url, "SELECT 1 FROM dbos.workflow_status LIMIT 1")
 
 
+async def test_a_role_that_cannot_add_the_enqueue_trigger_starts_without_it(
+        database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On a schema without the enqueue trigger (as the dbos package makes it), a
+    least-privilege role's executor cannot add it: it says so and starts, and its own
+    enqueues wake its claim loops by themselves."""
+    async with new_dbos(database_url) as owner, login_role(database_url) as (role, role_url):
+        await owner.grant_permissions(role)
+        await execute(database_url,
+                      "DROP TRIGGER dbos_async_enqueue_trigger ON dbos.workflow_status")
+        app = new_dbos(role_url, executor_id="least-privilege")
+        jobs = app.queue("jobs")
+
+        @app.workflow(name="work")
+        async def work(x: int) -> int:
+            return 2 * x
+
+        with caplog.at_level("WARNING", logger="dbos_async.sysdb.migrations"):
+            async with app:
+                assert not app.system_database.enqueue_trigger
+                handle = await jobs.enqueue(work, 5)
+                assert await asyncio.wait_for(handle.get_result(), 30) == 10
+    assert any("Could not add dbos_async's enqueue trigger" in r.getMessage()
+               for r in caplog.records)
+    assert not await fetch(database_url, "SELECT 1 FROM pg_trigger "
+                                         "WHERE tgname = 'dbos_async_enqueue_trigger'")
+
+
 async def test_grant_refuses_unknown_and_invalid_roles(database_url: str) -> None:
     async with new_dbos(database_url) as owner, login_role(database_url) as (role, role_url):
         with pytest.raises(DBOSError, match="does not exist"):

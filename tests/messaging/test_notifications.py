@@ -195,21 +195,19 @@ async def test_idle_receivers_do_not_read_again(database_url: str,
 
 
 async def test_polling_queries_are_bounded(database_url: str) -> None:
+    """Without LISTEN, 60 callers polling for events read at most max_polling_queries at
+    once. (recv's reads are batched instead: see test_group_commit.py.)"""
     dbos = new_dbos(database_url,
                     **messaging_settings(listen=False, pool_size=4, max_polling_queries=2))
 
     @dbos.workflow()
-    async def receiver() -> Any:
-        return await dbos.recv(timeout=30)
+    async def publisher(value: int) -> None:
+        await dbos.set_event("k", value)
 
     async with dbos:
         dispatcher = dispatcher_of(dbos)
         slots = dispatcher.polling()
         peak = 0
-        handles = []
-        for i in range(60):
-            with SetWorkflowID(f"r{i}"):
-                handles.append(await dbos.start_workflow(receiver))
 
         async def watch() -> None:
             nonlocal peak
@@ -218,10 +216,13 @@ async def test_polling_queries_are_bounded(database_url: str) -> None:
                 await asyncio.sleep(0)
 
         watcher = asyncio.ensure_future(watch())
-        await asyncio.sleep(0.3)
-        await asyncio.gather(*(dbos.send(f"r{i}", i) for i in range(60)))
+        readers = [asyncio.ensure_future(dbos.get_event(f"p{i}", "k", timeout=30))
+                   for i in range(60)]
+        for i in range(60):
+            with SetWorkflowID(f"p{i}"):
+                await dbos.start_workflow(publisher, i)
         async with asyncio.timeout(20):
-            assert await dbos.wait_all(handles) == list(range(60))
+            assert await asyncio.gather(*readers) == list(range(60))
         watcher.cancel()
         assert 1 <= peak <= 2
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import asyncpg
 import pytest
-from helpers import fetchval, new_dbos, unique_name, wait_until
+from helpers import fetchval, new_dbos, pool_statements, unique_name, wait_until
 
 from dbos_async import DBOSClient, SetEnqueueOptions, SetWorkflowID, WorkflowCancelledError
 from dbos_async.testing import PgServer, with_database
@@ -172,7 +173,8 @@ async def test_wake_ups_reach_a_backed_off_executor(database_url: str) -> None:
 
 async def test_a_writer_that_does_not_notify_is_picked_up_after_the_backoff(
         database_url: str) -> None:
-    """A workflow enqueued by plain SQL (no notification) while the queue watcher has
+    """A workflow enqueued by plain SQL with no notification at all (the writer's session
+    fires no trigger, as where the enqueue trigger is missing) while the queue watcher has
     backed off to its cap is found by its next poll, and runs."""
     dbos = new_dbos(database_url, idle_poll_max_interval=1.0)
     dbos.queue("raw", polling_interval=0.1)
@@ -190,8 +192,71 @@ async def test_a_writer_that_does_not_notify_is_picked_up_after_the_backoff(
 
         await wait_until(backed_off, what="the queue watcher to back off")
         workflow_id = str(uuid.uuid4())
-        await fetchval(database_url,
-                       "SELECT dbos.enqueue_workflow($1, $2, ARRAY['7'::json], "
-                       "workflow_id => $3)", "raw_job", "raw", workflow_id)
+        conn = await asyncpg.connect(database_url)
+        try:
+            # Triggers off for this session (a superuser's setting): no NOTIFY at all.
+            await conn.execute("SET session_replication_role = replica")
+            await conn.fetchval("SELECT dbos.enqueue_workflow($1, $2, ARRAY['7'::json], "
+                                "workflow_id => $3)", "raw_job", "raw", workflow_id)
+        finally:
+            await conn.close()
         handle = await dbos.retrieve_workflow(workflow_id)
         assert await asyncio.wait_for(handle.get_result(), PATIENCE) == "ran 7"
+
+
+SHORT_PATIENCE = 5.0
+"""Less than the interval the queue watcher has backed off to (6.4 s and more) in the
+raw-insert test: what starts within it was woken by the insert's commit, not polled for."""
+
+
+async def test_a_raw_insert_wakes_a_backed_off_executor_at_its_commit(
+        database_url: str) -> None:
+    """A workflow inserted ENQUEUED by plain SQL through asyncpg (the rows the dbos
+    package's client writes; the writer sends no notification) while the queue watcher
+    waits longer than the patience is started within it: the enqueue trigger announces
+    the row at the commit. So does a client's enqueue, which sends no NOTIFY of its own."""
+    dbos = new_dbos(database_url, idle_poll_max_interval=LONG_CAP)
+    dbos.queue("raw", polling_interval=0.1)
+
+    @dbos.workflow(name="raw_job")
+    async def raw_job(x: Any) -> str:
+        return f"ran {x}"
+
+    async with dbos:
+        poll = dbos._current_runtime.queue_poll
+        assert poll is not None
+
+        async def backed_off() -> bool:
+            return poll.interval > SHORT_PATIENCE
+
+        await wait_until(backed_off, what="the queue watcher to back off")
+        workflow_id = str(uuid.uuid4())
+        conn = await asyncpg.connect(database_url)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    """INSERT INTO dbos.workflow_status (workflow_uuid, status, name,
+                           queue_name, created_at, updated_at, recovery_attempts, owner_xid,
+                           serialization)
+                       VALUES ($1, 'ENQUEUED', 'raw_job', 'raw', $2, $2, 0, $3,
+                               'portable_json')""",
+                    workflow_id, int(time.time() * 1000), str(uuid.uuid4()))
+                await conn.execute(
+                    "INSERT INTO dbos.workflow_input (workflow_uuid, inputs) VALUES ($1, $2)",
+                    workflow_id, '{"positionalArgs": [7], "namedArgs": {}}')
+        finally:
+            await conn.close()
+        handle = await dbos.retrieve_workflow(workflow_id)
+        assert await asyncio.wait_for(handle.get_result(), SHORT_PATIENCE) == "ran 7"
+
+        async with DBOSClient(system_database_url=database_url) as client:
+            await wait_until(backed_off, what="the queue watcher to back off again")
+            async with pool_statements(client) as sent:
+                enqueued = await client.enqueue("raw", "raw_job", 8)
+                notifications = client._peer().system_database.notifications
+                assert notifications is not None
+                await notifications.flush()  # whatever the notifier still holds, sent now
+            assert await asyncio.wait_for(enqueued.get_result(), SHORT_PATIENCE) == "ran 8"
+        notifies = [(text, args) for text, args in sent
+                    if "pg_notify" in text and "dbos_enqueue_channel" in repr(args)]
+        assert not notifies, notifies

@@ -23,6 +23,8 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowCancelledError,
 )
+from dbos_async.executor.messaging import NULL_TOPIC
+from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL
 
 BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
 """Text of the batched checkpoint statement (one row per workflow in its arrays)."""
@@ -353,3 +355,67 @@ async def test_sends_made_together_go_as_one_statement_and_a_missing_destination
                                     *([n] for n in [*names[3:], "nobody"])]
     stored = await fetch(database_url, "SELECT destination_uuid FROM dbos.notifications")
     assert sorted(r["destination_uuid"] for r in stored) == names  # each once, none to nobody
+
+
+CONSUME_MARK = "AS waiting(workflow_uuid, function_id, owner_xid, topic, ord)"
+"""Text of the batched consuming write of recv (one row per waiting workflow)."""
+
+
+async def test_receivers_woken_together_consume_in_one_statement(database_url: str) -> None:
+    """Receivers woken while another's consuming write is held in flight (its status row
+    locked) consume their messages together, in one statement, each its own; one no longer
+    owned by this execution consumes nothing, alone, and the others are not held up."""
+    dbos = new_dbos(database_url)
+
+    @dbos.workflow()
+    async def receiver() -> Any:
+        return await dbos.recv()
+
+    names = [f"receiver-{i}" for i in range(8)]
+    async with dbos:
+        handles = {}
+        for name in ["lead", *names, "fenced"]:
+            with SetWorkflowID(name):
+                handles[name] = await dbos.start_workflow(receiver)
+        sysdb = dbos.system_database
+        dispatcher = sysdb.notifications
+        assert dispatcher is not None
+        consumes = sysdb._consumes
+
+        async def all_waiting() -> bool:
+            return not consumes._lanes and all(
+                dispatcher.waiters_on(NOTIFICATIONS_CHANNEL, sysdb.waiter_key(n, NULL_TOPIC))
+                for n in handles)
+
+        await wait_until(all_waiting, what="every receiver waiting")
+        await execute(database_url, "UPDATE dbos.workflow_status SET owner_xid = 'elsewhere' "
+                                    "WHERE workflow_uuid = 'fenced'")
+        conn = await asyncpg.connect(database_url)
+        async with pool_statements(dbos) as logged:
+            try:  # the lock goes before the pool is read back, whatever happens
+                lock = conn.transaction()
+                await lock.start()
+                await conn.execute("SELECT 1 FROM dbos.workflow_status "
+                                   "WHERE workflow_uuid = 'lead' FOR NO KEY UPDATE")
+                await dbos.send("lead", "LEAD")
+
+                async def lead_held() -> bool:
+                    return await lock_waiters(database_url) >= 1
+
+                await wait_until(lead_held, what="the lead's consuming write to wait")
+                await asyncio.gather(*(dbos.send(n, n.upper()) for n in [*names, "fenced"]))
+
+                async def queued() -> bool:
+                    return sum(len(lane.waiting) for lane in consumes._lanes.values()) >= 9
+
+                await wait_until(queued, what="the other receivers' writes to queue")
+            finally:
+                await conn.close()
+            results = {n: await asyncio.wait_for(handles[n].get_result(), 30)
+                       for n in ["lead", *names]}
+    assert results == {"lead": "LEAD", **{n: n.upper() for n in names}}
+    assert [sorted(args[0]) for sql, args in logged if CONSUME_MARK in sql] == [
+        sorted([*names, "fenced"])]
+    rows = await fetch(database_url, "SELECT destination_uuid, consumed FROM dbos.notifications")
+    assert {r["destination_uuid"]: r["consumed"] for r in rows} == {
+        "lead": True, **dict.fromkeys(names, True), "fenced": False}

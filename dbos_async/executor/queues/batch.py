@@ -37,7 +37,6 @@ from dbos_async.executor.steps import replay
 from dbos_async.executor.telemetry.tracing import traced_attributes
 from dbos_async.sysdb.chunks import spans
 from dbos_async.sysdb.database import BatchStart, StepRecord, SystemDatabase
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.statements import NewWorkflow, ParentStep
 
 ENQUEUE_MANY = "DBOS.enqueue_many"
@@ -164,7 +163,7 @@ async def enqueue_batch(peer: Peer, plans: Sequence[Planned],
             (plan, signature), start = plans[i], starts[i]
             if start.created and (key := announcement_key(plan.row)) not in announced:
                 announced.add(key)
-                sysdb.notify(ENQUEUE_CHANNEL, key)
+                sysdb.announce_insert(key)
             row = _outcome(plan, start)
             results.append(_result(peer, row, signature if row[1] != "deduplicated" else None))
     return results

@@ -30,7 +30,6 @@ from dbos_async.executor.start import (
     replayed_start,
 )
 from dbos_async.sysdb.database import StartResult, SystemDatabase
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.sysdb.shard_keys import shard_key_scope
 from dbos_async.sysdb.statements import ENQUEUED, NewWorkflow, is_dedup_conflict
 
@@ -72,7 +71,7 @@ def announcement_key(row: NewWorkflow) -> str:
 
 def announce(sysdb: SystemDatabase, row: NewWorkflow) -> None:
     """Wake the claimers of a new row, here and elsewhere (after it committed)."""
-    sysdb.notify(ENQUEUE_CHANNEL, announcement_key(row))
+    sysdb.announce_insert(announcement_key(row))
 
 
 async def start_deduplicated(

@@ -40,7 +40,12 @@ from dbos_async.sysdb.statements.management.control import (
     advisory_lock_key,
     job_lock_key,
 )
-from dbos_async.sysdb.statements.messaging import SEND_BULK, MessagingStatements, OutgoingMessage
+from dbos_async.sysdb.statements.messaging import (
+    SEND_BULK,
+    Consume,
+    MessagingStatements,
+    OutgoingMessage,
+)
 from dbos_async.sysdb.statements.observability import ObservabilityStatements
 from dbos_async.sysdb.statements.permissions import PermissionStatements
 from dbos_async.sysdb.statements.queues import (
@@ -90,6 +95,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "WORKFLOW_STATUSES",
     "Checkpoint",
+    "Consume",
     "FinalOutcome",
     "NewWorkflow",
     "OutgoingMessage",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dbos_async.sysdb.statements.base import (
     ACTIVE_STATUSES,
+    PENDING,
     PORTABLE_JSON,
     Params,
     Payload,
@@ -37,6 +38,17 @@ class OutgoingMessage:
     shard_key: str | None = None
     # The format of ``message`` (the serialization column beside it).
     serialization: str = PORTABLE_JSON
+
+
+@dataclass(frozen=True)
+class Consume:
+    """A recv's consuming write: the waiting workflow (under its owner token), its step and
+    the stored topic it waits on."""
+
+    workflow_id: str
+    function_id: int
+    owner_xid: str
+    topic: str
 
 
 class MessagingStatements(StatementBase):
@@ -185,6 +197,81 @@ class MessagingStatements(StatementBase):
                                WHERE {self.wf('oo', workflow_id, p)}
                                  AND oo.function_id = {fid}) AS recorded
                 FROM owner""",
+            p.values,
+        )
+
+    def consume_messages(self, rows: Sequence[Consume], now_ms: int) -> Query:
+        """:meth:`consume_message` for many waiting workflows, each named once, in one
+        statement (unsharded schema only): one row per given row, in order, with the same
+        columns, and the status NULL for a workflow that does not exist.
+
+        The status rows are locked FOR NO KEY UPDATE in ID order (no hand-off commits
+        between the check and the writes; batches locking several cannot deadlock one
+        another); each workflow's oldest waiting message is locked FOR UPDATE SKIP LOCKED
+        (a concurrent consumer takes the next one), only while the workflow is owned and
+        its step not yet recorded."""
+        p = Params()
+        ids = p([r.workflow_id for r in rows], "text[]")
+        arrays = ", ".join([ids, p([r.function_id for r in rows], "integer[]"),
+                            p([r.owner_xid for r in rows], "text[]"),
+                            p([r.topic for r in rows], "text[]")])
+        recorded = f"""EXISTS (SELECT 1 FROM {self.table('operation_outputs')} oo
+                               WHERE oo.workflow_uuid = waiting.workflow_uuid
+                                 AND oo.function_id = waiting.function_id)"""
+        at = p(now_ms, "bigint")
+        return Query(
+            f"""WITH waiting AS (
+                  SELECT * FROM unnest({arrays})
+                    WITH ORDINALITY
+                    AS waiting(workflow_uuid, function_id, owner_xid, topic, ord)
+                ), owner AS (
+                  SELECT ws.workflow_uuid, ws.status, ws.owner_xid
+                  FROM {self.table('workflow_status')} ws
+                  WHERE ws.workflow_uuid = ANY({ids})
+                  ORDER BY ws.workflow_uuid
+                  FOR NO KEY UPDATE
+                ), msg AS (
+                  SELECT waiting.ord, waiting.function_id, m.message_uuid
+                  FROM waiting JOIN owner ON owner.workflow_uuid = waiting.workflow_uuid
+                                   AND owner.status = {p(PENDING)}
+                                   AND owner.owner_xid = waiting.owner_xid
+                  CROSS JOIN LATERAL (
+                    SELECT n.message_uuid FROM {self.table('notifications')} n
+                    WHERE n.destination_uuid = waiting.workflow_uuid
+                      AND n.topic = waiting.topic
+                      AND n.consumed = false AND NOT {recorded}
+                    ORDER BY {MESSAGE_ORDER}
+                    LIMIT 1
+                    FOR UPDATE SKIP LOCKED
+                  ) m
+                ), consumed AS (
+                  UPDATE {self.table('notifications')} n
+                  SET consumed = true, consumed_by_function_id = msg.function_id
+                  FROM msg WHERE n.message_uuid = msg.message_uuid
+                  RETURNING msg.ord, n.message, n.serialization
+                ), step AS (
+                  INSERT INTO {self.table('operation_outputs')} (workflow_uuid, function_id,
+                      function_name, output, started_at_epoch_ms, completed_at_epoch_ms,
+                      serialization, application_name)
+                  SELECT waiting.workflow_uuid, waiting.function_id, 'DBOS.recv',
+                         consumed.message,
+                         {at}, {at}, consumed.serialization, {p(self.app_name, 'text')}
+                  FROM consumed JOIN waiting ON waiting.ord = consumed.ord
+                  {self._checkpoint_conflict()}
+                  RETURNING workflow_uuid, function_id
+                )
+                SELECT owner.status,
+                       owner.owner_xid IS NOT DISTINCT FROM waiting.owner_xid AS owned,
+                       consumed.message, consumed.serialization,
+                       step.workflow_uuid IS NOT NULL AS inserted,
+                       -- Already recorded (a retry whose first reply was lost).
+                       {recorded} AS recorded
+                FROM waiting
+                LEFT JOIN owner ON owner.workflow_uuid = waiting.workflow_uuid
+                LEFT JOIN consumed ON consumed.ord = waiting.ord
+                LEFT JOIN step ON step.workflow_uuid = waiting.workflow_uuid
+                              AND step.function_id = waiting.function_id
+                ORDER BY waiting.ord""",
             p.values,
         )
 
