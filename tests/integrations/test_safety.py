@@ -291,7 +291,7 @@ async def test_a_role_that_cannot_add_the_enqueue_trigger_starts_without_it(
 
         with caplog.at_level("WARNING", logger="dbos_async.sysdb.migrations"):
             async with app:
-                assert not app.system_database.enqueue_trigger
+                assert not app._system_database.enqueue_trigger
                 handle = await jobs.enqueue(work, 5)
                 assert await asyncio.wait_for(handle.get_result(), 30) == 10
     assert any("Could not add dbos_async's enqueue trigger" in r.getMessage()

@@ -377,7 +377,7 @@ async def test_receivers_woken_together_consume_in_one_statement(database_url: s
         for name in ["lead", *names, "fenced"]:
             with SetWorkflowID(name):
                 handles[name] = await dbos.start_workflow(receiver)
-        sysdb = dbos.system_database
+        sysdb = dbos._system_database
         dispatcher = sysdb.notifications
         assert dispatcher is not None
         consumes = sysdb._consumes
