@@ -9,7 +9,7 @@ cancellation into ``TimeoutError``). A step declared ``cancellable=False`` is no
 interrupted: it finishes, and its result is discarded at the checkpoint.
 
 The watcher is one task for every running workflow of the executor. It is woken by
-notifications on :data:`~dbos_async.sysdb.notifications.WORKFLOW_CANCEL_CHANNEL` (sent
+notifications on :data:`~dbos_async._sysdb.notifications.WORKFLOW_CANCEL_CHANNEL` (sent
 after a cancel commits, by any dbos_async executor or client), and while regions exist it
 also polls for cancellations by clients that do not notify: every
 ``cancellation_poll_interval`` while new regions start, doubling after each read that finds
@@ -25,12 +25,12 @@ import logging
 from types import TracebackType
 from typing import Protocol
 
+from dbos_async._executor.backoff import IdleBackoff
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Supervise, keyed
+from dbos_async._sysdb.repeats import Repeats
+from dbos_async._sysdb.shard_keys import bind_shard_keys
 from dbos_async.errors import WorkflowCancelledError
-from dbos_async.executor.backoff import IdleBackoff
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.notifications import WORKFLOW_CANCEL_CHANNEL, Supervise, keyed
-from dbos_async.sysdb.repeats import Repeats
-from dbos_async.sysdb.shard_keys import bind_shard_keys
 
 logger = logging.getLogger("dbos_async")
 

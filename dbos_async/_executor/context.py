@@ -13,14 +13,14 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from dbos_async._executor.authentication import NO_AUTHENTICATION, Authentication, running_as
+from dbos_async._sysdb.database import StepRecord
+from dbos_async._sysdb.shard_keys import WorkflowAddress
+from dbos_async._validation import check_identifier, check_jsonb, check_seconds
 from dbos_async.errors import DBOSError, InvalidArgumentError
-from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, running_as
-from dbos_async.sysdb.database import StepRecord
-from dbos_async.sysdb.shard_keys import WorkflowAddress
-from dbos_async.validation import check_identifier, check_jsonb, check_seconds
 
 if TYPE_CHECKING:
-    from dbos_async.executor.runtime import Runtime
+    from dbos_async._executor.runtime import Runtime
 
 
 @dataclass
@@ -41,7 +41,7 @@ class WorkflowContext:
     next_step_id: int = field(default=0)
     # Set by the cancellation watcher: no new step or wait of this execution starts.
     cancelled: bool = field(default=False)
-    # A replay check (dbos_async/executor/replay.py): nothing runs or is written; the first
+    # A replay check (dbos_async/_executor/replay.py): nothing runs or is written; the first
     # call that finds no checkpoint of its name at its position ends it (ReplayStop).
     replaying: bool = field(default=False)
     # Whether this execution created the workflow (no earlier one can have run any of it):

@@ -1,7 +1,7 @@
 """The DBOS executor's public facade: registration, the lifecycle, and the public API.
 
 ``DBOS`` keeps what outlives one run (settings, registered workflows and steps, declared
-queues); each ``async with dbos:`` builds a fresh :class:`~dbos_async.executor.runtime.Runtime`
+queues); each ``async with dbos:`` builds a fresh :class:`~dbos_async._executor.runtime.Runtime`
 (see ``lifecycle.py``) that the executor's modules run on, and leaving closes it. The same
 instance can then be entered again, on the same or another system database.
 """
@@ -15,15 +15,7 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
-from dbos_async.config import DBOSConfig
-from dbos_async.errors import (
-    DBOSError,
-    InvalidArgumentError,
-    QueueNotFoundError,
-    ScheduleError,
-    WorkflowNotRegisteredError,
-)
-from dbos_async.executor import (
+from dbos_async._executor import (
     lifecycle,
     messaging,
     patches,
@@ -33,16 +25,16 @@ from dbos_async.executor import (
     steps,
     transactions,
 )
-from dbos_async.executor.authentication import RequiredRoles, required_roles_of
-from dbos_async.executor.context import WorkflowContext, current_workflow, workflow_of_step
-from dbos_async.executor.handles import WorkflowHandle
-from dbos_async.executor.management import maintenance
-from dbos_async.executor.operator import Operator
-from dbos_async.executor.peer import Peer, clock_of
-from dbos_async.executor.queues import batch
-from dbos_async.executor.queues.batch import EnqueueRequest, EnqueueResult
-from dbos_async.executor.queues.declaration import Queue, queue_settings
-from dbos_async.executor.registry import (
+from dbos_async._executor.authentication import RequiredRoles, required_roles_of
+from dbos_async._executor.context import WorkflowContext, current_workflow, workflow_of_step
+from dbos_async._executor.handles import WorkflowHandle
+from dbos_async._executor.management import maintenance
+from dbos_async._executor.operator import Operator
+from dbos_async._executor.peer import Peer, clock_of
+from dbos_async._executor.queues import batch
+from dbos_async._executor.queues.batch import EnqueueRequest, EnqueueResult
+from dbos_async._executor.queues.declaration import Queue, queue_settings
+from dbos_async._executor.registry import (
     DataSource,
     Registry,
     WorkflowInfo,
@@ -50,22 +42,30 @@ from dbos_async.executor.registry import (
     is_method,
     workflow_info_of,
 )
-from dbos_async.executor.replay import ReplayResult
-from dbos_async.executor.runtime import NOT_RUNNING, Runtime
-from dbos_async.executor.schedules import definition
-from dbos_async.executor.schedules.operator import ScheduledWorkflow, check_scheduled_signature
-from dbos_async.executor.serialization import (
+from dbos_async._executor.replay import ReplayResult
+from dbos_async._executor.runtime import NOT_RUNNING, Runtime
+from dbos_async._executor.schedules import definition
+from dbos_async._executor.schedules.operator import ScheduledWorkflow, check_scheduled_signature
+from dbos_async._executor.serialization import (
     SerializationType,
     Signature,
     check_serialization_type,
 )
-from dbos_async.executor.steps import RetryOn, StepInfo, StepOptions
-from dbos_async.executor.tasks import ExecutorHealth
-from dbos_async.executor.transactions import TransactionInfo, TransactionOptions
-from dbos_async.executor.transfer import ExportedWorkflow
-from dbos_async.sysdb.application import IsolationLevel
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.validation import check_identifier, check_seconds
+from dbos_async._executor.steps import RetryOn, StepInfo, StepOptions
+from dbos_async._executor.tasks import ExecutorHealth
+from dbos_async._executor.transactions import TransactionInfo, TransactionOptions
+from dbos_async._executor.transfer import ExportedWorkflow
+from dbos_async._sysdb.application import IsolationLevel
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._validation import check_identifier, check_seconds
+from dbos_async.config import DBOSConfig
+from dbos_async.errors import (
+    DBOSError,
+    InvalidArgumentError,
+    QueueNotFoundError,
+    ScheduleError,
+    WorkflowNotRegisteredError,
+)
 
 logger = logging.getLogger("dbos_async")
 
@@ -87,7 +87,7 @@ class DBOS(Operator):
 
     The operator API it shares with :class:`~dbos_async.DBOSClient` (handles, ``send``,
     ``get_event``, listings, cancel, resume, fork, ...) is defined in
-    :class:`~dbos_async.executor.operator.Operator`.
+    :class:`~dbos_async._executor.operator.Operator`.
     """
 
     def __init__(self, config: DBOSConfig | None = None, **settings: Any) -> None:
@@ -526,7 +526,7 @@ class DBOS(Operator):
         """Check that this application's code, as it is now, replays recorded workflows:
         run each body against its checkpoints, running no step and writing nothing, and
         report whether it makes the recorded calls in the same order (see
-        dbos_async/executor/replay.py). Needs no entry and no database.
+        dbos_async/_executor/replay.py). Needs no entry and no database.
 
         Args:
             workflows: the recorded workflows, e.g. from ``export_workflows`` or the lines

@@ -1,7 +1,7 @@
 """Failover: a live executor takes over the PENDING workflows of a dead one.
 
 Every executor holds its ID's advisory lock on a connection of its own for its lifetime
-(:mod:`dbos_async.sysdb.executor_ids`), so an ID whose lock is free has no live process,
+(:mod:`dbos_async._sysdb.executor_ids`), so an ID whose lock is free has no live process,
 and knowing who is alive costs no heartbeat writes. Every ``failover_after / 2`` seconds
 the watcher lists the other executor IDs with PENDING workflows of this version (one
 statement over the partial index of PENDING rows; when nothing is in flight elsewhere, it
@@ -10,7 +10,7 @@ next one waits twice as long, up to ``idle_poll_max_interval`` (an idle system s
 quiet); any ID found, or a notification that an executor which ran nothing started a
 workflow, brings it back to ``failover_after / 2``. An ID found free on two
 scans in a row is dead: the watcher holds its lock, so no process can claim that ID
-meanwhile, and runs recovery for it (:func:`~dbos_async.executor.recovery.recover_pending`):
+meanwhile, and runs recovery for it (:func:`~dbos_async._executor.recovery.recover_pending`):
 its queued workflows go back to their queues, the others are claimed for this executor under fresh
 owner tokens and resumed from their checkpoints. Then it lets the lock go.
 
@@ -23,7 +23,7 @@ time to re-acquire its ID (it does so at once) before its work is judged abandon
 
 The bound: a process that exits or is killed frees its lock when its session ends
 (immediately; a vanished machine or a partition after the lock session's TCP keepalives,
-about 25 s, see :data:`~dbos_async.sysdb.statements.executor_ids.HALF_OPEN_BOUND_SECONDS`),
+about 25 s, see :data:`~dbos_async._sysdb.statements.executor_ids.HALF_OPEN_BOUND_SECONDS`),
 and its workflows are claimed within ``failover_after`` seconds of that (if the notification
 of its first workflow was lost, as while the listener reconnects, the scans may come up to
 ``idle_poll_max_interval`` late).
@@ -36,13 +36,13 @@ import contextlib
 import functools
 import logging
 
+from dbos_async._executor import recovery
+from dbos_async._executor.backoff import IdleBackoff
+from dbos_async._executor.runtime import EXECUTOR_BUSY_KEY, Runtime
+from dbos_async._sysdb.executor_ids import ExecutorIdLock
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async._sysdb.repeats import Repeats
 from dbos_async.errors import DBOSError
-from dbos_async.executor import recovery
-from dbos_async.executor.backoff import IdleBackoff
-from dbos_async.executor.runtime import EXECUTOR_BUSY_KEY, Runtime
-from dbos_async.sysdb.executor_ids import ExecutorIdLock
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 

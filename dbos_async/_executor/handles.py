@@ -9,6 +9,21 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from dbos_async._executor.authentication import Authentication
+from dbos_async._executor.context import WorkflowContext, current_workflow
+from dbos_async._executor.recorded_errors import deserialize_error
+from dbos_async._executor.serialization import Formats, Signature, to_json
+from dbos_async._executor.steps import record_read, recorded_read
+from dbos_async._sysdb.database import Outcome
+from dbos_async._sysdb.records import StatusRecord
+from dbos_async._sysdb.shard_keys import bind_shard_keys
+from dbos_async._sysdb.statements import (
+    CANCELLED,
+    ERROR,
+    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
+    SUCCESS,
+    Payload,
+)
 from dbos_async.errors import (
     DBOSError,
     DeadLetteredError,
@@ -16,24 +31,9 @@ from dbos_async.errors import (
     SerializationError,
     WorkflowCancelledError,
 )
-from dbos_async.executor.authentication import Authentication
-from dbos_async.executor.context import WorkflowContext, current_workflow
-from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.serialization import Formats, Signature, to_json
-from dbos_async.executor.steps import record_read, recorded_read
-from dbos_async.sysdb.database import Outcome
-from dbos_async.sysdb.records import StatusRecord
-from dbos_async.sysdb.shard_keys import bind_shard_keys
-from dbos_async.sysdb.statements import (
-    CANCELLED,
-    ERROR,
-    MAX_RECOVERY_ATTEMPTS_EXCEEDED,
-    SUCCESS,
-    Payload,
-)
 
 if TYPE_CHECKING:
-    from dbos_async.executor.peer import Peer
+    from dbos_async._executor.peer import Peer
 
 R = TypeVar("R", covariant=True)
 

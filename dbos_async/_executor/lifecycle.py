@@ -18,23 +18,23 @@ from collections.abc import Mapping, Set
 
 import anyio
 
-from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
-from dbos_async.database_url import redact
-from dbos_async.errors import QueueNotFoundError
-from dbos_async.executor import failover, recovery, versions
-from dbos_async.executor.management import maintenance
-from dbos_async.executor.peer import (
+from dbos_async._database_url import redact
+from dbos_async._executor import failover, recovery, versions
+from dbos_async._executor.management import maintenance
+from dbos_async._executor.peer import (
     application_database_for,
     start_notifications,
     system_database_for,
 )
-from dbos_async.executor.queues.claim_loop import start_claim_loops
-from dbos_async.executor.queues.declaration import Queue, internal_queue
-from dbos_async.executor.registry import Registry, application_version
-from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.schedules.scheduler import Scheduler
-from dbos_async.sysdb import connection
-from dbos_async.sysdb.executor_ids import ExecutorIdLock
+from dbos_async._executor.queues.claim_loop import start_claim_loops
+from dbos_async._executor.queues.declaration import Queue, internal_queue
+from dbos_async._executor.registry import Registry, application_version
+from dbos_async._executor.runtime import Runtime
+from dbos_async._executor.schedules.scheduler import Scheduler
+from dbos_async._sysdb import connection
+from dbos_async._sysdb.executor_ids import ExecutorIdLock
+from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
+from dbos_async.errors import QueueNotFoundError
 
 logger = logging.getLogger("dbos_async")
 
@@ -43,7 +43,7 @@ async def new_runtime(config: DBOSConfig, registry: Registry) -> Runtime:
     """The runtime of one entry, not started yet (nothing connected)."""
     url = config.system_database_url
     if url is None:
-        from dbos_async.sysdb.embedded import start_embedded_server
+        from dbos_async._sysdb.embedded import start_embedded_server
 
         url = await start_embedded_server(config.data_dir)
     return Runtime(config, registry, system_database_for(config, url),
@@ -106,7 +106,7 @@ async def _hold_executor_id(runtime: Runtime) -> None:
     """Claim a free executor ID (the configured one or ``local``, else ``<base>-2``, ...)
     and keep it: watched, re-acquired if its connection drops, required by every start,
     claim round and recovery, and the sign to other executors that this one is alive (see
-    dbos_async/sysdb/executor_ids.py)."""
+    dbos_async/_sysdb/executor_ids.py)."""
     config, sysdb = runtime.config, runtime.system_database
     base = config.executor_id or DEFAULT_EXECUTOR_ID
     lock = ExecutorIdLock(

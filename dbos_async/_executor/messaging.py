@@ -21,18 +21,12 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dbos_async.errors import (
-    DBOSError,
-    InvalidArgumentError,
-    NonExistentWorkflowError,
-    StreamTimeoutError,
-)
-from dbos_async.executor.context import WorkflowContext
-from dbos_async.executor.serialization import Formats, to_json
-from dbos_async.executor.steps import record_failure, record_read, recorded_read, replay
-from dbos_async.sysdb.clock import Clock, after
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.notifications import (
+from dbos_async._executor.context import WorkflowContext
+from dbos_async._executor.serialization import Formats, to_json
+from dbos_async._executor.steps import record_failure, record_read, recorded_read, replay
+from dbos_async._sysdb.clock import Clock, after
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     STREAMS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
@@ -41,8 +35,8 @@ from dbos_async.sysdb.notifications import (
     Waiter,
     keyed,
 )
-from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
-from dbos_async.sysdb.statements import (
+from dbos_async._sysdb.shard_keys import WorkflowAddress, bind_shard_keys, validate_shard_key
+from dbos_async._sysdb.statements import (
     ACTIVE_STATUSES,
     PORTABLE_JSON,
     SEND_BULK,
@@ -50,10 +44,16 @@ from dbos_async.sysdb.statements import (
     OutgoingMessage,
     Payload,
 )
+from dbos_async.errors import (
+    DBOSError,
+    InvalidArgumentError,
+    NonExistentWorkflowError,
+    StreamTimeoutError,
+)
 
 if TYPE_CHECKING:
-    from dbos_async.executor.handles import WorkflowHandle
-    from dbos_async.executor.peer import Peer
+    from dbos_async._executor.handles import WorkflowHandle
+    from dbos_async._executor.peer import Peer
 
 NULL_TOPIC = "__null__topic__"
 """The topic of a message sent without one (the same sentinel every DBOS SDK uses)."""

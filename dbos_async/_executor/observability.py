@@ -12,11 +12,11 @@ from typing import Any
 
 import asyncpg
 
+from dbos_async._executor.management.control import TimeBound, epoch_ms
+from dbos_async._executor.peer import Peer
+from dbos_async._sysdb.statements import STREAM_CLOSED_SERIALIZED
+from dbos_async._sysdb.statements.observability import MINUTE_MS, TIME_COLUMNS, WORKFLOW_GROUPS
 from dbos_async.errors import InvalidArgumentError
-from dbos_async.executor.management.control import TimeBound, epoch_ms
-from dbos_async.executor.peer import Peer
-from dbos_async.sysdb.statements import STREAM_CLOSED_SERIALIZED
-from dbos_async.sysdb.statements.observability import MINUTE_MS, TIME_COLUMNS, WORKFLOW_GROUPS
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 waits, cancel, delete, resume, fork, rewind, listings and application versions.
 
 :class:`Operator` defines each of these methods once, as thin wrappers over
-:mod:`~dbos_async.executor.management.control` and :mod:`~dbos_async.executor.messaging`, run on a
-:class:`~dbos_async.executor.peer.Peer` of the system database. Where an executor and a
+:mod:`~dbos_async._executor.management.control` and :mod:`~dbos_async._executor.messaging`, run on a
+:class:`~dbos_async._executor.peer.Peer` of the system database. Where an executor and a
 client differ, a small hook decides:
 
 - :meth:`Operator._peer`: what the operations run on: an executor's running runtime (so an
@@ -22,16 +22,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from dbos_async.errors import DBOSError, InvalidArgumentError, NonExistentWorkflowError
-from dbos_async.executor import messaging, observability, transfer
-from dbos_async.executor.handles import (
+from dbos_async._executor import messaging, observability, transfer
+from dbos_async._executor.handles import (
     WorkflowHandle,
     WorkflowStatus,
     read_status,
     workflow_handle,
 )
-from dbos_async.executor.management import control
-from dbos_async.executor.management.control import (
+from dbos_async._executor.management import control
+from dbos_async._executor.management.control import (
     ApplicationVersion,
     ForkRequest,
     StartStep,
@@ -39,7 +38,7 @@ from dbos_async.executor.management.control import (
     WorkflowFilters,
     WorkflowStepInfo,
 )
-from dbos_async.executor.observability import (
+from dbos_async._executor.observability import (
     EventChange,
     ExecutorActivity,
     MetricData,
@@ -53,26 +52,27 @@ from dbos_async.executor.observability import (
     WorkflowActivity,
     WorkflowAggregate,
 )
-from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.declaration import LimiterSpec, Queue, internal_queue
-from dbos_async.executor.queues.enqueue import check_partition
-from dbos_async.executor.queues.options import check_options
-from dbos_async.executor.schedules.operator import ScheduleOperator
-from dbos_async.executor.serialization import SerializationType
-from dbos_async.executor.start import CallContext
-from dbos_async.executor.transfer import ExportedWorkflow, ImportSummary
-from dbos_async.sysdb.records import VersionBacklog
-from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.validation import (
+from dbos_async._executor.peer import Peer
+from dbos_async._executor.queues.declaration import LimiterSpec, Queue, internal_queue
+from dbos_async._executor.queues.enqueue import check_partition
+from dbos_async._executor.queues.options import check_options
+from dbos_async._executor.schedules.operator import ScheduleOperator
+from dbos_async._executor.serialization import SerializationType
+from dbos_async._executor.start import CallContext
+from dbos_async._executor.transfer import ExportedWorkflow, ImportSummary
+from dbos_async._sysdb.records import VersionBacklog
+from dbos_async._sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async._validation import (
     check_flag,
     check_identifier,
     check_lookup,
     check_offset,
     check_seconds,
 )
+from dbos_async.errors import DBOSError, InvalidArgumentError, NonExistentWorkflowError
 
 if TYPE_CHECKING:
-    from dbos_async.executor.context import WorkflowContext
+    from dbos_async._executor.context import WorkflowContext
 
 T = TypeVar("T")
 
@@ -527,7 +527,7 @@ class Operator(ScheduleOperator):
                              **filters: Unpack[WorkflowFilters]) -> list[WorkflowStatus]:
         """Workflows matching every given filter (a list matches any of its values), by
         creation time (``sort_desc`` for newest first), a page of ``limit`` after
-        ``offset``. The filters (:class:`~dbos_async.executor.management.control.WorkflowFilters`):
+        ``offset``. The filters (:class:`~dbos_async._executor.management.control.WorkflowFilters`):
         ``workflow_ids``, ``status``, ``name``, ``queue_name``, ``parent_workflow_id``,
         ``forked_from``, ``executor_id``, ``application_version``, ``authenticated_user``,
         ``workflow_id_prefix``, ``schedule_name``; ``start_time``/``end_time`` bound

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Coroutine
 from typing import Any
 
-from dbos_async.executor.context import WorkflowContext
+from dbos_async._executor.context import WorkflowContext
 
 PATCH_PREFIX = "DBOS.patch-"
 

@@ -1,5 +1,5 @@
 """What handles, messaging reads and operations need from whoever runs them: the runtime
-of a running executor (:class:`~dbos_async.executor.runtime.Runtime`) or a client
+of a running executor (:class:`~dbos_async._executor.runtime.Runtime`) or a client
 (:class:`~dbos_async.DBOSClient`).
 
 Both are peers on the system database; this protocol lets them share one implementation of
@@ -13,15 +13,15 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
+from dbos_async._sysdb.clock import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
+    from dbos_async._executor.registry import DataSource
+    from dbos_async._executor.serialization import Formats, Signature
+    from dbos_async._sysdb.application import ApplicationDatabase
+    from dbos_async._sysdb.database import SystemDatabase
+    from dbos_async._sysdb.notifications import Supervise
     from dbos_async.config import DBOSConfig
-    from dbos_async.executor.registry import DataSource
-    from dbos_async.executor.serialization import Formats, Signature
-    from dbos_async.sysdb.application import ApplicationDatabase
-    from dbos_async.sysdb.database import SystemDatabase
-    from dbos_async.sysdb.notifications import Supervise
 
 
 class Peer(Protocol):
@@ -59,7 +59,7 @@ def clock_of(config: DBOSConfig) -> Clock:
 
 def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
     """The system database of an executor or client with these settings."""
-    from dbos_async.sysdb.database import SystemDatabase
+    from dbos_async._sysdb.database import SystemDatabase
 
     return SystemDatabase(
         url,
@@ -81,7 +81,7 @@ def system_database_for(config: DBOSConfig, url: str) -> SystemDatabase:
 def application_database_for(config: DBOSConfig, source: DataSource) -> ApplicationDatabase:
     """The application database of a data source, for an executor or client with these
     settings (it is opened by the caller)."""
-    from dbos_async.sysdb.application import ApplicationDatabase
+    from dbos_async._sysdb.application import ApplicationDatabase
 
     return ApplicationDatabase(
         source.name, source.url, schema=source.schema, pool_size=source.pool_size,
@@ -92,9 +92,9 @@ def application_database_for(config: DBOSConfig, source: DataSource) -> Applicat
 async def start_notifications(sysdb: SystemDatabase, url: str, config: DBOSConfig,
                               supervise: Supervise) -> None:
     """Start the LISTEN/NOTIFY dispatcher (listener and notifier) of a peer."""
-    from dbos_async.sysdb import connection
-    from dbos_async.sysdb.citus_nodes import CitusNodes
-    from dbos_async.sysdb.notifications import TRIGGER_FED_CHANNELS, NotificationDispatcher
+    from dbos_async._sysdb import connection
+    from dbos_async._sysdb.citus_nodes import CitusNodes
+    from dbos_async._sysdb.notifications import TRIGGER_FED_CHANNELS, NotificationDispatcher
 
     dispatcher = NotificationDispatcher(
         connect=functools.partial(connection.connect, url, config.connect_timeout,

@@ -24,9 +24,9 @@ from typing import Any
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from dbos_async import errors as library_errors
+from dbos_async._executor.serialization import Formats
+from dbos_async._sysdb.statements import PORTABLE_JSON
 from dbos_async.errors import DBOSError, RecordedError
-from dbos_async.executor.serialization import Formats
-from dbos_async.sysdb.statements import PORTABLE_JSON
 
 # Where no peer is at hand (an error recorded for a workflow whose own format is unknown):
 # the portable form every reader has.

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dbos_async import metrics
+from dbos_async import _metrics as metrics
+from dbos_async._executor import workflows
+from dbos_async._executor.handles import WorkflowHandle, workflow_handle
+from dbos_async._executor.runtime import Runtime
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
-from dbos_async.executor import workflows
-from dbos_async.executor.handles import WorkflowHandle, workflow_handle
-from dbos_async.executor.runtime import Runtime
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
 
 logger = logging.getLogger("dbos_async")
 

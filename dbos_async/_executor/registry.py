@@ -9,13 +9,13 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from dbos_async._database_url import parse_database_url
+from dbos_async._executor.authentication import RequiredRoles
+from dbos_async._executor.serialization import Signature, WorkflowSerializationFormat
+from dbos_async._sysdb.statements.schedules import ScheduleRecord
+from dbos_async._validation import check_identifier
 from dbos_async.config import DBOSConfig
-from dbos_async.database_url import parse_database_url
 from dbos_async.errors import ConfigurationError, DBOSError
-from dbos_async.executor.authentication import RequiredRoles
-from dbos_async.executor.serialization import Signature, WorkflowSerializationFormat
-from dbos_async.sysdb.statements.schedules import ScheduleRecord
-from dbos_async.validation import check_identifier
 
 AsyncFunction = Callable[..., Coroutine[Any, Any, Any]]
 

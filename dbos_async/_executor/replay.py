@@ -3,7 +3,7 @@
 Each workflow's body runs as a recovery would run it, but in a runtime with no database:
 every call that finds its checkpoint gets the recorded outcome (no step body runs, nothing
 is written, no sleep waits), and the first call that does not ends the check there with a
-:class:`~dbos_async.executor.context.ReplayStop`. Where it ends says whether the new code
+:class:`~dbos_async._executor.context.ReplayStop`. Where it ends says whether the new code
 makes the calls the recording holds, in the same order:
 
 - a checkpoint of another name at the call's position: a divergence;
@@ -25,23 +25,23 @@ from typing import Any
 
 import anyio
 
-from dbos_async.config import DBOSConfig
-from dbos_async.errors import DBOSError
-from dbos_async.executor.authentication import Authentication
-from dbos_async.executor.context import (
+from dbos_async._executor.authentication import Authentication
+from dbos_async._executor.context import (
     ReplayStop,
     WorkflowContext,
     current_workflow,
     running_workflow,
 )
-from dbos_async.executor.handles import outcome_value
-from dbos_async.executor.peer import system_database_for
-from dbos_async.executor.registry import Registry
-from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.transfer import ExportedWorkflow
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.records import Outcome, StepRecord
-from dbos_async.sysdb.statements import ERROR, PORTABLE_JSON, SUCCESS
+from dbos_async._executor.handles import outcome_value
+from dbos_async._executor.peer import system_database_for
+from dbos_async._executor.registry import Registry
+from dbos_async._executor.runtime import Runtime
+from dbos_async._executor.transfer import ExportedWorkflow
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.records import Outcome, StepRecord
+from dbos_async._sysdb.statements import ERROR, PORTABLE_JSON, SUCCESS
+from dbos_async.config import DBOSConfig
+from dbos_async.errors import DBOSError
 
 FINISHED = (SUCCESS, ERROR)
 """Statuses whose every call is recorded; the others (in flight, cancelled, dead-lettered)

@@ -12,21 +12,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from dbos_async._executor.backoff import IdleBackoff
+from dbos_async._executor.cancellation import CancellationWatcher
+from dbos_async._executor.claim_gate import ClaimGate
+from dbos_async._executor.registry import Registry
+from dbos_async._executor.serialization import Formats, Signature
+from dbos_async._executor.tasks import ExecutorHealth, TaskOwner
+from dbos_async._sysdb.application import ApplicationDatabase
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.executor_ids import ExecutorIdLock
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
+from dbos_async._sysdb.records import VersionBacklog
+from dbos_async._sysdb.shard_keys import WorkflowAddress
+from dbos_async._sysdb.statements import QueueRecord
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import DBOSError, WorkflowNotRegisteredError
-from dbos_async.executor.backoff import IdleBackoff
-from dbos_async.executor.cancellation import CancellationWatcher
-from dbos_async.executor.claim_gate import ClaimGate
-from dbos_async.executor.registry import Registry
-from dbos_async.executor.serialization import Formats, Signature
-from dbos_async.executor.tasks import ExecutorHealth, TaskOwner
-from dbos_async.sysdb.application import ApplicationDatabase
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.executor_ids import ExecutorIdLock
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
-from dbos_async.sysdb.records import VersionBacklog
-from dbos_async.sysdb.shard_keys import WorkflowAddress
-from dbos_async.sysdb.statements import QueueRecord
 
 State = Literal["starting", "running", "stopping", "closed"]
 
@@ -64,7 +64,7 @@ class RuntimeSource(Protocol):
 
 class Runtime:
     """The system database, settings, registry, running workflows and task owners of one
-    running executor. It is a :class:`~dbos_async.executor.peer.Peer` of the system
+    running executor. It is a :class:`~dbos_async._executor.peer.Peer` of the system
     database, so handles and operations run on it as they run on a client."""
 
     def __init__(self, config: DBOSConfig, registry: Registry, sysdb: SystemDatabase,
@@ -90,19 +90,19 @@ class Runtime:
         self.cancellation = CancellationWatcher(
             IdleBackoff(config.cancellation_poll_interval, config.idle_poll_max_interval))
         # The intervals of the queue watcher's and the failover watcher's polls (None until
-        # they start; see dbos_async/executor/backoff.py).
+        # they start; see dbos_async/_executor/backoff.py).
         self.queue_poll: IdleBackoff | None = None
         self.failover_poll: IdleBackoff | None = None
         # The lock on the executor ID claimed at entry (None until then).
         self.executor_lock: ExecutorIdLock | None = None
-        # Rounds of the failover watcher so far (see dbos_async/executor/failover.py).
+        # Rounds of the failover watcher so far (see dbos_async/_executor/failover.py).
         self.failover_scans = 0
         self.recovery_errors: list[DBOSError] = []
         # Enqueued workflows a claim loop here leaves queued for want of their function
         # (one per queue and function name; also logged as a warning).
         self.queue_warnings: list[WorkflowNotRegisteredError] = []
         # The PENDING and ENQUEUED work of other application versions, as last counted
-        # (see dbos_async/executor/versions.py).
+        # (see dbos_async/_executor/versions.py).
         self.waiting_versions: tuple[VersionBacklog, ...] = ()
         # The application databases of the registered data sources, by name (opened at
         # entry, see lifecycle.py).

@@ -3,7 +3,7 @@ values coerced back to the annotated types.
 
 Inputs are stored as ``{"positionalArgs": [...], "namedArgs": {...}}`` and results as plain
 JSON, so DBOS clients in other languages can read and write them (errors: see
-:mod:`dbos_async.executor.recorded_errors`). On the way back, pydantic validates each value
+:mod:`dbos_async._executor.recorded_errors`). On the way back, pydantic validates each value
 against its parameter's or return annotation: a workflow taking an ``Order`` model gets an
 ``Order`` on recovery.
 
@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 from pydantic import PydanticUserError, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from dbos_async._sysdb.statements import PORTABLE_JSON, Payload
+from dbos_async._validation import check_serialized
 from dbos_async.errors import InvalidArgumentError, SerializationError
-from dbos_async.sysdb.statements import PORTABLE_JSON, Payload
-from dbos_async.validation import check_serialized
 
 if TYPE_CHECKING:
     from dbos_async.config import DBOSConfig

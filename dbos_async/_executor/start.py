@@ -15,21 +15,14 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dbos_async.errors import (
-    DBOSError,
-    NondeterminismError,
-    QueueDeduplicatedError,
-    WorkflowIDInUseError,
-    workflow_id_taken,
-)
-from dbos_async.executor import workflows
-from dbos_async.executor.authentication import (
+from dbos_async._executor import workflows
+from dbos_async._executor.authentication import (
     NO_AUTHENTICATION,
     Authentication,
     authorize,
     current_authentication,
 )
-from dbos_async.executor.context import (
+from dbos_async._executor.context import (
     WorkflowContext,
     WorkflowIDReusePolicy,
     check_reuse_policy,
@@ -39,15 +32,15 @@ from dbos_async.executor.context import (
     workflow_attributes,
     workflow_timeout,
 )
-from dbos_async.executor.handles import WorkflowHandle, workflow_handle
-from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
-from dbos_async.executor.registry import WorkflowInfo, instance_name
-from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.serialization import Formats
-from dbos_async.executor.telemetry import tracing
-from dbos_async.sysdb.database import StartResult, StepRecord
-from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.sysdb.statements import (
+from dbos_async._executor.handles import WorkflowHandle, workflow_handle
+from dbos_async._executor.recorded_errors import deserialize_error, recorded_error
+from dbos_async._executor.registry import WorkflowInfo, instance_name
+from dbos_async._executor.runtime import Runtime
+from dbos_async._executor.serialization import Formats
+from dbos_async._executor.telemetry import tracing
+from dbos_async._sysdb.database import StartResult, StepRecord
+from dbos_async._sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async._sysdb.statements import (
     DELAYED,
     ENQUEUED,
     PENDING,
@@ -55,7 +48,14 @@ from dbos_async.sysdb.statements import (
     ParentStep,
     Payload,
 )
-from dbos_async.validation import check_identifier, check_seconds
+from dbos_async._validation import check_identifier, check_seconds
+from dbos_async.errors import (
+    DBOSError,
+    NondeterminismError,
+    QueueDeduplicatedError,
+    WorkflowIDInUseError,
+    workflow_id_taken,
+)
 
 
 @dataclass(frozen=True)

@@ -8,32 +8,32 @@ from typing import Any
 
 import anyio
 
-from dbos_async.errors import (
-    DBOSError,
-    NondeterminismError,
-    StepRetriesExceededError,
-    WorkflowCancelledError,
-)
-from dbos_async.executor.authentication import (
+from dbos_async._executor.authentication import (
     Authentication,
     RequiredRoles,
     authorize,
     current_authentication,
     running_as,
 )
-from dbos_async.executor.context import (
+from dbos_async._executor.context import (
     WorkflowContext,
     current_workflow,
     running_step,
     workflow_of_step,
 )
-from dbos_async.executor.recorded_errors import deserialize_error, recorded_error
-from dbos_async.executor.serialization import Signature
-from dbos_async.executor.telemetry import logs, observe
-from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock, after
-from dbos_async.sysdb.database import StepRecord
-from dbos_async.sysdb.statements import Payload
-from dbos_async.validation import check_identifier, check_seconds
+from dbos_async._executor.recorded_errors import deserialize_error, recorded_error
+from dbos_async._executor.serialization import Signature
+from dbos_async._executor.telemetry import logs, observe
+from dbos_async._sysdb.clock import SYSTEM_CLOCK, Clock, after
+from dbos_async._sysdb.database import StepRecord
+from dbos_async._sysdb.statements import Payload
+from dbos_async._validation import check_identifier, check_seconds
+from dbos_async.errors import (
+    DBOSError,
+    NondeterminismError,
+    StepRetriesExceededError,
+    WorkflowCancelledError,
+)
 
 RetryOn = (
     type[BaseException] | tuple[type[BaseException], ...] | Callable[[BaseException], bool]

@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 import anyio
 
-from dbos_async import metrics
-from dbos_async.sysdb.health import DatabaseHealth
-from dbos_async.sysdb.records import VersionBacklog
-from dbos_async.sysdb.repeats import Repeats
+from dbos_async import _metrics as metrics
+from dbos_async._sysdb.health import DatabaseHealth
+from dbos_async._sysdb.records import VersionBacklog
+from dbos_async._sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 

@@ -38,6 +38,29 @@ from typing import Any, cast
 
 import asyncpg
 
+from dbos_async._executor import steps
+from dbos_async._executor.context import (
+    WorkflowContext,
+    current_workflow,
+    running_step,
+    workflow_of_step,
+)
+from dbos_async._executor.recorded_errors import deserialize_error
+from dbos_async._executor.runtime import RuntimeSource
+from dbos_async._executor.serialization import Signature
+from dbos_async._executor.telemetry import logs, observe
+from dbos_async._sysdb.application import (
+    ISOLATION_LEVELS,
+    ApplicationDatabase,
+    Connection,
+    IsolationLevel,
+    OpenTransaction,
+    StoredOutput,
+)
+from dbos_async._sysdb.retry import is_transient
+from dbos_async._sysdb.shard_keys import WorkflowAddress
+from dbos_async._sysdb.statements import Checkpoint
+from dbos_async._validation import check_identifier
 from dbos_async.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -48,29 +71,6 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
-from dbos_async.executor import steps
-from dbos_async.executor.context import (
-    WorkflowContext,
-    current_workflow,
-    running_step,
-    workflow_of_step,
-)
-from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.executor.runtime import RuntimeSource
-from dbos_async.executor.serialization import Signature
-from dbos_async.executor.telemetry import logs, observe
-from dbos_async.sysdb.application import (
-    ISOLATION_LEVELS,
-    ApplicationDatabase,
-    Connection,
-    IsolationLevel,
-    OpenTransaction,
-    StoredOutput,
-)
-from dbos_async.sysdb.retry import is_transient
-from dbos_async.sysdb.shard_keys import WorkflowAddress
-from dbos_async.sysdb.statements import Checkpoint
-from dbos_async.validation import check_identifier
 
 CLIENT_ERRORS = (asyncpg.InterfaceError, asyncpg.InternalClientError)
 """What asyncpg raises of its own (not the server's)."""

@@ -8,11 +8,11 @@ The line format (version :data:`EXPORT_VERSION`) is one JSON object per workflow
      "workflow_events": [...], "workflow_events_history": [...], "streams": [...]}}
 
 Each table lists the workflow's rows, each row an object of exactly that table's columns
-(:data:`~dbos_async.sysdb.statements.EXPORT_COLUMNS`), as stored: payloads stay the
+(:data:`~dbos_async._sysdb.statements.EXPORT_COLUMNS`), as stored: payloads stay the
 serialized text the database holds, so a line moves a workflow without reading its values.
 ``datasource_outputs`` (present only when it holds rows) carries the records its
 transactions left in the exporting executor's application databases, by data source name
-(:data:`~dbos_async.sysdb.application.OUTPUT_COLUMNS`).
+(:data:`~dbos_async._sysdb.application.OUTPUT_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Se
 from dataclasses import dataclass, field
 from typing import Any
 
+from dbos_async._executor.peer import Peer
+from dbos_async._sysdb.application import OUTPUT_COLUMNS
+from dbos_async._sysdb.shard_keys import WorkflowAddress, validate_shard_key
+from dbos_async._sysdb.statements import EXPORT_COLUMNS, WorkflowFilter
+from dbos_async._sysdb.statements.transfer import WORKFLOW_COLUMN
+from dbos_async._sysdb.transfer import WorkflowRows
 from dbos_async.errors import DBOSError, WorkflowImportConflictError, WorkflowImportError
-from dbos_async.executor.peer import Peer
-from dbos_async.sysdb.application import OUTPUT_COLUMNS
-from dbos_async.sysdb.shard_keys import WorkflowAddress, validate_shard_key
-from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowFilter
-from dbos_async.sysdb.statements.transfer import WORKFLOW_COLUMN
-from dbos_async.sysdb.transfer import WorkflowRows
 
 EXPORT_FORMAT = "dbos_async.workflow"
 EXPORT_VERSION = 1

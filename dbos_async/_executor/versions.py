@@ -11,8 +11,8 @@ import asyncio
 import functools
 import logging
 
-from dbos_async.executor.runtime import Runtime
-from dbos_async.sysdb.records import VersionBacklog
+from dbos_async._executor.runtime import Runtime
+from dbos_async._sysdb.records import VersionBacklog
 
 logger = logging.getLogger("dbos_async")
 

@@ -14,6 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dbos_async._executor.authentication import NO_AUTHENTICATION, Authentication, authorize
+from dbos_async._executor.context import WorkflowContext, running_workflow
+from dbos_async._executor.handles import outcome_value
+from dbos_async._executor.recorded_errors import recorded_error
+from dbos_async._executor.registry import WorkflowInfo
+from dbos_async._executor.runtime import Runtime
+from dbos_async._executor.telemetry import observe
+from dbos_async._sysdb.database import StepRecord, WorkflowRow
+from dbos_async._sysdb.retry import outlasting_outages
+from dbos_async._sysdb.shard_keys import bind_shard_keys
+from dbos_async._sysdb.statements import PORTABLE_JSON
 from dbos_async.errors import (
     DBOSError,
     ExecutorIdLostError,
@@ -24,17 +35,6 @@ from dbos_async.errors import (
     WorkflowCancelledError,
     WorkflowConflictError,
 )
-from dbos_async.executor.authentication import NO_AUTHENTICATION, Authentication, authorize
-from dbos_async.executor.context import WorkflowContext, running_workflow
-from dbos_async.executor.handles import outcome_value
-from dbos_async.executor.recorded_errors import recorded_error
-from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.telemetry import observe
-from dbos_async.sysdb.database import StepRecord, WorkflowRow
-from dbos_async.sysdb.retry import outlasting_outages
-from dbos_async.sysdb.shard_keys import bind_shard_keys
-from dbos_async.sysdb.statements import PORTABLE_JSON
 
 logger = logging.getLogger("dbos_async")
 
@@ -134,7 +134,7 @@ async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
                kwargs: dict[str, Any], attributes: str | None) -> None:
     # Everything the workflow writes, its outcome included, waits out a database outage:
-    # an infrastructure error is never its outcome (see dbos_async/sysdb/retry.py).
+    # an infrastructure error is never its outcome (see dbos_async/_sysdb/retry.py).
     with ctx.routed(), outlasting_outages(), observe.workflow_run(
             ctx, execution.info.name, execution.result, attributes):
         await _execute(ctx, execution, args, kwargs)

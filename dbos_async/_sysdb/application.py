@@ -3,7 +3,7 @@ pool and a ``datasource_outputs`` table created by its own migration.
 
 A transaction on an application database records its outcome there, in the transaction
 itself, so the user's writes and the record commit together (see
-:mod:`dbos_async.executor.transactions` for how the system database's checkpoint follows).
+:mod:`dbos_async._executor.transactions` for how the system database's checkpoint follows).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import Any, Literal, TypeAlias
 
 import asyncpg
 
-from dbos_async import metrics
+from dbos_async import _metrics as metrics
+from dbos_async._sysdb.connection import keep_session, parsed_url
+from dbos_async._sysdb.core import PooledConnection
+from dbos_async._sysdb.migrations import quote_schema
+from dbos_async._sysdb.retry import is_transient
+from dbos_async._sysdb.statements.base import Query, WorkflowAddress
+from dbos_async._sysdb.statements.transactions import ApplicationStatements, checkpoint_id
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError, DBOSError
-from dbos_async.sysdb.connection import keep_session, parsed_url
-from dbos_async.sysdb.core import PooledConnection
-from dbos_async.sysdb.migrations import quote_schema
-from dbos_async.sysdb.retry import is_transient
-from dbos_async.sysdb.statements.base import Query, WorkflowAddress
-from dbos_async.sysdb.statements.transactions import ApplicationStatements, checkpoint_id
 
 logger = logging.getLogger("dbos_async")
 

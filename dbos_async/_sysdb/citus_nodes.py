@@ -15,15 +15,15 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from dbos_async.database_url import Host
-from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb import connection
-from dbos_async.sysdb.statements.servers import (
+from dbos_async._database_url import Host
+from dbos_async._sysdb import connection
+from dbos_async._sysdb.statements.servers import (
     CITUS_INSTALLED,
     CITUS_NODE,
     CITUS_OTHER_NODES,
     CITUS_SHARDS_WITHOUT_TABLE,
 )
+from dbos_async.errors import ConfigurationError
 
 _SYNC_METADATA = ("enable metadata sync to it (SELECT start_metadata_sync_to_node(host, "
                   "port) on the coordinator), or connect to the coordinator")
@@ -53,7 +53,7 @@ class CitusNodes:
 
     async def connect(self, node: Host) -> asyncpg.Connection:
         """A connection to the system database on ``node`` (no timeline fence: Citus nodes
-        have none to compare: see ``SERVER_STATE`` in dbos_async/sysdb/statements/servers.py)."""
+        have none to compare: see ``SERVER_STATE`` in dbos_async/_sysdb/statements/servers.py)."""
         return await connection.connect(node_url(self.url, node), self.connect_timeout,
                                         self.connection_name)
 

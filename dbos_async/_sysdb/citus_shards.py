@@ -27,12 +27,12 @@ from typing import TypeAlias
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.database_url import Host
+from dbos_async._database_url import Host
+from dbos_async._sysdb import connection
+from dbos_async._sysdb.fencing import TimelineFence
+from dbos_async._sysdb.statements.citus_shards import SHARD_PLACEMENTS, SHARDED_TABLE
+from dbos_async._sysdb.statements.servers import CITUS_INSTALLED
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError
-from dbos_async.sysdb import connection
-from dbos_async.sysdb.fencing import TimelineFence
-from dbos_async.sysdb.statements.citus_shards import SHARD_PLACEMENTS, SHARDED_TABLE
-from dbos_async.sysdb.statements.servers import CITUS_INSTALLED
 
 # ---- hashtext() ----
 

@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async.database_url import DatabaseUrl, parse_database_url
+from dbos_async._database_url import DatabaseUrl, parse_database_url
+from dbos_async._sysdb.fencing import TimelineFence
+from dbos_async._sysdb.retry import is_canceled
 from dbos_async.errors import (
     ConfigurationError,
     DatabaseAuthenticationError,
@@ -27,8 +29,6 @@ from dbos_async.errors import (
     DBOSError,
     StatementCanceledError,
 )
-from dbos_async.sysdb.fencing import TimelineFence
-from dbos_async.sysdb.retry import is_canceled
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """What every family of system-database operations runs on: the pool, the retry policy, the
 statements for the schema and the owner of the rows it writes.
 
-:class:`~dbos_async.sysdb.database.SystemDatabase` joins the families built on it.
+:class:`~dbos_async._sysdb.database.SystemDatabase` joins the families built on it.
 """
 
 from __future__ import annotations
@@ -15,26 +15,26 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from dbos_async import metrics
-from dbos_async.errors import (
-    ApplicationOwnershipError,
-    DatabaseUnavailableError,
-    QueryTimeoutError,
-)
-from dbos_async.sysdb import connection, migrations, setup
-from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
-from dbos_async.sysdb.fencing import TimelineFence
-from dbos_async.sysdb.health import DatabaseHealth, DatabaseWatch, describe_waits
-from dbos_async.sysdb.notifications import (
+from dbos_async import _metrics as metrics
+from dbos_async._sysdb import connection, migrations, setup
+from dbos_async._sysdb.clock import SYSTEM_CLOCK, Clock
+from dbos_async._sysdb.fencing import TimelineFence
+from dbos_async._sysdb.health import DatabaseHealth, DatabaseWatch, describe_waits
+from dbos_async._sysdb.notifications import (
     ENQUEUE_CHANNEL,
     NotificationDispatcher,
     keyed,
     payload_key,
 )
-from dbos_async.sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
-from dbos_async.sysdb.statements import Query, Statements
-from dbos_async.sysdb.statements.sharded import ShardedStatements
-from dbos_async.sysdb.writes.templates import StatementTemplates
+from dbos_async._sysdb.retry import RetryPolicy, UnavailableAfterRetries, is_connection_loss
+from dbos_async._sysdb.statements import Query, Statements
+from dbos_async._sysdb.statements.sharded import ShardedStatements
+from dbos_async._sysdb.writes.templates import StatementTemplates
+from dbos_async.errors import (
+    ApplicationOwnershipError,
+    DatabaseUnavailableError,
+    QueryTimeoutError,
+)
 
 T = TypeVar("T")
 
@@ -110,10 +110,10 @@ class DatabaseCore:
         # Set by the executor once started; None means every wait polls.
         self.notifications: NotificationDispatcher | None = None
         # Whether the multi-table writes run as transactions of single-table statements
-        # (a sharded schema on Citus, read at open; see dbos_async/sysdb/writes/routed.py).
+        # (a sharded schema on Citus, read at open; see dbos_async/_sysdb/writes/routed.py).
         self.routes_single_tables = False
         # Whether the server announces every workflow inserted ENQUEUED or DELAYED at its
-        # commit (the enqueue trigger, read at open; see dbos_async/sysdb/migrations.py).
+        # commit (the enqueue trigger, read at open; see dbos_async/_sysdb/migrations.py).
         self.enqueue_trigger = False
         # Where the schema is migrated and the executor IDs' advisory locks are held, which
         # every executor must see: the coordinator's URL on a Citus worker node (set at open).
@@ -122,7 +122,7 @@ class DatabaseCore:
 
     def waiter_key(self, workflow_id: str, name: str | None = None) -> str:
         """What notifications about ``workflow_id`` (and its topic or key ``name``) carry:
-        see :func:`~dbos_async.sysdb.notifications.keyed`, with the workflow's bound key."""
+        see :func:`~dbos_async._sysdb.notifications.keyed`, with the workflow's bound key."""
         key = self.sql.key_hint(workflow_id)
         return keyed(workflow_id, key) if name is None else payload_key(workflow_id, name, key)
 

@@ -2,10 +2,10 @@
 
 It stores and returns strings; serialization and types belong to the executor. The
 workflows' own statements (start, steps, outcome) are here; each other feature's are a
-family of their own, joined here as mixins: messaging (:mod:`dbos_async.sysdb.messaging`),
-recovery (:mod:`dbos_async.sysdb.recovery`), management (:mod:`dbos_async.sysdb.management`),
+family of their own, joined here as mixins: messaging (:mod:`dbos_async._sysdb.messaging`),
+recovery (:mod:`dbos_async._sysdb.recovery`), management (:mod:`dbos_async._sysdb.management`),
 queues, schedules, transfer, observability, and the write path
-(:mod:`dbos_async.sysdb.writes`: fenced writes, group commit, the Citus forms).
+(:mod:`dbos_async._sysdb.writes`: fenced writes, group commit, the Citus forms).
 """
 
 from __future__ import annotations
@@ -19,33 +19,26 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from dbos_async.errors import (
-    DBOSError,
-    NonExistentWorkflowError,
-    WorkflowCancelledError,
-    WorkflowConflictError,
-    workflow_id_taken,
-)
-from dbos_async.sysdb.application import (
+from dbos_async._sysdb.application import (
     Connection,
     IsolationLevel,
     OpenTransaction,
     transaction,
 )
-from dbos_async.sysdb.chunks import CHUNK_ROWS, spans
-from dbos_async.sysdb.connection import parsed_url
-from dbos_async.sysdb.management.admin import AdminOperations
-from dbos_async.sysdb.management.operations import JobConnection, WorkflowOperations
-from dbos_async.sysdb.messaging import MessagingOperations
-from dbos_async.sysdb.notifications import (
+from dbos_async._sysdb.chunks import CHUNK_ROWS, spans
+from dbos_async._sysdb.connection import parsed_url
+from dbos_async._sysdb.management.admin import AdminOperations
+from dbos_async._sysdb.management.operations import JobConnection, WorkflowOperations
+from dbos_async._sysdb.messaging import MessagingOperations
+from dbos_async._sysdb.notifications import (
     ENQUEUE_CHANNEL,
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
-from dbos_async.sysdb.observability import ObservabilityOperations
-from dbos_async.sysdb.queues import QueueOperations
-from dbos_async.sysdb.records import (
+from dbos_async._sysdb.observability import ObservabilityOperations
+from dbos_async._sysdb.queues import QueueOperations
+from dbos_async._sysdb.records import (
     BatchStart,
     Outcome,
     StartResult,
@@ -55,15 +48,15 @@ from dbos_async.sysdb.records import (
     status_record,
     workflow_row,
 )
-from dbos_async.sysdb.recovery import RecoveryOperations
-from dbos_async.sysdb.schedules import ScheduleOperations
-from dbos_async.sysdb.shard_keys import (
+from dbos_async._sysdb.recovery import RecoveryOperations
+from dbos_async._sysdb.schedules import ScheduleOperations
+from dbos_async._sysdb.shard_keys import (
     WorkflowAddress,
     bind_shard_keys,
     by_key,
     shard_key_scope,
 )
-from dbos_async.sysdb.statements import (
+from dbos_async._sysdb.statements import (
     CANCELLED,
     ERROR,
     PENDING,
@@ -76,8 +69,8 @@ from dbos_async.sysdb.statements import (
     Payload,
     Query,
 )
-from dbos_async.sysdb.transfer import TransferOperations
-from dbos_async.sysdb.writes.fenced import (
+from dbos_async._sysdb.transfer import TransferOperations
+from dbos_async._sysdb.writes.fenced import (
     FencedWrites,
     Keyed,
     KeyGroup,
@@ -85,8 +78,15 @@ from dbos_async.sysdb.writes.fenced import (
     keys_given,
     programs_landed,
 )
-from dbos_async.sysdb.writes.group_commit import GroupCommit
-from dbos_async.sysdb.writes.routed import RoutedWrites, Row
+from dbos_async._sysdb.writes.group_commit import GroupCommit
+from dbos_async._sysdb.writes.routed import RoutedWrites, Row
+from dbos_async.errors import (
+    DBOSError,
+    NonExistentWorkflowError,
+    WorkflowCancelledError,
+    WorkflowConflictError,
+    workflow_id_taken,
+)
 
 __all__ = [
     "BatchStart",
@@ -166,7 +166,7 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
     async def dequeue_scopes(self, queue_name: str) -> list[str]:
         """The shard keys with ENQUEUED work on the queue (sharded databases). On Citus,
         read from each node's own shards, so a node out of reach hides only its own keys
-        (see :meth:`~dbos_async.sysdb.writes.routed.RoutedWrites._read_each_node`)."""
+        (see :meth:`~dbos_async._sysdb.writes.routed.RoutedWrites._read_each_node`)."""
         if not self.routes_single_tables:
             return await super().dequeue_scopes(queue_name)
         rows = await self._read_each_node(
@@ -563,7 +563,7 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
         verdict = await self._fetchrow(self.sql.fence_verdict(workflow_id, owner_xid), what)
         return await self._recorded_or_existing(verdict, workflow_id, function_id, function_name)
 
-    # ---- Transactions (see dbos_async/executor/transactions.py) ----
+    # ---- Transactions (see dbos_async/_executor/transactions.py) ----
 
     def transaction(self, isolation: IsolationLevel, read_only: bool
                     ) -> contextlib.AbstractAsyncContextManager[OpenTransaction]:

@@ -1,5 +1,5 @@
 """The executor ID a process holds: claimed at entry, kept, and re-acquired after a lost
-connection (the statements are in :mod:`dbos_async.sysdb.statements.executor_ids`).
+connection (the statements are in :mod:`dbos_async._sysdb.statements.executor_ids`).
 
 An executor takes the first free one of its base ID (``executor_id``, or ``local`` when
 none is given), ``<base>-2``, ``<base>-3``, ... by holding its advisory lock on a
@@ -10,7 +10,7 @@ process gets its base ID back and recovers what it left.
 
 The lock is also how executors know which others are alive, with no heartbeat writes: an
 ID with ``PENDING`` workflows whose lock is free belongs to a dead process, and failover
-(:mod:`dbos_async.executor.failover`) takes its workflows over while holding that lock
+(:mod:`dbos_async._executor.failover`) takes its workflows over while holding that lock
 (:meth:`ExecutorIdLock.holding_other`).
 
 If the lock's connection is lost while the executor runs, the ID is re-acquired on a new
@@ -33,10 +33,10 @@ from typing import Literal
 import anyio
 import asyncpg
 
+from dbos_async._sysdb.notifications import Supervise
+from dbos_async._sysdb.retry import outlasts_outages
+from dbos_async._sysdb.statements import Query, Statements
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError, ExecutorIdLostError
-from dbos_async.sysdb.notifications import Supervise
-from dbos_async.sysdb.retry import outlasts_outages
-from dbos_async.sysdb.statements import Query, Statements
 
 logger = logging.getLogger("dbos_async")
 

@@ -29,10 +29,10 @@ from typing import Any
 
 import asyncpg
 
-from dbos_async.database_url import Host, parse_database_url
+from dbos_async._database_url import Host, parse_database_url
+from dbos_async._sysdb.retry import is_transient
+from dbos_async._sysdb.statements.servers import SERVER_STATE
 from dbos_async.errors import DatabaseUnavailableError, StaleServerError
-from dbos_async.sysdb.retry import is_transient
-from dbos_async.sysdb.statements.servers import SERVER_STATE
 
 logger = logging.getLogger("dbos_async")
 

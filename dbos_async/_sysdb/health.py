@@ -2,7 +2,7 @@
 when it stops answering or answers slowly.
 
 Every operation of the system database is counted here while it runs (see
-:class:`~dbos_async.sysdb.retry.RetryPolicy`): one that fails for want of the database marks
+:class:`~dbos_async._sysdb.retry.RetryPolicy`): one that fails for want of the database marks
 it unreachable until the next one succeeds; one that has waited longer than
 :data:`SLOW_AFTER` makes it slow. Nothing here reads the clock on an operation's path but the
 retry policy's own start time, so the bookkeeping costs a dict entry per operation.

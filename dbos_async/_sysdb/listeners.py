@@ -24,8 +24,8 @@ from typing import Protocol
 
 import asyncpg
 
-from dbos_async.database_url import Host
-from dbos_async.sysdb.repeats import Repeats
+from dbos_async._database_url import Host
+from dbos_async._sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 
@@ -57,7 +57,7 @@ async def still_answers(conn: asyncpg.Connection) -> None:
 
 class ClusterNodes(Protocol):
     """How a dispatcher reaches the other nodes of the Citus cluster its system database
-    is on (see ``dbos_async.sysdb.citus_nodes.CitusNodes``)."""
+    is on (see ``dbos_async._sysdb.citus_nodes.CitusNodes``)."""
 
     async def others(self, conn: asyncpg.Connection) -> Sequence[Host]:
         """The active primary nodes of the cluster other than ``conn``'s own, as ``conn``'s

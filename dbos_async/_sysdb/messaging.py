@@ -2,8 +2,8 @@
 group commit; from a workflow, with its checkpoint; in batches over shard keys), recv's
 consuming write, events and stream values, each under the writing workflow's fence.
 
-The executor's side is :mod:`dbos_async.executor.messaging`; the statements are
-:mod:`dbos_async.sysdb.statements.messaging`.
+The executor's side is :mod:`dbos_async._executor.messaging`; the statements are
+:mod:`dbos_async._sysdb.statements.messaging`.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from dbos_async.errors import (
-    NonExistentWorkflowError,
-    WorkflowCancelledError,
-    WorkflowConflictError,
+from dbos_async._sysdb.notifications import NOTIFICATIONS_CHANNEL
+from dbos_async._sysdb.records import StepRecord
+from dbos_async._sysdb.shard_keys import (
+    WorkflowAddress,
+    bind_shard_keys,
+    by_key,
+    cleared_shard_keys,
 )
-from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL
-from dbos_async.sysdb.records import StepRecord
-from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys, by_key, cleared_shard_keys
-from dbos_async.sysdb.statements import (
+from dbos_async._sysdb.statements import (
     PENDING,
     SEND_BULK,
     Consume,
@@ -30,9 +30,14 @@ from dbos_async.sysdb.statements import (
     Payload,
     Query,
 )
-from dbos_async.sysdb.writes.fenced import FencedWrites, Keyed
-from dbos_async.sysdb.writes.group_commit import GroupCommit
-from dbos_async.sysdb.writes.routed import Row
+from dbos_async._sysdb.writes.fenced import FencedWrites, Keyed
+from dbos_async._sysdb.writes.group_commit import GroupCommit
+from dbos_async._sysdb.writes.routed import Row
+from dbos_async.errors import (
+    NonExistentWorkflowError,
+    WorkflowCancelledError,
+    WorkflowConflictError,
+)
 
 T = TypeVar("T")
 

@@ -74,9 +74,9 @@ from pathlib import Path
 
 import asyncpg
 
+from dbos_async._sysdb import connection
+from dbos_async._sysdb.retry import is_transient
 from dbos_async.errors import ConfigurationError, MigrationError
-from dbos_async.sysdb import connection
-from dbos_async.sysdb.retry import is_transient
 
 __all__ = ["LATEST_VERSION", "check_schema_kind", "holds_sharded_schema", "migrate",
            "quote_schema", "verify"]

@@ -6,7 +6,7 @@ waiter's flag set, so the wait returns at once and the caller reads again.
 
 - The listener is a dedicated connection (not a pool slot) LISTENing on the channels below;
   on a Citus cluster, one to every node, as a NOTIFY reaches only the sessions of its node
-  (see dbos_async/sysdb/listeners.py). When one drops, every waiter is woken (each re-reads
+  (see dbos_async/_sysdb/listeners.py). When one drops, every waiter is woken (each re-reads
   the database) and it reconnects with backoff; until it is back, waits are capped at the
   poll interval.
 - Writers never NOTIFY inside their transactions: :meth:`NotificationDispatcher.notify`
@@ -31,12 +31,12 @@ import anyio
 import anyio.abc
 import asyncpg
 
-from dbos_async import metrics
-from dbos_async.database_url import Host
-from dbos_async.sysdb.clock import SYSTEM_CLOCK, Clock
-from dbos_async.sysdb.listeners import ClusterNodes, Connect, ServerListener, still_answers
-from dbos_async.sysdb.repeats import Repeats
-from dbos_async.sysdb.retry import is_transient
+from dbos_async import _metrics as metrics
+from dbos_async._database_url import Host
+from dbos_async._sysdb.clock import SYSTEM_CLOCK, Clock
+from dbos_async._sysdb.listeners import ClusterNodes, Connect, ServerListener, still_answers
+from dbos_async._sysdb.repeats import Repeats
+from dbos_async._sysdb.retry import is_transient
 
 logger = logging.getLogger("dbos_async")
 
@@ -84,7 +84,7 @@ class BackgroundTask(Protocol):
 Supervise = Callable[[Callable[[], Coroutine[Any, Any, None]], str], BackgroundTask]
 """Runs ``factory()`` as a background task of the caller's owner, named, started again with
 backoff whenever it raises, and ended when the owner closes (see
-``dbos_async.executor.tasks.TaskOwner.supervise``)."""
+``dbos_async._executor.tasks.TaskOwner.supervise``)."""
 _NOTIFY_SQL = "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS t(c, p)"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from dbos_async.sysdb.core import DatabaseCore
-from dbos_async.sysdb.records import VersionBacklog
+from dbos_async._sysdb.core import DatabaseCore
+from dbos_async._sysdb.records import VersionBacklog
 
 
 class ObservabilityOperations(DatabaseCore):

@@ -1,5 +1,5 @@
 """Queue operations of the system database: registration, the claim policy, partitions,
-delays and deduplication (see dbos_async/executor/dispatcher.py)."""
+delays and deduplication (see dbos_async/_executor/dispatcher.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import TypeVar
 
 import asyncpg
 
+from dbos_async._sysdb.core import DatabaseCore
+from dbos_async._sysdb.management.operations import JobConnection
+from dbos_async._sysdb.records import WorkflowRow, workflow_row
+from dbos_async._sysdb.statements import QUEUE_COLUMNS, Payload, QueueRecord
 from dbos_async.errors import QueueNotFoundError
-from dbos_async.sysdb.core import DatabaseCore
-from dbos_async.sysdb.management.operations import JobConnection
-from dbos_async.sysdb.records import WorkflowRow, workflow_row
-from dbos_async.sysdb.statements import QUEUE_COLUMNS, Payload, QueueRecord
 
 T = TypeVar("T")
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import asyncpg
 
+from dbos_async._sysdb.statements import ACTIVE_STATUSES
 from dbos_async.errors import WorkflowIDInUseError
-from dbos_async.sysdb.statements import ACTIVE_STATUSES
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Recovery in the system database: claiming an executor's PENDING workflows for it (or for
 the executor taking a dead one's work over), re-enqueuing its queued ones and dead-lettering
-those past their attempts (see :mod:`dbos_async.executor.recovery`).
+those past their attempts (see :mod:`dbos_async._executor.recovery`).
 
 On Citus each statement runs per shard key of the executor's pending workflows, on the key's
-shard's own tables (:class:`~dbos_async.sysdb.writes.routed.RoutedWrites`), so a node out of
+shard's own tables (:class:`~dbos_async._sysdb.writes.routed.RoutedWrites`), so a node out of
 reach stops only its keys' recovery.
 """
 
@@ -13,10 +13,10 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
-from dbos_async.sysdb.records import WorkflowRow, workflow_row
-from dbos_async.sysdb.shard_keys import WorkflowAddress, shard_key_scope
-from dbos_async.sysdb.statements import Query
-from dbos_async.sysdb.writes.routed import RoutedWrites, Row
+from dbos_async._sysdb.records import WorkflowRow, workflow_row
+from dbos_async._sysdb.shard_keys import WorkflowAddress, shard_key_scope
+from dbos_async._sysdb.statements import Query
+from dbos_async._sysdb.writes.routed import RoutedWrites, Row
 
 logger = logging.getLogger("dbos_async")
 

@@ -26,8 +26,8 @@ from typing import TypeVar
 
 import asyncpg
 
+from dbos_async._sysdb.health import DatabaseWatch
 from dbos_async.errors import DatabaseUnavailableError, StaleServerError
-from dbos_async.sysdb.health import DatabaseWatch
 
 logger = logging.getLogger("dbos_async")
 

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from dbos_async._sysdb.core import DatabaseCore
+from dbos_async._sysdb.statements.schedules import ACTIVE, PAUSED, ScheduleRecord, schedule_record
 from dbos_async.errors import ScheduleError
-from dbos_async.sysdb.core import DatabaseCore
-from dbos_async.sysdb.statements.schedules import ACTIVE, PAUSED, ScheduleRecord, schedule_record
 
 
 class ScheduleOperations(DatabaseCore):

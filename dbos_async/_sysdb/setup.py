@@ -8,10 +8,10 @@ from pathlib import Path
 
 import asyncpg
 
+from dbos_async._sysdb import citus_nodes, connection, migrations
+from dbos_async._sysdb.fencing import TimelineFence
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb import citus_nodes, connection, migrations
-from dbos_async.sysdb.fencing import TimelineFence
 
 
 async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
@@ -20,7 +20,7 @@ async def prepare(url: str, schema: str, *, sharded: bool, run_migrations: bool,
     """Migrate the schema (creating the database first if allowed), or only verify it,
     on a server ``fence`` admits; returns its version and the URL it was migrated through.
     A sharded schema on a Citus worker node is migrated or verified through its
-    coordinator (see :mod:`~dbos_async.sysdb.citus_nodes`): no DDL is ever run on a
+    coordinator (see :mod:`~dbos_async._sysdb.citus_nodes`): no DDL is ever run on a
     worker, and what must be seen by every node's executors (the executor IDs' advisory
     locks) is held there too."""
     if run_migrations:

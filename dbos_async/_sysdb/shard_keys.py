@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from types import MappingProxyType
 from typing import NamedTuple, TypeVar
 
-from dbos_async.validation import check_identifier, check_lookup
+from dbos_async._validation import check_identifier, check_lookup
 
 _bound: ContextVar[Mapping[str, str]] = ContextVar("dbos_shard_keys", default=MappingProxyType({}))
 _scope: ContextVar[str | None] = ContextVar("dbos_shard_key_scope", default=None)
@@ -23,7 +23,7 @@ _scope: ContextVar[str | None] = ContextVar("dbos_shard_key_scope", default=None
 
 def validate_shard_key(shard_key: object) -> None:
     """Refuse a key that is not None or a non-empty string the database can store (see
-    :func:`~dbos_async.validation.check_identifier`)."""
+    :func:`~dbos_async._validation.check_identifier`)."""
     check_identifier(shard_key, "shard key", optional=True)
 
 

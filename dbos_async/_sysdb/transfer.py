@@ -15,17 +15,17 @@ from typing import Any
 
 import asyncpg
 
+from dbos_async._sysdb import connection
+from dbos_async._sysdb.core import DatabaseCore
+from dbos_async._sysdb.management.operations import JobConnection
+from dbos_async._sysdb.statements import EXPORT_COLUMNS, WorkflowAddress, WorkflowFilter
+from dbos_async._sysdb.statements.transfer import WORKFLOW_COLUMN
 from dbos_async.errors import (
     QueryTimeoutError,
     StatementCanceledError,
     WorkflowImportConflictError,
     WorkflowImportError,
 )
-from dbos_async.sysdb import connection
-from dbos_async.sysdb.core import DatabaseCore
-from dbos_async.sysdb.management.operations import JobConnection
-from dbos_async.sysdb.statements import EXPORT_COLUMNS, WorkflowAddress, WorkflowFilter
-from dbos_async.sysdb.statements.transfer import WORKFLOW_COLUMN
 
 JsonRow = dict[str, Any]
 """A row of one table as plain JSON values, by column: what an export line holds."""

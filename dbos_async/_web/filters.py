@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from dbos_async._executor.management.control import epoch_ms
 from dbos_async.errors import DBOSError, InvalidRequestError
-from dbos_async.executor.management.control import epoch_ms
 from dbos_async.statuses import WorkflowStatusString
 
 MAX_LIMIT = 1000

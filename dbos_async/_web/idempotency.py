@@ -24,9 +24,9 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+from dbos_async._executor.context import SetShardKey, SetWorkflowID, added_attributes
+from dbos_async._executor.operator import Operator
 from dbos_async.errors import IdempotencyKeyConflictError, InvalidRequestError
-from dbos_async.executor.context import SetShardKey, SetWorkflowID, added_attributes
-from dbos_async.executor.operator import Operator
 
 DEFAULT_HEADER = "Idempotency-Key"
 

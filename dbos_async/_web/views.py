@@ -2,7 +2,7 @@
 
 Each framework's routes only hand their query parameters (name and value pairs, repeated
 names for lists) and path to these functions and send back what they return. A listing's
-parameters are read by :mod:`dbos_async.web.filters`, the parser the command line and the
+parameters are read by :mod:`dbos_async._web.filters`, the parser the command line and the
 console use too.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
+from dbos_async._executor.handles import WorkflowStatus
+from dbos_async._executor.management.control import WorkflowStepInfo
+from dbos_async._executor.operator import Operator
+from dbos_async._web.filters import listing_filters
+from dbos_async._web.problems import error_type_and_message
 from dbos_async.errors import InvalidRequestError, NonExistentWorkflowError
-from dbos_async.executor.handles import WorkflowStatus
-from dbos_async.executor.management.control import WorkflowStepInfo
-from dbos_async.executor.operator import Operator
-from dbos_async.web.filters import listing_filters
-from dbos_async.web.problems import error_type_and_message
 
 DEFAULT_LIMIT = 100
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from dbos_async.database_url import Host, parse_database_url, with_database
+from dbos_async._database_url import Host, parse_database_url, with_database
 from dbos_async.testing.databases import quoted_name
 
 PRIMARY_NODES = ("SELECT groupid, nodename, nodeport, shouldhaveshards FROM pg_dist_node "

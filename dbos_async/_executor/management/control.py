@@ -1,9 +1,9 @@
 """Operating workflows from an executor or a client: cancel, delete, list, steps, versions.
 
 The public methods over these functions are defined once, in
-:class:`~dbos_async.executor.operator.Operator`.
+:class:`~dbos_async._executor.operator.Operator`.
 
-The SQL runs in :mod:`dbos_async.sysdb.management.operations`; this module turns rows into
+The SQL runs in :mod:`dbos_async._sysdb.management.operations`; this module turns rows into
 typed values (inputs, outputs and errors deserialized with the registered workflow's
 signature when this executor has it, as plain JSON otherwise) and sends the notifications a
 cancel owes.
@@ -21,30 +21,30 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
-from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
-from dbos_async.executor.context import attributes_json
-from dbos_async.executor.handles import WorkflowInputs, WorkflowStatus
-from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.enqueue import DELAYED_KEY
-from dbos_async.executor.queues.options import check_options
-from dbos_async.executor.recorded_errors import deserialize_error
-from dbos_async.sysdb.clock import Clock
-from dbos_async.sysdb.management.operations import CancelledWorkflow, ForkSpec
-from dbos_async.sysdb.notifications import (
+from dbos_async._executor.context import attributes_json
+from dbos_async._executor.handles import WorkflowInputs, WorkflowStatus
+from dbos_async._executor.peer import Peer
+from dbos_async._executor.queues.enqueue import DELAYED_KEY
+from dbos_async._executor.queues.options import check_options
+from dbos_async._executor.recorded_errors import deserialize_error
+from dbos_async._sysdb.clock import Clock
+from dbos_async._sysdb.management.operations import CancelledWorkflow, ForkSpec
+from dbos_async._sysdb.notifications import (
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
     keyed,
 )
-from dbos_async.sysdb.records import StatusRecord
-from dbos_async.sysdb.shard_keys import WorkflowAddress, bind_shard_keys
-from dbos_async.sysdb.statements import (
+from dbos_async._sysdb.records import StatusRecord
+from dbos_async._sysdb.shard_keys import WorkflowAddress, bind_shard_keys
+from dbos_async._sysdb.statements import (
     ERROR,
     INTERNAL_QUEUE_NAME,
     VersionRecord,
     WorkflowFilter,
 )
-from dbos_async.validation import check_identifier, check_lookup, check_lookups
+from dbos_async._validation import check_identifier, check_lookup, check_lookups
+from dbos_async.errors import DBOSError, NonExistentWorkflowError, SerializationError
 
 logger = logging.getLogger("dbos_async")
 
@@ -110,7 +110,7 @@ def as_list(value: str | Sequence[str] | None) -> list[str] | None:
 
 
 class WorkflowFilters(TypedDict, total=False):
-    """The filters of :meth:`~dbos_async.executor.operator.Operator.list_workflows`, which
+    """The filters of :meth:`~dbos_async._executor.operator.Operator.list_workflows`, which
     an export takes too: every one given must match; a list matches any of its values."""
 
     workflow_ids: Sequence[str] | None

@@ -16,10 +16,10 @@ from __future__ import annotations
 import functools
 import logging
 
-from dbos_async.executor.management.control import announce_cancelled
-from dbos_async.executor.runtime import Runtime
-from dbos_async.sysdb.clock import after
-from dbos_async.sysdb.repeats import Repeats
+from dbos_async._executor.management.control import announce_cancelled
+from dbos_async._executor.runtime import Runtime
+from dbos_async._sysdb.clock import after
+from dbos_async._sysdb.repeats import Repeats
 
 logger = logging.getLogger("dbos_async")
 

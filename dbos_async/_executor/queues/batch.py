@@ -1,9 +1,9 @@
 """Enqueueing a batch: many workflows on one queue in one statement per shard key.
 
-Each row is planned by the one start plan (:func:`~dbos_async.executor.start.plan_start`),
+Each row is planned by the one start plan (:func:`~dbos_async._executor.start.plan_start`),
 as a single enqueue is; the rows are then written together. Deduplication does not fail the
 batch: each row reports what became of it (:class:`EnqueueResult`). A large batch is
-planned, written and answered a chunk at a time (:mod:`dbos_async.sysdb.chunks`), its
+planned, written and answered a chunk at a time (:mod:`dbos_async._sysdb.chunks`), its
 statements in one transaction, so it still lands whole or not at all.
 """
 
@@ -15,16 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
-from dbos_async.errors import DBOSError
-from dbos_async.executor.context import WorkflowContext, attributes_json
-from dbos_async.executor.handles import WorkflowHandle, workflow_handle
-from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.enqueue import EnqueueTarget, announcement_key, check_partition
-from dbos_async.executor.queues.options import check_options
-from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.serialization import Signature
-from dbos_async.executor.start import (
+from dbos_async._executor.context import WorkflowContext, attributes_json
+from dbos_async._executor.handles import WorkflowHandle, workflow_handle
+from dbos_async._executor.peer import Peer
+from dbos_async._executor.queues.enqueue import EnqueueTarget, announcement_key, check_partition
+from dbos_async._executor.queues.options import check_options
+from dbos_async._executor.registry import WorkflowInfo
+from dbos_async._executor.runtime import Runtime
+from dbos_async._executor.serialization import Signature
+from dbos_async._executor.start import (
     Arguments,
     CallContext,
     Placement,
@@ -33,11 +32,12 @@ from dbos_async.executor.start import (
     plan_registered,
     read_call,
 )
-from dbos_async.executor.steps import replay
-from dbos_async.executor.telemetry.tracing import traced_attributes
-from dbos_async.sysdb.chunks import spans
-from dbos_async.sysdb.database import BatchStart, StepRecord, SystemDatabase
-from dbos_async.sysdb.statements import NewWorkflow, ParentStep
+from dbos_async._executor.steps import replay
+from dbos_async._executor.telemetry.tracing import traced_attributes
+from dbos_async._sysdb.chunks import spans
+from dbos_async._sysdb.database import BatchStart, StepRecord, SystemDatabase
+from dbos_async._sysdb.statements import NewWorkflow, ParentStep
+from dbos_async.errors import DBOSError
 
 ENQUEUE_MANY = "DBOS.enqueue_many"
 """The checkpoint a workflow body's batch enqueue records (its output: every row's

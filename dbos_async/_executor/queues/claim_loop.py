@@ -10,7 +10,7 @@ the same channel so other executors wake too),
 the end of a rate-limit window, or, while its queue has work in flight (a shared limit
 is spent, its own workers are busy), its polling interval, whichever is first. A round that
 finds nothing to start makes it idle: then the queue watcher
-(:mod:`dbos_async.executor.queues.watcher`) polls for it, with every other idle queue and
+(:mod:`dbos_async._executor.queues.watcher`) polls for it, with every other idle queue and
 the DELAYED workflows in one statement, backing off while it finds nothing. A claim that
 loses a race for a shared budget (55P03 lock not available, 40001 serialization failure)
 backs off with jitter and tries again.
@@ -25,7 +25,20 @@ import time
 
 import asyncpg
 
-from dbos_async import metrics
+from dbos_async import _metrics as metrics
+from dbos_async._executor import workflows
+from dbos_async._executor.backoff import IdleBackoff
+from dbos_async._executor.queues.rotation import Rotation, fair_share
+from dbos_async._executor.queues.watcher import QueueWatcher
+from dbos_async._executor.recorded_errors import PORTABLE_ONLY, serialize_error
+from dbos_async._executor.runtime import ClaimLoopState, Runtime
+from dbos_async._sysdb.database import WorkflowRow
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
+from dbos_async._sysdb.queues import Claim
+from dbos_async._sysdb.repeats import Repeats
+from dbos_async._sysdb.retry import is_transient
+from dbos_async._sysdb.shard_keys import bind_shard_keys, shard_key_scope
+from dbos_async._sysdb.statements import PORTABLE_JSON, QueueRecord
 from dbos_async.errors import (
     DatabaseUnavailableError,
     DBOSError,
@@ -33,19 +46,6 @@ from dbos_async.errors import (
     SerializationError,
     WorkflowNotRegisteredError,
 )
-from dbos_async.executor import workflows
-from dbos_async.executor.backoff import IdleBackoff
-from dbos_async.executor.queues.rotation import Rotation, fair_share
-from dbos_async.executor.queues.watcher import QueueWatcher
-from dbos_async.executor.recorded_errors import PORTABLE_ONLY, serialize_error
-from dbos_async.executor.runtime import ClaimLoopState, Runtime
-from dbos_async.sysdb.database import WorkflowRow
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
-from dbos_async.sysdb.queues import Claim
-from dbos_async.sysdb.repeats import Repeats
-from dbos_async.sysdb.retry import is_transient
-from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
-from dbos_async.sysdb.statements import PORTABLE_JSON, QueueRecord
 
 logger = logging.getLogger("dbos_async")
 

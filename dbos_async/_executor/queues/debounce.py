@@ -9,14 +9,13 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 import asyncpg
 
-from dbos_async.errors import DBOSError, QueueDeduplicatedError
-from dbos_async.executor.context import WorkflowContext, current_workflow
-from dbos_async.executor.handles import WorkflowHandle, workflow_handle
-from dbos_async.executor.queues.enqueue import DELAYED_KEY, EnqueueTarget, announce, placement_of
-from dbos_async.executor.queues.options import EnqueueOptions, check_options, current_options
-from dbos_async.executor.registry import WorkflowInfo, workflow_info_of
-from dbos_async.executor.runtime import RuntimeSource
-from dbos_async.executor.start import (
+from dbos_async._executor.context import WorkflowContext, current_workflow
+from dbos_async._executor.handles import WorkflowHandle, workflow_handle
+from dbos_async._executor.queues.enqueue import DELAYED_KEY, EnqueueTarget, announce, placement_of
+from dbos_async._executor.queues.options import EnqueueOptions, check_options, current_options
+from dbos_async._executor.registry import WorkflowInfo, workflow_info_of
+from dbos_async._executor.runtime import RuntimeSource
+from dbos_async._executor.start import (
     Arguments,
     CallContext,
     StartPlan,
@@ -26,11 +25,12 @@ from dbos_async.executor.start import (
     record_child_step,
     replayed_child,
 )
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.shard_keys import shard_key_scope
-from dbos_async.sysdb.statements import ParentStep, Payload, is_dedup_conflict
-from dbos_async.validation import check_identifier
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async._sysdb.shard_keys import shard_key_scope
+from dbos_async._sysdb.statements import ParentStep, Payload, is_dedup_conflict
+from dbos_async._validation import check_identifier
+from dbos_async.errors import DBOSError, QueueDeduplicatedError
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -16,16 +16,16 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from dbos_async._executor.handles import WorkflowHandle
+from dbos_async._executor.queues.debounce import Debouncer
+from dbos_async._executor.queues.enqueue import enqueue
+from dbos_async._executor.queues.options import EnqueueOptions, current_options
+from dbos_async._executor.registry import WorkflowInfo, workflow_info_of
+from dbos_async._executor.runtime import RuntimeSource
+from dbos_async._executor.start import CallContext, read_call
+from dbos_async._sysdb.statements import INTERNAL_QUEUE_NAME, QueueRecord
+from dbos_async._validation import check_identifier, check_seconds, reported_as
 from dbos_async.errors import ConfigurationError, DBOSError
-from dbos_async.executor.handles import WorkflowHandle
-from dbos_async.executor.queues.debounce import Debouncer
-from dbos_async.executor.queues.enqueue import enqueue
-from dbos_async.executor.queues.options import EnqueueOptions, current_options
-from dbos_async.executor.registry import WorkflowInfo, workflow_info_of
-from dbos_async.executor.runtime import RuntimeSource
-from dbos_async.executor.start import CallContext, read_call
-from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, QueueRecord
-from dbos_async.validation import check_identifier, check_seconds, reported_as
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -14,12 +14,11 @@ from typing import Any, Protocol
 
 import asyncpg
 
-from dbos_async.errors import DBOSError, QueueDeduplicatedError, WorkflowIDInUseError
-from dbos_async.executor.handles import WorkflowHandle, workflow_handle
-from dbos_async.executor.queues.options import DeduplicationPolicy, EnqueueOptions
-from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.runtime import Runtime, RuntimeSource
-from dbos_async.executor.start import (
+from dbos_async._executor.handles import WorkflowHandle, workflow_handle
+from dbos_async._executor.queues.options import DeduplicationPolicy, EnqueueOptions
+from dbos_async._executor.registry import WorkflowInfo
+from dbos_async._executor.runtime import Runtime, RuntimeSource
+from dbos_async._executor.start import (
     Arguments,
     CallContext,
     Placement,
@@ -29,9 +28,10 @@ from dbos_async.executor.start import (
     refused_child,
     replayed_start,
 )
-from dbos_async.sysdb.database import StartResult, SystemDatabase
-from dbos_async.sysdb.shard_keys import shard_key_scope
-from dbos_async.sysdb.statements import ENQUEUED, NewWorkflow, is_dedup_conflict
+from dbos_async._sysdb.database import StartResult, SystemDatabase
+from dbos_async._sysdb.shard_keys import shard_key_scope
+from dbos_async._sysdb.statements import ENQUEUED, NewWorkflow, is_dedup_conflict
+from dbos_async.errors import DBOSError, QueueDeduplicatedError, WorkflowIDInUseError
 
 DELAYED_KEY = "dbos_async:delayed"
 """ENQUEUE_CHANNEL payload announcing a new DELAYED workflow (wakes the queue watchers,

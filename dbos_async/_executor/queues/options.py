@@ -6,8 +6,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from dbos_async._validation import check_identifier, check_seconds
 from dbos_async.errors import DBOSError
-from dbos_async.validation import check_identifier, check_seconds
 
 DeduplicationPolicy = Literal["reject", "return_existing"]
 """What an enqueue does when an active workflow of the queue holds its deduplication ID:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import logging
 import time
 
-from dbos_async.executor.backoff import IdleBackoff
-from dbos_async.executor.queues.enqueue import DELAYED_KEY
-from dbos_async.executor.runtime import Runtime
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL, Waiter
+from dbos_async._executor.backoff import IdleBackoff
+from dbos_async._executor.queues.enqueue import DELAYED_KEY
+from dbos_async._executor.runtime import Runtime
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL, Waiter
 
 logger = logging.getLogger("dbos_async")
 

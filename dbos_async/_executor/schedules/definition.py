@@ -17,16 +17,16 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from dbos_async._executor.peer import Peer
+from dbos_async._executor.queues.enqueue import announcement_key
+from dbos_async._executor.serialization import dumps, to_json_value
+from dbos_async._executor.start import CallContext, Placement, plan_start
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async._sysdb.shard_keys import validate_shard_key
+from dbos_async._sysdb.statements import INTERNAL_QUEUE_NAME, Payload
+from dbos_async._sysdb.statements.schedules import ACTIVE, ScheduleRecord
+from dbos_async._validation import check_identifier, check_lookup, reported_as
 from dbos_async.errors import ScheduleError
-from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.enqueue import announcement_key
-from dbos_async.executor.serialization import dumps, to_json_value
-from dbos_async.executor.start import CallContext, Placement, plan_start
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.shard_keys import validate_shard_key
-from dbos_async.sysdb.statements import INTERNAL_QUEUE_NAME, Payload
-from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
-from dbos_async.validation import check_identifier, check_lookup, reported_as
 
 TRIGGER_TAG = "trigger"
 

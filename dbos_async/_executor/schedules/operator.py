@@ -1,5 +1,5 @@
 """The schedule operations an executor and a client share (mixed into
-:class:`~dbos_async.executor.operator.Operator`): create, list, get, delete, pause,
+:class:`~dbos_async._executor.operator.Operator`): create, list, get, delete, pause,
 resume, apply, trigger and backfill, over rows of ``workflow_schedules``."""
 
 from __future__ import annotations
@@ -9,20 +9,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from dbos_async._executor.handles import WorkflowHandle, workflow_handle
+from dbos_async._executor.peer import Peer
+from dbos_async._executor.queues.declaration import Queue
+from dbos_async._executor.registry import WorkflowInfo
+from dbos_async._executor.schedules import definition
+from dbos_async._executor.schedules.definition import WorkflowSchedule, public_schedule
+from dbos_async._sysdb.clock import now_utc
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async._sysdb.statements.schedules import ScheduleRecord
+from dbos_async._validation import check_lookup
 from dbos_async.errors import ScheduleError
-from dbos_async.executor.handles import WorkflowHandle, workflow_handle
-from dbos_async.executor.peer import Peer
-from dbos_async.executor.queues.declaration import Queue
-from dbos_async.executor.registry import WorkflowInfo
-from dbos_async.executor.schedules import definition
-from dbos_async.executor.schedules.definition import WorkflowSchedule, public_schedule
-from dbos_async.sysdb.clock import now_utc
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.statements.schedules import ScheduleRecord
-from dbos_async.validation import check_lookup
 
 if TYPE_CHECKING:
-    from dbos_async.executor.context import WorkflowContext
+    from dbos_async._executor.context import WorkflowContext
 
 ScheduledWorkflow = str | Callable[..., Any]
 """A workflow a schedule runs: its registered name, or (on an executor) the workflow."""

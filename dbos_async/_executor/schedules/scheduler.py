@@ -3,7 +3,7 @@
 It keeps the next time of each schedule in a heap and sleeps until the earliest (or until
 the next re-read of the definitions, or until a dbos_async writer announces a change), so
 between re-reads it sends no statement. Firing is
-:func:`~dbos_async.executor.schedules.definition.fire`:
+:func:`~dbos_async._executor.schedules.definition.fire`:
 several executors firing one time insert one workflow under one ID, so each time runs once.
 """
 
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from dbos_async._executor.runtime import Runtime
+from dbos_async._executor.schedules import definition
+from dbos_async._sysdb.clock import epoch_ms, now_utc
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async._sysdb.statements.schedules import ACTIVE, ScheduleRecord
 from dbos_async.errors import ScheduleError
-from dbos_async.executor.runtime import Runtime
-from dbos_async.executor.schedules import definition
-from dbos_async.sysdb.clock import epoch_ms, now_utc
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.statements.schedules import ACTIVE, ScheduleRecord
 
 logger = logging.getLogger("dbos_async")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from dbos_async.executor.context import workflow_of_step
+from dbos_async._executor.context import workflow_of_step
 from dbos_async.statuses import WorkflowStatusString
 
 workflow_logger = logging.getLogger("dbos_async.workflows")

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from dbos_async import metrics
+from dbos_async import _metrics as metrics
+from dbos_async._executor.context import WorkflowContext
+from dbos_async._executor.telemetry import logs, tracing
 from dbos_async.errors import WorkflowCancelledError
-from dbos_async.executor.context import WorkflowContext
-from dbos_async.executor.telemetry import logs, tracing
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from dbos_async._executor.context import added_attributes, workflow_of_step
 from dbos_async.errors import RecordedError
-from dbos_async.executor.context import added_attributes, workflow_of_step
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer, TracerProvider

@@ -1,12 +1,12 @@
 """Changes of a workflow or an application in place: a queued workflow's priority and
 delay, a workflow's attributes, and renaming an application (see
-:mod:`dbos_async.sysdb.statements.management.admin`)."""
+:mod:`dbos_async._sysdb.statements.management.admin`)."""
 
 from __future__ import annotations
 
+from dbos_async._sysdb.core import DatabaseCore
+from dbos_async._sysdb.statements import APPLICATION_TABLES, DELAYED, ENQUEUED, Query
 from dbos_async.errors import NonExistentWorkflowError, WorkflowStateError
-from dbos_async.sysdb.core import DatabaseCore
-from dbos_async.sysdb.statements import APPLICATION_TABLES, DELAYED, ENQUEUED, Query
 
 QUEUED_STATUSES = (ENQUEUED, DELAYED)
 """The statuses of a workflow waiting on its queue: the only ones whose priority or delay

@@ -15,12 +15,11 @@ from typing import TypeAlias, TypeVar
 
 import asyncpg
 
-from dbos_async.errors import DBOSError, NonExistentWorkflowError
-from dbos_async.sysdb import connection
-from dbos_async.sysdb.core import DatabaseCore, PooledConnection
-from dbos_async.sysdb.records import StatusRecord, status_record
-from dbos_async.sysdb.shard_keys import bind_shard_keys, by_key, cleared_shard_keys
-from dbos_async.sysdb.statements import (
+from dbos_async._sysdb import connection
+from dbos_async._sysdb.core import DatabaseCore, PooledConnection
+from dbos_async._sysdb.records import StatusRecord, status_record
+from dbos_async._sysdb.shard_keys import bind_shard_keys, by_key, cleared_shard_keys
+from dbos_async._sysdb.statements import (
     ACTIVE_STATUSES,
     Query,
     RetentionCutoff,
@@ -29,6 +28,7 @@ from dbos_async.sysdb.statements import (
     WorkflowFilter,
     job_lock_key,
 )
+from dbos_async.errors import DBOSError, NonExistentWorkflowError
 
 T = TypeVar("T")
 

@@ -1,11 +1,11 @@
 """The SQL of the system database, one named builder per statement.
 
 Each family of statements lives in its own module, all built on the shard-key seam of
-:class:`~dbos_async.sysdb.statements.base.StatementBase`; :class:`Statements` joins them for
+:class:`~dbos_async._sysdb.statements.base.StatementBase`; :class:`Statements` joins them for
 one schema.
 """
 
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     ACTIVE_STATUSES,
     CANCELLED,
     DELAYED,
@@ -26,9 +26,9 @@ from dbos_async.sysdb.statements.base import (
     WorkflowAddress,
     qualify,
 )
-from dbos_async.sysdb.statements.executor_ids import ExecutorIdStatements
-from dbos_async.sysdb.statements.management.admin import APPLICATION_TABLES, AdminStatements
-from dbos_async.sysdb.statements.management.control import (
+from dbos_async._sysdb.statements.executor_ids import ExecutorIdStatements
+from dbos_async._sysdb.statements.management.admin import APPLICATION_TABLES, AdminStatements
+from dbos_async._sysdb.statements.management.control import (
     BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS,
     PAYLOAD_TABLES,
     STREAM_CLOSED_SERIALIZED,
@@ -40,15 +40,15 @@ from dbos_async.sysdb.statements.management.control import (
     advisory_lock_key,
     job_lock_key,
 )
-from dbos_async.sysdb.statements.messaging import (
+from dbos_async._sysdb.statements.messaging import (
     SEND_BULK,
     Consume,
     MessagingStatements,
     OutgoingMessage,
 )
-from dbos_async.sysdb.statements.observability import ObservabilityStatements
-from dbos_async.sysdb.statements.permissions import PermissionStatements
-from dbos_async.sysdb.statements.queues import (
+from dbos_async._sysdb.statements.observability import ObservabilityStatements
+from dbos_async._sysdb.statements.permissions import PermissionStatements
+from dbos_async._sysdb.statements.queues import (
     CLAIMED_COLUMNS,
     DEDUP_INDEX,
     INTERNAL_QUEUE_NAME,
@@ -57,12 +57,12 @@ from dbos_async.sysdb.statements.queues import (
     QueueStatements,
     is_dedup_conflict,
 )
-from dbos_async.sysdb.statements.recovery import RecoveryStatements
-from dbos_async.sysdb.statements.routed import RoutedStatements
-from dbos_async.sysdb.statements.schedules import ScheduleStatements
-from dbos_async.sysdb.statements.transfer import EXPORT_COLUMNS, ExportStatements
-from dbos_async.sysdb.statements.versions import VersionRecord, VersionStatements
-from dbos_async.sysdb.statements.workflows import WorkflowStatements
+from dbos_async._sysdb.statements.recovery import RecoveryStatements
+from dbos_async._sysdb.statements.routed import RoutedStatements
+from dbos_async._sysdb.statements.schedules import ScheduleStatements
+from dbos_async._sysdb.statements.transfer import EXPORT_COLUMNS, ExportStatements
+from dbos_async._sysdb.statements.versions import VersionRecord, VersionStatements
+from dbos_async._sysdb.statements.workflows import WorkflowStatements
 
 
 class Statements(RoutedStatements, WorkflowStatements, RecoveryStatements,

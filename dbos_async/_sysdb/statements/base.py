@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dbos_async._sysdb import shard_keys
 from dbos_async.errors import DBOSError
 from dbos_async.statuses import WorkflowStatusString
-from dbos_async.sysdb import shard_keys
 
 # The statuses as plain text, the form bound as statement parameters.
 PENDING = WorkflowStatusString.PENDING.value
@@ -94,7 +94,7 @@ class NewWorkflow:
     priority: int = 0
     serialization: str = PORTABLE_JSON
     shard_key: str | None = None
-    # Queue columns (see dbos_async/executor/queues.py).
+    # Queue columns (see dbos_async/_executor/queues.py).
     deduplication_id: str | None = None
     queue_partition_key: str | None = None
     delay_until_epoch_ms: int | None = None

@@ -1,5 +1,5 @@
 """What routing by shard key reads of a Citus cluster's metadata: which node holds each hash
-interval of the per-workflow tables (see dbos_async/sysdb/citus_shards.py).
+interval of the per-workflow tables (see dbos_async/_sysdb/citus_shards.py).
 
 Both statements read Citus's metadata tables, which any role may read, on the coordinator or
 on a worker node with metadata synced to it. They take no lock: each is one statement, so it

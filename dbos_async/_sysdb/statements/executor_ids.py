@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 
-from dbos_async.sysdb.statements.base import Params, Query, StatementBase
-from dbos_async.sysdb.statements.management.control import advisory_lock_key
+from dbos_async._sysdb.statements.base import Params, Query, StatementBase
+from dbos_async._sysdb.statements.management.control import advisory_lock_key
 
 # Server-side keepalives of the lock's session: a holder whose machine vanished without
 # closing its connection releases the ID after about idle + interval * count seconds
 # (10 + 5 * 3 = 25), rather than after the operating system's default of two hours; the
 # user timeout bounds the same way a send the peer never acknowledges. Failover takes over
-# the ID's workflows once the lock is free (see dbos_async/executor/failover.py).
+# the ID's workflows once the lock is free (see dbos_async/_executor/failover.py).
 HALF_OPEN_BOUND_SECONDS = 25
 LOCK_SESSION_SETTINGS = {
     "tcp_keepalives_idle": "10",

@@ -1,11 +1,11 @@
-"""Statements of messages, events and streams (see dbos_async/sysdb/notifications.py)."""
+"""Statements of messages, events and streams (see dbos_async/_sysdb/notifications.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     ACTIVE_STATUSES,
     PENDING,
     PORTABLE_JSON,

@@ -9,7 +9,7 @@ transaction under ``statement_timeout``, see ``DatabaseCore._observed_fetch``).
 
 from __future__ import annotations
 
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     DELAYED,
     ENQUEUED,
     ERROR,

@@ -4,7 +4,7 @@ while migrations run as the schema's owner."""
 
 from __future__ import annotations
 
-from dbos_async.sysdb.statements.base import Params, Query, StatementBase
+from dbos_async._sysdb.statements.base import Params, Query, StatementBase
 
 
 def quote_role(role: str) -> str:

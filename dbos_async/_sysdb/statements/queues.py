@@ -1,6 +1,6 @@
 """Statements of queues: registration, claims, partitions, delays and dedup.
 
-See dbos_async/executor/queues.py and dispatcher.py.
+See dbos_async/_executor/queues.py and dispatcher.py.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dbos_async.errors import DBOSError
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     DELAYED,
     ENQUEUED,
     PENDING,
@@ -20,6 +19,7 @@ from dbos_async.sysdb.statements.base import (
     StatementBase,
     qualify,
 )
+from dbos_async.errors import DBOSError
 
 INTERNAL_QUEUE_NAME = "_dbos_internal_queue"
 """The queue DBOS uses to run resumed workflows; every executor dispatches it."""
@@ -388,7 +388,7 @@ class QueueStatements(StatementBase):
     def _partitions_cte(self, queue_name: str, after: str | None, p: Params) -> str:
         """CTEs ending in ``partitions(pk)``: the queue's partition keys with ENQUEUED
         work, in key order starting just after ``after`` and wrapping around to it (a claim
-        loop's rotation, see ``dbos_async.executor.queues.rotation``).
+        loop's rotation, see ``dbos_async._executor.queues.rotation``).
 
         Each lap is a recursive loose index scan: one seek per distinct key on
         idx_workflow_status_partition_dequeue_v3, so the cost follows the number of

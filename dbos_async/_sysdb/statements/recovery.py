@@ -1,7 +1,7 @@
 """Statements of recovery: an executor takes back the workflows it left PENDING, and a live
 executor takes over those of a dead one (failover).
 
-See dbos_async/executor/recovery.py and failover.py. Each one touches only the named
+See dbos_async/_executor/recovery.py and failover.py. Each one touches only the named
 executor's rows of this application version (and application), and skips those already
 running here (``exclude``).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     ENQUEUED,
     MAX_RECOVERY_ATTEMPTS_EXCEEDED,
     PENDING,

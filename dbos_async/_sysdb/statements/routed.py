@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     PENDING,
     PORTABLE_JSON,
     Checkpoint,
@@ -23,12 +23,12 @@ from dbos_async.sysdb.statements.base import (
     Query,
     StatementBase,
 )
-from dbos_async.sysdb.statements.messaging import (
+from dbos_async._sysdb.statements.messaging import (
     MESSAGE_ORDER,
     MessagingStatements,
     OutgoingMessage,
 )
-from dbos_async.sysdb.statements.workflows import WorkflowStatements
+from dbos_async._sysdb.statements.workflows import WorkflowStatements
 
 
 class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dbos_async._sysdb.statements.base import Params, Query, StatementBase
 from dbos_async.errors import ScheduleError
-from dbos_async.sysdb.statements.base import Params, Query, StatementBase
 
 ACTIVE = "ACTIVE"
 PAUSED = "PAUSED"

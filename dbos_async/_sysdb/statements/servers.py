@@ -1,5 +1,5 @@
 """What a connection learns about the server it reached, for fencing (see
-dbos_async/sysdb/fencing.py)."""
+dbos_async/_sysdb/fencing.py)."""
 
 from __future__ import annotations
 

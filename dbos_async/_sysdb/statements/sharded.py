@@ -1,12 +1,12 @@
 """The statements of a sharded system database: the seam of
-:class:`~dbos_async.sysdb.statements.base.StatementBase`, routed by shard key.
+:class:`~dbos_async._sysdb.statements.base.StatementBase`, routed by shard key.
 
 Every per-workflow row carries ``shard_key``, leading its table's primary key (and, on
 Citus, distributing it). A statement that names a workflow finds it by ``(shard_key,
 workflow_uuid)``: workflow IDs are unique only per key, so the key comes with the ID, from
-an explicit argument or from the bindings of :mod:`dbos_async.sysdb.shard_keys`. One
+an explicit argument or from the bindings of :mod:`dbos_async._sysdb.shard_keys`. One
 statement names one key, so a router sends it to one shard; a statement that names no
-workflow is confined to the current :func:`~dbos_async.sysdb.shard_keys.shard_key_scope`,
+workflow is confined to the current :func:`~dbos_async._sysdb.shard_keys.shard_key_scope`,
 or, with none, spans every key (listings, recovery, maintenance).
 """
 
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from dbos_async._sysdb import shard_keys
+from dbos_async._sysdb.statements import Statements
+from dbos_async._sysdb.statements.base import Params, WorkflowAddress, qualify
 from dbos_async.errors import DBOSError
-from dbos_async.sysdb import shard_keys
-from dbos_async.sysdb.statements import Statements
-from dbos_async.sysdb.statements.base import Params, WorkflowAddress, qualify
 
 
 class ShardedStatements(Statements):

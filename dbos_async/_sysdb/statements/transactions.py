@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dbos_async.sysdb.statements.base import Params, Query
-from dbos_async.sysdb.statements.management.control import advisory_lock_key
+from dbos_async._sysdb.statements.base import Params, Query
+from dbos_async._sysdb.statements.management.control import advisory_lock_key
 
 MIGRATIONS_TABLE = "dbos_datasource_migrations"
 

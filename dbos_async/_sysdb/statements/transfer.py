@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dbos_async.sysdb.statements.base import Params, Query, WorkflowAddress
-from dbos_async.sysdb.statements.management.control import ControlStatements, WorkflowFilter
+from dbos_async._sysdb.statements.base import Params, Query, WorkflowAddress
+from dbos_async._sysdb.statements.management.control import ControlStatements, WorkflowFilter
 
 EXPORT_COLUMNS: dict[str, tuple[str, ...]] = {
     "workflow_status": (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from dbos_async.sysdb.statements.base import Params, Query, StatementBase
+from dbos_async._sysdb.statements.base import Params, Query, StatementBase
 
 
 @dataclass(frozen=True)

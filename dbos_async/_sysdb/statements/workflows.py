@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     PENDING,
     PORTABLE_JSON,
     Checkpoint,

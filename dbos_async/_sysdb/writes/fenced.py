@@ -4,8 +4,8 @@ batches of one kind of write, one statement per shard key (or, on Citus, one rou
 per write, by node).
 
 :class:`FencedWrites` is the base of the families that write a workflow's rows under its
-fence: the workflows' own (:mod:`dbos_async.sysdb.database`) and messaging
-(:mod:`dbos_async.sysdb.messaging`).
+fence: the workflows' own (:mod:`dbos_async._sysdb.database`) and messaging
+(:mod:`dbos_async._sysdb.messaging`).
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ from typing import TypeVar
 
 import asyncpg
 
+from dbos_async._sysdb.records import StepRecord
+from dbos_async._sysdb.shard_keys import (
+    WorkflowAddress,
+    by_key,
+    cleared_shard_keys,
+    shard_key_scope,
+)
+from dbos_async._sysdb.statements import CANCELLED, PENDING, Query
+from dbos_async._sysdb.writes.routed import Program, Results, RoutedWrites, Row, ran_whole
 from dbos_async.errors import (
     NondeterminismError,
     NonExistentWorkflowError,
     WorkflowCancelledError,
     WorkflowConflictError,
 )
-from dbos_async.sysdb.records import StepRecord
-from dbos_async.sysdb.shard_keys import (
-    WorkflowAddress,
-    by_key,
-    cleared_shard_keys,
-    shard_key_scope,
-)
-from dbos_async.sysdb.statements import CANCELLED, PENDING, Query
-from dbos_async.sysdb.writes.routed import Program, Results, RoutedWrites, Row, ran_whole
 
 T = TypeVar("T")
 

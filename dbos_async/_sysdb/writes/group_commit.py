@@ -12,7 +12,7 @@ Each caller waits for its own row's verdict (a batch statement judges every row 
 own), so a workflow continues only after its write has committed, exactly as alone.
 
 Workflows wait out an outage and other callers do not (see
-:func:`~dbos_async.sysdb.retry.outlasting_outages`), so the two never share a batch: each
+:func:`~dbos_async._sysdb.retry.outlasting_outages`), so the two never share a batch: each
 has lanes of its own, and a batch is written as patiently as its writers.
 """
 
@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from dbos_async import metrics
-from dbos_async.sysdb.retry import outlasts_outages
+from dbos_async import _metrics as metrics
+from dbos_async._sysdb.retry import outlasts_outages
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")

@@ -1,6 +1,6 @@
 """A workflow's multi-table writes as single-table statements, for a database that routes a
 statement to one shard only when it writes one table (Citus; the statements are in
-:mod:`dbos_async.sysdb.statements.routed`).
+:mod:`dbos_async._sysdb.statements.routed`).
 
 On PostgreSQL each of these writes is one statement, one round trip. On Citus that statement
 would run as a task per table gathered by the node that plans it; here its parts are
@@ -20,7 +20,7 @@ The semantics are the one statement's: the fence (this execution owns the PENDIN
 is checked first, under the status row's lock held to commit; a workflow's own write lands
 only with its checkpoint, so a retry after a lost reply or a replay writes nothing twice and
 finds the record; and each returns the verdict the statement returns (``status``,
-``owned``, ``inserted``), which the callers in :mod:`dbos_async.sysdb.database` read alike.
+``owned``, ``inserted``), which the callers in :mod:`dbos_async._sysdb.database` read alike.
 A stream write and recv read a value before they write (an offset, the message): on a
 shard's own tables each is the one statement plain PostgreSQL runs, and only where the
 distributed tables must be written are they transactions of several round trips.
@@ -40,13 +40,12 @@ from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 
-from dbos_async.database_url import Host
-from dbos_async.errors import DatabaseUnavailableError
-from dbos_async.sysdb.citus_shards import NodePools, ShardInterval, ShardMap
-from dbos_async.sysdb.core import DatabaseCore, PooledConnection
-from dbos_async.sysdb.records import StartResult, workflow_row
-from dbos_async.sysdb.shard_keys import WorkflowAddress, shard_key_scope
-from dbos_async.sysdb.statements import (
+from dbos_async._database_url import Host
+from dbos_async._sysdb.citus_shards import NodePools, ShardInterval, ShardMap
+from dbos_async._sysdb.core import DatabaseCore, PooledConnection
+from dbos_async._sysdb.records import StartResult, workflow_row
+from dbos_async._sysdb.shard_keys import WorkflowAddress, shard_key_scope
+from dbos_async._sysdb.statements import (
     SEND_BULK,
     Checkpoint,
     FinalOutcome,
@@ -55,6 +54,7 @@ from dbos_async.sysdb.statements import (
     Payload,
     Query,
 )
+from dbos_async.errors import DatabaseUnavailableError
 
 T = TypeVar("T")
 
@@ -657,7 +657,7 @@ class RoutedWrites(DatabaseCore):
     async def _insert_workflows_routed(self, conn: PooledConnection,
                                        rows: Sequence[tuple[NewWorkflow, str]],
                                        key: str | None) -> list[Row]:
-        """A batch of one key (see :meth:`~dbos_async.sysdb.statements.WorkflowStatements.
+        """A batch of one key (see :meth:`~dbos_async._sysdb.statements.WorkflowStatements.
         insert_workflows`) in the caller's transaction: the rows it meets read first, then
         the status rows and the inputs of those inserted, a statement per table (and per
         :data:`BATCH_ROWS` rows); nothing if an ID belongs to another workflow name. One

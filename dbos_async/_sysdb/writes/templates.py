@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from dbos_async.sysdb.statements.base import Query
+from dbos_async._sysdb.statements.base import Query
 
 _TEXT_MARK = f"dbos-stand-in-{uuid.uuid4().hex}-"
 """Stand-in strings: no real value or constant of a statement starts with it."""

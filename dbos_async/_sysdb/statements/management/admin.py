@@ -7,7 +7,7 @@ sharded schema too.
 
 from __future__ import annotations
 
-from dbos_async.sysdb.statements.base import DELAYED, Params, Query, StatementBase
+from dbos_async._sysdb.statements.base import DELAYED, Params, Query, StatementBase
 
 APPLICATION_TABLES = ("queues", "workflow_schedules", "application_versions",
                       "workflow_status", "operation_outputs")

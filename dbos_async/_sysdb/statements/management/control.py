@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dbos_async.sysdb.statements.base import (
+from dbos_async._sysdb.statements.base import (
     ACTIVE_STATUSES,
     CANCELLED,
     ENQUEUED,
