@@ -117,10 +117,26 @@ async def drop_citus_database(admin_url: str, name: str) -> None:
                 try:
                     await conn.execute(f"DROP DATABASE IF EXISTS {quoted_name(name)} WITH (FORCE)")
                     break
-                except asyncpg.ObjectInUseError:
+                except asyncpg.ObjectInUseError as error:
                     if attempt == 9:
                         raise
+                    if "prepared transaction" in str(error):
+                        await _abandon_prepared(node_url(admin_url, node, name))
                     await asyncio.sleep(0.1 * (attempt + 1))
         finally:
             await conn.close()
+
+
+async def _abandon_prepared(url: str) -> None:
+    """Roll back the transactions prepared in the database of ``url``: a database a prepared
+    transaction uses cannot be dropped, and Citus settles the ones its two-phase commits left
+    only once a minute. The database is being dropped, so their outcome no longer matters."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        for row in await conn.fetch("SELECT gid FROM pg_prepared_xacts "
+                                    "WHERE database = current_database()"):
+            gid = row["gid"].replace("'", "''")
+            await conn.execute(f"ROLLBACK PREPARED '{gid}'")
+    finally:
+        await conn.close()
 
