@@ -71,7 +71,7 @@ from common import DEFAULT_URL, drive, drop_database, recreate_database, server_
 
 import dbos_async
 from dbos_async import DBOS, SetShardKey
-from dbos_async.database_url import Host, parse_database_url
+from dbos_async._database_url import Host, parse_database_url
 from dbos_async.testing import (
     CitusNode,
     citus_nodes,

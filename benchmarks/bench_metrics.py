@@ -5,7 +5,7 @@ process of its own (a process sets its meter provider once), the two interleaved
 
 The cost per workflow is the difference of the medians, in the child's CPU time and in
 wall time per workflow; the spread of the "off" rounds is the noise it is measured against.
-The histograms reach the SDK when the provider collects (``dbos_async/metrics.py``), so the
+The histograms reach the SDK when the provider collects (``dbos_async/_metrics.py``), so the
 "on" child also times one collection after its run (what a periodic reader or a scrape does
 once per interval): that cost per workflow is printed beside the run's.
 """

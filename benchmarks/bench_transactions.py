@@ -35,7 +35,7 @@ from common import DEFAULT_URL, drop_database, recreate_database, table
 
 import dbos_async
 from dbos_async import DBOS, transaction_connection
-from dbos_async.sysdb.connection import keep_session
+from dbos_async._sysdb.connection import keep_session
 
 TABLE = "CREATE TABLE bench_orders (id bigserial PRIMARY KEY, v int NOT NULL)"
 INSERT = "INSERT INTO bench_orders (v) VALUES ($1)"

@@ -36,8 +36,8 @@ from typing import Any
 import asyncpg
 
 from dbos_async import DBOS, DBOSClient, SetShardKey, SetWorkflowID, WorkflowHandle
-from dbos_async.database_url import Host, parse_database_url
-from dbos_async.sysdb.notifications import (
+from dbos_async._database_url import Host, parse_database_url
+from dbos_async._sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,

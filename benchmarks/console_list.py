@@ -25,8 +25,8 @@ import asyncpg
 from common import DEFAULT_URL, drop_database, recreate_database
 
 from dbos_async import DBOSClient, migrate
+from dbos_async._sysdb.statements import Query, WorkflowFilter
 from dbos_async.console.app import PAGE_SIZE
-from dbos_async.sysdb.statements import Query, WorkflowFilter
 
 DATABASE = "dbos_async_bench_console"
 

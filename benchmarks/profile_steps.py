@@ -43,9 +43,9 @@ def group_of(function: Function) -> str:
     path = function[0].replace(os.sep, "/")
     if path == "~":
         return "C functions"
-    if "/dbos_async/executor/" in path:
+    if "/dbos_async/_executor/" in path:
         return "dbos_async executor"
-    if "/dbos_async/sysdb/" in path:
+    if "/dbos_async/_sysdb/" in path:
         return "dbos_async sysdb"
     if "/dbos_async/" in path:
         return "dbos_async other"
@@ -97,7 +97,7 @@ def report(profiler: cProfile.Profile, workflows: int, limit: int,
         ("All code, by own time", "tottime", ()),
         ("dbos_async, by own time", "tottime", ("/dbos_async/",)),
         ("dbos_async, by cumulative time", "cumulative", ("/dbos_async/",)),
-        ("dbos_async executor, by own time", "tottime", ("/dbos_async/executor/",)),
+        ("dbos_async executor, by own time", "tottime", ("/dbos_async/_executor/",)),
         ("asyncpg, by own time", "tottime", ("/asyncpg/",)),
         ("asyncio, by own time", "tottime", ("/asyncio/",)),
     )

@@ -148,7 +148,7 @@ def _dbos_async_instance(args: argparse.Namespace) -> Any:
 
 def dbos_async_workflows(dbos: Any, starts: dict[str, int]) -> None:
     from dbos_async import DBOS
-    from dbos_async.executor.context import current_workflow
+    from dbos_async._executor.context import current_workflow
 
     assert isinstance(dbos, DBOS)
 

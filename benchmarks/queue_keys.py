@@ -22,7 +22,7 @@ import asyncpg
 from common import DEFAULT_URL
 
 from dbos_async import DBOSClient, migrate
-from dbos_async.sysdb.statements import Query
+from dbos_async._sysdb.statements import Query
 
 SCHEMA = "dbos_bench_queue_keys"
 QUEUE = "jobs"

@@ -74,7 +74,8 @@ import latency
 from common import DEFAULT_URL, drop_database, recreate_database, server_facts, table
 
 import dbos_async
-from dbos_async import ConfigurationError, eventloop
+from dbos_async import ConfigurationError
+from dbos_async import _eventloop as eventloop
 
 WORKFLOW_RATIO_TARGET = 5.0
 WORKFLOW_RATIO_DESIGN = 10.0

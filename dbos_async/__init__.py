@@ -10,6 +10,71 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dbos_async._eventloop import run
+    from dbos_async._executor.authentication import (
+        Authentication,
+        SetAuthentication,
+        current_authentication,
+    )
+    from dbos_async._executor.context import (
+        SetShardKey,
+        SetWorkflowAttributes,
+        SetWorkflowID,
+        SetWorkflowTimeout,
+        WorkflowIDReusePolicy,
+        current_shard_key,
+        current_step_attempt,
+        current_step_id,
+        current_workflow_id,
+    )
+    from dbos_async._executor.dbos import DBOS
+    from dbos_async._executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
+    from dbos_async._executor.management.control import (
+        ApplicationVersion,
+        ForkRequest,
+        StartPoint,
+        StepNamed,
+        TimeBound,
+        WorkflowStepInfo,
+    )
+    from dbos_async._executor.messaging import SendMessage
+    from dbos_async._executor.observability import (
+        EventChange,
+        ExecutorActivity,
+        MetricData,
+        PendingMessage,
+        QueueDepth,
+        QueueMetrics,
+        QueueMinute,
+        RunningWorkflow,
+        StepAggregate,
+        StreamValue,
+        WaitingWorkflow,
+        WorkflowActivity,
+        WorkflowAggregate,
+    )
+    from dbos_async._executor.queues import (
+        Debouncer,
+        DeduplicationPolicy,
+        LimiterSpec,
+        Queue,
+        RateLimit,
+        SetEnqueueOptions,
+    )
+    from dbos_async._executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
+    from dbos_async._executor.replay import Divergence, ReplayResult
+    from dbos_async._executor.schedules.definition import WorkflowSchedule
+    from dbos_async._executor.schedules.operator import ScheduleDefinition
+    from dbos_async._executor.serialization import Serializer, WorkflowSerializationFormat
+    from dbos_async._executor.steps import RetryOn, StepOptions
+    from dbos_async._executor.tasks import ExecutorHealth, TaskHealth
+    from dbos_async._executor.telemetry.logs import log_to_stderr
+    from dbos_async._executor.transactions import transaction_connection
+    from dbos_async._executor.transfer import ExportedWorkflow, ImportSummary
+    from dbos_async._sysdb.health import DatabaseHealth
+    from dbos_async._sysdb.migrations import holds_sharded_schema
+    from dbos_async._sysdb.records import VersionBacklog
+    from dbos_async._sysdb.setup import migrate
     from dbos_async.client import DBOSClient, DebouncerClient
     from dbos_async.config import DBOSConfig
     from dbos_async.errors import (
@@ -47,72 +112,7 @@ if TYPE_CHECKING:
         WorkflowNotRegisteredError,
         WorkflowStateError,
     )
-    from dbos_async.eventloop import run
-    from dbos_async.executor.authentication import (
-        Authentication,
-        SetAuthentication,
-        current_authentication,
-    )
-    from dbos_async.executor.context import (
-        SetShardKey,
-        SetWorkflowAttributes,
-        SetWorkflowID,
-        SetWorkflowTimeout,
-        WorkflowIDReusePolicy,
-        current_shard_key,
-        current_step_attempt,
-        current_step_id,
-        current_workflow_id,
-    )
-    from dbos_async.executor.dbos import DBOS
-    from dbos_async.executor.handles import WorkflowHandle, WorkflowInputs, WorkflowStatus
-    from dbos_async.executor.management.control import (
-        ApplicationVersion,
-        ForkRequest,
-        StartPoint,
-        StepNamed,
-        TimeBound,
-        WorkflowStepInfo,
-    )
-    from dbos_async.executor.messaging import SendMessage
-    from dbos_async.executor.observability import (
-        EventChange,
-        ExecutorActivity,
-        MetricData,
-        PendingMessage,
-        QueueDepth,
-        QueueMetrics,
-        QueueMinute,
-        RunningWorkflow,
-        StepAggregate,
-        StreamValue,
-        WaitingWorkflow,
-        WorkflowActivity,
-        WorkflowAggregate,
-    )
-    from dbos_async.executor.queues import (
-        Debouncer,
-        DeduplicationPolicy,
-        LimiterSpec,
-        Queue,
-        RateLimit,
-        SetEnqueueOptions,
-    )
-    from dbos_async.executor.queues.batch import EnqueueOutcome, EnqueueRequest, EnqueueResult
-    from dbos_async.executor.replay import Divergence, ReplayResult
-    from dbos_async.executor.schedules.definition import WorkflowSchedule
-    from dbos_async.executor.schedules.operator import ScheduleDefinition
-    from dbos_async.executor.serialization import Serializer, WorkflowSerializationFormat
-    from dbos_async.executor.steps import RetryOn, StepOptions
-    from dbos_async.executor.tasks import ExecutorHealth, TaskHealth
-    from dbos_async.executor.telemetry.logs import log_to_stderr
-    from dbos_async.executor.transactions import transaction_connection
-    from dbos_async.executor.transfer import ExportedWorkflow, ImportSummary
     from dbos_async.statuses import WorkflowStatusString
-    from dbos_async.sysdb.health import DatabaseHealth
-    from dbos_async.sysdb.migrations import holds_sharded_schema
-    from dbos_async.sysdb.records import VersionBacklog
-    from dbos_async.sysdb.setup import migrate
 
 # Each public name and the module defining it.
 _EXPORTS: dict[str, str] = {
@@ -152,71 +152,71 @@ _EXPORTS: dict[str, str] = {
     "WorkflowImportError": "dbos_async.errors",
     "WorkflowNotRegisteredError": "dbos_async.errors",
     "WorkflowStateError": "dbos_async.errors",
-    "run": "dbos_async.eventloop",
-    "Authentication": "dbos_async.executor.authentication",
-    "SetAuthentication": "dbos_async.executor.authentication",
-    "current_authentication": "dbos_async.executor.authentication",
-    "SetShardKey": "dbos_async.executor.context",
-    "SetWorkflowAttributes": "dbos_async.executor.context",
-    "SetWorkflowID": "dbos_async.executor.context",
-    "SetWorkflowTimeout": "dbos_async.executor.context",
-    "WorkflowIDReusePolicy": "dbos_async.executor.context",
-    "current_shard_key": "dbos_async.executor.context",
-    "current_step_attempt": "dbos_async.executor.context",
-    "current_step_id": "dbos_async.executor.context",
-    "current_workflow_id": "dbos_async.executor.context",
-    "ApplicationVersion": "dbos_async.executor.management.control",
-    "ForkRequest": "dbos_async.executor.management.control",
-    "StartPoint": "dbos_async.executor.management.control",
-    "StepNamed": "dbos_async.executor.management.control",
-    "TimeBound": "dbos_async.executor.management.control",
-    "WorkflowStepInfo": "dbos_async.executor.management.control",
-    "DBOS": "dbos_async.executor.dbos",
-    "ExportedWorkflow": "dbos_async.executor.transfer",
-    "ImportSummary": "dbos_async.executor.transfer",
-    "WorkflowHandle": "dbos_async.executor.handles",
-    "WorkflowInputs": "dbos_async.executor.handles",
-    "WorkflowStatus": "dbos_async.executor.handles",
-    "log_to_stderr": "dbos_async.executor.telemetry.logs",
-    "SendMessage": "dbos_async.executor.messaging",
-    "EventChange": "dbos_async.executor.observability",
-    "ExecutorActivity": "dbos_async.executor.observability",
-    "PendingMessage": "dbos_async.executor.observability",
-    "QueueMinute": "dbos_async.executor.observability",
-    "RunningWorkflow": "dbos_async.executor.observability",
-    "StreamValue": "dbos_async.executor.observability",
-    "WaitingWorkflow": "dbos_async.executor.observability",
-    "MetricData": "dbos_async.executor.observability",
-    "QueueMetrics": "dbos_async.executor.observability",
-    "StepAggregate": "dbos_async.executor.observability",
-    "WorkflowAggregate": "dbos_async.executor.observability",
-    "QueueDepth": "dbos_async.executor.observability",
-    "WorkflowActivity": "dbos_async.executor.observability",
-    "Debouncer": "dbos_async.executor.queues",
-    "DeduplicationPolicy": "dbos_async.executor.queues",
-    "LimiterSpec": "dbos_async.executor.queues",
-    "Queue": "dbos_async.executor.queues",
-    "RateLimit": "dbos_async.executor.queues",
-    "SetEnqueueOptions": "dbos_async.executor.queues",
-    "EnqueueOutcome": "dbos_async.executor.queues.batch",
-    "EnqueueRequest": "dbos_async.executor.queues.batch",
-    "EnqueueResult": "dbos_async.executor.queues.batch",
-    "Divergence": "dbos_async.executor.replay",
-    "ReplayResult": "dbos_async.executor.replay",
-    "ScheduleDefinition": "dbos_async.executor.schedules.operator",
-    "WorkflowSchedule": "dbos_async.executor.schedules.definition",
-    "Serializer": "dbos_async.executor.serialization",
-    "WorkflowSerializationFormat": "dbos_async.executor.serialization",
-    "RetryOn": "dbos_async.executor.steps",
-    "StepOptions": "dbos_async.executor.steps",
-    "ExecutorHealth": "dbos_async.executor.tasks",
-    "TaskHealth": "dbos_async.executor.tasks",
-    "transaction_connection": "dbos_async.executor.transactions",
+    "run": "dbos_async._eventloop",
+    "Authentication": "dbos_async._executor.authentication",
+    "SetAuthentication": "dbos_async._executor.authentication",
+    "current_authentication": "dbos_async._executor.authentication",
+    "SetShardKey": "dbos_async._executor.context",
+    "SetWorkflowAttributes": "dbos_async._executor.context",
+    "SetWorkflowID": "dbos_async._executor.context",
+    "SetWorkflowTimeout": "dbos_async._executor.context",
+    "WorkflowIDReusePolicy": "dbos_async._executor.context",
+    "current_shard_key": "dbos_async._executor.context",
+    "current_step_attempt": "dbos_async._executor.context",
+    "current_step_id": "dbos_async._executor.context",
+    "current_workflow_id": "dbos_async._executor.context",
+    "ApplicationVersion": "dbos_async._executor.management.control",
+    "ForkRequest": "dbos_async._executor.management.control",
+    "StartPoint": "dbos_async._executor.management.control",
+    "StepNamed": "dbos_async._executor.management.control",
+    "TimeBound": "dbos_async._executor.management.control",
+    "WorkflowStepInfo": "dbos_async._executor.management.control",
+    "DBOS": "dbos_async._executor.dbos",
+    "ExportedWorkflow": "dbos_async._executor.transfer",
+    "ImportSummary": "dbos_async._executor.transfer",
+    "WorkflowHandle": "dbos_async._executor.handles",
+    "WorkflowInputs": "dbos_async._executor.handles",
+    "WorkflowStatus": "dbos_async._executor.handles",
+    "log_to_stderr": "dbos_async._executor.telemetry.logs",
+    "SendMessage": "dbos_async._executor.messaging",
+    "EventChange": "dbos_async._executor.observability",
+    "ExecutorActivity": "dbos_async._executor.observability",
+    "PendingMessage": "dbos_async._executor.observability",
+    "QueueMinute": "dbos_async._executor.observability",
+    "RunningWorkflow": "dbos_async._executor.observability",
+    "StreamValue": "dbos_async._executor.observability",
+    "WaitingWorkflow": "dbos_async._executor.observability",
+    "MetricData": "dbos_async._executor.observability",
+    "QueueMetrics": "dbos_async._executor.observability",
+    "StepAggregate": "dbos_async._executor.observability",
+    "WorkflowAggregate": "dbos_async._executor.observability",
+    "QueueDepth": "dbos_async._executor.observability",
+    "WorkflowActivity": "dbos_async._executor.observability",
+    "Debouncer": "dbos_async._executor.queues",
+    "DeduplicationPolicy": "dbos_async._executor.queues",
+    "LimiterSpec": "dbos_async._executor.queues",
+    "Queue": "dbos_async._executor.queues",
+    "RateLimit": "dbos_async._executor.queues",
+    "SetEnqueueOptions": "dbos_async._executor.queues",
+    "EnqueueOutcome": "dbos_async._executor.queues.batch",
+    "EnqueueRequest": "dbos_async._executor.queues.batch",
+    "EnqueueResult": "dbos_async._executor.queues.batch",
+    "Divergence": "dbos_async._executor.replay",
+    "ReplayResult": "dbos_async._executor.replay",
+    "ScheduleDefinition": "dbos_async._executor.schedules.operator",
+    "WorkflowSchedule": "dbos_async._executor.schedules.definition",
+    "Serializer": "dbos_async._executor.serialization",
+    "WorkflowSerializationFormat": "dbos_async._executor.serialization",
+    "RetryOn": "dbos_async._executor.steps",
+    "StepOptions": "dbos_async._executor.steps",
+    "ExecutorHealth": "dbos_async._executor.tasks",
+    "TaskHealth": "dbos_async._executor.tasks",
+    "transaction_connection": "dbos_async._executor.transactions",
     "WorkflowStatusString": "dbos_async.statuses",
-    "DatabaseHealth": "dbos_async.sysdb.health",
-    "holds_sharded_schema": "dbos_async.sysdb.migrations",
-    "VersionBacklog": "dbos_async.sysdb.records",
-    "migrate": "dbos_async.sysdb.setup",
+    "DatabaseHealth": "dbos_async._sysdb.health",
+    "holds_sharded_schema": "dbos_async._sysdb.migrations",
+    "VersionBacklog": "dbos_async._sysdb.records",
+    "migrate": "dbos_async._sysdb.setup",
 }
 
 

@@ -5,7 +5,7 @@ details, idempotent requests and read-only workflow routes.
 :data:`CLIENT_KEY`), enters it through ``app.cleanup_ctx`` for as long as the application
 runs, and adds :func:`dbos_middleware`: dbos_async's errors become problem responses and
 requests carrying an ``Idempotency-Key`` header are idempotent (see
-:mod:`dbos_async.web.idempotency`). ``app.add_routes(workflow_routes())`` adds
+:mod:`dbos_async._web.idempotency`). ``app.add_routes(workflow_routes())`` adds
 ``GET /workflows``, ``/workflows/{id}`` and ``/workflows/{id}/steps``;
 ``metrics_handler(prometheus)`` serves a :class:`~dbos_async.prometheus.PrometheusMetrics`.
 """
@@ -15,27 +15,27 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dbos_async.extras import needs_extra
+from dbos_async._extras import needs_extra
 
 with needs_extra("aiohttp", __name__):
     from aiohttp import web
     from aiohttp.typedefs import Handler, Middleware
 
-from dbos_async.client import DBOSClient
-from dbos_async.errors import DBOSError
-from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.operator import Operator
-from dbos_async.web import views
-from dbos_async.web.idempotency import (
+from dbos_async._executor.dbos import DBOS
+from dbos_async._executor.operator import Operator
+from dbos_async._web import views
+from dbos_async._web.idempotency import (
     DEFAULT_HEADER,
     current_idempotent_request,
     idempotent_request,
 )
+from dbos_async.client import DBOSClient
+from dbos_async.errors import DBOSError
 
 if TYPE_CHECKING:
     from dbos_async.prometheus import PrometheusMetrics
 
-from dbos_async.web.problems import (
+from dbos_async._web.problems import (
     PROBLEM_CONTENT_TYPE,
     Problem,
     checked_statuses,

@@ -3,9 +3,9 @@
 A :class:`DBOSClient` is a peer of the executor on the same system database. It runs no
 workflow and never migrates (it verifies the schema); it keeps a pool and, for its waits, the
 same LISTEN/NOTIFY dispatcher an executor has. Every operation is the executor's own code
-(:mod:`dbos_async.executor.management.control`, :mod:`dbos_async.executor.messaging`,
-the start plan of :mod:`dbos_async.executor.start`), run through the
-:class:`~dbos_async.executor.peer.Peer` protocol.
+(:mod:`dbos_async._executor.management.control`, :mod:`dbos_async._executor.messaging`,
+the start plan of :mod:`dbos_async._executor.start`), run through the
+:class:`~dbos_async._executor.peer.Peer` protocol.
 
 ``enqueue`` and ``send`` can join a transaction the caller holds on an asyncpg connection
 (a transactional outbox): nothing is enqueued or sent unless the caller commits.
@@ -23,53 +23,53 @@ from typing import Any
 import anyio
 import asyncpg
 
-from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
-from dbos_async.database_url import redact
-from dbos_async.errors import ConfigurationError, DBOSError, InvalidArgumentError
-from dbos_async.executor import messaging
-from dbos_async.executor.authentication import Authentication
-from dbos_async.executor.context import WorkflowIDReusePolicy, attributes_json, check_reuse_policy
-from dbos_async.executor.handles import WorkflowHandle, workflow_handle
-from dbos_async.executor.messaging import SendMessage
-from dbos_async.executor.operator import Operator
-from dbos_async.executor.peer import (
+from dbos_async._database_url import redact
+from dbos_async._executor import messaging
+from dbos_async._executor.authentication import Authentication
+from dbos_async._executor.context import WorkflowIDReusePolicy, attributes_json, check_reuse_policy
+from dbos_async._executor.handles import WorkflowHandle, workflow_handle
+from dbos_async._executor.messaging import SendMessage
+from dbos_async._executor.operator import Operator
+from dbos_async._executor.peer import (
     Peer,
     application_database_for,
     start_notifications,
     system_database_for,
 )
-from dbos_async.executor.queues.batch import (
+from dbos_async._executor.queues.batch import (
     EnqueueRequest,
     EnqueueResult,
     Planned,
     enqueue_batch,
     planned_rows,
 )
-from dbos_async.executor.queues.debounce import check_window, debounce_start
-from dbos_async.executor.queues.declaration import Queue, queue_settings
-from dbos_async.executor.queues.enqueue import (
+from dbos_async._executor.queues.debounce import check_window, debounce_start
+from dbos_async._executor.queues.declaration import Queue, queue_settings
+from dbos_async._executor.queues.enqueue import (
     announce,
     announcement_key,
     start_deduplicated,
 )
-from dbos_async.executor.queues.options import DeduplicationPolicy, check_options
-from dbos_async.executor.registry import DataSource, add_data_source
-from dbos_async.executor.serialization import Formats, SerializationType, Signature
-from dbos_async.executor.start import (
+from dbos_async._executor.queues.options import DeduplicationPolicy, check_options
+from dbos_async._executor.registry import DataSource, add_data_source
+from dbos_async._executor.serialization import Formats, SerializationType, Signature
+from dbos_async._executor.start import (
     CallContext,
     Placement,
     StartPlan,
     check_name,
     plan_start,
 )
-from dbos_async.executor.tasks import TaskOwner
-from dbos_async.executor.telemetry.tracing import traced_attributes
-from dbos_async.sysdb.application import ApplicationDatabase
-from dbos_async.sysdb.database import StartResult, SystemDatabase
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
-from dbos_async.sysdb.shard_keys import bind_shard_keys, validate_shard_key
-from dbos_async.sysdb.statements import OutgoingMessage, Payload
-from dbos_async.validation import check_identifier
+from dbos_async._executor.tasks import TaskOwner
+from dbos_async._executor.telemetry.tracing import traced_attributes
+from dbos_async._sysdb.application import ApplicationDatabase
+from dbos_async._sysdb.database import StartResult, SystemDatabase
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async._sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async._sysdb.statements import OutgoingMessage, Payload
+from dbos_async._validation import check_identifier
+from dbos_async.config import DEFAULT_EXECUTOR_ID, DBOSConfig
+from dbos_async.errors import ConfigurationError, DBOSError, InvalidArgumentError
 
 logger = logging.getLogger("dbos_async")
 
@@ -89,7 +89,7 @@ class DBOSClient(Operator):
     Besides ``enqueue``, ``enqueue_many``, ``send(connection=...)``,
     ``send_bulk(connection=...)`` and ``register_queue``, it has the
     operator API of :class:`~dbos_async.DBOS` (defined once, in
-    :class:`~dbos_async.executor.operator.Operator`); the values it reads are plain JSON
+    :class:`~dbos_async._executor.operator.Operator`); the values it reads are plain JSON
     (or what its ``serializer`` decodes). ``serializer`` and ``allow_pickle`` are those of
     an executor: the format it writes in, and whether it reads ``py_pickle``. Application
     databases registered with :meth:`data_source` are covered by its rewinds, deletes,
@@ -397,7 +397,7 @@ class DBOSClient(Operator):
 
 class _ClientPeer(Peer):
     """A client as the peer the shared operations run through (the
-    :class:`~dbos_async.executor.peer.Peer` protocol), kept off the client's public API."""
+    :class:`~dbos_async._executor.peer.Peer` protocol), kept off the client's public API."""
 
     def __init__(self, client: DBOSClient) -> None:
         self._client = client

@@ -25,9 +25,9 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
-from dbos_async.database_url import parse_database_url
+from dbos_async._database_url import parse_database_url
+from dbos_async._validation import check_identifier
 from dbos_async.errors import ConfigurationError
-from dbos_async.validation import check_identifier
 
 # The formats DBOS names itself; a user's serializer takes another name.
 RESERVED_FORMATS = ("portable_json", "py_pickle")
@@ -71,7 +71,7 @@ class DBOSConfig(BaseModel):
         None, min_length=1,
         description="Whose PENDING workflows this executor recovers: the first of this ID, "
         "'<id>-2', ... that no live process holds, claimed at entry; None (the default) "
-        "claims 'local', 'local-2', ... (see dbos_async/sysdb/executor_ids.py).",
+        "claims 'local', 'local-2', ... (see dbos_async/_sysdb/executor_ids.py).",
     )
     application_version: str | None = Field(
         None, description="Defaults to a hash of the registered workflows' source code "
@@ -146,7 +146,7 @@ class DBOSConfig(BaseModel):
     max_polling_queries: int | None = Field(
         None, ge=1, description="Concurrent polling reads of waiters; default pool_size // 2."
     )
-    # Operating workflows (see dbos_async/executor/cancellation.py and management/maintenance.py).
+    # Operating workflows (see dbos_async/_executor/cancellation.py and management/maintenance.py).
     cancellation_poll_interval: float = Field(
         1.0, gt=0,
         description="Longest wait between the cancellation watcher's status reads while "
@@ -185,7 +185,7 @@ class DBOSConfig(BaseModel):
     )
 
     # Safety limits on the system database (0: none; the sessions' own are off, see
-    # dbos_async/sysdb/connection.py).
+    # dbos_async/_sysdb/connection.py).
     idle_transaction_timeout: float = Field(
         60.0, ge=0, le=_MAX_TIMEOUT_SECONDS,
         description="Seconds a transaction holding row locks (cancel, resume, fork, rewind, "
@@ -220,7 +220,7 @@ class DBOSConfig(BaseModel):
         None,
         description="The clock durable time is read from (timestamps, sleeps, timeouts, "
         "delays, schedules; an object with now_ms(), wait_until(), deadline() and "
-        "sleep_until(), see dbos_async/sysdb/clock.py); None: the wall clock. Tests pass "
+        "sleep_until(), see dbos_async/_sysdb/clock.py); None: the wall clock. Tests pass "
         "a dbos_async.testing.TestClock.",
     )
     failover_after: float | None = Field(
@@ -397,7 +397,7 @@ def file_settings(path: str | Path | None = None) -> dict[str, Any]:
 
 
 def normalize_database_url(url: str) -> str:
-    """Check a PostgreSQL URL (see :mod:`dbos_async.database_url`) and drop a SQLAlchemy
+    """Check a PostgreSQL URL (see :mod:`dbos_async._database_url`) and drop a SQLAlchemy
     driver suffix (``postgresql+psycopg``)."""
     try:
         return parse_database_url(url).text

@@ -4,7 +4,7 @@ problem details, idempotent requests and read-only workflow routes.
 ``FastAPI(lifespan=lifespan(dbos))`` enters the executor (or a ``DBOSClient``) for as long as
 the application runs; ``install(app)`` maps dbos_async's errors to HTTP problem responses
 and makes requests carrying an ``Idempotency-Key`` header idempotent (see
-:mod:`dbos_async.web.idempotency`); ``app.include_router(workflow_router())`` adds
+:mod:`dbos_async._web.idempotency`); ``app.include_router(workflow_router())`` adds
 ``GET /workflows``, ``/workflows/{id}`` and ``/workflows/{id}/steps``.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any, TypeVar, overload
 
-from dbos_async.extras import needs_extra
+from dbos_async._extras import needs_extra
 
 with needs_extra("fastapi", __name__):
     from fastapi import APIRouter, Depends, Request
@@ -27,17 +27,15 @@ with needs_extra("fastapi", __name__):
     from starlette.exceptions import HTTPException
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dbos_async.client import DBOSClient
-from dbos_async.errors import DBOSError
-from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.operator import Operator
-from dbos_async.web import views
-from dbos_async.web.idempotency import (
+from dbos_async._executor.dbos import DBOS
+from dbos_async._executor.operator import Operator
+from dbos_async._web import views
+from dbos_async._web.idempotency import (
     DEFAULT_HEADER,
     current_idempotent_request,
     idempotent_request,
 )
-from dbos_async.web.problems import (
+from dbos_async._web.problems import (
     PROBLEM_CONTENT_TYPE,
     Problem,
     checked_statuses,
@@ -45,6 +43,8 @@ from dbos_async.web.problems import (
     problem_for,
     validation_problem,
 )
+from dbos_async.client import DBOSClient
+from dbos_async.errors import DBOSError
 
 __all__ = [
     "DBOSClientDep",

@@ -2,7 +2,7 @@
 
 :class:`PrometheusMetrics` renders, in Prometheus's text format:
 
-- the executor's OpenTelemetry metrics (``dbos_async/metrics.py``), read through
+- the executor's OpenTelemetry metrics (``dbos_async/_metrics.py``), read through
   :attr:`PrometheusMetrics.reader`, an SDK metric reader the application gives its meter
   provider; names as Prometheus spells them (``dbos.workflow.started`` becomes
   ``dbos_workflow_started_total``, ``dbos.step.duration`` in seconds
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from dbos_async._extras import needs_extra
 from dbos_async.errors import InvalidArgumentError, MissingExtraError
-from dbos_async.extras import needs_extra
 
 with needs_extra("prometheus", __name__):
     from prometheus_client import CollectorRegistry, generate_latest
@@ -38,7 +38,7 @@ with needs_extra("prometheus", __name__):
         Metric,
     )
 
-from dbos_async.executor.operator import Operator
+from dbos_async._executor.operator import Operator
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -1,6 +1,6 @@
 -- DBOS system schema, version 125 (baseline), part 1 of 3: tables and their constraints.
 --
--- {{schema}} is replaced by the runner (dbos_async/sysdb/migrations.py) with the validated,
+-- {{schema}} is replaced by the runner (dbos_async/_sysdb/migrations.py) with the validated,
 -- double-quoted schema identifier. All three 0125_* files run in one transaction, together with
 -- the version bump. The bookkeeping table dbos_migrations is not here: the runner creates it
 -- before any step, as the dbos package does.

@@ -17,7 +17,7 @@ def tree() -> list[str]:
 
 
 def directories(lines: list[str]) -> dict[str, str]:
-    """Each directory of the tree (``dbos_async/sysdb/statements``) and the text of its
+    """Each directory of the tree (``dbos_async/_sysdb/statements``) and the text of its
     own lines: those deeper than its entry, less its subdirectories' lines."""
     own: dict[str, list[str]] = {"dbos_async": []}
     stack: list[tuple[int, str]] = [(-1, "dbos_async")]
@@ -54,9 +54,9 @@ def test_every_module_is_named_in_its_directory_of_the_layout() -> None:
 def test_the_layout_parser_sees_the_directories() -> None:
     """The check above would pass vacuously on a tree it cannot read."""
     named = directories(tree())
-    for directory in ["dbos_async/executor/queues", "dbos_async/sysdb/statements",
-                      "dbos_async/sysdb/statements/management", "dbos_async/cli",
+    for directory in ["dbos_async/_executor/queues", "dbos_async/_sysdb/statements",
+                      "dbos_async/_sysdb/statements/management", "dbos_async/cli",
                       "dbos_async/testing", "dbos_async/console"]:
         assert directory in named, directory
-    assert "group_commit.py" in named["dbos_async/sysdb/writes"]
-    assert "group_commit.py" not in named["dbos_async/sysdb"]
+    assert "group_commit.py" in named["dbos_async/_sysdb/writes"]
+    assert "group_commit.py" not in named["dbos_async/_sysdb"]

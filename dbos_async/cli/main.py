@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from dbos_async._database_url import redact
+from dbos_async._sysdb.setup import migrate as migrate_database
 from dbos_async.cli.applications import application
 from dbos_async.cli.console import console
 from dbos_async.cli.metrics import metrics
@@ -14,8 +16,6 @@ from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.transfer import export_workflows, import_workflows
 from dbos_async.cli.versions import version
 from dbos_async.cli.workflows import workflow
-from dbos_async.database_url import redact
-from dbos_async.sysdb.setup import migrate as migrate_database
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

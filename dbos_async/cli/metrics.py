@@ -9,11 +9,11 @@ from typing import Any
 
 import click
 
+from dbos_async._executor.observability import Durations, QueueMetrics
+from dbos_async._sysdb.statements.observability import TIME_COLUMNS, WORKFLOW_GROUPS
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.workflows import time_bound
-from dbos_async.executor.observability import Durations, QueueMetrics
-from dbos_async.sysdb.statements.observability import TIME_COLUMNS, WORKFLOW_GROUPS
 
 DURATION_HEADERS = ["COUNT", "MEAN MS", "P50 MS", "P95 MS", "P99 MS"]
 

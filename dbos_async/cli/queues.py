@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
+from dbos_async._executor.queues.declaration import Queue
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.errors import QueueNotFoundError
-from dbos_async.executor.queues.declaration import Queue
 from dbos_async.statuses import WorkflowStatusString
 
 DEPTH_STATUSES = (WorkflowStatusString.DELAYED, WorkflowStatusString.ENQUEUED,

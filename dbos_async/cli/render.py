@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from dbos_async.executor.handles import WorkflowStatus
-from dbos_async.executor.management.control import ApplicationVersion, WorkflowStepInfo
+from dbos_async._executor.handles import WorkflowStatus
+from dbos_async._executor.management.control import ApplicationVersion, WorkflowStepInfo
 
 _CELL_WIDTH = 60  # longer values are cut in tables (never in JSON)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import click
 
+from dbos_async._executor.dbos import DBOS
+from dbos_async._executor.replay import ReplayResult
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.workflows import filter_options
-from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.replay import ReplayResult
 from dbos_async.statuses import WorkflowStatusString
 from dbos_async.testing.replay import replay_check
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
+from dbos_async._executor.schedules.definition import WorkflowSchedule
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.client import DBOSClient
-from dbos_async.executor.schedules.definition import WorkflowSchedule
 
 
 @click.group("schedule")

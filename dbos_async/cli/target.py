@@ -3,7 +3,7 @@
 Every command takes the same options. A setting not given on the command line comes from
 the environment, then the configuration file, exactly as an executor's does
 (:meth:`dbos_async.DBOSConfig.load`). Without a sharding setting, the schema says whether it
-is sharded (:func:`dbos_async.sysdb.setup.sharded`).
+is sharded (:func:`dbos_async._sysdb.setup.sharded`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 
 import click
 
+from dbos_async._eventloop import run as run_loop
+from dbos_async._sysdb.embedded import embedded_database_url, has_embedded_database
+from dbos_async._sysdb.setup import sharded
 from dbos_async.client import DBOSClient
 from dbos_async.config import DBOSConfig
 from dbos_async.errors import ConfigurationError, DBOSError
-from dbos_async.eventloop import run as run_loop
-from dbos_async.sysdb.embedded import embedded_database_url, has_embedded_database
-from dbos_async.sysdb.setup import sharded
 
 T = TypeVar("T")
 

@@ -7,9 +7,9 @@ from typing import IO, Any
 
 import click
 
+from dbos_async._executor.transfer import ExportedWorkflow, ImportSummary
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.cli.workflows import filter_options
-from dbos_async.executor.transfer import ExportedWorkflow, ImportSummary
 
 
 @click.command("export")

@@ -7,10 +7,10 @@ import dataclasses
 
 import click
 
+from dbos_async._executor.management.control import ApplicationVersion
+from dbos_async._sysdb.records import VersionBacklog
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
-from dbos_async.executor.management.control import ApplicationVersion
-from dbos_async.sysdb.records import VersionBacklog
 
 
 @click.group("version")

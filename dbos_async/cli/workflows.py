@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
+from dbos_async._executor.handles import WorkflowStatus
+from dbos_async._executor.management.control import StartPoint, StartStep, StepNamed
+from dbos_async._web.filters import listing_filters
 from dbos_async.cli import render
 from dbos_async.cli.target import Target, run, target_options
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError, InvalidRequestError, NonExistentWorkflowError
-from dbos_async.executor.handles import WorkflowStatus
-from dbos_async.executor.management.control import StartPoint, StartStep, StepNamed
 from dbos_async.statuses import WorkflowStatusString
-from dbos_async.web.filters import listing_filters
 
 
 @click.group("workflow")
@@ -63,7 +63,7 @@ def _text(value: bool | None) -> str | None:
 def filter_options(command: Any) -> Any:
     """The filters of ``list_workflows`` as options (``workflow list``, ``export``); the
     command receives them as ``filters``, the keyword arguments of ``list_workflows`` read
-    by the one parser of filters (:mod:`dbos_async.web.filters`)."""
+    by the one parser of filters (:mod:`dbos_async._web.filters`)."""
     options = [
         click.option("--status", "statuses", multiple=True, metavar="STATUS",
                      type=click.Choice(list(WorkflowStatusString), case_sensitive=False),

@@ -4,7 +4,7 @@
 or Starlette service. Needs the ``console`` extra (Starlette and Jinja2).
 """
 
-from dbos_async.extras import needs_extra
+from dbos_async._extras import needs_extra
 
 with needs_extra("console", __name__):
     from dbos_async.console.app import console_app

@@ -31,6 +31,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from dbos_async._executor.handles import WorkflowStatus
+from dbos_async._executor.operator import Operator
+from dbos_async._sysdb.clock import SYSTEM_CLOCK
+from dbos_async._web.filters import listing_filters
 from dbos_async.console import views
 from dbos_async.console.depths import SAMPLE_SECONDS, DepthSamples
 from dbos_async.console.safety import (
@@ -51,12 +55,8 @@ from dbos_async.errors import (
     NonExistentWorkflowError,
     SerializationError,
 )
-from dbos_async.executor.handles import WorkflowStatus
-from dbos_async.executor.operator import Operator
 from dbos_async.prometheus import PrometheusMetrics
 from dbos_async.statuses import WorkflowStatusString
-from dbos_async.sysdb.clock import SYSTEM_CLOCK
-from dbos_async.web.filters import listing_filters
 
 logger = logging.getLogger("dbos_async")
 
@@ -435,7 +435,7 @@ class Console:
 def workflow_filters(q: QueryParams) -> dict[str, Any]:
     """The arguments of ``list_workflows`` a list page's query asks for (its filters, in
     the vocabulary of the web routes and the command line: see
-    :mod:`dbos_async.web.filters`); the page number is the page's own."""
+    :mod:`dbos_async._web.filters`); the page number is the page's own."""
     try:
         return listing_filters((k, v) for k, v in q.multi_items() if k != "page")
     except InvalidRequestError as error:

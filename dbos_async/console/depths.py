@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from dbos_async.executor.observability import QueueDepth
+from dbos_async._executor.observability import QueueDepth
+from dbos_async._sysdb.statements.observability import MINUTE_MS
 from dbos_async.statuses import WorkflowStatusString
-from dbos_async.sysdb.statements.observability import MINUTE_MS
 
 _WAITING = (WorkflowStatusString.ENQUEUED, WorkflowStatusString.DELAYED)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import http
 
-from dbos_async.extras import needs_extra
+from dbos_async._extras import needs_extra
 
 with needs_extra("console", __name__):
     import h11

@@ -9,17 +9,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from dbos_async.errors import RecordedError
-from dbos_async.executor.handles import WorkflowStatus
-from dbos_async.executor.management.control import WorkflowStepInfo
-from dbos_async.executor.observability import (
+from dbos_async._executor.handles import WorkflowStatus
+from dbos_async._executor.management.control import WorkflowStepInfo
+from dbos_async._executor.observability import (
     QueueDepth,
     QueueMinute,
     WorkflowActivity,
     WorkflowAggregate,
 )
+from dbos_async._sysdb.statements.observability import MINUTE_MS
+from dbos_async.errors import RecordedError
 from dbos_async.statuses import WorkflowStatusString
-from dbos_async.sysdb.statements.observability import MINUTE_MS
 
 SHOWN_CHARS = 2000
 """How much of a value a page shows before cutting it (a link shows it all)."""

@@ -7,7 +7,7 @@ The pytest plugin (:mod:`dbos_async.testing.plugin`, loaded by pytest once the `
 extra is installed) offers these as fixtures; this module offers them to other runners.
 """
 
-from dbos_async.database_url import with_database
+from dbos_async._database_url import with_database
 from dbos_async.testing.citus import (
     CitusNode,
     citus_nodes,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from dbos_async._executor.dbos import DBOS
+from dbos_async._sysdb.setup import migrate
 from dbos_async.client import DBOSClient
-from dbos_async.executor.dbos import DBOS
-from dbos_async.sysdb.setup import migrate
 
 
 def _clock_settings(request: pytest.FixtureRequest) -> dict[str, Any]:

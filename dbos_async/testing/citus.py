@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from dbos_async.database_url import Host, parse_database_url, with_database
+from dbos_async._database_url import Host, parse_database_url, with_database
 from dbos_async.testing.databases import quoted_name
 
 PRIMARY_NODES = ("SELECT groupid, nodename, nodeport, shouldhaveshards FROM pg_dist_node "
@@ -117,10 +117,26 @@ async def drop_citus_database(admin_url: str, name: str) -> None:
                 try:
                     await conn.execute(f"DROP DATABASE IF EXISTS {quoted_name(name)} WITH (FORCE)")
                     break
-                except asyncpg.ObjectInUseError:
+                except asyncpg.ObjectInUseError as error:
                     if attempt == 9:
                         raise
+                    if "prepared transaction" in str(error):
+                        await _abandon_prepared(node_url(admin_url, node, name))
                     await asyncio.sleep(0.1 * (attempt + 1))
         finally:
             await conn.close()
+
+
+async def _abandon_prepared(url: str) -> None:
+    """Roll back the transactions prepared in the database of ``url``: a database a prepared
+    transaction uses cannot be dropped, and Citus settles the ones its two-phase commits left
+    only once a minute. The database is being dropped, so their outcome no longer matters."""
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        for row in await conn.fetch("SELECT gid FROM pg_prepared_xacts "
+                                    "WHERE database = current_database()"):
+            gid = row["gid"].replace("'", "''")
+            await conn.execute(f"ROLLBACK PREPARED '{gid}'")
+    finally:
+        await conn.close()
 

@@ -14,7 +14,7 @@ of timers (a retry backoff that grows, a cron schedule firing hourly) fires as i
 have in real time, and none is missed because its task was busy when time moved.
 
 Poll intervals, reconnect backoff and liveness checks stay on real time (see
-``dbos_async/sysdb/clock.py``): they are not durable time.
+``dbos_async/_sysdb/clock.py``): they are not durable time.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class TestClock:
         self._users: set[asyncio.Task[object]] = set()
         self._followed: set[asyncio.Task[object]] = set()
 
-    # ---- The clock (see dbos_async/sysdb/clock.py) ----
+    # ---- The clock (see dbos_async/_sysdb/clock.py) ----
 
     def now_ms(self) -> int:
         """The clock's time, in epoch milliseconds: it moves only when the test moves it."""

@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, cast
 
-from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.lifecycle import close_runtime
+from dbos_async._executor.dbos import DBOS
+from dbos_async._executor.lifecycle import close_runtime
 
 P = ParamSpec("P")
 R = TypeVar("R")

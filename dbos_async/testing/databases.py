@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from dbos_async.database_url import with_database
+from dbos_async._database_url import with_database
 from dbos_async.testing.servers import run_sync
 
 DATABASE_PREFIX = "dbos_test_"

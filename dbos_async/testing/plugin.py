@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from dbos_async.executor.dbos import DBOS
+from dbos_async._executor.dbos import DBOS
 from dbos_async.testing.clock import TestClock
 from dbos_async.testing.crash import CrashSimulator
 from dbos_async.testing.databases import fresh_database

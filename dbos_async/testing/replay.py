@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dbos_async._executor.dbos import DBOS
+from dbos_async._executor.replay import ReplayResult
+from dbos_async._executor.transfer import ExportedWorkflow
 from dbos_async.client import DBOSClient
 from dbos_async.errors import DBOSError
-from dbos_async.executor.dbos import DBOS
-from dbos_async.executor.replay import ReplayResult
-from dbos_async.executor.transfer import ExportedWorkflow
 
 
 async def replay_check(dbos: DBOS, *, client: DBOSClient | None = None,
@@ -31,7 +31,7 @@ async def replay_check(dbos: DBOS, *, client: DBOSClient | None = None,
         filters: ``list_workflows`` filters (``status``, ``name``, ``workflow_ids``, ...).
 
     Returns:
-        One :class:`~dbos_async.executor.replay.ReplayResult` per workflow; a check
+        One :class:`~dbos_async._executor.replay.ReplayResult` per workflow; a check
         passes when every one has ``passed``.
 
     Raises:

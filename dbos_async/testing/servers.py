@@ -58,9 +58,9 @@ from typing import Any, Literal, TypeVar
 
 import asyncpg
 
-from dbos_async.database_url import redact
+from dbos_async._database_url import redact
+from dbos_async._sysdb.embedded import pid_alive
 from dbos_async.errors import ConfigurationError, DatabaseUnavailableError
-from dbos_async.sysdb.embedded import pid_alive
 
 BRANCHES = ("env", "localhost", "docker", "local", "embedded")
 ENV_URL = "DBOS_TEST_DATABASE_URL"

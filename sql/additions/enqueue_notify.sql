@@ -14,7 +14,7 @@
 -- per queue (PostgreSQL also folds equal notifications of one transaction into one), and a
 -- statement inserting none ENQUEUED costs one call that finds nothing. The payloads are the
 -- ones executors send: the queue's name, or for a DELAYED row the watchers' key
--- 'dbos_async:delayed' (dbos_async.executor.queues.enqueue.DELAYED_KEY).
+-- 'dbos_async:delayed' (dbos_async._executor.queues.enqueue.DELAYED_KEY).
 --
 -- Compatibility: the dbos package neither reads nor creates these objects; its migrations
 -- leave them alone and it never LISTENs on this channel. DBOS's recorded version is not

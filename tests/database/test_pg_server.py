@@ -23,7 +23,7 @@ import pytest
 from helpers import processes_mentioning
 
 from dbos_async import ConfigurationError
-from dbos_async.sysdb.embedded import pid_alive
+from dbos_async._sysdb.embedded import pid_alive
 from dbos_async.testing import servers as pg_server
 from dbos_async.testing import with_database
 

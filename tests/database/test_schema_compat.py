@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 from dbos._migration import ensure_dbos_schema, run_dbos_migrations
 
-from dbos_async.sysdb.migrations import ENQUEUE_TRIGGER, LATEST_VERSION, migrate, verify
+from dbos_async._sysdb.migrations import ENQUEUE_TRIGGER, LATEST_VERSION, migrate, verify
 
 ADDITIONS = {ENQUEUE_TRIGGER, "dbos_async_enqueue_notify"}
 """The names of the objects our runner adds to DBOS's schema (sql/additions/)."""

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from dbos_async.database_url import Host, parse_database_url
+from dbos_async._database_url import Host, parse_database_url
 
 CHILD = textwrap.dedent(
     """

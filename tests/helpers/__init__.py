@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 
 from dbos_async import DBOS, DBOSClient
-from dbos_async.database_url import Host, parse_database_url
+from dbos_async._database_url import Host, parse_database_url
 
 EXECUTOR_ID = "test-executor"
 APP_VERSION = "test-version-1"

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dbos_async.sysdb.embedded import pid_alive
+from dbos_async._sysdb.embedded import pid_alive
 from dbos_async.testing import servers
 
 

@@ -4,9 +4,9 @@ re-enqueued since), and are drawn as their own stroke."""
 
 from __future__ import annotations
 
+from dbos_async._executor.observability import QueueDepth
 from dbos_async.console.depths import KEEP_MINUTES, DepthSamples
 from dbos_async.console.views import depth_charts
-from dbos_async.executor.observability import QueueDepth
 
 MINUTE = 60_000
 T0 = 29_000_000 * MINUTE

@@ -289,7 +289,7 @@ async def test_a_role_that_cannot_add_the_enqueue_trigger_starts_without_it(
         async def work(x: int) -> int:
             return 2 * x
 
-        with caplog.at_level("WARNING", logger="dbos_async.sysdb.migrations"):
+        with caplog.at_level("WARNING", logger="dbos_async._sysdb.migrations"):
             async with app:
                 assert not app._system_database.enqueue_trigger
                 handle = await jobs.enqueue(work, 5)

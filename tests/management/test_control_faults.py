@@ -23,8 +23,8 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowCancelledError,
 )
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.retry import UnavailableAfterRetries, is_connection_loss, is_transient
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.retry import UnavailableAfterRetries, is_connection_loss, is_transient
 from tests.helpers import fetch, fetchval, new_dbos, wait_until
 
 DEAD_CONNECTION_ERRORS = [

@@ -1,4 +1,4 @@
-"""The one parser of listing filters (``dbos_async.web.filters``): the command line, the
+"""The one parser of listing filters (``dbos_async._web.filters``): the command line, the
 console and the web routes speak one vocabulary, ``list_workflows``' own keyword names, and
 refuse bad input alike, naming the filter. No database: these are the parsers alone."""
 
@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from starlette.datastructures import QueryParams
 
+from dbos_async._web.filters import FILTERS, listing_filters
 from dbos_async.cli.workflows import filter_options
 from dbos_async.console.app import ConsoleError, workflow_filters
 from dbos_async.errors import InvalidRequestError
-from dbos_async.web.filters import FILTERS, listing_filters
 
 ATTRIBUTES = '{"tenant": "acme"}'
 EXPECTED = {

@@ -20,8 +20,8 @@ import pytest
 from helpers import new_dbos
 
 from dbos_async import DBOS, DBOSClient, DBOSError, SetShardKey, SetWorkflowID
+from dbos_async._web.filters import listing_filters
 from dbos_async.console import console_app
-from dbos_async.web.filters import listing_filters
 
 CLI = str(Path(sys.executable).with_name("dbos-async"))
 

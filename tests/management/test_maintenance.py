@@ -12,9 +12,9 @@ import pytest
 from helpers import execute, fetch, fetchval, new_dbos, wait_until
 
 from dbos_async import DBOS, SetWorkflowID, WorkflowCancelledError
-from dbos_async.sysdb.management.operations import JobConnection
-from dbos_async.sysdb.statements import job_lock_key
-from dbos_async.sysdb.statements.management.control import advisory_lock_key
+from dbos_async._sysdb.management.operations import JobConnection
+from dbos_async._sysdb.statements import job_lock_key
+from dbos_async._sysdb.statements.management.control import advisory_lock_key
 
 HOUR_MS = 3_600_000
 

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from helpers import new_dbos, unique_name, workflow_row
 
 from dbos_async import DBOS, DBOSClient, Queue, SetWorkflowID, SetWorkflowTimeout
-from dbos_async.executor.operator import Operator
+from dbos_async._executor.operator import Operator
 
 PATIENCE = 15.0
 

@@ -15,7 +15,7 @@ import pytest
 from helpers import fetch, fetchval, new_dbos, wait_until
 
 from dbos_async import DBOSClient, DBOSError, SetShardKey, SetWorkflowID
-from dbos_async.sysdb.statements import APPLICATION_TABLES
+from dbos_async._sysdb.statements import APPLICATION_TABLES
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 from helpers import messaging_settings, new_dbos, unique_name, wait_no_connections, wait_until
 
 from dbos_async import DBOS, SetWorkflowID
-from dbos_async.sysdb.notifications import (
+from dbos_async._sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,

@@ -31,10 +31,10 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowConflictError,
 )
-from dbos_async.sysdb.chunks import CHUNK_ROWS
-from dbos_async.sysdb.database import StepRecord
-from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
-from dbos_async.sysdb.statements import NewWorkflow, ParentStep
+from dbos_async._sysdb.chunks import CHUNK_ROWS
+from dbos_async._sysdb.database import StepRecord
+from dbos_async._sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL, keyed
+from dbos_async._sysdb.statements import NewWorkflow, ParentStep
 
 PATIENCE = 30.0
 

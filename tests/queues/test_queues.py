@@ -25,7 +25,7 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowNotRegisteredError,
 )
-from dbos_async.executor.claim_gate import ClaimGate
+from dbos_async._executor.claim_gate import ClaimGate
 from dbos_async.testing import TestClock
 
 

@@ -12,10 +12,10 @@ import pytest
 from helpers import new_dbos, unique_name, worker_urls
 
 from dbos_async import DBOSClient, SetShardKey, SetWorkflowID
-from dbos_async.database_url import Host, parse_database_url
+from dbos_async._database_url import Host, parse_database_url
+from dbos_async._sysdb.citus_nodes import node_url
+from dbos_async._sysdb.migrations import LATEST_VERSION
 from dbos_async.errors import ConfigurationError, MigrationError
-from dbos_async.sysdb.citus_nodes import node_url
-from dbos_async.sysdb.migrations import LATEST_VERSION
 
 KEYS = ("acme", "globex", "initech", "umbrella")
 

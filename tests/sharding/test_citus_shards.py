@@ -1,4 +1,4 @@
-"""Routing by shard key on Citus (dbos_async/sysdb/citus_shards.py): ``hash_text`` is the
+"""Routing by shard key on Citus (dbos_async/_sysdb/citus_shards.py): ``hash_text`` is the
 server's ``hashtext()``, a ``ShardMap`` names the node Citus itself says holds a key (read
 on the coordinator or on a worker, before and after a shard moves), and ``NodePools`` opens
 one pool per node."""
@@ -17,14 +17,14 @@ import pytest
 from helpers import execute, fetch, fetchval, new_dbos, unique_name, wait_until
 
 from dbos_async import SetShardKey, SetWorkflowID, WorkflowCancelledError
-from dbos_async.database_url import Host, parse_database_url
+from dbos_async._database_url import Host, parse_database_url
+from dbos_async._sysdb.citus_shards import NodePools, ShardInterval, ShardMap, hash_text
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.statements import Query
+from dbos_async._sysdb.statements.sharded import ShardedStatements
+from dbos_async._sysdb.writes import routed as routed_writes
+from dbos_async._sysdb.writes.routed import SHARD_MOVED, Step, encode
 from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb.citus_shards import NodePools, ShardInterval, ShardMap, hash_text
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.statements import Query
-from dbos_async.sysdb.statements.sharded import ShardedStatements
-from dbos_async.sysdb.writes import routed as routed_writes
-from dbos_async.sysdb.writes.routed import SHARD_MOVED, Step, encode
 
 # A schema name that must be quoted: capitals, a space, a double quote.
 SCHEMA = 'Tenants "A"'

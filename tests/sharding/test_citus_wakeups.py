@@ -25,8 +25,8 @@ from helpers import (
 )
 
 from dbos_async import DBOS, DBOSClient, SetShardKey, SetWorkflowID
-from dbos_async.database_url import parse_database_url
-from dbos_async.sysdb.notifications import (
+from dbos_async._database_url import parse_database_url
+from dbos_async._sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     payload_key,

@@ -1,4 +1,4 @@
-"""Routed writes (the programs Citus runs in one call, see dbos_async/sysdb/writes/routed.py), run
+"""Routed writes (the programs Citus runs in one call, see dbos_async/_sysdb/writes/routed.py), run
 by ``run_routed`` on plain PostgreSQL with the sharded schema: the function is the same on
 both, so its semantics are checked where every test run has a server."""
 
@@ -9,10 +9,10 @@ import json
 import asyncpg
 import pytest
 
-from dbos_async.sysdb.migrations import LATEST_VERSION, migrate
-from dbos_async.sysdb.statements import Params, Query
-from dbos_async.sysdb.statements.sharded import ShardedStatements
-from dbos_async.sysdb.writes.routed import Step, encode, ran_whole
+from dbos_async._sysdb.migrations import LATEST_VERSION, migrate
+from dbos_async._sysdb.statements import Params, Query
+from dbos_async._sysdb.statements.sharded import ShardedStatements
+from dbos_async._sysdb.writes.routed import Step, encode, ran_whole
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dbos_async import DBOSError, SetWorkflowID
-from dbos_async.sysdb.shard_keys import bind_shard_keys, shard_key_scope
+from dbos_async._sysdb.shard_keys import bind_shard_keys, shard_key_scope
 from tests.helpers import new_dbos
 
 

@@ -15,9 +15,9 @@ import pytest
 from helpers import new_dbos
 
 from dbos_async import EnqueueRequest, SendMessage, SetShardKey, SetWorkflowID
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.migrations import LATEST_VERSION, migrate, verify
 from dbos_async.errors import ConfigurationError
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.migrations import LATEST_VERSION, migrate, verify
 
 pytestmark = pytest.mark.citus
 

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Callable
 import asyncpg
 import pytest
 
+from dbos_async._sysdb.database import SystemDatabase
+from dbos_async._sysdb.migrations import LATEST_VERSION, holds_sharded_schema, migrate, verify
 from dbos_async.errors import ConfigurationError, DBOSError
-from dbos_async.sysdb.database import SystemDatabase
-from dbos_async.sysdb.migrations import LATEST_VERSION, holds_sharded_schema, migrate, verify
 
 PER_WORKFLOW_TABLES = {
     "workflow_status",

@@ -45,7 +45,7 @@ from dbos_async import (
     current_shard_key,
     current_workflow_id,
 )
-from dbos_async.sysdb.core import MIN_KEYS_PER_ROUND_TRIP
+from dbos_async._sysdb.core import MIN_KEYS_PER_ROUND_TRIP
 from dbos_async.testing import TestClock
 
 PATIENCE = 15.0

@@ -1,4 +1,4 @@
-"""Log records of workflow runs and step retries (``dbos_async/executor/telemetry/logs.py``): their
+"""Log records of workflow runs and step retries (``dbos_async/_executor/telemetry/logs.py``): their
 loggers, levels and ``dbos_*`` record attributes, and :func:`dbos_async.log_to_stderr`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics of the executor (``dbos_async/metrics.py``), read through the SDK's
+"""OpenTelemetry metrics of the executor (``dbos_async/_metrics.py``), read through the SDK's
 in-memory reader after a known workload: exact counts, histograms holding the known
 durations, bounded attributes.
 
@@ -19,7 +19,7 @@ from helpers.metrics_worker import NAP, Points
 from helpers.tracing_worker import define_waiting
 from helpers.tracing_worker import new_dbos as worker_dbos
 
-from dbos_async import metrics
+from dbos_async import _metrics as metrics
 
 WORKER = Path(__file__).resolve().parents[1] / "helpers" / "metrics_worker.py"
 

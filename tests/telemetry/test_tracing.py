@@ -1,5 +1,5 @@
 """OpenTelemetry spans of workflows and steps, and the trace context that travels with a
-workflow (``dbos_async/executor/telemetry/tracing.py``).
+workflow (``dbos_async/_executor/telemetry/tracing.py``).
 
 dbos_async traces through the global tracer provider, which a process can set only once; so
 the spans are made in a process of their own (``tests/helpers/tracing_worker.py``, with the

@@ -31,7 +31,7 @@ from dbos_async import (
     WorkflowImportError,
     migrate,
 )
-from dbos_async.sysdb.statements import EXPORT_COLUMNS
+from dbos_async._sysdb.statements import EXPORT_COLUMNS
 
 CLI = str(Path(sys.executable).with_name("dbos-async"))
 PATIENCE = 30.0

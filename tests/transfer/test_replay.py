@@ -31,8 +31,8 @@ from dbos_async import (
     WorkflowImportError,
     current_workflow_id,
 )
-from dbos_async.executor.replay import Divergence, ReplayResult
-from dbos_async.executor.transfer import ExportedWorkflow
+from dbos_async._executor.replay import Divergence, ReplayResult
+from dbos_async._executor.transfer import ExportedWorkflow
 from dbos_async.testing import replay_check
 
 CLI = str(Path(sys.executable).with_name("dbos-async"))

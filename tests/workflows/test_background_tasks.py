@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from dbos_async import DBOS, ExecutorHealth, SetWorkflowID
-from dbos_async.sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL
+from dbos_async._sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL
 from tests.helpers import new_dbos, wait_until
 
 

@@ -13,7 +13,7 @@ from helpers import new_dbos
 
 import dbos_async
 from dbos_async import ConfigurationError
-from dbos_async.eventloop import DEFAULT_GC_THRESHOLD, GC_THRESHOLD_ENV, UVLOOP_ENV
+from dbos_async._eventloop import DEFAULT_GC_THRESHOLD, GC_THRESHOLD_ENV, UVLOOP_ENV
 
 
 def run_one_workflow(database_url: str, **options: bool) -> type:

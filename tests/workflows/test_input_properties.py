@@ -36,7 +36,7 @@ from dbos_async import (
     SetShardKey,
     SetWorkflowID,
 )
-from dbos_async.validation import MAX_IDENTIFIER_BYTES
+from dbos_async._validation import MAX_IDENTIFIER_BYTES
 
 SHORT_RUN = int(os.environ.get("DBOS_PROPERTY_EXAMPLES", "60"))
 LONG_RUN = max(SHORT_RUN, 1000)

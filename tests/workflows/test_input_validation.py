@@ -39,8 +39,8 @@ from dbos_async import (
     SetWorkflowID,
     SetWorkflowTimeout,
 )
+from dbos_async._validation import MAX_IDENTIFIER_BYTES
 from dbos_async.testing.servers import _run_as_user, find_bindir, start_local_cluster
-from dbos_async.validation import MAX_IDENTIFIER_BYTES
 
 NUL = "ab\x00cd"
 SURROGATE = "ab\ud800cd"

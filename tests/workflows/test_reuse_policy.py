@@ -26,8 +26,8 @@ from dbos_async import (
     WorkflowIDInUseError,
     migrate,
 )
-from dbos_async.executor.start import Placement, StartPlan, plan_start, read_call
-from dbos_async.sysdb.statements import Payload
+from dbos_async._executor.start import Placement, StartPlan, plan_start, read_call
+from dbos_async._sysdb.statements import Payload
 
 PATIENCE = 60.0
 

@@ -29,8 +29,8 @@ from dbos_async import (
     WorkflowStateError,
     current_workflow_id,
 )
-from dbos_async.executor.queues.enqueue import DELAYED_KEY
-from dbos_async.sysdb.notifications import ENQUEUE_CHANNEL
+from dbos_async._executor.queues.enqueue import DELAYED_KEY
+from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL
 
 PATIENCE = 15.0
 

@@ -23,8 +23,8 @@ from dbos_async import (
     SetWorkflowID,
     WorkflowCancelledError,
 )
-from dbos_async.executor.messaging import NULL_TOPIC
-from dbos_async.sysdb.notifications import NOTIFICATIONS_CHANNEL
+from dbos_async._executor.messaging import NULL_TOPIC
+from dbos_async._sysdb.notifications import NOTIFICATIONS_CHANNEL
 
 BATCH_MARK = "WITH ORDINALITY AS v(workflow_uuid, function_id"
 """Text of the batched checkpoint statement (one row per workflow in its arrays)."""

@@ -1,4 +1,4 @@
-"""Statement text built once per shape (dbos_async/sysdb/writes/templates.py): every row
+"""Statement text built once per shape (dbos_async/_sysdb/writes/templates.py): every row
 of a shape gets exactly the statement its builder would have built for it, and a builder
 that branches on a value it was not told about is refused on first use."""
 
@@ -9,11 +9,11 @@ import itertools
 
 import pytest
 
-from dbos_async.sysdb.shard_keys import WorkflowAddress
-from dbos_async.sysdb.statements import Statements
-from dbos_async.sysdb.statements.base import Checkpoint, NewWorkflow, Query
-from dbos_async.sysdb.statements.sharded import ShardedStatements
-from dbos_async.sysdb.writes.templates import MAX_TEMPLATES, StatementTemplates
+from dbos_async._sysdb.shard_keys import WorkflowAddress
+from dbos_async._sysdb.statements import Statements
+from dbos_async._sysdb.statements.base import Checkpoint, NewWorkflow, Query
+from dbos_async._sysdb.statements.sharded import ShardedStatements
+from dbos_async._sysdb.writes.templates import MAX_TEMPLATES, StatementTemplates
 
 KINDS = {"unsharded": Statements, "sharded": ShardedStatements}
 

@@ -1,0 +1,109 @@
+"""What a workflow run and a step attempt report: their log records, spans and metrics.
+
+Two hooks, one around each: :func:`workflow_run` around a workflow body's execution (with
+its outcome recorded), :func:`step_attempt` around each attempt of a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from dbos_async import _metrics as metrics
+from dbos_async._executor.context import WorkflowContext
+from dbos_async._executor.telemetry import logs, tracing
+from dbos_async.errors import WorkflowCancelledError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+_UNTRACED: AbstractContextManager[None] = nullcontext()
+
+
+@contextmanager
+def workflow_run(ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
+                 attributes: str | None) -> Iterator[None]:
+    """Log the run's start and finish and trace it as a span (continuing the trace recorded
+    in its ``attributes``); the block settles ``outcome``, the run's result or error."""
+    workflow_id = ctx.workflow_id
+    started = time.monotonic()
+    logs.workflow_started(workflow_id, name, len(ctx.checkpoints))
+    metrics.workflow_started(name)
+    span = tracing.start_workflow_span(workflow_id, name, ctx.runtime.executor_id,
+                                       attributes)
+    interrupted = False
+    try:
+        with tracing.active(span) if span is not None else _UNTRACED:
+            yield
+    except asyncio.CancelledError:
+        interrupted = True
+        raise
+    finally:
+        status, error = (logs.PENDING, None) if interrupted else _settled(outcome)
+        seconds = time.monotonic() - started
+        logs.workflow_finished(workflow_id, name, status, seconds * 1000, error)
+        metrics.workflow_finished(name, status, seconds)
+        if span is not None:
+            tracing.end_span(span, error if status == logs.ERROR else None,
+                             {"dbos.workflow.status": status})
+
+
+def _settled(outcome: asyncio.Future[Any]) -> tuple[str, BaseException | None]:
+    if not outcome.done() or outcome.cancelled():
+        return logs.PENDING, None
+    error = outcome.exception()
+    if error is None:
+        return logs.SUCCESS, None
+    return (logs.CANCELLED if isinstance(error, WorkflowCancelledError) else logs.ERROR), error
+
+
+def step_attempt(name: str, step_id: int | None, attempt: int,
+                 kind: str = "step") -> AbstractContextManager[None]:
+    """Trace attempt ``attempt`` (from 1) of a step (of ``kind``: "step" or "transaction")
+    as a span of its own, a child of the active span, and measure it; nothing while
+    tracing and metrics are off."""
+    span = tracing.start_step_span(name, step_id, attempt, kind)
+    if span is not None:
+        return _traced_attempt(span, name, attempt)
+    return _UNTRACED if metrics.current() is None else _MeasuredAttempt(name, attempt)
+
+
+class _MeasuredAttempt:
+    """A step attempt measured but not traced: a plain class, cheaper to enter and leave
+    than a generator's context manager (it wraps every step while metrics are on)."""
+
+    __slots__ = ("_attempt", "_name", "_started")
+
+    def __init__(self, name: str, attempt: int) -> None:
+        self._name = name
+        self._attempt = attempt
+        self._started = 0.0
+
+    def __enter__(self) -> None:
+        self._started = time.monotonic()
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None or issubclass(kind, Exception):  # cancelled: no verdict on the step
+            metrics.step_finished(self._name, self._attempt,
+                                  logs.SUCCESS if kind is None else logs.ERROR,
+                                  time.monotonic() - self._started)
+
+
+@contextmanager
+def _traced_attempt(span: Span, name: str, attempt: int) -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        with tracing.active(span):
+            yield
+    except Exception as error:
+        metrics.step_finished(name, attempt, logs.ERROR, time.monotonic() - started)
+        tracing.end_span(span, error)
+        raise
+    except BaseException:  # cancelled: no verdict on the step
+        tracing.end_span(span, None)
+        raise
+    metrics.step_finished(name, attempt, logs.SUCCESS, time.monotonic() - started)
+    tracing.end_span(span, None)

@@ -1,4 +1,0 @@
-"""Management: operating workflows from outside them (cancel, delete, resume, fork, rewind,
-listings, steps, application versions) and the maintenance jobs (retention, the global
-timeout). The SQL is :mod:`dbos_async.sysdb.management`; the public methods are defined
-once, on :class:`~dbos_async.executor.operator.Operator`."""
