@@ -43,10 +43,11 @@ Two tracks: unsharded and sharded
 
 Additions of this package's own
     ``sql/additions/`` holds objects DBOS's schema lacks and this package adds to the
-    unsharded track: the trigger that NOTIFYs the enqueue channel for every workflow
-    inserted ENQUEUED or DELAYED, whoever inserts it (see the file for why). They carry no
-    version (DBOS's version row stays DBOS's): :func:`migrate` adds them, in one transaction
-    under the lock, wherever the trigger is missing, on a schema it built or one DBOS built.
+    unsharded track: the triggers that NOTIFY the enqueue channel for every workflow
+    inserted ENQUEUED or DELAYED, or updated back to ENQUEUED, whoever writes it (see the
+    file for why). They carry no version (DBOS's version row stays DBOS's): :func:`migrate`
+    adds them, in one transaction under the lock, wherever a trigger is missing, on a schema
+    it built or one DBOS built.
     :func:`verify` does not require them; :func:`enqueue_trigger_enabled` says whether the
     trigger is there, so an executor on a schema without it notifies by itself. On the
     sharded track there is none: on Citus a trigger fires on a worker, whose NOTIFY never
@@ -94,7 +95,18 @@ _SHARDED_DIR = "sharded"
 _ADDITIONS_DIR = "additions"
 _ADDITIONS = ("enqueue_notify.sql",)
 ENQUEUE_TRIGGER = "dbos_async_enqueue_trigger"
-"""The trigger of ``sql/additions/enqueue_notify.sql``; its presence records the addition."""
+"""The insert trigger of ``sql/additions/enqueue_notify.sql``: whether executors rely on
+the server's announcements (see :func:`enqueue_trigger_enabled`)."""
+REQUEUE_TRIGGER = "dbos_async_requeue_trigger"
+"""Its update trigger: with :data:`ENQUEUE_TRIGGER`, their presence records the addition."""
+# How many of the additions' triggers the schema's workflow_status has.
+_ADDITION_TRIGGERS_PRESENT = """
+    SELECT count(*)
+    FROM pg_catalog.pg_trigger g
+    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = $1 AND c.relname = 'workflow_status' AND g.tgname = ANY($2::text[])
+"""
 # The trigger on the schema's workflow_status: None if absent, else whether it fires.
 _ENQUEUE_TRIGGER_STATE = """
     SELECT g.tgenabled <> 'D'
@@ -214,7 +226,9 @@ async def enqueue_trigger_enabled(conn: asyncpg.Connection | asyncpg.Pool, schem
 async def _lacks_additions(conn: asyncpg.Connection, schema: str, sharded: bool) -> bool:
     if sharded:
         return False
-    return await conn.fetchval(_ENQUEUE_TRIGGER_STATE, schema, ENQUEUE_TRIGGER) is None
+    triggers = [ENQUEUE_TRIGGER, REQUEUE_TRIGGER]
+    return bool(await conn.fetchval(_ADDITION_TRIGGERS_PRESENT, schema, triggers)
+                < len(triggers))
 
 
 def _render(template: str, quoted_schema: str) -> str:

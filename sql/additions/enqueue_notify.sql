@@ -1,6 +1,6 @@
 -- dbos_async's own addition to the DBOS system schema (not part of DBOS's version 125):
--- a NOTIFY on dbos_enqueue_channel for every workflow inserted ENQUEUED or DELAYED, whoever
--- inserts it.
+-- a NOTIFY on dbos_enqueue_channel for every workflow inserted ENQUEUED or DELAYED, or
+-- moved back to ENQUEUED by an update, whoever writes it.
 --
 -- Why: executors claim a queue as soon as a notification names it, and otherwise find work
 -- only by a poll that backs off while idle (to one statement per idle_poll_max_interval).
@@ -20,9 +20,10 @@
 -- leave them alone and it never LISTENs on this channel. DBOS's recorded version is not
 -- changed: the runner adds this file wherever the trigger is missing (also on a schema DBOS
 -- created), in one transaction, and reads its presence at start-up; an executor on a schema
--- without it (verified, not migrated) notifies as before. Placeholders as in ../0125_*.sql.
+-- without it (verified, not migrated) notifies as before. The file can run again over a
+-- part of it left (a trigger dropped by hand). Placeholders as in ../0125_*.sql.
 
-CREATE FUNCTION {{schema}}.dbos_async_enqueue_notify()
+CREATE OR REPLACE FUNCTION {{schema}}.dbos_async_enqueue_notify()
 RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -39,7 +40,31 @@ BEGIN
 END;
 $dbos_fn$;
 
+DROP TRIGGER IF EXISTS dbos_async_enqueue_trigger ON {{schema}}.workflow_status;
 CREATE TRIGGER dbos_async_enqueue_trigger
     AFTER INSERT ON {{schema}}.workflow_status
     REFERENCING NEW TABLE AS inserted_rows
     FOR EACH STATEMENT EXECUTE FUNCTION {{schema}}.dbos_async_enqueue_notify();
+
+-- A workflow an update moves back to ENQUEUED: the dbos package's resume, a raw UPDATE, a
+-- DELAYED workflow whose delay ended. Row level with a WHEN clause, which the server checks
+-- without calling a function: the many other updates of a status row (claims, outcomes)
+-- pay only that check. The payload is the queue's name, as for an insert.
+CREATE OR REPLACE FUNCTION {{schema}}.dbos_async_requeue_notify()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $dbos_fn$
+BEGIN
+    PERFORM pg_notify('dbos_enqueue_channel', NEW.queue_name);
+    RETURN NULL;  -- AFTER trigger: the result is ignored
+END;
+$dbos_fn$;
+
+DROP TRIGGER IF EXISTS dbos_async_requeue_trigger ON {{schema}}.workflow_status;
+CREATE TRIGGER dbos_async_requeue_trigger
+    AFTER UPDATE OF status ON {{schema}}.workflow_status
+    FOR EACH ROW
+    WHEN (NEW.status = 'ENQUEUED' AND OLD.status IS DISTINCT FROM 'ENQUEUED'
+          AND NEW.queue_name IS NOT NULL)
+    EXECUTE FUNCTION {{schema}}.dbos_async_requeue_notify();

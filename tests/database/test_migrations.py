@@ -103,11 +103,13 @@ async def test_migrate_builds_the_schema(conn: asyncpg.Connection) -> None:
     )
     assert [f["proname"] for f in functions] == [
         "dbos_async_enqueue_notify",
+        "dbos_async_requeue_notify",
         "enqueue_workflow",
         "notifications_function",
         "send_message",
     ]
-    for trigger in ("dbos_notifications_trigger", "dbos_async_enqueue_trigger"):
+    for trigger in ("dbos_notifications_trigger", "dbos_async_enqueue_trigger",
+                    "dbos_async_requeue_trigger"):
         assert (
             await conn.fetchval("SELECT count(*) FROM pg_trigger WHERE tgname = $1", trigger)
             == 1

@@ -21,9 +21,16 @@ import pytest
 import sqlalchemy as sa
 from dbos._migration import ensure_dbos_schema, run_dbos_migrations
 
-from dbos_async._sysdb.migrations import ENQUEUE_TRIGGER, LATEST_VERSION, migrate, verify
+from dbos_async._sysdb.migrations import (
+    ENQUEUE_TRIGGER,
+    LATEST_VERSION,
+    REQUEUE_TRIGGER,
+    migrate,
+    verify,
+)
 
-ADDITIONS = {ENQUEUE_TRIGGER, "dbos_async_enqueue_notify"}
+ADDITIONS = {ENQUEUE_TRIGGER, REQUEUE_TRIGGER, "dbos_async_enqueue_notify",
+             "dbos_async_requeue_notify"}
 """The names of the objects our runner adds to DBOS's schema (sql/additions/)."""
 
 # Each query returns rows describing one kind of object in schema $1. Text that names the schema
@@ -129,10 +136,12 @@ def without_additions(catalog: dict[str, list[tuple[Any, ...]]]
 
 
 def assert_added(catalog: dict[str, list[tuple[Any, ...]]]) -> None:
-    """The additions are there: one trigger on workflow_status, one function."""
+    """The additions are there: two triggers on workflow_status, their functions."""
     added = additions(catalog)
-    assert [row[:2] for row in added["triggers"]] == [("workflow_status", ENQUEUE_TRIGGER)]
-    assert [row[0] for row in added["functions"]] == ["dbos_async_enqueue_notify"]
+    assert sorted(row[:2] for row in added["triggers"]) == [
+        ("workflow_status", ENQUEUE_TRIGGER), ("workflow_status", REQUEUE_TRIGGER)]
+    assert sorted(row[0] for row in added["functions"]) == ["dbos_async_enqueue_notify",
+                                                            "dbos_async_requeue_notify"]
     assert not any(added[kind] for kind in ("relations", "columns", "constraints", "indexes",
                                             "types"))
 

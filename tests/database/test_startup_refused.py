@@ -66,13 +66,15 @@ def test_a_closed_port_fails_within_seconds_with_one_error_line(database_url: st
     """It used to retry for 60 s (db_retry_timeout), warning as it went."""
     port = closed_port()
     url = parse_database_url(database_url).with_server(Host("127.0.0.1", port))
-    out, logs = finish(start_child(url, 3.0))
+    wait = 3.0  # the default startup_wait
+    out, logs = finish(start_child(url, wait))
     errors = [line for line in out if line.startswith("ERROR")]
     assert len(errors) == 1, out
     assert errors[0].startswith("ERROR DatabaseUnavailableError: Cannot connect to the "
                                 "system database") and f"127.0.0.1:{port}" in errors[0]
     assert "ConnectionRefusedError" in errors[0] and "startup_wait" in errors[0]
-    assert float(out[-1].split()[1]) < 5.0
+    # The wait, and time to spare on a loaded machine: far from the 60 s it took.
+    assert float(out[-1].split()[1]) < wait + 4.0
     assert [line for line in logs if not line.startswith("LOG DEBUG")] == []
 
 

@@ -260,3 +260,45 @@ async def test_a_raw_insert_wakes_a_backed_off_executor_at_its_commit(
         notifies = [(text, args) for text, args in sent
                     if "pg_notify" in text and "dbos_enqueue_channel" in repr(args)]
         assert not notifies, notifies
+
+
+async def test_an_update_back_to_enqueued_wakes_a_backed_off_executor_at_its_commit(
+        database_url: str) -> None:
+    """A workflow moved back to ENQUEUED by a plain UPDATE (as the dbos package resumes a
+    cancelled workflow; the writer sends no notification) while the queue watcher waits
+    longer than the patience is started within it: the update trigger announces it."""
+    dbos = new_dbos(database_url, idle_poll_max_interval=LONG_CAP)
+    dbos.queue("raw", polling_interval=0.1)
+
+    @dbos.workflow(name="raw_job")
+    async def raw_job(x: Any) -> str:
+        return f"ran {x}"
+
+    async with dbos:
+        poll = dbos._current_runtime.queue_poll
+        assert poll is not None
+
+        async def backed_off() -> bool:
+            return poll.interval > SHORT_PATIENCE
+
+        workflow_id = str(uuid.uuid4())
+        conn = await asyncpg.connect(database_url)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    """INSERT INTO dbos.workflow_status (workflow_uuid, status, name,
+                           queue_name, created_at, updated_at, recovery_attempts,
+                           serialization)
+                       VALUES ($1, 'CANCELLED', 'raw_job', 'raw', $2, $2, 0,
+                               'portable_json')""",
+                    workflow_id, int(time.time() * 1000))
+                await conn.execute(
+                    "INSERT INTO dbos.workflow_input (workflow_uuid, inputs) VALUES ($1, $2)",
+                    workflow_id, '{"positionalArgs": [9], "namedArgs": {}}')
+            await wait_until(backed_off, what="the queue watcher to back off")
+            await conn.execute("UPDATE dbos.workflow_status SET status = 'ENQUEUED' "
+                               "WHERE workflow_uuid = $1", workflow_id)
+        finally:
+            await conn.close()
+        handle = await dbos.retrieve_workflow(workflow_id)
+        assert await asyncio.wait_for(handle.get_result(), SHORT_PATIENCE) == "ran 9"
