@@ -165,7 +165,11 @@ class DatabaseWatch:
                     else max(UNREACHABLE_LOG_AFTER, self.startup_wait)
                 if lasted >= quiet and _due(reminded, "outage", now):
                     self._outage_logged = True
-                    logger.warning(
+                    # A database that never answered is what entering waits for: past
+                    # startup_wait the entry fails with the one error that says so, and a
+                    # warning caught racing it would say it twice.
+                    logger.log(
+                        logging.WARNING if self.has_answered else logging.DEBUG,
                         "The system database %s has been unreachable for %.0fs (%s); %d "
                         "operations wait for it: workflows pause and continue when it "
                         "answers, other callers give up after db_retry_timeout",
