@@ -321,11 +321,14 @@ class WorkflowActivity:
 @dataclass(frozen=True)
 class QueueDepth:
     """How many of a queue's workflows waited to start (ENQUEUED or DELAYED) at the end
-    of the minute beginning at ``minute_epoch_ms`` (now, for the current minute)."""
+    of the minute beginning at ``minute_epoch_ms`` (now, for the current minute);
+    ``measured``: counted (an executor's sample of that minute, or the count now) rather
+    than worked back."""
 
     queue_name: str
     minute_epoch_ms: int
     waiting: int
+    measured: bool = False
 
 
 async def workflow_activity(peer: Peer, start_time: TimeBound | None,
@@ -344,8 +347,11 @@ async def workflow_activity(peer: Peer, start_time: TimeBound | None,
 
 async def queue_depth_history(peer: Peer, minutes: int) -> list[QueueDepth]:
     """Each queue's waiting workflows at the end of each of the last ``minutes`` minutes,
-    oldest first: the count now, less the arrivals (enqueues) after each minute, plus the
-    starts after it. A waiting workflow cancelled or deleted since is not counted back."""
+    oldest first. The current minute's is the count now; a minute an executor sampled
+    (``dbos_async/_executor/queues/depth_samples.py``) is its sample; any other is worked
+    back from the next measured minute: less the arrivals (enqueues) after it, plus the
+    starts after it (a waiting workflow cancelled or deleted since that measure is not
+    counted back)."""
     sysdb = peer.system_database
     now = sysdb.clock.now_ms()
     last = now // MINUTE_MS
@@ -360,12 +366,19 @@ async def queue_depth_history(peer: Peer, minutes: int) -> list[QueueDepth]:
         if r["kind"] == "started":
             key = (r["queue_name"], r["minute"])
             changes[key] = changes.get(key, 0) - r["workflows"]
+    samples = {(r["queue_name"], r["minute"]): r["waiting"]
+               for r in await sysdb.depth_samples(first * MINUTE_MS)}
     found: list[QueueDepth] = []
-    for queue in sorted(set(waiting_now) | {q for q, _ in changes}):
+    for queue in sorted(set(waiting_now) | {q for q, _ in changes} | {q for q, _ in samples}):
         waiting = waiting_now.get(queue, 0)
-        series = []
-        for minute in range(last, first - 1, -1):
-            series.append(QueueDepth(queue, minute * MINUTE_MS, max(0, waiting)))
-            waiting -= changes.get((queue, minute), 0)
+        series = [QueueDepth(queue, last * MINUTE_MS, waiting, True)]
+        for minute in range(last - 1, first - 1, -1):
+            waiting -= changes.get((queue, minute + 1), 0)
+            sample = samples.get((queue, minute))
+            if sample is None:
+                series.append(QueueDepth(queue, minute * MINUTE_MS, max(0, waiting)))
+            else:
+                waiting = sample
+                series.append(QueueDepth(queue, minute * MINUTE_MS, sample, True))
         found += reversed(series)
     return found

@@ -62,6 +62,7 @@ from dbos_async._executor.start import CallContext
 from dbos_async._executor.transfer import ExportedWorkflow, ImportSummary
 from dbos_async._sysdb.records import VersionBacklog
 from dbos_async._sysdb.shard_keys import bind_shard_keys, validate_shard_key
+from dbos_async._sysdb.statements.observability import HISTORY_MINUTES
 from dbos_async._validation import (
     check_flag,
     check_identifier,
@@ -104,8 +105,10 @@ def _limit(limit: int) -> int:
 
 def _minutes(minutes: int) -> int:
     """A dashboard's window in minutes: up to a day."""
-    if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= 1440:
-        raise InvalidArgumentError("minutes", f"must be an integer from 1 to 1440, not {minutes!r}")
+    if (not isinstance(minutes, int) or isinstance(minutes, bool)
+            or not 1 <= minutes <= HISTORY_MINUTES):
+        raise InvalidArgumentError(
+            "minutes", f"must be an integer from 1 to {HISTORY_MINUTES}, not {minutes!r}")
     return minutes
 
 
@@ -711,14 +714,18 @@ class Operator(ScheduleOperator):
 
     async def get_queue_depth_history(self, minutes: int = 60) -> list[QueueDepth]:
         """Each queue's waiting workflows (ENQUEUED or DELAYED) at the end of each of the
-        last ``minutes`` minutes, worked back from the count now through the enqueues and
-        starts since (a waiting workflow cancelled or deleted since is not counted back).
+        last ``minutes`` minutes: measured where an executor sampled the minute (those
+        whose queues had work sample their depths once a minute) and for the current
+        minute (the count now); the other minutes worked back from the next measured one
+        through the enqueues and starts between (a waiting workflow cancelled or deleted
+        since is not counted back). On a sharded schema every past minute is worked back.
 
         Args:
             minutes: how many minutes, from 1 to 1440.
 
         Returns:
-            ``minutes`` :class:`QueueDepth` per queue, by queue then time.
+            ``minutes`` :class:`QueueDepth` per queue, by queue then time, each saying
+            whether it was ``measured``.
 
         Raises:
             InvalidArgumentError: ``minutes`` out of range.

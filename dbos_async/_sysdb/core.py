@@ -115,6 +115,9 @@ class DatabaseCore:
         # Whether the server announces every workflow inserted ENQUEUED or DELAYED at its
         # commit (the enqueue trigger, read at open; see dbos_async/_sysdb/migrations.py).
         self.enqueue_trigger = False
+        # Whether the schema has the depth samples table (read at open; see
+        # sql/additions/depth_samples.sql): without it, no depth is sampled or read back.
+        self.depth_samples_table = False
         # Where the schema is migrated and the executor IDs' advisory locks are held, which
         # every executor must see: the coordinator's URL on a Citus worker node (set at open).
         self.coordination_url = url
@@ -177,9 +180,11 @@ class DatabaseCore:
             self.routes_single_tables = bool(await run(
                 "reading the database's extensions", lambda: self.pool.fetchval(citus.sql)))
         else:
-            self.enqueue_trigger = await run(
-                "reading the schema's triggers",
-                lambda: migrations.enqueue_trigger_enabled(self.pool, self.schema))
+            additions = await run(
+                "reading the schema's additions",
+                lambda: migrations.read_additions(self.pool, self.schema))
+            self.enqueue_trigger = additions.enqueue_trigger
+            self.depth_samples_table = additions.depth_samples
 
     async def check_connection(self) -> None:
         """One round trip on a connection of the pool, within the connect timeout and not

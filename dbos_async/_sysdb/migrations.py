@@ -43,15 +43,17 @@ Two tracks: unsharded and sharded
 
 Additions of this package's own
     ``sql/additions/`` holds objects DBOS's schema lacks and this package adds to the
-    unsharded track: the triggers that NOTIFY the enqueue channel for every workflow
-    inserted ENQUEUED or DELAYED, or updated back to ENQUEUED, whoever writes it (see the
-    file for why). They carry no version (DBOS's version row stays DBOS's): :func:`migrate`
-    adds them, in one transaction under the lock, wherever a trigger is missing, on a schema
-    it built or one DBOS built.
-    :func:`verify` does not require them; :func:`enqueue_trigger_enabled` says whether the
-    trigger is there, so an executor on a schema without it notifies by itself. On the
-    sharded track there is none: on Citus a trigger fires on a worker, whose NOTIFY never
-    reaches the coordinator's listeners (its SQL functions notify by themselves).
+    unsharded track, each file an addition of its own: the triggers that NOTIFY the enqueue
+    channel for every workflow inserted ENQUEUED or DELAYED, or updated back to ENQUEUED,
+    whoever writes it; and the table of the queues' depth samples (see each file for why).
+    They carry no version (DBOS's version row stays DBOS's): :func:`migrate` adds each one
+    missing, in a transaction of its own under the lock, on a schema it built or one DBOS
+    built; a role that may not add one is told so in a warning and goes on without it.
+    :func:`verify` does not require them; :func:`read_additions` says which are there, so
+    an executor on a schema without the trigger notifies by itself, and one without the
+    table samples no depths. On the sharded track there is none: on Citus a trigger fires
+    on a worker, whose NOTIFY never reaches the coordinator's listeners (its SQL functions
+    notify by themselves), and the depth history there stays worked back.
 
     Both tracks record the DBOS version they build (125) in ``dbos_migrations``: the version
     says how far a schema is migrated, and the kind is read off the schema itself, as DBOS does:
@@ -77,6 +79,7 @@ import asyncpg
 
 from dbos_async._sysdb import connection
 from dbos_async._sysdb.retry import is_transient
+from dbos_async._sysdb.statements.base import DEPTH_SAMPLES_TABLE
 from dbos_async.errors import ConfigurationError, MigrationError
 
 __all__ = ["LATEST_VERSION", "check_schema_kind", "holds_sharded_schema", "migrate",
@@ -93,27 +96,48 @@ _FILE_NAME = re.compile(r"^(?P<version>\d{4})_[a-z0-9_]+\.sql$")
 _MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1; longer names are silently cut.
 _SHARDED_DIR = "sharded"
 _ADDITIONS_DIR = "additions"
-_ADDITIONS = ("enqueue_notify.sql",)
 ENQUEUE_TRIGGER = "dbos_async_enqueue_trigger"
 """The insert trigger of ``sql/additions/enqueue_notify.sql``: whether executors rely on
-the server's announcements (see :func:`enqueue_trigger_enabled`)."""
+the server's announcements (see :func:`read_additions`)."""
 REQUEUE_TRIGGER = "dbos_async_requeue_trigger"
 """Its update trigger: with :data:`ENQUEUE_TRIGGER`, their presence records the addition."""
-# How many of the additions' triggers the schema's workflow_status has.
-_ADDITION_TRIGGERS_PRESENT = """
-    SELECT count(*)
-    FROM pg_catalog.pg_trigger g
-    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
-    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = $1 AND c.relname = 'workflow_status' AND g.tgname = ANY($2::text[])
-"""
-# The trigger on the schema's workflow_status: None if absent, else whether it fires.
-_ENQUEUE_TRIGGER_STATE = """
-    SELECT g.tgenabled <> 'D'
-    FROM pg_catalog.pg_trigger g
-    JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
-    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-    WHERE n.nspname = $1 AND c.relname = 'workflow_status' AND g.tgname = $2
+
+
+@dataclass(frozen=True)
+class _Addition:
+    file: str
+    what: str
+    """What it is, for the log ("dbos_async's <what>")."""
+    without: str
+    """What works otherwise while it is missing, for the warning."""
+
+
+_ENQUEUE_NOTIFY = _Addition(
+    "enqueue_notify.sql", "enqueue trigger",
+    "workflows other writers enqueue are found by polling")
+_DEPTH_SAMPLES = _Addition(
+    "depth_samples.sql", "queue depth samples table",
+    "queue depth histories are worked back from the workflows' rows")
+
+# Which additions the schema holds: both triggers of enqueue_notify.sql on its
+# workflow_status (and whether the insert one fires), and the depth samples table.
+_ADDITIONS_PRESENT = """
+    SELECT (SELECT count(*) = 2
+            FROM pg_catalog.pg_trigger g
+            JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = $1 AND c.relname = 'workflow_status'
+              AND g.tgname = ANY($2::text[])) AS triggers,
+           (SELECT g.tgenabled <> 'D'
+            FROM pg_catalog.pg_trigger g
+            JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+            JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname = $1 AND c.relname = 'workflow_status'
+              AND g.tgname = $3) AS enqueue_trigger_enabled,
+           EXISTS (SELECT FROM pg_catalog.pg_class c
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   WHERE n.nspname = $1 AND c.relname = $4 AND c.relkind = 'r')
+               AS depth_samples
 """
 # Bounds holds_sharded_schema's connection attempt, as the caller's own connection would be.
 _PROBE_CONNECT_TIMEOUT = 10.0
@@ -210,25 +234,43 @@ def _steps(sharded: bool) -> tuple[_Step, ...]:
 
 
 @functools.cache
-def _additions() -> str:
-    """The additions' SQL (see the module docstring), loaded once."""
-    directory = _sql_dir(False, _ADDITIONS_DIR)
-    return "\n".join((directory / name).read_text(encoding="utf-8") for name in _ADDITIONS)
+def _addition_sql(addition: _Addition) -> str:
+    """An addition's SQL (see the module docstring), loaded once."""
+    return (_sql_dir(False, _ADDITIONS_DIR) / addition.file).read_text(encoding="utf-8")
 
 
-async def enqueue_trigger_enabled(conn: asyncpg.Connection | asyncpg.Pool, schema: str
-                                  ) -> bool:
-    """Whether the schema's workflow_status has the enqueue trigger, enabled: then every
-    workflow inserted ENQUEUED or DELAYED is announced by the server, at its commit."""
-    return bool(await conn.fetchval(_ENQUEUE_TRIGGER_STATE, schema, ENQUEUE_TRIGGER))
+@dataclass(frozen=True)
+class Additions:
+    """Which of this package's additions a schema holds (see the module docstring)."""
+
+    enqueue_trigger: bool
+    """The enqueue trigger is there, enabled: every workflow inserted ENQUEUED or DELAYED
+    is announced by the server, at its commit."""
+    depth_samples: bool
+    """The depth samples table is there."""
 
 
-async def _lacks_additions(conn: asyncpg.Connection, schema: str, sharded: bool) -> bool:
+async def _present(conn: asyncpg.Connection | asyncpg.Pool, schema: str) -> asyncpg.Record:
+    row = await conn.fetchrow(_ADDITIONS_PRESENT, schema, [ENQUEUE_TRIGGER, REQUEUE_TRIGGER],
+                              ENQUEUE_TRIGGER, DEPTH_SAMPLES_TABLE)
+    assert row is not None
+    return row
+
+
+async def read_additions(conn: asyncpg.Connection | asyncpg.Pool, schema: str) -> Additions:
+    """Which additions the (unsharded) schema holds, in one query."""
+    row = await _present(conn, schema)
+    return Additions(bool(row["enqueue_trigger_enabled"]), bool(row["depth_samples"]))
+
+
+async def _missing_additions(conn: asyncpg.Connection, schema: str,
+                             sharded: bool) -> list[_Addition]:
     if sharded:
-        return False
-    triggers = [ENQUEUE_TRIGGER, REQUEUE_TRIGGER]
-    return bool(await conn.fetchval(_ADDITION_TRIGGERS_PRESENT, schema, triggers)
-                < len(triggers))
+        return []
+    row = await _present(conn, schema)
+    return [addition for addition, present in ((_ENQUEUE_NOTIFY, row["triggers"]),
+                                                (_DEPTH_SAMPLES, row["depth_samples"]))
+            if not present]
 
 
 def _render(template: str, quoted_schema: str) -> str:
@@ -392,7 +434,7 @@ async def migrate(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bo
     # Fast path without the lock: the usual case is a database that is already migrated.
     version = await _recorded_version(conn, schema)
     if (version is not None and not _needs_migration(schema, version, sharded)
-            and not await _lacks_additions(conn, schema, sharded)):
+            and not await _missing_additions(conn, schema, sharded)):
         return version
 
     held: list[int] = []
@@ -411,8 +453,8 @@ async def migrate(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bo
                 if step.version > version:
                     await _apply(conn, schema, quoted, step)
                     version = step.version
-        if await _lacks_additions(conn, schema, sharded):
-            await _add(conn, schema, quoted)
+        for addition in await _missing_additions(conn, schema, sharded):
+            await _add(conn, schema, quoted, addition)
         return version
     finally:
         # A closed connection has already dropped its session locks.
@@ -468,24 +510,24 @@ async def _apply(conn: asyncpg.Connection, schema: str, quoted: str, step: _Step
         ) from e
 
 
-async def _add(conn: asyncpg.Connection, schema: str, quoted: str) -> None:
-    """Create the additions in one transaction (see the module docstring)."""
-    logger.info("adding dbos_async's enqueue trigger to the DBOS system schema %r", schema)
+async def _add(conn: asyncpg.Connection, schema: str, quoted: str,
+               addition: _Addition) -> None:
+    """Create one addition in one transaction (see the module docstring)."""
+    logger.info("adding dbos_async's %s to the DBOS system schema %r", addition.what, schema)
     try:
         async with conn.transaction():
-            await conn.execute(_render(_additions(), quoted))
+            await conn.execute(_render(_addition_sql(addition), quoted))
     except asyncpg.InsufficientPrivilegeError as e:
         # A role that may use a schema another role made, but not add to it: everything
-        # works without the trigger, as on a verified schema (executors notify by
-        # themselves, and a non-notifying writer's rows wait for the idle poll).
-        logger.warning("Could not add dbos_async's enqueue trigger to the DBOS system schema "
-                       "%r (%s): workflows other writers enqueue are found by polling", schema, e)
+        # works without the addition, as on a verified schema.
+        logger.warning("Could not add dbos_async's %s to the DBOS system schema %r (%s): %s",
+                       addition.what, schema, e, addition.without)
     except asyncpg.PostgresError as e:
         if is_transient(e):
             raise
         raise MigrationError(
-            f"adding dbos_async's enqueue trigger to the DBOS system schema {schema!r} failed "
-            f"({', '.join(_ADDITIONS)}): {type(e).__name__}: {e}") from e
+            f"adding dbos_async's {addition.what} to the DBOS system schema {schema!r} failed "
+            f"({addition.file}): {type(e).__name__}: {e}") from e
 
 
 async def verify(conn: asyncpg.Connection, schema: str = "dbos", *, sharded: bool = False) -> int:

@@ -30,6 +30,14 @@ class ObservabilityOperations(DatabaseCore):
         return await self._observed_fetch(self.sql.queue_arrivals(since_ms),
                                           "counting queue arrivals")
 
+    async def depth_samples(self, since_ms: int) -> list[asyncpg.Record]:
+        """The queues' measured depths from ``since_ms`` on (none where the schema lacks
+        their table: sharded, verified only, or a role that could not add it)."""
+        if not self.depth_samples_table:
+            return []
+        return await self._observed_fetch(self.sql.depth_samples(since_ms),
+                                          "reading queue depth samples")
+
     async def workflow_activity(self, start_ms: int, end_ms: int,
                                 bucket_ms: int) -> list[asyncpg.Record]:
         return await self._observed_fetch(

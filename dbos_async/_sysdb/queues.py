@@ -111,6 +111,16 @@ class QueueOperations(DatabaseCore):
             depths.setdefault(row["queue_name"], {})[row["status"]] = row["workflows"]
         return depths
 
+    async def sample_depths(self, queue_names: Sequence[str], minute_ms: int,
+                            keep_since_ms: int) -> None:
+        """Store the queues' waiting counts as the minute's depth samples, unless sampled
+        already, and drop this application's samples before ``keep_since_ms`` (see the
+        statement). Only where the schema has their table."""
+        if self.depth_samples_table:
+            await self._execute(self.sql.sample_depths(queue_names, minute_ms,
+                                                       self.clock.now_ms(), keep_since_ms),
+                                "sampling queue depths")
+
     async def claim_queued(
         self, queue: QueueRecord, partition_key: str | None, *, executor_id: str,
         application_version: str | None, names: Sequence[str], room: int | None,

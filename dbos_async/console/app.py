@@ -9,9 +9,8 @@ methods. Safety: :mod:`dbos_async.console.safety`.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext, suppress
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -36,7 +35,6 @@ from dbos_async._executor.operator import Operator
 from dbos_async._sysdb.clock import SYSTEM_CLOCK
 from dbos_async._web.filters import listing_filters
 from dbos_async.console import views
-from dbos_async.console.depths import SAMPLE_SECONDS, DepthSamples
 from dbos_async.console.safety import (
     CSRF_COOKIE,
     CSRF_FIELD,
@@ -57,8 +55,6 @@ from dbos_async.errors import (
 )
 from dbos_async.prometheus import PrometheusMetrics
 from dbos_async.statuses import WorkflowStatusString
-
-logger = logging.getLogger("dbos_async")
 
 PAGE_SIZE = 50
 CHILD_DEPTH = 3
@@ -121,7 +117,6 @@ class Console:
         self.allow_actions = allow_actions
         self.auth = auth
         self.hosts = hosts
-        self.depth_samples = DepthSamples()
 
     @property
     def operator(self) -> Operator:
@@ -390,31 +385,19 @@ class Console:
         now = SYSTEM_CLOCK.now_ms()  # an operator watches by the wall clock
         bucket_ms = window.bucket_seconds * 1000
         first = (now // bucket_ms - window.slots + 1) * bucket_ms
-        activity, latency, depths, waiting = await asyncio.gather(
+        activity, latency, depths = await asyncio.gather(
             op.get_workflow_activity(start_time=first, end_time=now + 1,
                                      bucket_seconds=window.bucket_seconds),
             op.get_workflow_aggregates(group_by="name", time_column="completed",
                                        start_time=first, end_time=now + 1),
-            op.get_queue_depth_history(window.minutes), op.queue_depths())
-        self.depth_samples.record(waiting, now)
+            op.get_queue_depth_history(window.minutes))
         return self.page(request, "metrics.html", window=window, windows=views.WINDOWS,
                          activity=views.activity_charts(activity, now, window),
                          latency=views.latency_rows(latency),
-                         depths=views.depth_charts(self.depth_samples.merged(depths)),
+                         depths=views.depth_charts(depths),
                          refresh_seconds=CHARTS_REFRESH,
                          chart_width=views.CHART_WIDTH, chart_height=views.CHART_HEIGHT,
                          latency_width=views.LATENCY_BAR_WIDTH)
-
-    async def sample_depths(self) -> None:
-        """Sample the queues' depths every SAMPLE_SECONDS, for as long as the app serves:
-        the Metrics page's queue depth is then measured even while nobody watches it."""
-        while True:
-            try:
-                self.depth_samples.record(await self.operator.queue_depths(),
-                                          SYSTEM_CLOCK.now_ms())
-            except Exception as error:  # the database away, a timeout: the next one retries
-                logger.warning("The console could not sample the queues' depths: %s", error)
-            await asyncio.sleep(SAMPLE_SECONDS)  # a period, not a wait for anything
 
     async def prometheus(self, request: Request) -> Response:
         """The system database's aggregates in Prometheus's text format (a console runs
@@ -644,19 +627,7 @@ def build_console(operator: Callable[[], Operator], *, allow_actions: bool,
         Mount("/static", StaticFiles(directory=Path(__file__).parent / "static"),
               name="static"),
     ]
-    @asynccontextmanager
-    async def serving(app: Starlette) -> AsyncIterator[None]:
-        # Run as an app of its own (not mounted: a mount's lifespan is not run).
-        async with lifespan(app) if lifespan is not None else nullcontext():
-            sampler = asyncio.create_task(console.sample_depths())
-            try:
-                yield
-            finally:
-                sampler.cancel()
-                with suppress(asyncio.CancelledError):
-                    await sampler
-
-    app = Starlette(routes=routes, lifespan=serving)
+    app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(Guard, console=console)
     return app
 

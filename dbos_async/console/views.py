@@ -241,31 +241,32 @@ def _ms(value: float) -> str:
 @dataclass(frozen=True)
 class DepthChart:
     """One queue's waiting workflows over time: the whole series as an SVG polyline, and
-    the minutes the console sampled (see ``console/depths.py``) as a path drawn over it."""
+    its measured minutes (sampled by the executors, and the count now) as a path drawn
+    over it."""
 
     queue_name: str
     peak: int
     points: str
-    sampled_path: str
-    sampled: int
+    measured_path: str
+    measured: int
     now: int
 
 
-def depth_charts(history: list[tuple[QueueDepth, bool]]) -> list[DepthChart]:
-    """``history``: each point with whether it was sampled (or worked back)."""
+def depth_charts(history: list[QueueDepth]) -> list[DepthChart]:
+    """One chart per queue of ``history`` (by queue, then time)."""
     charts = []
-    for queue in sorted({h.queue_name for h, _ in history}):
-        mine = [(h, sampled) for h, sampled in history if h.queue_name == queue]
-        peak = max([1, *(h.waiting for h, _ in mine)])
+    for queue in sorted({h.queue_name for h in history}):
+        mine = [h for h in history if h.queue_name == queue]
+        peak = max([1, *(h.waiting for h in mine)])
         step = CHART_WIDTH / max(1, len(mine) - 1)
         xy = [f"{round(i * step, 2)},{round(CHART_HEIGHT - CHART_HEIGHT * h.waiting / peak, 2)}"
-              for i, (h, _) in enumerate(mine)]
-        path = []  # a run of sampled minutes is one stroke, ending in a dot
-        for i, (_, sampled) in enumerate(mine):
-            if sampled:
-                path.append(("L" if i and mine[i - 1][1] else "M") + xy[i])
-                if not (i + 1 < len(mine) and mine[i + 1][1]):
+              for i, h in enumerate(mine)]
+        path = []  # a run of measured minutes is one stroke, ending in a dot
+        for i, h in enumerate(mine):
+            if h.measured:
+                path.append(("L" if i and mine[i - 1].measured else "M") + xy[i])
+                if not (i + 1 < len(mine) and mine[i + 1].measured):
                     path.append("l0.01,0")
         charts.append(DepthChart(queue, peak, " ".join(xy), " ".join(path),
-                                 sum(sampled for _, sampled in mine), mine[-1][0].waiting))
+                                 sum(h.measured for h in mine), mine[-1].waiting))
     return charts

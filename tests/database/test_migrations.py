@@ -16,6 +16,7 @@ from dbos_async.errors import ConfigurationError, MigrationError
 
 TABLES = {
     "application_versions",
+    "dbos_async_depth_samples",
     "dbos_migrations",
     "event_dispatch_kv",
     "notifications",

@@ -1,7 +1,8 @@
 """Compatibility of our migrations with the `dbos` package (3.4.0), the schema's owner.
 
 (a) Our SQL builds the same catalog as DBOS's own migrations, plus our own additions (the
-    enqueue trigger and its function, see sql/additions/) and nothing else.
+    enqueue triggers and their functions, the depth samples table, see sql/additions/) and
+    nothing else.
 (b) DBOS launched on a database we migrated runs no migration, and runs workflows.
 (c) Our runner accepts a database DBOS migrated, and changes nothing in it but adding our
     additions (verifying changes nothing at all).
@@ -22,6 +23,7 @@ import sqlalchemy as sa
 from dbos._migration import ensure_dbos_schema, run_dbos_migrations
 
 from dbos_async._sysdb.migrations import (
+    DEPTH_SAMPLES_TABLE,
     ENQUEUE_TRIGGER,
     LATEST_VERSION,
     REQUEUE_TRIGGER,
@@ -30,7 +32,8 @@ from dbos_async._sysdb.migrations import (
 )
 
 ADDITIONS = {ENQUEUE_TRIGGER, REQUEUE_TRIGGER, "dbos_async_enqueue_notify",
-             "dbos_async_requeue_notify"}
+             "dbos_async_requeue_notify", DEPTH_SAMPLES_TABLE, f"{DEPTH_SAMPLES_TABLE}_pkey",
+             f"_{DEPTH_SAMPLES_TABLE}"}
 """The names of the objects our runner adds to DBOS's schema (sql/additions/)."""
 
 # Each query returns rows describing one kind of object in schema $1. Text that names the schema
@@ -136,14 +139,23 @@ def without_additions(catalog: dict[str, list[tuple[Any, ...]]]
 
 
 def assert_added(catalog: dict[str, list[tuple[Any, ...]]]) -> None:
-    """The additions are there: two triggers on workflow_status, their functions."""
+    """The additions are there: two triggers on workflow_status, their functions, and the
+    depth samples table with its key."""
     added = additions(catalog)
     assert sorted(row[:2] for row in added["triggers"]) == [
         ("workflow_status", ENQUEUE_TRIGGER), ("workflow_status", REQUEUE_TRIGGER)]
     assert sorted(row[0] for row in added["functions"]) == ["dbos_async_enqueue_notify",
                                                             "dbos_async_requeue_notify"]
-    assert not any(added[kind] for kind in ("relations", "columns", "constraints", "indexes",
-                                            "types"))
+    assert sorted(row[:2] for row in added["relations"]) == [
+        (DEPTH_SAMPLES_TABLE, "r"), (f"{DEPTH_SAMPLES_TABLE}_pkey", "i")]
+    assert [row[2] for row in added["columns"]] == [
+        "application_name", "minute_epoch_ms", "queue_name", "waiting", "sampled_at_epoch_ms"]
+    assert [row[:3] for row in added["constraints"]] == [
+        (DEPTH_SAMPLES_TABLE, f"{DEPTH_SAMPLES_TABLE}_pkey", "p")]
+    assert [row[:2] for row in added["indexes"]] == [
+        (DEPTH_SAMPLES_TABLE, f"{DEPTH_SAMPLES_TABLE}_pkey")]
+    assert sorted(row[0] for row in added["types"]) == [f"_{DEPTH_SAMPLES_TABLE}",
+                                                        DEPTH_SAMPLES_TABLE]
 
 
 def assert_same_catalog(

@@ -200,9 +200,9 @@ async def test_metrics_charts(browser: Browser, world: Scenario, shots: Path) ->
         await expect(backlog).to_have_attribute("data-waiting", "4")
         points = await backlog.locator("polyline").get_attribute("points") or ""
         assert len(points.split()) == 60
-        # This minute was sampled by the console: drawn as measured over the worked-back line.
-        assert int(await backlog.get_attribute("data-sampled") or "0") >= 1
-        await expect(backlog.locator("path.depth-sampled")).to_have_count(1)
+        # This minute is measured (the count now): drawn over the worked-back line.
+        assert int(await backlog.get_attribute("data-measured") or "0") >= 1
+        await expect(backlog.locator("path.depth-measured")).to_have_count(1)
         await page.screenshot(path=str(shots / "metrics-hour.png"), full_page=True)
         for_docs(shots / "metrics-hour.png", "console-metrics.png")
 

@@ -300,6 +300,35 @@ async def test_a_role_that_cannot_add_the_enqueue_trigger_starts_without_it(
                                          "WHERE tgname = 'dbos_async_enqueue_trigger'")
 
 
+async def test_a_role_that_cannot_add_the_depth_samples_table_starts_without_it(
+        database_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """On a schema without the depth samples table, a least-privilege role's executor
+    cannot add it: it says so and starts, samples nothing, and its queues' depth history
+    is worked back."""
+    async with new_dbos(database_url) as owner, login_role(database_url) as (role, role_url):
+        await owner.grant_permissions(role)
+        await execute(database_url, "DROP TABLE dbos.dbos_async_depth_samples")
+        app = new_dbos(role_url, executor_id="least-privilege")
+        jobs = app.queue("jobs")
+
+        @app.workflow(name="work")
+        async def work(x: int) -> int:
+            return 2 * x
+
+        with caplog.at_level("WARNING", logger="dbos_async._sysdb.migrations"):
+            async with app:
+                assert not app._system_database.depth_samples_table
+                handle = await jobs.enqueue(work, 5)
+                assert await asyncio.wait_for(handle.get_result(), 30) == 10
+                history = await app.get_queue_depth_history(minutes=2)
+                assert [(d.waiting, d.measured) for d in history
+                        if d.queue_name == "jobs"] == [(0, False), (0, True)]
+    assert any("Could not add dbos_async's queue depth samples table" in r.getMessage()
+               for r in caplog.records)
+    assert not await fetch(database_url, "SELECT 1 FROM pg_class "
+                                         "WHERE relname = 'dbos_async_depth_samples'")
+
+
 async def test_grant_refuses_unknown_and_invalid_roles(database_url: str) -> None:
     async with new_dbos(database_url) as owner, login_role(database_url) as (role, role_url):
         with pytest.raises(DBOSError, match="does not exist"):

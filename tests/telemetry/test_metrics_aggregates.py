@@ -176,8 +176,10 @@ async def test_queue_depth_history_works_back_from_now(database_url: str,
     assert [h.queue_name for h in history] == ["emails"] * 5
     minutes = [h.minute_epoch_ms for h in history]
     assert minutes == sorted(minutes) and minutes[-1] - minutes[0] == 4 * 60_000
-    # Before the enqueues (at the latest the minute before), none waited; now three do.
+    # Before the enqueues (at the latest the minute before), none waited; now three do:
+    # counted now, worked back before (no executor sampled those minutes).
     assert (history[0].waiting, history[-1].waiting) == (0, 3)
+    assert [h.measured for h in history] == [False] * 4 + [True]
 
 
 async def test_workflows_run_by_an_executor_are_counted(database_url: str) -> None:
@@ -261,6 +263,15 @@ SELECT 'fill-' || i, 0, 'step-' || (i % 10), '1', $2::bigint - i::bigint * 30000
 FROM generate_series(1, $1::int) AS i
 """
 
+# Ten queues' samples of two applications, minute after minute: about 8 days.
+FILL_DEPTH_SAMPLES = """
+INSERT INTO dbos.dbos_async_depth_samples (application_name, minute_epoch_ms, queue_name,
+                                           waiting, sampled_at_epoch_ms)
+SELECT CASE WHEN i % 2 = 0 THEN 'metrics-app' ELSE 'other-app' END,
+       ($2::bigint / 60000 - i / 10) * 60000, 'queue-' || (i % 10), i % 50, $2::bigint
+FROM generate_series(1, $1::int) AS i
+"""
+
 
 async def test_each_read_is_served_by_an_index(database_url: str, sharding: bool) -> None:
     await migrate(database_url, sharding=sharding)
@@ -274,6 +285,9 @@ async def test_each_read_is_served_by_an_index(database_url: str, sharding: bool
                 await conn.execute(fill.format(key=key, key_value=key_value), rows, NOW)
             await conn.execute("VACUUM ANALYZE dbos.workflow_status")
             await conn.execute("VACUUM ANALYZE dbos.operation_outputs")
+            if not sharding:  # the sharded schema has no depth samples
+                await conn.execute(FILL_DEPTH_SAMPLES, rows, NOW)
+                await conn.execute("VACUUM ANALYZE dbos.dbos_async_depth_samples")
             start, end = NOW - HOUR_MS, NOW
             reads = [
                 ("workflow_status_created_at_index", sysdb.sql.workflow_aggregates(
@@ -286,6 +300,8 @@ async def test_each_read_is_served_by_an_index(database_url: str, sharding: bool
                  sysdb.sql.workflow_activity(start, end, 60_000)),
                 ("workflow_status_created_at_index", sysdb.sql.queue_arrivals(start)),
             ]
+            if not sharding:
+                reads.append(("dbos_async_depth_samples_pkey", sysdb.sql.depth_samples(start)))
             plans = [(index, "\n".join(row[0] for row in await conn.fetch(
                 f"EXPLAIN {query.sql}", *query.params))) for index, query in reads]
         finally:

@@ -28,6 +28,7 @@ import asyncpg
 from dbos_async import _metrics as metrics
 from dbos_async._executor import workflows
 from dbos_async._executor.backoff import IdleBackoff
+from dbos_async._executor.queues.depth_samples import DepthSampler
 from dbos_async._executor.queues.rotation import Rotation, fair_share
 from dbos_async._executor.queues.watcher import QueueWatcher
 from dbos_async._executor.recorded_errors import PORTABLE_ONLY, serialize_error
@@ -354,8 +355,9 @@ class ClaimLoop:
 
 
 def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
-    """Start a claim loop per queue, and the queue watcher, as tasks of the runtime's queue
-    owner (stopped first on exit: nothing new starts while running workflows finish)."""
+    """Start a claim loop per queue, the queue watcher and the depth sampler, as tasks of
+    the runtime's queue owner (stopped first on exit: nothing new starts while running
+    workflows finish)."""
     if not queues:
         return
     fast = min(q.polling_interval_sec for q in queues)
@@ -370,3 +372,6 @@ def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
         notifications.subscribe(WORKFLOW_COMPLETION_CHANNEL, loop.finished)
         runtime.queue_tasks.supervise(loop.run, f"queue claim loop {queue.name}")
     runtime.queue_tasks.supervise(watcher.run, "queue watcher")
+    if runtime.system_database.depth_samples_table:
+        sampler = DepthSampler(runtime, watcher, [q.name for q in queues])
+        runtime.queue_tasks.supervise(sampler.run, "queue depth sampler")

@@ -37,6 +37,8 @@ class QueueWatcher:
         self._queue_names = queue_names
         # Queues whose claim loop sleeps until a notification or this watcher wakes it.
         self._idle: set[str] = set()
+        # Whether a claim loop went back to claiming since the last look (see worked()).
+        self._woke = False
         self._waiter: Waiter | None = None
         self._last_poll = float("-inf")
         """When the latest poll began (monotonic seconds)."""
@@ -48,6 +50,15 @@ class QueueWatcher:
     def busy(self, queue_name: str) -> None:
         """The claim loop of ``queue_name`` claims again by itself."""
         self._idle.discard(queue_name)
+        self._woke = True
+
+    def worked(self) -> bool:
+        """Whether a queue has had work since the last call: one claims by itself now, or
+        one that was idle was woken meanwhile (the depth sampler's question, once a minute).
+        """
+        worked = self._woke or len(self._idle) < len(self._queue_names)
+        self._woke = False
+        return worked
 
     def activity(self) -> None:
         """Work started, or a notification arrived: back to the fast interval, at once.

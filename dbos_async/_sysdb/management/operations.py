@@ -255,7 +255,8 @@ class WorkflowOperations(DatabaseCore):
                                      rows_threshold: int | None = None) -> int | None:
         """The retention job: delete terminal workflows finished before ``cutoff_ms``, and
         those older than the ``rows_threshold`` newest workflows, ``batch_size`` per
-        statement. How many, or None if another executor holds the lock."""
+        statement, and the queues' depth samples before ``cutoff_ms``. How many workflows,
+        or None if another executor holds the lock."""
 
         async def job(conn: JobConnection) -> int:
             created_before = None
@@ -264,6 +265,10 @@ class WorkflowOperations(DatabaseCore):
                 # Fewer workflows than the threshold: none is past it.
                 created_before = await conn.fetchval(q.sql, *q.params)
             cutoff = RetentionCutoff(cutoff_ms, created_before)
+            if cutoff_ms is not None and self.depth_samples_table:
+                # The queues' depth samples of those times go with their workflows.
+                q = self.sql.delete_depth_samples_before(cutoff_ms)
+                await conn.execute(q.sql, *q.params)
             total = 0
             while True:
                 deleted = await self._delete_terminal_batch(conn, cutoff, batch_size)

@@ -30,6 +30,10 @@ MAX_RECOVERY_ATTEMPTS_EXCEEDED = WorkflowStatusString.MAX_RECOVERY_ATTEMPTS_EXCE
 
 ACTIVE_STATUSES = (PENDING, ENQUEUED, DELAYED)
 
+DEPTH_SAMPLES_TABLE = "dbos_async_depth_samples"
+"""The queues' measured depths, an addition of this package's own to the unsharded schema
+(sql/additions/depth_samples.sql; its name there, and in migrations.py, is this one)."""
+
 PORTABLE_JSON = "portable_json"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dbos_async._sysdb.statements.base import (
     DELAYED,
+    DEPTH_SAMPLES_TABLE,
     ENQUEUED,
     ERROR,
     MAX_RECOVERY_ATTEMPTS_EXCEEDED,
@@ -22,6 +23,8 @@ from dbos_async._sysdb.statements.base import (
 )
 
 MINUTE_MS = 60_000
+HISTORY_MINUTES = 24 * 60
+"""The longest queue depth history read (a day): depth samples older are deleted."""
 
 WORKFLOW_GROUPS = ("status", "name", "queue_name", "application_version", "executor_id")
 """The columns workflow aggregates may be grouped by."""
@@ -97,6 +100,18 @@ class ObservabilityStatements(StatementBase):
                 WHERE {self.scoped(None, p)} AND {self.own_scope(None, p)}
                   AND queue_name IS NOT NULL AND created_at >= {p(since_ms, 'bigint')}
                 GROUP BY queue_name, created_at / {minute}""",
+            p.values,
+        )
+
+    def depth_samples(self, since_ms: int) -> Query:
+        """The queues' depth samples of this application's scope (see ``sample_depths``)
+        from the minute ``since_ms`` on: a range scan of the table's key."""
+        p = Params()
+        return Query(
+            f"""SELECT queue_name, minute_epoch_ms / {p(MINUTE_MS, 'bigint')} AS minute, waiting
+                FROM {self.table(DEPTH_SAMPLES_TABLE)}
+                WHERE application_name = {p(self.app_name or '', 'text')}
+                  AND minute_epoch_ms >= {p(since_ms, 'bigint')}""",
             p.values,
         )
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from dbos_async._sysdb.statements.base import (
     DELAYED,
+    DEPTH_SAMPLES_TABLE,
     ENQUEUED,
     PENDING,
     Params,
@@ -591,6 +592,42 @@ class QueueStatements(StatementBase):
                         WHERE {self.scoped(None, p)} AND status = {delayed}
                           AND delay_until_epoch_ms > {now}) AS next_due,
                        {enqueued} AS enqueued""",
+            p.values,
+        )
+
+    def sample_depths(self, queue_names: Sequence[str], minute_ms: int, now_ms: int,
+                      keep_since_ms: int) -> Query:
+        """Store how many workflows of each of ``queue_names`` wait (ENQUEUED or DELAYED) as
+        the minute ``minute_ms``'s depth sample, for the queues no executor of this
+        application sampled in that minute yet (the first sample of a minute stands: the
+        others skip their counts), and delete this application's samples older than
+        ``keep_since_ms``. Keyed by the application ('' without one), whose rows the count
+        is scoped to. No lock is read or taken beyond the inserted keys': two executors
+        sampling at once both count, and the conflict keeps one row."""
+        p = Params()
+        samples = self.table(DEPTH_SAMPLES_TABLE)
+        application = p(self.app_name or "", "text")
+        minute = p(minute_ms, "bigint")
+        return Query(
+            f"""WITH trimmed AS (
+                  DELETE FROM {samples}
+                  WHERE application_name = {application}
+                    AND minute_epoch_ms < {p(keep_since_ms, 'bigint')}
+                )
+                INSERT INTO {samples} (application_name, minute_epoch_ms, queue_name,
+                                       waiting, sampled_at_epoch_ms)
+                SELECT {application}, {minute}, q.name,
+                       (SELECT count(*) FROM {self.table('workflow_status')} w
+                        WHERE {self.scoped('w', p)} AND {self.own_scope('w', p)}
+                          AND w.queue_name = q.name
+                          AND w.status = ANY({p([ENQUEUED, DELAYED], 'text[]')})),
+                       {p(now_ms, 'bigint')}
+                FROM unnest({p(list(queue_names), 'text[]')}) AS q(name)
+                WHERE NOT EXISTS (
+                  SELECT 1 FROM {samples} s
+                  WHERE s.application_name = {application} AND s.minute_epoch_ms = {minute}
+                    AND s.queue_name = q.name)
+                ON CONFLICT (application_name, minute_epoch_ms, queue_name) DO NOTHING""",
             p.values,
         )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from dbos_async._sysdb.statements.base import (
     ACTIVE_STATUSES,
     CANCELLED,
+    DEPTH_SAMPLES_TABLE,
     ENQUEUED,
     ERROR,
     MAX_RECOVERY_ATTEMPTS_EXCEEDED,
@@ -391,6 +392,17 @@ class ControlStatements(StatementBase):
             f"""SELECT pg_try_advisory_xact_lock({p(key, 'bigint')}) AS acquired
                 FROM set_config('idle_in_transaction_session_timeout',
                                 {p(str(BACKGROUND_JOB_LOCK_IDLE_TIMEOUT_MS))}, true)""",
+            p.values,
+        )
+
+    def delete_depth_samples_before(self, cutoff_ms: int) -> Query:
+        """The retention job's part of the depth samples: this application's minutes
+        before ``cutoff_ms`` (a range of the table's key)."""
+        p = Params()
+        return Query(
+            f"""DELETE FROM {self.table(DEPTH_SAMPLES_TABLE)}
+                WHERE application_name = {p(self.app_name or '', 'text')}
+                  AND minute_epoch_ms < {p(cutoff_ms, 'bigint')}""",
             p.values,
         )
 
