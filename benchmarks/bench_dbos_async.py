@@ -190,6 +190,7 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
         cpu = time.process_time() - cpu_before
         if profiler is not None:
             profiler.disable()
+        values_before = _histogram_values
         collect_cpu = _collect_metrics()
         await settle_loggers()
 
@@ -231,6 +232,7 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
     }
     if collect_cpu is not None:
         result["collect_cpu_seconds"] = collect_cpu
+        result["collect_values"] = _histogram_values - values_before
     if profiler is not None:
         result["profile"] = _profile_report(profiler)
     return result
@@ -240,14 +242,27 @@ _reader: Any = None
 """The in-memory metric reader of a child run with ``--metrics``."""
 
 
+_histogram_values = 0
+"""How many values the histograms held at the latest collection (cumulative)."""
+
+
 def _collect_metrics() -> float | None:
     """The CPU time of one collection of the metrics the measured run made (what a
-    periodic reader or a scrape does once per interval), or None while metrics are off."""
+    periodic reader or a scrape does once per interval), or None while metrics are off.
+    Notes in :data:`_histogram_values` how many values the histograms hold by then."""
+    global _histogram_values
     if _reader is None:
         return None
+    from opentelemetry.sdk.metrics.export import Histogram
+
     began = time.process_time()
-    _reader.get_metrics_data()
-    return time.process_time() - began
+    data = _reader.get_metrics_data()
+    cpu = time.process_time() - began
+    _histogram_values = sum(
+        point.count for resource in data.resource_metrics for scope in resource.scope_metrics
+        for metric in scope.metrics for point in metric.data.data_points
+        if isinstance(metric.data, Histogram))
+    return cpu
 
 
 async def run_subprocess(url: str, *, workflows: int, pool_size: int, warmup: int,
