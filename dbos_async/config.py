@@ -166,7 +166,8 @@ class DBOSConfig(BaseModel):
     )
     retention_hours: float | None = Field(
         None, gt=0,
-        description="Delete terminal workflows that finished this many hours ago; None: off.",
+        description="Delete terminal workflows that finished this many hours ago (and the "
+        "queue depth samples of those hours); None: off.",
     )
     retention_rows_threshold: int | None = Field(
         None, ge=1,

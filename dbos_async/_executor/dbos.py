@@ -629,7 +629,8 @@ class DBOS(Operator):
         """Run the retention job now: delete terminal workflows finished before
         ``cutoff_epoch_ms``, and those created before the ``rows_threshold`` newest
         workflows of this application (and unclaimed ones), as the ``dbos`` package's
-        ``garbage_collect`` does.
+        ``garbage_collect`` does; with ``cutoff_epoch_ms``, the queues' depth samples
+        before it too.
 
         Args:
             cutoff_epoch_ms: The age bound (epoch milliseconds); None: none.
