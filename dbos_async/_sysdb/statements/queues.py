@@ -608,6 +608,13 @@ class QueueStatements(StatementBase):
         samples = self.table(DEPTH_SAMPLES_TABLE)
         application = p(self.app_name or "", "text")
         minute = p(minute_ms, "bigint")
+        # One count per status, each served by its partial index (the ENQUEUED rows by
+        # queue; the DELAYED ones, few, by due time): a list of both statuses matches
+        # neither index's predicate, and the count would scan the table.
+        waiting = [f"""(SELECT count(*) FROM {self.table('workflow_status')} w
+                        WHERE {self.scoped('w', p)} AND {self.own_scope('w', p)}
+                          AND w.queue_name = q.name AND w.status = {p(status)})"""
+                   for status in (ENQUEUED, DELAYED)]
         return Query(
             f"""WITH trimmed AS (
                   DELETE FROM {samples}
@@ -616,11 +623,7 @@ class QueueStatements(StatementBase):
                 )
                 INSERT INTO {samples} (application_name, minute_epoch_ms, queue_name,
                                        waiting, sampled_at_epoch_ms)
-                SELECT {application}, {minute}, q.name,
-                       (SELECT count(*) FROM {self.table('workflow_status')} w
-                        WHERE {self.scoped('w', p)} AND {self.own_scope('w', p)}
-                          AND w.queue_name = q.name
-                          AND w.status = ANY({p([ENQUEUED, DELAYED], 'text[]')})),
+                SELECT {application}, {minute}, q.name, {' + '.join(waiting)},
                        {p(now_ms, 'bigint')}
                 FROM unnest({p(list(queue_names), 'text[]')}) AS q(name)
                 WHERE NOT EXISTS (
