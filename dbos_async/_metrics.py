@@ -237,15 +237,19 @@ def _forget_closed() -> None:
 # ---- The call sites' one-liners (each a no-op while metrics are off) ----
 
 
-def workflow_started(name: str) -> None:
+def workflow_started(name: str) -> Instruments | None:
+    """A run's start; returns the instruments that counted it (None while metrics are off),
+    which count its end too."""
     if (m := current()) is not None:
         m.workflows_started.add(1, name)
+    return m
 
 
-def workflow_finished(name: str, status: str, seconds: float) -> None:
-    """A run's end: ``status`` SUCCESS, ERROR or CANCELLED (a run interrupted by shutdown
-    is PENDING and counts as none of them, but its run time is recorded)."""
-    if (m := current()) is None:
+def workflow_finished(m: Instruments | None, name: str, status: str, seconds: float) -> None:
+    """A run's end, counted by the instruments of its start (``m``): ``status`` SUCCESS,
+    ERROR or CANCELLED (a run interrupted by shutdown is PENDING and counts as none of
+    them, but its run time is recorded)."""
+    if m is None:
         return
     if status == "SUCCESS":
         m.workflows_completed.add(1, name)

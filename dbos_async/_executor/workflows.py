@@ -39,6 +39,12 @@ from dbos_async.errors import (
 logger = logging.getLogger("dbos_async")
 
 
+def _seen(result: asyncio.Future[Any]) -> None:
+    """Mark an unawaited failure as seen: the outcome is in the database either way."""
+    if not result.cancelled():
+        result.exception()
+
+
 @dataclass
 class Execution:
     """A workflow body running in this process."""
@@ -50,8 +56,7 @@ class Execution:
     queue's claim loop frees the workflow's worker slot there)."""
 
     def __post_init__(self) -> None:
-        # Mark an unawaited failure as seen: the outcome is in the database either way.
-        self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.result.add_done_callback(_seen)
 
     def body_ended(self) -> None:
         callback, self.on_body_end = self.on_body_end, None
@@ -133,38 +138,35 @@ async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
                kwargs: dict[str, Any], attributes: str | None) -> None:
+    runtime, workflow_id = ctx.runtime, ctx.workflow_id
+    future = execution.result
     # Everything the workflow writes, its outcome included, waits out a database outage:
     # an infrastructure error is never its outcome (see dbos_async/_sysdb/retry.py).
     with ctx.routed(), outlasting_outages(), observe.workflow_run(
-            ctx, execution.info.name, execution.result, attributes):
-        await _execute(ctx, execution, args, kwargs)
-
-
-async def _execute(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> None:
-    runtime, workflow_id = ctx.runtime, ctx.workflow_id
-    future = execution.result
-    try:
-        value = await _body_within_deadline(ctx, execution, args, kwargs)
-    except asyncio.CancelledError:
-        # The executor is shutting down: the workflow stays PENDING and resumes on recovery.
-        future.set_exception(DBOSError(
-            f"Workflow {workflow_id!r} was interrupted by executor shutdown; it resumes "
-            "from its last checkpoint when an executor recovers it"
-        ))
-        raise
-    except _DeadlineExceeded:
-        with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
-            await runtime.system_database.cancel([workflow_id], children=False)
-        runtime.notify_completion(workflow_id, ctx.shard_key)
-        future.set_exception(WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
-    except Exception as error:
-        await _finish(ctx, execution, error=error)
-    else:
-        await _finish(ctx, execution, value=value)
-    finally:
-        runtime.untrack(workflow_id, ctx.shard_key, future)
-        runtime.cancellation.detach(ctx)
+            ctx, execution.info.name, future, attributes):
+        try:
+            value = await _body_within_deadline(ctx, execution, args, kwargs)
+        except asyncio.CancelledError:
+            # The executor is shutting down: the workflow stays PENDING and resumes on
+            # recovery.
+            future.set_exception(DBOSError(
+                f"Workflow {workflow_id!r} was interrupted by executor shutdown; it resumes "
+                "from its last checkpoint when an executor recovers it"
+            ))
+            raise
+        except _DeadlineExceeded:
+            with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
+                await runtime.system_database.cancel([workflow_id], children=False)
+            runtime.notify_completion(workflow_id, ctx.shard_key)
+            future.set_exception(WorkflowCancelledError(workflow_id,
+                                                        "cancelled: its deadline passed"))
+        except Exception as error:
+            await _finish(ctx, execution, error=error)
+        else:
+            await _finish(ctx, execution, value=value)
+        finally:
+            runtime.untrack(workflow_id, ctx.shard_key, future)
+            runtime.cancellation.detach(ctx)
 
 
 class _DeadlineExceeded(Exception):

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from dbos_async import _metrics as metrics
@@ -23,29 +24,47 @@ if TYPE_CHECKING:
 _UNTRACED: AbstractContextManager[None] = nullcontext()
 
 
-@contextmanager
-def workflow_run(ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
-                 attributes: str | None) -> Iterator[None]:
-    """Log the run's start and finish and trace it as a span (continuing the trace recorded
-    in its ``attributes``); the block settles ``outcome``, the run's result or error."""
-    workflow_id = ctx.workflow_id
-    started = time.monotonic()
-    logs.workflow_started(workflow_id, name, len(ctx.checkpoints))
-    metrics.workflow_started(name)
-    span = tracing.start_workflow_span(workflow_id, name, ctx.runtime.executor_id,
-                                       attributes)
-    interrupted = False
-    try:
-        with tracing.active(span) if span is not None else _UNTRACED:
-            yield
-    except asyncio.CancelledError:
-        interrupted = True
-        raise
-    finally:
-        status, error = (logs.PENDING, None) if interrupted else _settled(outcome)
-        seconds = time.monotonic() - started
-        logs.workflow_finished(workflow_id, name, status, seconds * 1000, error)
-        metrics.workflow_finished(name, status, seconds)
+class workflow_run:
+    """Log the run's start and finish, count and time it, and trace it as a span
+    (continuing the trace recorded in its ``attributes``); the block settles ``outcome``,
+    the run's result or error. A plain class, cheaper to enter than a generator's context
+    manager: it wraps every workflow run. The run is measured by the instruments in place
+    at its start (its start and finish are counted together)."""
+
+    __slots__ = ("_active", "_attributes", "_ctx", "_instruments", "_name", "_outcome",
+                 "_span", "_started")
+
+    def __init__(self, ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
+                 attributes: str | None) -> None:
+        self._ctx = ctx
+        self._name = name
+        self._outcome = outcome
+        self._attributes = attributes
+
+    def __enter__(self) -> None:
+        ctx, name = self._ctx, self._name
+        self._started = time.monotonic()
+        logs.workflow_started(ctx.workflow_id, name, len(ctx.checkpoints))
+        self._instruments = metrics.workflow_started(name)
+        span = self._span = tracing.start_workflow_span(
+            ctx.workflow_id, name, ctx.runtime.executor_id, self._attributes)
+        self._active = tracing.active(span) if span is not None else _UNTRACED
+        self._active.__enter__()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        try:
+            self._active.__exit__(kind, error, traceback)
+        finally:
+            self._finished(kind is not None and issubclass(kind, asyncio.CancelledError))
+
+    def _finished(self, interrupted: bool) -> None:
+        status, error = (logs.PENDING, None) if interrupted else _settled(self._outcome)
+        seconds = time.monotonic() - self._started
+        logs.workflow_finished(self._ctx.workflow_id, self._name, status, seconds * 1000,
+                               error)
+        metrics.workflow_finished(self._instruments, self._name, status, seconds)
+        span = self._span
         if span is not None:
             tracing.end_span(span, error if status == logs.ERROR else None,
                              {"dbos.workflow.status": status})
