@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbos_async._executor.authentication import NO_AUTHENTICATION, Authentication, authorize
-from dbos_async._executor.context import WorkflowContext, running_workflow
+from dbos_async._executor.context import Telemetry, WorkflowContext, running_workflow
 from dbos_async._executor.handles import outcome_value
 from dbos_async._executor.recorded_errors import recorded_error
 from dbos_async._executor.registry import WorkflowInfo
@@ -78,13 +78,16 @@ def launch(
     authentication: Authentication = NO_AUTHENTICATION,
     serialization: str | None = None,
     first_run: bool = False,
+    telemetry: Telemetry | None = None,
 ) -> Execution:
     """Run a workflow body this execution owns, as a task of the runtime (``attributes``:
     its stored attributes, which may carry the trace its span continues; ``authentication``:
-    the identity it runs under; ``serialization``: the format of its row)."""
+    the identity it runs under; ``serialization``: the format of its row; ``telemetry``:
+    what it reports to, if read already, e.g. once for a claim round's workflows)."""
     execution = Execution(info)
     ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
-                          shard_key, authentication, serialization, first_run=first_run)
+                          shard_key, authentication, serialization, first_run=first_run,
+                          telemetry=telemetry)
     runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
     runtime.workflows.spawn(_run(ctx, execution, args, kwargs, attributes),
@@ -92,9 +95,11 @@ def launch(
     return execution
 
 
-async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow) -> Execution:
+async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow,
+                         telemetry: Telemetry | None = None) -> Execution:
     """Run a workflow this executor has just claimed (by recovery or from a queue) from its
     checkpoints; raises :class:`DBOSError` if its inputs or instance cannot be resolved.
+    ``telemetry``: what it reports to, if read already (once for a claim round).
 
     Its recorded identity is checked against the roles it requires (a client or another
     SDK may have enqueued it without them): refused, it ends ``ERROR`` with
@@ -119,7 +124,7 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
             checkpoints = await runtime.system_database.load_checkpoints(row.workflow_id)
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
                   row.deadline_epoch_ms, row.shard_key, row.attributes, authentication,
-                  row.serialization or PORTABLE_JSON)
+                  row.serialization or PORTABLE_JSON, telemetry=telemetry)
 
 
 async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_xid: str,
@@ -198,7 +203,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
     runtime, workflow_id, future = ctx.runtime, ctx.workflow_id, execution.result
     sysdb = runtime.system_database
     try:
-        if _stops_execution(ctx, error):
+        if error is not None and _stops_execution(ctx, error):
             recorded = False
         elif error is not None:
             # The caller gets the failure as a replay will: in its recorded form.
@@ -235,7 +240,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
             future.set_exception(failure)
 
 
-def _stops_execution(ctx: WorkflowContext, error: Exception | None) -> bool:
+def _stops_execution(ctx: WorkflowContext, error: Exception) -> bool:
     """Whether ``error`` is this workflow being cancelled or taken over, or this executor
     losing its ID (nothing to record: the status says it, or the new holder recovers it).
     Another workflow's cancellation, met by awaiting its handle, is a failure like any
