@@ -19,7 +19,7 @@ import asyncio
 import struct
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import TypeAlias
@@ -179,7 +179,8 @@ class ShardMap:
                 "an active primary node of the Citus cluster")
         return cls((ShardInterval(row["shard_id"], row["min_hash"], row["max_hash"],
                                   Host(row["node_host"], row["node_port"]),
-                                  tuple(zip(row["tables"], row["shards"], strict=True)))
+                                  tuple(zip(row["tables"], map(int, row["shards"]),
+                                            strict=True)))
                     for row in rows),
                    loaded_at)
 
@@ -242,11 +243,13 @@ class NodePools:
     port, and the same size, timeouts and name as the caller's own pool."""
 
     def __init__(self, url: str, *, size: int, connect_timeout: float, name: str,
-                 fence: Callable[[str], TimelineFence] | None = TimelineFence) -> None:
+                 fence: Callable[[str], TimelineFence] | None = TimelineFence,
+                 settings: Mapping[str, str] | None = None) -> None:
         """
         Args:
             url: the system database URL (any node of the cluster, or several).
-            size, connect_timeout, name: as :func:`connection.create_pool` takes them.
+            size, connect_timeout, name, settings: as :func:`connection.create_pool` takes
+                them.
             fence: given a node's URL, the fence its pool's connections go through (one per
                 node: a fence connects to the servers of its own URL, so the caller's, built
                 for its URL, cannot serve another node); None: unfenced.
@@ -256,6 +259,7 @@ class NodePools:
         self._connect_timeout = connect_timeout
         self._name = name
         self._fence = fence
+        self._settings = settings
         self._pools: dict[Host, asyncpg.Pool] = {}
         # One creator per node at a time: a caller waiting on it finds the pool made.
         self._opening: dict[Host, asyncio.Lock] = {}
@@ -289,7 +293,7 @@ class NodePools:
                 url = self.url_of(node)
                 pool = await connection.create_pool(
                     url, self._size, self._connect_timeout, self._name,
-                    self._fence(url) if self._fence is not None else None)
+                    self._fence(url) if self._fence is not None else None, self._settings)
                 if self._closed:  # closed while this one opened: it is not kept
                     await pool.close()
                     self._refuse_if_closed()

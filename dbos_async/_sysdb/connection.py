@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar
 
 import asyncpg
@@ -88,8 +88,16 @@ def _later_settings(url: DatabaseUrl, major: int) -> dict[str, str]:
             if major >= since and name not in url.options}
 
 
+MAX_CACHED_STATEMENT = 256 * 1024
+"""The longest statement text (bytes) a connection keeps prepared (asyncpg's default keeps
+none over 15 KiB): a Citus node's group-commit statement names every shard's tables of the
+node (see routed writes), some 1.5 KiB a shard, and is prepared once per connection only
+if it is kept."""
+
+
 async def _open(url: DatabaseUrl, connect_timeout: float, name: str,
-                fence: TimelineFence | None = None) -> asyncpg.Connection:
+                fence: TimelineFence | None = None,
+                settings: Mapping[str, str] | None = None) -> asyncpg.Connection:
     """A connection with every session setting in its startup packet, where they take
     precedence over the role's and the database's.
 
@@ -104,7 +112,8 @@ async def _open(url: DatabaseUrl, connect_timeout: float, name: str,
         try:
             conn = await (fence.connect if fence else asyncpg.connect)(
                 url.text, timeout=connect_timeout,
-                server_settings={**session_settings(url, name), **later})
+                server_settings={**session_settings(url, name), **later, **(settings or {})},
+                max_cacheable_statement_size=MAX_CACHED_STATEMENT)
         except asyncpg.UndefinedObjectError as error:
             if not any(setting in str(error) for setting in later):
                 raise
@@ -212,11 +221,14 @@ async def keep_session(connection: asyncpg.Connection) -> None:
 
 
 async def create_pool(url: str, size: int, connect_timeout: float, name: str,
-                      fence: TimelineFence | None = None) -> asyncpg.Pool:
+                      fence: TimelineFence | None = None,
+                      settings: Mapping[str, str] | None = None) -> asyncpg.Pool:
+    """A pool of connections to ``url``, each opened with the session settings and, over
+    them, ``settings``."""
     parsed = parsed_url(url)
 
     async def open_one(*_pool_arguments: object, **_pool_options: object) -> asyncpg.Connection:
-        return await _open(parsed, connect_timeout, name, fence)
+        return await _open(parsed, connect_timeout, name, fence, settings)
 
     try:
         pool = await asyncpg.create_pool(

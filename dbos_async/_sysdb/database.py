@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -108,6 +108,24 @@ def _with_child_key(key: str, r: Checkpoint) -> Checkpoint:
     if r.child_workflow_id is None or r.child_shard_key is not None:
         return r
     return dataclasses.replace(r, child_shard_key=key)
+
+
+def _started_in_batch(rows: Sequence[tuple[NewWorkflow, str]],
+                      found: Mapping[str | None, Sequence[Row] | Exception]
+                      ) -> list[StartResult | BaseException]:
+    """Per start of a batch, its row as the batch's statement returned it (under its key
+    and ID), or the error that ended the batch."""
+    returned = {(r["shard_key"], r["workflow_uuid"]): r for outcome in found.values()
+                if not isinstance(outcome, Exception) for r in outcome}
+    started: list[StartResult | BaseException] = []
+    for wf, xid in rows:
+        outcome = found[wf.shard_key]
+        if isinstance(outcome, Exception):
+            started.append(outcome)
+            continue
+        row = returned[(wf.shard_key, wf.workflow_id)]
+        started.append(StartResult(workflow_row(row), row["creator_xid"] == xid))
+    return started
 
 
 def _refuse_taken_ids(rows: Sequence[tuple[NewWorkflow, str]], indexes: Sequence[int],
@@ -264,7 +282,19 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
 
     async def _write_starts_routed(self, rows: Sequence[tuple[NewWorkflow, str]]
                                    ) -> list[StartResult | BaseException]:
-        """:meth:`_write_starts` on Citus: one program per start, all in one round trip."""
+        """:meth:`_write_starts` on Citus: one statement for the node's batch (see
+        ``_batch_on_shards``); where it cannot serve (a row without a key, an ID twice, a
+        statement refused), one program per start, all in one round trip."""
+        keys = [wf.shard_key for wf, _ in rows]
+        distinct = len({WorkflowAddress(wf.workflow_id, wf.shard_key) for wf, _ in rows})
+        given = keys_given([(key, None) for key in keys])
+        if given is not None and distinct == len(rows):
+            batch = await self._batch_on_shards(
+                given, lambda indexes, p, prefix: self.sql.start_batch_parts(
+                    [rows[i] for i in indexes], [given[i] for i in indexes], p, prefix, rows),
+                f"starting {len(rows)} workflows")
+            if batch is not None:
+                return _started_in_batch(rows, batch)
         programs = [(WorkflowAddress(wf.workflow_id, wf.shard_key), self._start_program(wf, xid))
                     for wf, xid in rows]
         found = await self._routed_many(programs, f"starting {len(rows)} workflows")
@@ -641,9 +671,9 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
         if self.routes_single_tables:
             keys = keys_given(rows)
             found = None if keys is None else await self._batch_on_shards(
-                keys, lambda indexes: self.sql.record_steps(
+                keys, lambda indexes, p, prefix: self.sql.record_steps_parts(
                     [_with_child_key(keys[i], rows[i][1]) for i in indexes],
-                    [keys[i] for i in indexes]), what)
+                    [keys[i] for i in indexes], p, prefix), what)
             if found is not None:
                 return batch_verdicts(rows, found, of_row, of_record)
             programs = []
@@ -687,8 +717,8 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
         found = None
         if keys is not None and distinct:
             found = await self._batch_on_shards(
-                keys, lambda indexes: self.sql.record_outcomes(
-                    [rows[i][1] for i in indexes], at, [keys[i] for i in indexes]),
+                keys, lambda indexes, p, prefix: self.sql.record_outcomes_parts(
+                    [rows[i][1] for i in indexes], at, [keys[i] for i in indexes], p, prefix),
                 f"recording {len(rows)} outcomes")
         if found is None and self.routes_single_tables:
             programs = []

@@ -168,6 +168,41 @@ EXCEPTION WHEN foreign_key_violation THEN
 END;
 $dbos_fn$;
 
+-- lock_shards_here makes writing the tables of these shards on this node (Citus's shards' own
+-- tables, named directly) as safe as a write on the distributed tables, which Citus routes
+-- here: it takes the lock a distributed write takes, each shard's metadata lock in share mode
+-- to commit, which a shard move or split takes exclusively, on every node, before it changes
+-- the placement. It then reads the placements in a new snapshot, after the lock (each
+-- statement of a function gets its own): if a shard's only placement is not on this node
+-- (moved, split, or kept in several copies), the call fails with SQLSTATE DBS01, for the
+-- caller to look the shard up again, and its transaction writes nothing. Shards go in the
+-- order given, which callers keep ascending, so two callers cannot deadlock on them.
+-- Returns true. Callers: run_routed, and the statements of a node's group-commit batch,
+-- which call it first (see dbos_async's routed writes).
+CREATE FUNCTION {{schema}}.lock_shards_here(shards bigint[])
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog
+AS $dbos_fn$
+DECLARE
+    moved bigint;
+BEGIN
+    -- ShareLock (5), to commit: no move or split of a shard commits until this write has.
+    PERFORM lock_shard_metadata(5, shards);
+    moved := (SELECT s.id FROM unnest(shards) AS s(id)
+              WHERE (SELECT array_agg(p.groupid) FROM pg_dist_placement p
+                     WHERE p.shardid = s.id)
+                    IS DISTINCT FROM ARRAY[(SELECT g.groupid FROM pg_dist_local_group g)]
+              LIMIT 1);
+    IF moved IS NOT NULL THEN
+        RAISE EXCEPTION 'lock_shards_here: shard % has no placement of its own on this node',
+                moved
+            USING ERRCODE = 'DBS01';
+    END IF;
+    RETURN true;
+END;
+$dbos_fn$;
+
 -- run_routed runs one workflow's write, made of single-table statements on one shard key, in
 -- the caller's transaction, so a write costs its caller one round trip however many tables it
 -- touches. On Citus every statement that names one key and one table runs whole on the node
@@ -188,15 +223,9 @@ $dbos_fn$;
 -- With shard (Citus only), the statements name that shard's tables on this node rather than
 -- the distributed tables: they run as plain PostgreSQL statements, without the distributed
 -- planner and executor Citus runs for each statement on a distributed table (most of a
--- routed write's cost there). They are as safe as the distributed ones because they take the
--- same lock first: a distributed write holds its shard's metadata lock in share mode to
--- commit, and a shard move or split takes it exclusively, on every node, before it changes
--- the placement. The placement is then read in a new snapshot, after the lock: if the shard's
--- only placement is not on this node (moved, split, or kept in several copies), nothing is
--- written and the call fails with SQLSTATE DBS01, for the caller to look the key up again.
--- With shards, the same for several shards of this node (a group-commit batch of its writes,
--- a statement per shard): locked in the order given, which callers keep ascending, and each
--- checked; the whole call fails if one was moved.
+-- routed write's cost there), after lock_shards_here (above) locked and checked the shard.
+-- With shards, the same for several shards of this node, each locked and checked; the whole
+-- call fails if one was moved.
 CREATE FUNCTION {{schema}}.run_routed(shard_key text, steps jsonb, shard bigint DEFAULT NULL,
                                       prepared_here text[] DEFAULT NULL,
                                       shards bigint[] DEFAULT NULL)
@@ -221,17 +250,7 @@ BEGIN
         shards := ARRAY[shard];
     END IF;
     IF shards IS NOT NULL THEN
-        -- ShareLock (5), to commit: no move or split of a shard commits until this write has.
-        PERFORM lock_shard_metadata(5, shards);
-        shard := (SELECT s.id FROM unnest(shards) AS s(id)
-                  WHERE (SELECT array_agg(p.groupid) FROM pg_dist_placement p
-                         WHERE p.shardid = s.id)
-                        IS DISTINCT FROM ARRAY[(SELECT g.groupid FROM pg_dist_local_group g)]
-                  LIMIT 1);
-        IF shard IS NOT NULL THEN
-            RAISE EXCEPTION 'run_routed: shard % has no placement of its own on this node', shard
-                USING ERRCODE = 'DBS01';
-        END IF;
+        PERFORM {{schema}}.lock_shards_here(shards);
     END IF;
     FOR step IN SELECT value FROM jsonb_array_elements(steps) LOOP
         args := ARRAY(SELECT jsonb_array_elements_text(step -> 'args'));

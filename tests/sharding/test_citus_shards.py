@@ -379,7 +379,7 @@ async def test_a_role_not_owning_the_tables_writes_on_the_distributed_ones(citus
 async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_statement(
         citus_url: str) -> None:
     """Checkpoints queued behind a blocked one go as the next batch of their node: one
-    run_routed call, whose one statement on the shard's own table writes the rows of all
+    statement for the node, whose part on the shard's own table writes the rows of all
     its keys, each judged on its own: a cancelled workflow's and a fenced-out one's are
     refused, the others land."""
     dbos = new_dbos(citus_url, sharding=True)
@@ -424,7 +424,7 @@ async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_stateme
                       placed["cancelled"], "cancelled")
         await execute(citus_url, "UPDATE dbos.workflow_status SET owner_xid = 'elsewhere' "
                       + row, placed["fenced"], "fenced")
-        pool = await sysdb._node_pool(keys[0])
+        pool = await sysdb._node_pool(keys[0], on_shards=True)
         held_connections = [await pool.acquire() for _ in range(pool.get_max_size())]
         for connection in held_connections:
             connection.add_query_logger(
@@ -455,17 +455,15 @@ async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_stateme
         finally:
             await blocker.close()
     assert results == {w: w + "!" for w in ("lead", "healthy-1", "healthy-2")}
-    # The queued checkpoints (step 0 of the four others) went as one call naming the
-    # shard, one statement of several keys' rows.
+    # The queued checkpoints (step 0 of the four others) went as one statement of the
+    # node, naming the shard and locking it alone (its last parameter): several keys' rows
+    # of that one shard.
     batched: list[set[str]] = []
     for sql, args in logged:
-        if "shards =>" not in sql:
-            continue
-        for step in json.loads(args[1]):
-            if f"workflow_status_{shard.shard_id}" in step["sql"] and step["many"]:
-                batched.append({word.strip('"') for arg in step["args"]
-                                if arg is not None and arg.startswith("{")
-                                for word in arg.strip("{}").split(",")})
+        if ("lock_shards_here(" in sql and f"workflow_status_{shard.shard_id}" in sql
+                and args[-1] == [str(shard.shard_id)]):
+            batched.append({word for arg in args if isinstance(arg, list)
+                            for word in arg if isinstance(word, str)})
     assert any({"healthy-1", "healthy-2", "cancelled", "fenced", *keys[1:]} <= words
                for words in batched), batched
     steps = await fetch(citus_url, "SELECT workflow_uuid, function_name "

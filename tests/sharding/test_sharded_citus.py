@@ -178,16 +178,19 @@ TRANSACTION_CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|LISTEN|UNLISTEN)\b
 
 async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, ...]]],
                                                       list[tuple[int, set[int], int]],
+                                                      list[tuple[set[int], set[int], int]],
                                                       set[str]]:
     """Run workflows under keys through every family of operations, recording each distinct
     statement the executor's pools send on the distributed tables, with its first
     arguments; each program sent to name a shard's tables: that shard, the shards its
-    statements name, and the port of the node it was sent to; and those programs'
-    statements as on the distributed tables (whitespace collapsed)."""
+    statements name, and the port of the node it was sent to; each node's batch statement:
+    the shards it locks, those it names, and that port; and those programs' and
+    statements' statements as on the distributed tables (whitespace collapsed)."""
     dbos = new_dbos(url, sharding=True)
     queue = dbos.queue("jobs", concurrency=2, worker_concurrency=2)
     statements: dict[str, tuple[Any, ...]] = {}
     on_shards: list[tuple[int, set[int], int]] = []
+    on_nodes: list[tuple[set[int], set[int], int]] = []
     shard_statements: set[str] = set()
 
 
@@ -232,6 +235,15 @@ async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, 
                 f"{await batched.handle.get_result()}{reply}")
 
     def record(query: str, args: tuple[Any, ...], port: int) -> None:
+        # A node's group-commit batch is one statement naming the tables of each of the
+        # node's shards, after locking and checking the batch's (its last parameter):
+        # recorded apart, the shards it locks, those it names and the node it went to,
+        # and its statement as on the distributed tables.
+        if "lock_shards_here(" in query:
+            named = {int(m[2]) for m in SHARD_TABLE.finditer(query)}
+            on_nodes.append(({int(shard) for shard in args[-1]}, named, port))
+            shard_statements.add(" ".join(SHARD_TABLE.sub(r"\1", query).split()))
+            return
         # A routed write is a program of statements run by run_routed on the key's node:
         # what plans there are its statements. A program naming a shard's own tables (plain
         # tables on that node) is recorded apart: its shard, the shards its statements
@@ -261,7 +273,8 @@ async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, 
     async with dbos:
         sysdb = dbos._system_database
         # The pools of the nodes holding the workload's keys (opened on first use).
-        pools = [sysdb.pool, *{await sysdb._node_pool(key) for key in ("acme", "globex")}]
+        pools = [sysdb.pool, *{await sysdb._node_pool(key, on_shards)
+                               for key in ("acme", "globex") for on_shards in (False, True)}]
         for pool in pools:
             connections = [await pool.acquire() for _ in range(pool.get_max_size())]
             for connection in connections:
@@ -297,11 +310,12 @@ async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, 
         await dbos.list_workflow_steps("w", shard_key="acme")
         await dbos.get_all_events("w", shard_key="acme")
         await dbos.delete_workflow("blocked", shard_key="acme")
-    return list(statements.items()), on_shards, shard_statements
+    return list(statements.items()), on_shards, on_nodes, shard_statements
 
 
 async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
-    statements, on_shards, shard_statements = await representative_workload(citus_url)
+    statements, on_shards, on_nodes, shard_statements = await representative_workload(
+        citus_url)
     conn = await asyncpg.connect(citus_url)
     try:
         workers = {f"port={r['nodeport']}" for r in await conn.fetch(
@@ -344,6 +358,15 @@ async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
                 "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n"
                 " USING (groupid) WHERE p.shardid = $1", shard)
             assert placed == port, (shard, placed, port)
+        # A node's batch statement locks the shards it writes rows of, and names only
+        # shards placed on the node it went to.
+        assert on_nodes, "no batch went as one statement on a node"
+        for locked, named, port in on_nodes:
+            assert locked and locked <= named, (locked, named)
+            placed = {r["shardid"]: r["nodeport"] for r in await conn.fetch(
+                "SELECT p.shardid, n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n"
+                " USING (groupid) WHERE p.shardid = ANY($1::bigint[])", list(named))}
+            assert set(placed.values()) == {port}, (named, placed, port)
         # The hot statements are among them or ran on a shard's own tables: the step
         # checkpoint, the claim, an outside send, the fork's copies, and the parts of the
         # multi-table writes (a start's row and inputs, the outcome, an event with its

@@ -127,11 +127,12 @@ async def test_sharded_migrate_builds_the_schema(db: asyncpg.Connection) -> None
         "SELECT p.proname, pg_get_function_identity_arguments(p.oid) AS args FROM pg_proc p "
         "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'dbos' ORDER BY 1"
     )
-    assert [f["proname"] for f in functions] == ["enqueue_workflow", "run_routed",
-                                                 "send_message"]
-    assert functions[1]["args"] == ("shard_key text, steps jsonb, shard bigint, "
+    assert [f["proname"] for f in functions] == ["enqueue_workflow", "lock_shards_here",
+                                                 "run_routed", "send_message"]
+    assert functions[1]["args"] == "shards bigint[]"
+    assert functions[2]["args"] == ("shard_key text, steps jsonb, shard bigint, "
                                     "prepared_here text[], shards bigint[]")
-    assert functions[2]["args"] == (
+    assert functions[3]["args"] == (
         "destination_id text, message json, topic text, message_id text, shard_key text"
     )
     assert functions[0]["args"].endswith("application_name text, shard_key text")

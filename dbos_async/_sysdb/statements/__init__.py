@@ -23,6 +23,7 @@ from dbos_async._sysdb.statements.base import (
     Payload,
     Query,
     StatementBase,
+    StatementParts,
     WorkflowAddress,
     qualify,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "QueueRecord",
     "RetentionCutoff",
     "StatementBase",
+    "StatementParts",
     "Statements",
     "VersionRecord",
     "WorkflowAddress",

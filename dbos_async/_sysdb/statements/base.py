@@ -66,6 +66,17 @@ class Query:
     params: Sequence[Any] = field(default_factory=tuple)
 
 
+@dataclass(frozen=True)
+class StatementParts:
+    """A batch statement taken apart, so that several can run as one statement: its common
+    table expressions (``name AS (...)``, each name made unique by a prefix) and the
+    SELECT of the rows it returns over them. Data-modifying expressions must be at a
+    statement's top level, so statements are joined as parts, not nested."""
+
+    ctes: tuple[str, ...]
+    rows: str
+
+
 class Payload(NamedTuple):
     """A value as stored: its text and the format it is written in (the ``serialization``
     column beside it), which tells every reader how to decode it (a named tuple: one is

@@ -35,7 +35,7 @@ LEFT JOIN LATERAL (
     LIMIT 1) placed ON true
 CROSS JOIN LATERAL (
     SELECT array_agg(c.relname::text ORDER BY c.relname) AS tables,
-           array_agg(cs.shardid ORDER BY c.relname) AS shards
+           array_agg(cs.shardid::text ORDER BY c.relname) AS shards
     FROM pg_catalog.pg_dist_partition cp
     JOIN pg_catalog.pg_class c ON c.oid = cp.logicalrelid
     JOIN pg_catalog.pg_dist_shard cs ON cs.logicalrelid = cp.logicalrelid
@@ -53,8 +53,10 @@ secondary node, is not one). With a replication factor above 1 a shard has sever
 placements; the one of the lowest group is taken, any of them reaching the shard. A shard with
 none has NULL for its node. With each shard, the shards of the same interval of every table of
 the schema co-located with it (``tables``, ``shards``: its own among them), whose names
-``<table>_<shard>`` its statements can name on that node. No rows: the table is missing or
-not hash-distributed (see :data:`SHARDED_TABLE`)."""
+``<table>_<shard>`` its statements can name on that node; the shard IDs as texts (asyncpg
+reads a ``bigint[]`` only after asking the server about its type, a catalogue query that
+takes a Citus node seconds). No rows: the table is missing or not hash-distributed (see
+:data:`SHARDED_TABLE`)."""
 
 SHARDED_TABLE = f"""SELECT to_regclass({WORKFLOW_STATUS}) IS NOT NULL AS table_exists,
        (SELECT t.partmethod::text FROM pg_catalog.pg_dist_partition t

@@ -22,6 +22,7 @@ from dbos_async._sysdb.statements.base import (
     Payload,
     Query,
     StatementBase,
+    StatementParts,
 )
 from dbos_async._sysdb.statements.messaging import (
     MESSAGE_ORDER,
@@ -54,6 +55,22 @@ class RoutedStatements(WorkflowStatements, MessagingStatements, StatementBase):
         p = Params()
         return Query(f"SELECT {self.table('run_routed')}({p(shard_key, 'text')}, "
                      f"{p(steps, 'text')}::jsonb, shards => {p.array(shards, 'bigint')})",
+                     p.values)
+
+    def on_node(self, shards: Sequence[int], parts: Sequence[StatementParts], p: Params
+                ) -> Query:
+        """Several statements (``parts``, built with ``p``, each naming one shard's own
+        tables on the node it runs at) as one, after ``lock_shards_here`` locked and checked
+        ``shards`` (ascending), the shards whose rows they write: a group-commit batch of a
+        node in one statement whatever its keys. The lock is taken and the placements
+        read in a snapshot of their own inside the function, before any row is read (the
+        statement's rows are gated on it); a shard found elsewhere fails the statement whole
+        with SQLSTATE DBS01, as ``run_routed`` does."""
+        here = (f"here AS MATERIALIZED (SELECT {self.table('lock_shards_here')}("
+                f"{p.array(shards, 'bigint')}) AS ok)")
+        ctes = ", ".join([here, *(cte for part in parts for cte in part.ctes)])
+        rows = " UNION ALL ".join(f"({part.rows})" for part in parts)
+        return Query(f"WITH {ctes} SELECT * FROM ({rows}) AS found WHERE (SELECT ok FROM here)",
                      p.values)
 
     def run_routed_many(self, shard_keys: Sequence[str | None], steps: Sequence[str],

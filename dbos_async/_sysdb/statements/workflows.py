@@ -16,7 +16,15 @@ from dbos_async._sysdb.statements.base import (
     ParentStep,
     Query,
     StatementBase,
+    StatementParts,
 )
+
+
+def _named(cte: str, alias: str) -> str:
+    """A reference to the common table expression ``cte`` as ``alias`` (its name, prefixed
+    in a statement of several, see ``StatementParts``)."""
+    return cte if cte == alias else f"{cte} {alias}"
+
 
 # What a start returns of the row it inserted or found.
 _STARTED_COLUMNS = """workflow_uuid, status, name, class_name, config_name, queue_name,
@@ -272,30 +280,49 @@ class WorkflowStatements(StatementBase):
         in order, as :meth:`insert_workflow` returns it: the new row, or the existing one
         unchanged, whose ``creator_xid`` tells which."""
         p = Params()
-        v = self._unnested_starts(rows, shard_key, p)
+        parts = self._start_batch_parts(self._unnested_starts(rows, shard_key, p), "", "", "")
+        return Query(f"WITH {', '.join(parts.ctes)} {parts.rows} ORDER BY v.ord", p.values)
+
+    def start_batch_parts(self, rows: Sequence[tuple[NewWorkflow, str]],
+                          shard_keys: Sequence[str], p: Params, prefix: str,
+                          like: Sequence[tuple[NewWorkflow, str]]) -> StatementParts:
+        """:meth:`start_batch` of rows with their keys, as parts of a statement of several
+        (see :class:`StatementParts`), writing the columns of the rows of ``like`` (the
+        batch, of which ``rows`` is a part): its text is the same for any part of it. Its
+        rows come in no order (their key and ID tell them apart)."""
+        v = self._unnested_starts(rows, None, p, shard_keys, like)
+        return self._start_batch_parts(
+            v, prefix, "".join(f" AND status.{c} = v.{c}" for c in self.workflow_key_columns),
+            v.key_values)
+
+    def _start_batch_parts(self, v: _UnnestedStarts, prefix: str, same_key: str,
+                           lock_order: str) -> StatementParts:
         status = self.table("workflow_status")
         key_names, key_values = v.key_names, v.key_values
+        rows, inserted = f"{prefix}v", f"{prefix}status"
         # The rows go in ID order, so two batches meeting the same IDs lock them in the
         # same order and cannot deadlock.
-        return Query(
-            f"""WITH v AS ({v.rows}), status AS (
-                  INSERT INTO {status} ({key_names}{v.stored})
-                  SELECT {key_values}{v.selected} FROM v ORDER BY v.workflow_uuid
+        return StatementParts(
+            (f"{rows} AS ({v.rows})",
+             f"""{inserted} AS (
+                  INSERT INTO {status} AS existing ({key_names}{v.stored})
+                  SELECT {key_values}{v.selected} FROM {_named(rows, 'v')}
+                  ORDER BY {lock_order}v.workflow_uuid
                   ON CONFLICT ({self.key_conflict('workflow_uuid')})
-                    DO UPDATE SET creator_xid = workflow_status.creator_xid
+                    DO UPDATE SET creator_xid = existing.creator_xid
                   RETURNING {_STARTED_COLUMNS}{self.key_columns()}
-                ), input AS (
+                )""",
+             f"""{prefix}input AS (
                   INSERT INTO {self.table('workflow_input')} ({key_names}workflow_uuid, inputs)
                   SELECT {key_values}v.workflow_uuid, v.inputs
-                  FROM v JOIN status ON status.workflow_uuid = v.workflow_uuid
-                                    AND status.creator_xid = v.creator_xid
+                  FROM {_named(rows, 'v')}
+                  JOIN {_named(inserted, 'status')} ON status.workflow_uuid = v.workflow_uuid
+                                    AND status.creator_xid = v.creator_xid{same_key}
                   ON CONFLICT ({self.key_conflict('workflow_uuid')}) DO NOTHING
                   RETURNING 1
-                )
-                SELECT status.* FROM v JOIN status ON status.workflow_uuid = v.workflow_uuid
-                ORDER BY v.ord""",
-            p.values,
-        )
+                )"""),
+            f"""SELECT status.* FROM {_named(rows, 'v')} JOIN {_named(inserted, 'status')}
+                ON status.workflow_uuid = v.workflow_uuid{same_key}""")
 
     @staticmethod
     def status_shape(wf: NewWorkflow) -> tuple[bool, bool]:
@@ -304,22 +331,36 @@ class WorkflowStatements(StatementBase):
         return wf.queue_name is not None, wf.attributes is not None
 
     def _unnested_starts(self, rows: Sequence[tuple[NewWorkflow, str]],
-                         shard_key: str | None, p: Params) -> _UnnestedStarts:
+                         shard_key: str | None, p: Params,
+                         shard_keys: Sequence[str] | None = None,
+                         like: Sequence[tuple[NewWorkflow, str]] | None = None
+                         ) -> _UnnestedStarts:
         """New workflows of one key as a row source: the columns go as arrays, so the
-        statement's size does not grow with the batch."""
-        keys = {col: p(val, "text") for col, val in
-                self.wf_values(rows[0][0].workflow_id, shard_key).items()}
+        statement's size does not grow with the batch. With ``shard_keys`` (each row's
+        key) the rows may be of several keys, their key one more column; with ``like``,
+        the columns are those of its rows (a batch of which ``rows`` is a part)."""
+        own: list[str] = []
+        if shard_keys is None:
+            keys = {col: p(val, "text") for col, val in
+                    self.wf_values(rows[0][0].workflow_id, shard_key).items()}
+        else:
+            [key_column] = self.workflow_key_columns
+            keys = {key_column: f"v.{key_column}"}
+            own = [p(list(shard_keys), "text[]")]
         given = [self._status_columns(wf, xid) for wf, xid in rows]
-        columns = [c for c in dict.fromkeys(c for g in given for c in g) if c not in keys]
+        shaped = given if like is None else [self._status_columns(wf, xid) for wf, xid in like]
+        columns = [c for c in dict.fromkeys(c for g in shaped for c in g) if c not in keys]
         columns.append("inputs")
         for g, (wf, _) in zip(given, rows, strict=True):
             g["inputs"] = wf.inputs
         casts = {c: ("text" if c == "attributes" else self.STATUS_CASTS.get(c, "text"))
                  for c in columns}
-        arrays = ", ".join(p.array([g.get(c) for g in given], casts[c]) for c in columns)
+        arrays = ", ".join([*own, *(p.array([g.get(c) for g in given], casts[c])
+                                    for c in columns)])
+        names = [*(keys if own else ()), *columns]
         stored = [c for c in columns if c != "inputs"]
         return _UnnestedStarts(
-            rows=f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(columns)}, ord)",
+            rows=f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS v({', '.join(names)}, ord)",
             stored=", ".join(stored),
             selected=", ".join(f"v.{c}::jsonb" if c == "attributes" else f"v.{c}"
                                for c in stored),
@@ -395,6 +436,14 @@ class WorkflowStatements(StatementBase):
                 _OwnKeys(f", {p(list(shard_keys), 'text[]')}", ", shard_key",
                          f"{alias}.shard_key, "))
 
+    @staticmethod
+    def _any_rows(ids: str) -> str:
+        """Whether a batch has rows (``ids``, the array parameter of its IDs): a condition
+        of no row, which skips a join whole before it reads a table when there are none (a
+        node's batch statement on Citus has a part for each of the node's shards, most of
+        them without rows, see routed writes)."""
+        return f"cardinality({ids}) > 0"
+
     def record_steps(self, rows: Sequence[Checkpoint],
                      shard_keys: Sequence[str] | None = None) -> Query:
         """:meth:`record_step` for a batch of checkpoints of one shard key (under the
@@ -407,6 +456,25 @@ class WorkflowStatements(StatementBase):
         With ``shard_keys`` (each row's key), the rows may be of several keys: for one
         Citus shard's own table, which holds the rows of all its keys (see routed)."""
         p = Params()
+        return Query(self._record_steps_insert(rows, shard_keys, p), p.values)
+
+    def record_steps_parts(self, rows: Sequence[Checkpoint], shard_keys: Sequence[str],
+                           p: Params, prefix: str) -> StatementParts:
+        """:meth:`record_steps` of rows with their keys, as parts of a statement of several
+        (see :class:`StatementParts`); its text is the same for any rows, none included."""
+        landed = f"{prefix}landed"
+        return StatementParts(
+            (f"{landed} AS ({self._record_steps_insert(rows, shard_keys, p)})",),
+            f"SELECT * FROM {landed}")
+
+    def _record_steps_insert(self, rows: Sequence[Checkpoint], shard_keys: Sequence[str] | None,
+                             p: Params) -> str:
+        # Every column goes whatever the rows hold (a child's key is NULL without a child),
+        # so the text is one for every batch.
+        names = ["workflow_uuid", "function_id", "function_name", "owner_xid", "output",
+                 "error", "child_workflow_id",
+                 *(f"child_{c}" for c in self.workflow_key_columns),
+                 "started_at_epoch_ms", "completed_at_epoch_ms", "serialization"]
         given = [{"workflow_uuid": r.workflow_id, "function_id": r.function_id,
                   "function_name": r.function_name, "owner_xid": r.owner_xid,
                   "output": r.output, "error": r.error,
@@ -415,30 +483,27 @@ class WorkflowStatements(StatementBase):
                   "started_at_epoch_ms": r.started_at_ms,
                   "completed_at_epoch_ms": r.completed_at_ms,
                   "serialization": r.serialization} for r in rows]
-        names = list(dict.fromkeys(c for g in given for c in g))
         casts = {"function_id": "integer", "started_at_epoch_ms": "bigint",
                  "completed_at_epoch_ms": "bigint"}
-        arrays = ", ".join(p.array([g.get(c) for g in given], casts.get(c, "text"))
-                           for c in names)
+        refs = {c: p.array([g.get(c) for g in given], casts.get(c, "text")) for c in names}
+        arrays, ids = ", ".join(refs.values()), refs["workflow_uuid"]
         stored = [c for c in names if c != "owner_xid"]
         keys = self._key_values_of("ws")
         columns = [*keys, *stored, "application_name"]
         selected = [*keys.values(), *(f"v.{c}" for c in stored), p(self.app_name, "text")]
         scope, own = self._rows_scope("ws", shard_keys, p)
-        return Query(
-            f"""INSERT INTO {self.table('operation_outputs')} ({', '.join(columns)})
+        return f"""INSERT INTO {self.table('operation_outputs')} ({', '.join(columns)})
                 SELECT {', '.join(selected)}
                 FROM unnest({arrays}{own.arrays})
                   WITH ORDINALITY AS v({', '.join(names)}{own.names}, ord)
                 JOIN {self.table('workflow_status')} ws
                   ON {scope} AND ws.workflow_uuid = v.workflow_uuid
+                     AND {self._any_rows(ids)}
                      AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
                 ORDER BY {own.order}ws.workflow_uuid, v.ord
                 FOR NO KEY UPDATE OF ws
                 {self._checkpoint_conflict()}
-                RETURNING workflow_uuid, function_id{self.key_columns()}""",
-            p.values,
-        )
+                RETURNING workflow_uuid, function_id{self.key_columns()}"""
 
     def fence_verdict(self, workflow_id: str, owner_xid: str) -> Query:
         """Why a fenced write landed nothing: the workflow's status and whether this execution
@@ -530,19 +595,30 @@ class WorkflowStatements(StatementBase):
         With ``shard_keys`` (each row's key), the rows may be of several keys, as
         :meth:`record_steps` takes them."""
         p = Params()
+        parts = self.record_outcomes_parts(rows, now_ms, shard_keys, p, "")
+        return Query(f"WITH {', '.join(parts.ctes)} {parts.rows}", p.values)
+
+    def record_outcomes_parts(self, rows: Sequence[FinalOutcome], now_ms: int,
+                              shard_keys: Sequence[str] | None, p: Params, prefix: str
+                              ) -> StatementParts:
+        """:meth:`record_outcomes` as parts of a statement of several (see
+        :class:`StatementParts`); its text is the same for any rows, none included."""
         names = {"workflow_uuid": "text", "status": "text", "owner_xid": "text",
                  "output": "text", "error": "text"}
-        arrays = ", ".join(p.array([getattr(r, f) for r in rows], cast) for f, cast in zip(
+        refs = [p.array([getattr(r, f) for r in rows], cast) for f, cast in zip(
             ("workflow_id", "status", "owner_xid", "output", "error"), names.values(),
-            strict=True))
+            strict=True)]
+        arrays = ", ".join(refs)
         keys = self._key_values_of("updated")
         output_columns = [*keys, "workflow_uuid", "output", "error"]
         scope, own = self._rows_scope("ws", shard_keys, p)
         same_key = "" if shard_keys is None else " AND updated.shard_key = v.shard_key"
-        return Query(
-            f"""WITH v AS (
+        v, updated = f"{prefix}v", f"{prefix}updated"
+        return StatementParts(
+            (f"""{v} AS (
                   SELECT * FROM unnest({arrays}{own.arrays}) AS v({', '.join(names)}{own.names})
-                ), updated AS (
+                )""",
+             f"""{updated} AS (
                   UPDATE {self.table('workflow_status')} ws
                   SET status = v.status,
                       -- A finished workflow holds no deduplication ID and has no owner.
@@ -550,21 +626,22 @@ class WorkflowStatements(StatementBase):
                       owner_xid = NULL,
                       updated_at = {p(now_ms, 'bigint')},
                       completed_at = {p(now_ms, 'bigint')}
-                  FROM v
+                  FROM {_named(v, 'v')}
                   WHERE {scope} AND ws.workflow_uuid = v.workflow_uuid
+                    AND {self._any_rows(refs[0])}
                     AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
                   RETURNING ws.workflow_uuid{self.key_columns('ws')}
-                ), stored AS (
+                )""",
+             f"""{prefix}stored AS (
                   INSERT INTO {self.table('workflow_output')} ({', '.join(output_columns)})
                   SELECT {', '.join([*keys.values(), 'v.workflow_uuid', 'v.output', 'v.error'])}
-                  FROM v JOIN updated ON updated.workflow_uuid = v.workflow_uuid{same_key}
+                  FROM {_named(v, 'v')} JOIN {_named(updated, 'updated')}
+                    ON updated.workflow_uuid = v.workflow_uuid{same_key}
                   ON CONFLICT ({self.key_conflict('workflow_uuid')})
                     DO UPDATE SET output = EXCLUDED.output, error = EXCLUDED.error
                   RETURNING 1
-                )
-                SELECT workflow_uuid{self.key_columns()} FROM updated""",
-            p.values,
-        )
+                )"""),
+            f"SELECT workflow_uuid{self.key_columns()} FROM {updated}")
 
     # ---- Reads ----
 

@@ -87,7 +87,7 @@ class FencedWrites(RoutedWrites):
 
     async def _lane(self, shard_key: str | None) -> Hashable:
         """The group-commit lane of a write under ``shard_key``: on Citus one per node
-        (the batch goes to the node holding its keys, one program per write, see routed);
+        (the batch goes to the node holding its keys, one statement, see routed);
         on PostgreSQL one for every key (one statement per key, see _fetch_per_key). Each
         batch goes in one round trip."""
         if not self.routes_single_tables:  # decided here: every write asks, Citus or not

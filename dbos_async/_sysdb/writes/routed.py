@@ -7,8 +7,10 @@ would run as a task per table gathered by the node that plans it; here its parts
 statements of their own, each of which Citus sends whole to the node holding the key. They
 run together in one round trip: the caller sends them as a :data:`Program`, which the
 database function ``run_routed`` runs in one transaction, stopping at the first gate that
-does not pass (see sql/sharded/0125_03_functions.sql). The writes of several workflows go
-as one statement of several programs (group commit).
+does not pass (see sql/sharded/0125_03_functions.sql). A group-commit batch of a node's
+starts, checkpoints or outcomes goes as one statement for the node (see
+:meth:`RoutedWrites._batch_on_shards`); where that cannot serve, as one statement of several
+programs.
 
 Each program is sent to the node holding its key's shard, naming that shard's tables rather
 than the distributed ones: there they run as plain PostgreSQL statements, a fraction of the
@@ -51,8 +53,10 @@ from dbos_async._sysdb.statements import (
     FinalOutcome,
     NewWorkflow,
     OutgoingMessage,
+    Params,
     Payload,
     Query,
+    StatementParts,
 )
 from dbos_async.errors import DatabaseUnavailableError
 
@@ -84,6 +88,10 @@ class Step:
 
 Program: TypeAlias = Sequence[Step]
 """The statements of one workflow's write, on one key, run in order in one transaction."""
+
+NodeStatement: TypeAlias = Callable[[list[int], Params, str], StatementParts]
+"""A batch statement of the rows given (their indexes in the batch), built with the
+parameters given, its parts' names prefixed as given (see :class:`StatementParts`)."""
 
 Results: TypeAlias = list[dict[str, Any] | None]
 """What a program's steps returned, one element per step run (None: no row)."""
@@ -189,6 +197,17 @@ async def _fence(conn: PooledConnection, fence: Query, checkpoint: Query | None
     return {"status": owner["status"], "owned": owner["owned"], "inserted": landed}
 
 
+SHARD_SESSION_SETTINGS = {"plan_cache_mode": "force_generic_plan", "enable_seqscan": "off"}
+"""The sessions that run statements on a shard's own tables: each statement is planned
+once, its prepared statement's generic plan serving every call (a node's group-commit
+statement has a part for each of the node's shards, most without rows in a batch, and
+PostgreSQL would plan it anew for each batch, its custom plans looking cheaper, at several
+times the cost of running it); and the rows are found through indexes, never by reading a
+shard's table whole (every statement here locates its rows by key, but on a table as small
+as a shard's a plan fixed at its first call would scan it, a cost growing with the table
+while the batch's does not). Statements on the distributed tables go through the other
+pools: Citus cannot plan all of them generically."""
+
 SHARD_MAP_MAX_AGE = 10.0
 """How old (seconds) the map of which node holds which key may grow before a write reads it
 again: a shard moved meanwhile is still written correctly through its old node (Citus
@@ -203,6 +222,9 @@ class RoutedWrites(DatabaseCore):
         super().__init__(*args, **kwargs)
         self._shard_map: ShardMap | None = None
         self._node_pools: NodePools | None = None
+        # Pools per node for statements naming a shard's own tables (see
+        # SHARD_SESSION_SETTINGS).
+        self._shard_pools: NodePools | None = None
         self._shard_map_lock = asyncio.Lock()
         # Whether writes name a shard's own tables (see run_routed); off for a role that
         # may not take a shard's lock.
@@ -211,8 +233,9 @@ class RoutedWrites(DatabaseCore):
         self._unreached_nodes: set[Host] = set()
 
     async def close(self) -> None:
-        if self._node_pools is not None:
-            await self._node_pools.aclose()
+        for pools in (self._node_pools, self._shard_pools):
+            if pools is not None:
+                await pools.aclose()
         await super().close()
 
     def _fresh(self, stale: ShardMap | None) -> bool:
@@ -237,14 +260,20 @@ class RoutedWrites(DatabaseCore):
                     self._node_pools = NodePools(
                         self.url, size=self._pool_size, connect_timeout=self._connect_timeout,
                         name=self._connection_name)
+                    self._shard_pools = NodePools(
+                        self.url, size=self._pool_size, connect_timeout=self._connect_timeout,
+                        name=self._connection_name, settings=SHARD_SESSION_SETTINGS)
         return self._shard_map
 
-    async def _node_pool(self, shard_key: str | None) -> asyncpg.Pool:
-        """The pool whose server holds ``shard_key``'s shard (the URL's own without one)."""
+    async def _node_pool(self, shard_key: str | None, on_shards: bool = False
+                         ) -> asyncpg.Pool:
+        """The pool whose server holds ``shard_key``'s shard (the URL's own without one);
+        ``on_shards``: for statements naming a shard's own tables."""
         shards = await self._current_shard_map()
-        if shards is None or shard_key is None or self._node_pools is None:
+        pools = self._shard_pools if on_shards else self._node_pools
+        if shards is None or shard_key is None or pools is None:
             return self.pool
-        return await self._node_pools.pool_for(shards.node_of(shard_key))
+        return await pools.pool_for(shards.node_of(shard_key))
 
     async def node_of(self, shard_key: str | None) -> Hashable:
         """Which node runs ``shard_key``'s writes: one group-commit lane per node."""
@@ -326,7 +355,7 @@ class RoutedWrites(DatabaseCore):
             placed = [await self._placed(key, stale) for key in shard_keys]
             shards = placed[0][0]
             try:
-                return await send(await self._node_pool(shard_keys[0]),
+                return await send(await self._node_pool(shard_keys[0], on_shards=True),
                                   [shard for _, shard in placed])
             except asyncpg.InsufficientPrivilegeError as error:
                 logger.warning("Writing on the Citus shards' own tables is refused (%s); "
@@ -334,7 +363,8 @@ class RoutedWrites(DatabaseCore):
                 self._writes_on_shards = False
                 break
             except asyncpg.PostgresError as error:
-                if error.sqlstate != SHARD_MOVED:
+                # A shard's table gone from the node: moved, its old copy dropped since.
+                if error.sqlstate not in (SHARD_MOVED, asyncpg.UndefinedTableError.sqlstate):
                     raise
                 stale = shards
         return await send(await self._node_pool(shard_keys[0]), [None] * len(shard_keys))
@@ -424,18 +454,18 @@ class RoutedWrites(DatabaseCore):
 
         return await (self._retried(what, attempt) if retried else self._once(what, attempt))
 
-    async def _batch_on_shards(self, keys: Sequence[str],
-                               statement: Callable[[list[int]], Query], what: str
+    async def _batch_on_shards(self, keys: Sequence[str], statement: NodeStatement, what: str
                                ) -> Mapping[str | None, Sequence[Row] | Exception] | None:
         """A group-commit batch of one node (row ``i`` under ``keys[i]``) as one statement
-        per shard, ``statement`` of the rows given, all of them in one call of
-        ``run_routed``, one round trip: on a shard's own tables a statement may write the
-        rows of every key of the shard, as the statement of one key does on PostgreSQL
-        (see ``record_steps``). The call takes every shard's lock and placement check
-        first, so it is as strict as the statements it replaces, and the shards go in ID
-        order, as every batch locks them. By key, the rows its statement returned, or the
-        error that ended the batch; None where no shard can be named (the caller then
-        sends a program per write)."""
+        whatever its keys: ``statement`` of each shard's rows, for every shard of the node
+        (none for most), on the shard's own tables, where a statement may write the rows of
+        every key of the shard, as the statement of one key does on PostgreSQL (see
+        ``record_steps``). The text is one per node, so one prepared statement and plan
+        serve every batch. It takes the lock and placement check of the batch's shards
+        first (see :meth:`~dbos_async._sysdb.statements.RoutedStatements.on_node`), so it
+        is as strict as the statements it replaces. By key, the rows the statement
+        returned, or the error that ended the batch; None where no shard can be named (the
+        caller then sends a program per write)."""
         distinct = sorted(set(keys))
 
         async def send(pool: asyncpg.Pool, placed: list[ShardInterval | None]
@@ -448,23 +478,38 @@ class RoutedWrites(DatabaseCore):
             groups: dict[int, list[int]] = {}
             for i, key in enumerate(keys):
                 groups.setdefault(shard_of[key].shard_id, []).append(i)
-            order = sorted(groups)
-            program = [step for shard in order for step in _on_shard(
-                [Step(statement(groups[shard]), many=True)], self.sql.schema,
-                shard_of[keys[groups[shard][0]]])]
-            q = self.sql.run_routed_on_shards(distinct[0], encode(program), order)
+            q = self._node_statement(shard_of[distinct[0]].node,
+                                     [shard_of[key] for key in distinct], groups, statement)
             found: dict[str | None, list[Row]] = {key: [] for key in distinct}
-            for rows in json.loads(await pool.fetchval(q.sql, *q.params)):
-                for r in rows:
-                    found[r["shard_key"]].append(r)
+            for r in await pool.fetch(q.sql, *q.params):
+                found[r["shard_key"]].append(r)
             return {**found}
 
+        what = await self._on_node(distinct[0], what)
         try:
             return await self._retried(what, lambda: self._on_shards(distinct, send))
         except asyncpg.PostgresError:
             return None  # refused whole: a program per write, so a bad one fails alone
         except Exception as error:
             return dict.fromkeys(distinct, error)
+
+    def _node_statement(self, node: Host, batch: Sequence[ShardInterval],
+                        groups: Mapping[int, list[int]], statement: NodeStatement) -> Query:
+        """:meth:`_batch_on_shards`' statement on ``node``: ``statement`` of the rows of each
+        of the node's shards (``groups``: by shard, its rows' indexes), in shard order,
+        each naming its shard's tables, with the lock and check of the batch's shards."""
+        shards = {shard.shard_id: shard for shard in batch}
+        if self._shard_map is not None:
+            shards |= {shard.shard_id: shard for shard in self._shard_map.shards
+                       if shard.node == node and shard.shard_id not in shards}
+        p = Params()
+        parts = []
+        for n, shard_id in enumerate(sorted(shards)):
+            part = statement(groups.get(shard_id, []), p, f"s{n}_")
+            named = functools.partial(_shard_sql, schema=self.sql.schema,
+                                      colocated=shards[shard_id].colocated)
+            parts.append(StatementParts(tuple(map(named, part.ctes)), named(part.rows)))
+        return self.sql.on_node(sorted(groups), parts, p)
 
     def _fenced_program(self, workflow_id: str, owner_xid: str, writes: Sequence[Query],
                         checkpoint: Query | None = None) -> Program:
