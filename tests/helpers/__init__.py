@@ -184,30 +184,44 @@ async def take_executor_id_away(url: str, dbos: DBOS) -> None:
         await taker.close()
 
 
+async def _system_pools(sysdb: Any) -> list[Any]:
+    """The system database's pools: its own and, on Citus, every node's routed and shard
+    pools (opened here, so that the first batch a node runs is logged too)."""
+    pools = [sysdb.pool]
+    shards = await sysdb._current_shard_map()
+    if shards is not None:
+        for node_pools in (sysdb._node_pools, sysdb._shard_pools):
+            for node in {shard.node for shard in shards.shards}:
+                pools.append(await node_pools.pool_for(node))
+    return pools
+
+
+async def _each_connection(pools: list[Any], action: Callable[[Any], None]) -> None:
+    """``action`` on every connection of ``pools`` (each pool filled to its size)."""
+    for pool in pools:
+        held = [await pool.acquire() for _ in range(pool.get_max_size())]
+        for conn in held:
+            action(conn)
+        for conn in held:
+            await pool.release(conn)
+
+
 @contextlib.asynccontextmanager
 async def pool_statements(dbos: DBOS | DBOSClient) -> Any:
-    """The statements (text and arguments) the executor's (or client's) pool sends inside
-    the block, as a list filled in as they go."""
+    """The statements (text and arguments) the executor's (or client's) pools send inside
+    the block, as a list filled in as they go (on Citus, the nodes' pools too)."""
     logged: list[tuple[str, tuple[Any, ...]]] = []
 
     def log(record: Any) -> None:
         logged.append((record.query, tuple(record.args)))
 
     sysdb = dbos._system_database if isinstance(dbos, DBOS) else dbos._peer().system_database
-    pool = sysdb.pool
-    held = [await pool.acquire() for _ in range(pool.get_max_size())]
-    for conn in held:
-        conn.add_query_logger(log)
-    for conn in held:
-        await pool.release(conn)
+    pools = await _system_pools(sysdb)
+    await _each_connection(pools, lambda conn: conn.add_query_logger(log))
     try:
         yield logged
     finally:
-        held = [await pool.acquire() for _ in range(pool.get_max_size())]
-        for conn in held:
-            conn.remove_query_logger(log)
-        for conn in held:
-            await pool.release(conn)
+        await _each_connection(pools, lambda conn: conn.remove_query_logger(log))
 
 
 async def count_workflows(url: str) -> int:
