@@ -76,8 +76,8 @@ class PrometheusMetrics:
             does.
 
     Raises:
-        InvalidArgumentError: a window that is not a positive number of seconds, or
-            ``aggregates`` neither an operator nor a function.
+        InvalidArgumentError: a window that is not a positive number of seconds,
+            ``aggregates`` neither an operator nor a function, or ``executor`` not a bool.
         MissingExtraError: the ``prometheus`` extra is not installed.
     """
 
@@ -92,6 +92,9 @@ class PrometheusMetrics:
             raise InvalidArgumentError(
                 "aggregates", f"must be a DBOS, a DBOSClient or a function returning one, "
                               f"not {type(aggregates).__name__}")
+        if not isinstance(executor, bool):
+            raise InvalidArgumentError("executor",
+                                       f"must be True or False, not {executor!r}")
         self._aggregates = aggregates
         self._window_ms = int(window_seconds * 1000)
         self._reader: InMemoryMetricReader | None = None
@@ -202,13 +205,21 @@ def _histogram(distribution: _metrics.Distribution,
     family = HistogramMetricFamily(_family_name(m.name, m.unit), m.description,
                                    labels=[prometheus_name(m.keys[i]) for i in order])
     for point in points:
-        cumulative, buckets = 0, []
-        for bound, count in zip(distribution.bounds, point.buckets, strict=False):
-            cumulative += count
-            buckets.append((repr(float(bound)), cumulative))
-        buckets.append(("+Inf", point.count))
-        family.add_metric([point.attributes[i] for i in order], buckets, point.sum)
+        family.add_metric([point.attributes[i] for i in order],
+                          _buckets(distribution.bounds, point.buckets, point.count), point.sum)
     return family
+
+
+def _buckets(bounds: Iterable[float], counts: Iterable[int],
+             total: int) -> list[tuple[str, float]]:
+    """Prometheus's cumulative buckets (``le``, values up to it) from the values per
+    bucket, ending with ``+Inf``, all ``total`` of them."""
+    cumulative, buckets = 0, []
+    for bound, count in zip(bounds, counts, strict=False):
+        cumulative += count
+        buckets.append((repr(float(bound)), float(cumulative)))
+    buckets.append(("+Inf", float(total)))
+    return buckets
 
 
 class _Families:
@@ -255,12 +266,8 @@ def _family(metric: Any) -> list[Metric]:
     if isinstance(data, Histogram):
         family = HistogramMetricFamily(name, metric.description or "", labels=labels)
         for p in points:
-            cumulative, buckets = 0, []
-            for bound, count in zip(p.explicit_bounds, p.bucket_counts, strict=False):
-                cumulative += count
-                buckets.append((repr(float(bound)), cumulative))
-            buckets.append(("+Inf", p.count))
-            family.add_metric(values(p), buckets, p.sum)
+            family.add_metric(values(p), _buckets(p.explicit_bounds, p.bucket_counts,
+                                                  p.count), p.sum)
     elif isinstance(data, Sum) and data.is_monotonic:
         family = CounterMetricFamily(name, metric.description or "", labels=labels)
         for p in points:

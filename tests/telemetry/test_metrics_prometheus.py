@@ -202,3 +202,5 @@ def test_bad_arguments_are_refused() -> None:
             PrometheusMetrics(window_seconds=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match=r"aggregates.*not str"):
         PrometheusMetrics(aggregates="postgresql://")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"executor.*not 'no'"):
+        PrometheusMetrics(executor="no")  # type: ignore[arg-type]
