@@ -34,7 +34,10 @@ try:
     from opentelemetry import metrics as otel_metrics
     from opentelemetry.metrics import Observation
 
-    # The API's stand-in until the application sets a provider: no OpenTelemetry export.
+    # The API's global provider, None until set (read directly: the public getter looks
+    # the environment up while it is None, a microsecond per hook with metrics off), and
+    # its stand-in until the application sets a provider: no OpenTelemetry export.
+    from opentelemetry.metrics import _internal as otel_global
     from opentelemetry.metrics._internal import _ProxyMeterProvider
 except ImportError:  # the `otel` extra is not installed: no OpenTelemetry export
     otel_metrics = None  # type: ignore[assignment]
@@ -316,29 +319,36 @@ def _export_to(provider: MeterProvider, store: Metrics) -> None:
 
 
 _store = Metrics()
-_recording = False
-_provider: object = None
-"""The global meter provider last seen: a new one that is the SDK's is exported to."""
+_current: Metrics | None = None
+"""The store while recording is on."""
+_UNSEEN = object()
+_provider: object = _UNSEEN
+"""The API's global meter provider when last looked at (None while unset)."""
 
 
 def current() -> Metrics | None:
     """The store while recording is on, else None."""
-    global _provider, _recording
-    if otel_metrics is not None:
-        provider = otel_metrics.get_meter_provider()
-        if provider is not _provider:
-            _provider = provider
-            if not isinstance(provider, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider):
-                _export_to(provider, _store)
-                _recording = True
-    return _store if _recording else None
+    if otel_metrics is not None and otel_global._METER_PROVIDER is not _provider:
+        _see_meter_provider()
+    return _current
+
+
+def _see_meter_provider() -> None:
+    """Export to the application's meter provider, if it is the SDK's (the getter also
+    loads one the environment configures), and record from now on."""
+    global _provider, _current
+    provider = otel_metrics.get_meter_provider()
+    if not isinstance(provider, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider):
+        _export_to(provider, _store)
+        _current = _store
+    _provider = otel_global._METER_PROVIDER
 
 
 def enable() -> Metrics:
     """Turn recording on for an exporter that reads the store itself (the Prometheus
     endpoint), with or without a meter provider; it stays on for the process."""
-    global _recording
-    _recording = True
+    global _current
+    _current = _store
     return _store
 
 
