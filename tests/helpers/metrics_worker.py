@@ -24,8 +24,9 @@ Scenarios:
   port (with the database's aggregates) until the process is stopped; it prints
   ``serving PORT SDK`` once it answers, SDK ``True`` if the SDK's metrics were imported;
 - ``compare``: the workload under both exporters, a meter provider given the endpoint's
-  reader and the endpoint; prints ``{"store": TEXT, "sdk": TEXT}``, the executor's
-  metrics rendered from the store and the same rendered from what the SDK collected.
+  reader (with a counter of the application's own, ``shop.orders``, at 2) and the
+  endpoint; prints ``{"store": TEXT, "sdk": TEXT}``, the endpoint's scrape and the
+  executor's metrics rendered from what the SDK collected.
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ async def compare(url: str) -> dict[str, str]:
 
     prometheus = PrometheusMetrics()
     metrics.set_meter_provider(MeterProvider(metric_readers=[prometheus.reader]))
+    # The application's own metric, which the reader is for.
+    metrics.get_meter("shop").create_counter("shop.orders", "{order}", "Orders").add(2)
     await workload(url, None)
     rendered = (await prometheus.render()).decode()
     data = prometheus.reader.get_metrics_data()

@@ -110,13 +110,16 @@ async def test_the_executor_metrics_scraped_from_aiohttp(worker: str) -> None:
 def test_the_store_renders_what_the_sdk_did(database_url: str) -> None:
     """The workload under a meter provider given the endpoint's reader: the executor's
     metrics rendered from the store are those rendered, as before, from what the SDK
-    collected (names, labels, help, types, every sample), and appear once."""
+    collected (names, labels, help, types, every sample), and appear once; the
+    application's own metric comes through the reader."""
     proc = subprocess.run([sys.executable, str(WORKER), database_url, "compare"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     texts = json.loads(proc.stdout)
     store = {f.name: f for f in text_string_to_metric_families(texts["store"])}
     sdk = {f.name: f for f in text_string_to_metric_families(texts["sdk"])}
+    [orders] = store.pop("shop_orders").samples
+    assert (orders.name, orders.value) == ("shop_orders_total", 2)
     assert store.keys() == sdk.keys() and "dbos_step_duration_seconds" in store
     for family_name, family in sdk.items():
         assert (store[family_name].documentation, store[family_name].type) == (
