@@ -366,15 +366,18 @@ def _forget_closed() -> None:
 # ---- The call sites' one-liners (each a no-op while metrics are off) ----
 
 
-def workflow_started(name: str) -> None:
-    if (m := current()) is not None:
+def workflow_started(m: Instruments | None, name: str) -> None:
+    """A run's start, counted by the instruments of its run (``m``, None while metrics
+    are off)."""
+    if m is not None:
         m.workflows_started.add(1, name)
 
 
-def workflow_finished(name: str, status: str, seconds: float) -> None:
-    """A run's end: ``status`` SUCCESS, ERROR or CANCELLED (a run interrupted by shutdown
-    is PENDING and counts as none of them, but its run time is recorded)."""
-    if (m := current()) is None:
+def workflow_finished(m: Instruments | None, name: str, status: str, seconds: float) -> None:
+    """A run's end, counted by the instruments of its run (``m``): ``status`` SUCCESS,
+    ERROR or CANCELLED (a run interrupted by shutdown is PENDING and counts as none of
+    them, but its run time is recorded)."""
+    if m is None:
         return
     if status == "SUCCESS":
         m.workflows_completed.add(1, name)
@@ -391,9 +394,11 @@ def workflows_recovered(names: Iterable[str]) -> None:
             m.workflows_recovered.add(1, name)
 
 
-def step_finished(name: str, attempt: int, status: str, seconds: float) -> None:
-    """Attempt ``attempt`` (from 1) of a step ended: SUCCESS or ERROR."""
-    if (m := current()) is None:
+def step_finished(m: Instruments | None, name: str, attempt: int, status: str,
+                  seconds: float) -> None:
+    """Attempt ``attempt`` (from 1) of a step ended: SUCCESS or ERROR (counted by ``m``,
+    the instruments of its run)."""
+    if m is None:
         return
     m.step_attempts.add(1, name)
     if attempt > 1:
@@ -401,9 +406,10 @@ def step_finished(name: str, attempt: int, status: str, seconds: float) -> None:
     m.step_duration.record(seconds, name, status)
 
 
-def queue_waits(queue: str, waited_ms: Iterable[int | None]) -> None:
-    """A claim of ``queue`` started workflows that waited ``waited_ms`` each."""
-    if (m := current()) is not None:
+def queue_waits(m: Instruments | None, queue: str, waited_ms: Iterable[int | None]) -> None:
+    """A claim of ``queue`` started workflows that waited ``waited_ms`` each (counted by
+    ``m``, the instruments of the claim round)."""
+    if m is not None:
         for waited in waited_ms:
             if waited is not None:
                 m.claim_latency.record(max(0, waited) / 1000, queue)

@@ -15,8 +15,7 @@ the call, before anything is written.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
@@ -64,6 +63,8 @@ class Authentication:
         """The identity a workflow row records, read as every DBOS SDK writes it: DBOS's
         TypeScript client records "nobody" as an empty user and role and an empty JSON
         list of roles, the ``dbos`` package as NULLs; both read as none."""
+        if not (user or roles_json or assumed_role):  # most rows: nobody
+            return NO_AUTHENTICATION
         return cls(user or None, roles_from_column(roles_json), assumed_role or None)
 
 
@@ -96,15 +97,21 @@ def current_authentication() -> Authentication:
     return _authentication.get()
 
 
-@contextmanager
-def running_as(authentication: Authentication) -> Iterator[None]:
+class running_as:
     """Run the block under ``authentication`` (a workflow body, a step with required
-    roles)."""
-    token = _authentication.set(authentication)
-    try:
-        yield
-    finally:
-        _authentication.reset(token)
+    roles). A plain class, cheaper to enter than a generator's context manager: it wraps
+    every workflow body."""
+
+    __slots__ = ("_authentication", "_token")
+
+    def __init__(self, authentication: Authentication) -> None:
+        self._authentication = authentication
+
+    def __enter__(self) -> None:
+        self._token = _authentication.set(self._authentication)
+
+    def __exit__(self, *exc: object) -> None:
+        _authentication.reset(self._token)
 
 
 class SetAuthentication:

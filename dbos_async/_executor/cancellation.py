@@ -114,11 +114,12 @@ class CancellationWatcher:
         self._contexts.setdefault(_waiter(ctx), []).append(ctx)
 
     def detach(self, ctx: Execution) -> None:
-        contexts = self._contexts.get(_waiter(ctx))
+        waiter = _waiter(ctx)
+        contexts = self._contexts.get(waiter)
         if contexts is not None:
             contexts[:] = [c for c in contexts if c is not ctx]
             if not contexts:
-                del self._contexts[_waiter(ctx)]
+                del self._contexts[waiter]
 
     def _add(self, region: Region) -> None:
         self._regions.setdefault(region.waiter, set()).add(region)

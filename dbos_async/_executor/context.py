@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+from dbos_async import _metrics as metrics
 from dbos_async._executor.authentication import NO_AUTHENTICATION, Authentication, running_as
 from dbos_async._sysdb.database import StepRecord
 from dbos_async._sysdb.shard_keys import WorkflowAddress
@@ -20,7 +21,20 @@ from dbos_async._validation import check_identifier, check_jsonb, check_seconds
 from dbos_async.errors import DBOSError, InvalidArgumentError
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
     from dbos_async._executor.runtime import Runtime
+
+
+class Telemetry(NamedTuple):
+    """What a workflow run reports to: the instruments of the application's meter provider
+    and the tracer of its tracer provider (each None while off). Read once for a run (for
+    a claim round's runs, once for the round) and kept in its context: its start, its end
+    and its steps report to the same ones, and the providers are not looked up again for
+    each (an unset provider is looked up in the environment)."""
+
+    instruments: metrics.Instruments | None
+    tracer: Tracer | None
 
 
 @dataclass
@@ -47,6 +61,8 @@ class WorkflowContext:
     # Whether this execution created the workflow (no earlier one can have run any of it):
     # its transactions need not look for outcomes an earlier one recorded.
     first_run: bool = field(default=False)
+    # What the run and its steps report to (read at its launch, or when its run begins).
+    telemetry: Telemetry | None = field(default=None)
 
     def routed(self) -> AbstractContextManager[None]:
         """Route the statements of this execution by its own key, whatever its starter had
@@ -156,23 +172,31 @@ def workflow_of_step() -> WorkflowContext | None:
     return _workflow.get() if _step.get() is not None else None
 
 
-@contextmanager
-def running_workflow(ctx: WorkflowContext) -> Iterator[None]:
-    token = _workflow.set(ctx)
-    step_token = _step.set(None)
-    # Attributes and shard keys are not inherited by the workflow's children.
-    attributes_token = _attributes.set(None)
-    added_token = _added_attributes.set(None)
-    key_token = _shard_key.set(None)
-    try:
-        with running_as(ctx.authentication):
-            yield
-    finally:
-        _shard_key.reset(key_token)
-        _added_attributes.reset(added_token)
-        _attributes.reset(attributes_token)
-        _step.reset(step_token)
-        _workflow.reset(token)
+class running_workflow:
+    """Mark the block as the body of ``ctx``'s workflow, run under its identity. A plain
+    class, cheaper to enter than a generator's context manager: it wraps every workflow
+    body."""
+
+    __slots__ = ("_ctx", "_identity", "_tokens")
+
+    def __init__(self, ctx: WorkflowContext) -> None:
+        self._ctx = ctx
+        self._identity = running_as(ctx.authentication)
+
+    def __enter__(self) -> None:
+        # Attributes and shard keys are not inherited by the workflow's children.
+        self._tokens = (_workflow.set(self._ctx), _step.set(None), _attributes.set(None),
+                        _added_attributes.set(None), _shard_key.set(None))
+        self._identity.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._identity.__exit__()
+        workflow, step, attributes, added, key = self._tokens
+        _shard_key.reset(key)
+        _added_attributes.reset(added)
+        _attributes.reset(attributes)
+        _step.reset(step)
+        _workflow.reset(workflow)
 
 
 def running_step(step_id: int | None) -> StepContext:

@@ -22,7 +22,7 @@ import json
 import pickle
 from collections.abc import Callable, Collection
 from enum import StrEnum
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 from pydantic import PydanticUserError, TypeAdapter, ValidationError
@@ -313,11 +313,16 @@ class Signature:
             # back as plain JSON rather than failing the workflow.
             return {}
 
+    @cached_property
+    def _adapters(self) -> dict[str, TypeAdapter[Any] | None]:
+        """The adapter of each annotated name looked up so far (None: not checked)."""
+        return {}
+
     def _adapter(self, name: str) -> TypeAdapter[Any] | None:
         hint = self._hints.get(name)
         if hint is None or hint is Any:
             return None
-        adapters: dict[str, TypeAdapter[Any] | None] = self.__dict__.setdefault("_adapters", {})
+        adapters = self._adapters
         if name not in adapters:
             try:
                 adapters[name] = TypeAdapter(hint)
@@ -327,14 +332,17 @@ class Signature:
                 adapters[name] = None
         return adapters[name]
 
-    def coerce(self, name: str, value: Any, what: str) -> Any:
+    def coerce(self, name: str, value: Any, what: str | Callable[[], str]) -> Any:
+        """``value`` validated against the annotation of ``name`` (``what`` names it in
+        the error; a callable, to build that name only if there is one)."""
         adapter = self._adapter(name)
         if adapter is None:
             return value
         try:
             return adapter.validate_python(value)
         except ValidationError as error:
-            raise SerializationError(f"{what} does not match its annotation: {error}") from None
+            label = what if isinstance(what, str) else what()
+            raise SerializationError(f"{label} does not match its annotation: {error}") from None
 
     @cached_property
     def _checks_arguments(self) -> bool:
@@ -411,11 +419,14 @@ class Signature:
         if not self._checks_arguments:  # nothing to coerce: no parameter to look up
             return tuple(positional), named
         names, keywords = self._parameter_names(len(positional), named)
-        args = tuple(self.coerce(name, value, f"argument {index} of {self.qualname}")
+        args = tuple(self.coerce(name, value, partial(self._argument_label, index))
                      for index, (name, value) in enumerate(zip(names, positional, strict=True)))
-        kwargs = {k: self.coerce(keywords[k], v, f"argument {k!r} of {self.qualname}")
+        kwargs = {k: self.coerce(keywords[k], v, partial(self._argument_label, repr(k)))
                   for k, v in named.items()}
         return args, kwargs
+
+    def _argument_label(self, position: int | str) -> str:
+        return f"argument {position} of {self.qualname}"
 
     def serialize_result(self, value: Any, formats: Formats,
                          serialization: str | None = None) -> Payload:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dbos_async._executor.authentication import NO_AUTHENTICATION, Authentication, authorize
-from dbos_async._executor.context import WorkflowContext, running_workflow
+from dbos_async._executor.context import Telemetry, WorkflowContext, running_workflow
 from dbos_async._executor.handles import outcome_value
 from dbos_async._executor.recorded_errors import recorded_error
 from dbos_async._executor.registry import WorkflowInfo
@@ -39,6 +39,12 @@ from dbos_async.errors import (
 logger = logging.getLogger("dbos_async")
 
 
+def _seen(result: asyncio.Future[Any]) -> None:
+    """Mark an unawaited failure as seen: the outcome is in the database either way."""
+    if not result.cancelled():
+        result.exception()
+
+
 @dataclass
 class Execution:
     """A workflow body running in this process."""
@@ -50,8 +56,7 @@ class Execution:
     queue's claim loop frees the workflow's worker slot there)."""
 
     def __post_init__(self) -> None:
-        # Mark an unawaited failure as seen: the outcome is in the database either way.
-        self.result.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.result.add_done_callback(_seen)
 
     def body_ended(self) -> None:
         callback, self.on_body_end = self.on_body_end, None
@@ -73,13 +78,16 @@ def launch(
     authentication: Authentication = NO_AUTHENTICATION,
     serialization: str | None = None,
     first_run: bool = False,
+    telemetry: Telemetry | None = None,
 ) -> Execution:
     """Run a workflow body this execution owns, as a task of the runtime (``attributes``:
     its stored attributes, which may carry the trace its span continues; ``authentication``:
-    the identity it runs under; ``serialization``: the format of its row)."""
+    the identity it runs under; ``serialization``: the format of its row; ``telemetry``:
+    what it reports to, if read already, e.g. once for a claim round's workflows)."""
     execution = Execution(info)
     ctx = WorkflowContext(runtime, workflow_id, owner_xid, checkpoints, deadline_epoch_ms,
-                          shard_key, authentication, serialization, first_run=first_run)
+                          shard_key, authentication, serialization, first_run=first_run,
+                          telemetry=telemetry)
     runtime.track(workflow_id, shard_key, execution.result)
     runtime.cancellation.attach(ctx)
     runtime.workflows.spawn(_run(ctx, execution, args, kwargs, attributes),
@@ -87,9 +95,11 @@ def launch(
     return execution
 
 
-async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow) -> Execution:
+async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow,
+                         telemetry: Telemetry | None = None) -> Execution:
     """Run a workflow this executor has just claimed (by recovery or from a queue) from its
     checkpoints; raises :class:`DBOSError` if its inputs or instance cannot be resolved.
+    ``telemetry``: what it reports to, if read already (once for a claim round).
 
     Its recorded identity is checked against the roles it requires (a client or another
     SDK may have enqueued it without them): refused, it ends ``ERROR`` with
@@ -114,7 +124,7 @@ async def launch_claimed(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow)
             checkpoints = await runtime.system_database.load_checkpoints(row.workflow_id)
     return launch(runtime, info, row.workflow_id, row.owner_xid, args, kwargs, checkpoints,
                   row.deadline_epoch_ms, row.shard_key, row.attributes, authentication,
-                  row.serialization or PORTABLE_JSON)
+                  row.serialization or PORTABLE_JSON, telemetry=telemetry)
 
 
 async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_xid: str,
@@ -133,38 +143,35 @@ async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_
 
 async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
                kwargs: dict[str, Any], attributes: str | None) -> None:
+    runtime, workflow_id = ctx.runtime, ctx.workflow_id
+    future = execution.result
     # Everything the workflow writes, its outcome included, waits out a database outage:
     # an infrastructure error is never its outcome (see dbos_async/_sysdb/retry.py).
     with ctx.routed(), outlasting_outages(), observe.workflow_run(
-            ctx, execution.info.name, execution.result, attributes):
-        await _execute(ctx, execution, args, kwargs)
-
-
-async def _execute(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> None:
-    runtime, workflow_id = ctx.runtime, ctx.workflow_id
-    future = execution.result
-    try:
-        value = await _body_within_deadline(ctx, execution, args, kwargs)
-    except asyncio.CancelledError:
-        # The executor is shutting down: the workflow stays PENDING and resumes on recovery.
-        future.set_exception(DBOSError(
-            f"Workflow {workflow_id!r} was interrupted by executor shutdown; it resumes "
-            "from its last checkpoint when an executor recovers it"
-        ))
-        raise
-    except _DeadlineExceeded:
-        with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
-            await runtime.system_database.cancel([workflow_id], children=False)
-        runtime.notify_completion(workflow_id, ctx.shard_key)
-        future.set_exception(WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
-    except Exception as error:
-        await _finish(ctx, execution, error=error)
-    else:
-        await _finish(ctx, execution, value=value)
-    finally:
-        runtime.untrack(workflow_id, ctx.shard_key, future)
-        runtime.cancellation.detach(ctx)
+            ctx, execution.info.name, future, attributes):
+        try:
+            value = await _body_within_deadline(ctx, execution, args, kwargs)
+        except asyncio.CancelledError:
+            # The executor is shutting down: the workflow stays PENDING and resumes on
+            # recovery.
+            future.set_exception(DBOSError(
+                f"Workflow {workflow_id!r} was interrupted by executor shutdown; it resumes "
+                "from its last checkpoint when an executor recovers it"
+            ))
+            raise
+        except _DeadlineExceeded:
+            with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
+                await runtime.system_database.cancel([workflow_id], children=False)
+            runtime.notify_completion(workflow_id, ctx.shard_key)
+            future.set_exception(WorkflowCancelledError(workflow_id,
+                                                        "cancelled: its deadline passed"))
+        except Exception as error:
+            await _finish(ctx, execution, error=error)
+        else:
+            await _finish(ctx, execution, value=value)
+        finally:
+            runtime.untrack(workflow_id, ctx.shard_key, future)
+            runtime.cancellation.detach(ctx)
 
 
 class _DeadlineExceeded(Exception):
@@ -196,7 +203,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
     runtime, workflow_id, future = ctx.runtime, ctx.workflow_id, execution.result
     sysdb = runtime.system_database
     try:
-        if _stops_execution(ctx, error):
+        if error is not None and _stops_execution(ctx, error):
             recorded = False
         elif error is not None:
             # The caller gets the failure as a replay will: in its recorded form.
@@ -233,7 +240,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
             future.set_exception(failure)
 
 
-def _stops_execution(ctx: WorkflowContext, error: Exception | None) -> bool:
+def _stops_execution(ctx: WorkflowContext, error: Exception) -> bool:
     """Whether ``error`` is this workflow being cancelled or taken over, or this executor
     losing its ID (nothing to record: the status says it, or the new holder recovers it).
     Another workflow's cancellation, met by awaiting its handle, is a failure like any

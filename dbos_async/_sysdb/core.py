@@ -136,6 +136,11 @@ class DatabaseCore:
         if self.notifications is not None:
             self.notifications.notify(channel, key)
 
+    def notify_each(self, channel: str, keys: Sequence[str]) -> None:
+        """:meth:`notify` of each of ``keys`` on ``channel`` (a batch's writes)."""
+        if self.notifications is not None:
+            self.notifications.notify_each(channel, keys)
+
     def announce_insert(self, key: str) -> None:
         """Announce a committed insert of a workflow ENQUEUED or DELAYED (``key``: its
         queue, or the queue watchers' key): wake the waiters here now and, unless the

@@ -715,9 +715,9 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
                 found = await self._fetch_per_key(statements, what)
             verdicts = batch_verdicts(rows, found, lambda key, r: (key, r.workflow_id),
                                  lambda r: (r.get("shard_key"), r["workflow_uuid"]))
-        for (key, row), landed in zip(rows, verdicts, strict=True):
-            if landed is True:
-                self.notify(WORKFLOW_COMPLETION_CHANNEL, keyed(row.workflow_id, key))
+        self.notify_each(WORKFLOW_COMPLETION_CHANNEL, [
+            keyed(row.workflow_id, key)
+            for (key, row), landed in zip(rows, verdicts, strict=True) if landed is True])
         return verdicts
 
     async def _write_outcome(self, key: str | None, r: FinalOutcome) -> bool:

@@ -31,11 +31,12 @@ class StepRecord:
     child_shard_key: str | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class WorkflowRow:
     """The columns of workflow_status that every statement returning a workflow to run or
     report has: the start and claim statements (start, queues, recovery) and the status
-    reads."""
+    reads. Not frozen: a claim builds one per workflow it starts, and a frozen dataclass
+    takes twice as long to build; nothing changes one once read."""
 
     workflow_id: str
     status: str
@@ -64,7 +65,7 @@ class WorkflowRow:
     queued_ms: int | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class StatusRecord(WorkflowRow):
     """A workflow's whole status row, as the status reads (``status_select``) return it,
     under the field names of the executor's WorkflowStatus. ``attributes`` is the jsonb as

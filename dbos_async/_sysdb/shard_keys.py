@@ -10,7 +10,7 @@ IDs are unique only per key, so a binding is what tells two same-ID workflows ap
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
 from typing import NamedTuple, TypeVar
@@ -105,16 +105,31 @@ class WorkflowAddress(NamedTuple):
     workflow_id: str
     shard_key: str | None
 
-    @contextmanager
-    def routed(self) -> Iterator[None]:
+    def routed(self) -> AbstractContextManager[None]:
         """Statements naming this workflow's ID route by its key alone inside the block,
         whatever the surrounding context bound to the same ID: cleared, then bound to
         this workflow's key alone (both at once: a workflow's body runs in this block)."""
-        bound = _bound.set(MappingProxyType(
-            _checked_bindings({self.workflow_id: self.shard_key})))
-        scope = _scope.set(None)
-        try:
-            yield
-        finally:
-            _scope.reset(scope)
-            _bound.reset(bound)
+        return _Routed(self.workflow_id, self.shard_key)
+
+
+_UNBOUND: Mapping[str, str] = MappingProxyType({})
+
+
+class _Routed:
+    """The block of :meth:`WorkflowAddress.routed`: a plain class, cheaper to enter than a
+    generator's context manager (every workflow run enters one)."""
+
+    __slots__ = ("_bound", "_scope", "_shard_key", "_workflow_id")
+
+    def __init__(self, workflow_id: str, shard_key: str | None) -> None:
+        self._workflow_id = workflow_id
+        self._shard_key = shard_key
+
+    def __enter__(self) -> None:
+        given = _checked_bindings({self._workflow_id: self._shard_key})
+        self._bound = _bound.set(MappingProxyType(given) if given else _UNBOUND)
+        self._scope = _scope.set(None)
+
+    def __exit__(self, *exc: object) -> None:
+        _scope.reset(self._scope)
+        _bound.reset(self._bound)

@@ -28,11 +28,13 @@ import asyncpg
 from dbos_async import _metrics as metrics
 from dbos_async._executor import workflows
 from dbos_async._executor.backoff import IdleBackoff
+from dbos_async._executor.context import Telemetry
 from dbos_async._executor.queues.depth_samples import DepthSampler
 from dbos_async._executor.queues.rotation import Rotation, fair_share
 from dbos_async._executor.queues.watcher import QueueWatcher
 from dbos_async._executor.recorded_errors import PORTABLE_ONLY, serialize_error
 from dbos_async._executor.runtime import ClaimLoopState, Runtime
+from dbos_async._executor.telemetry import observe
 from dbos_async._sysdb.database import WorkflowRow
 from dbos_async._sysdb.notifications import ENQUEUE_CHANNEL, WORKFLOW_COMPLETION_CHANNEL, keyed
 from dbos_async._sysdb.queues import Claim
@@ -299,11 +301,17 @@ class ClaimLoop:
                 self.queue.name, name, workflow_id, runtime.executor_id)
 
     async def _start(self, claim: Claim) -> None:
-        metrics.queue_waits(self.queue.name, (row.queued_ms for row, _ in claim.rows))
+        if not claim.rows:
+            return
+        # What the round's workflows report to, read once for all of them.
+        telemetry = observe.current_telemetry()
+        metrics.queue_waits(telemetry.instruments, self.queue.name,
+                            (row.queued_ms for row, _ in claim.rows))
         for row, partition_key in claim.rows:
-            await self._launch(row, partition_key)
+            await self._launch(row, partition_key, telemetry)
 
-    async def _launch(self, row: WorkflowRow, partition_key: str | None) -> None:
+    async def _launch(self, row: WorkflowRow, partition_key: str | None,
+                      telemetry: Telemetry) -> None:
         runtime = self.runtime
         sysdb = runtime.system_database
         workflow_id = row.workflow_id
@@ -312,7 +320,7 @@ class ClaimLoop:
         try:
             if info is None:  # Filtered out by the claim; kept as a guard.
                 raise DBOSError(f"Workflow {row.name!r} is not registered here")
-            execution = await workflows.launch_claimed(runtime, info, row)
+            execution = await workflows.launch_claimed(runtime, info, row, telemetry)
         except DBOSError as error:
             # It cannot run anywhere as stored: record why, rather than retry forever.
             logger.error("Queued workflow %s cannot start: %s", workflow_id, error)

@@ -10,10 +10,11 @@ import asyncio
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from dbos_async import _metrics as metrics
-from dbos_async._executor.context import WorkflowContext
+from dbos_async._executor.context import Telemetry, WorkflowContext, workflow_of_step
 from dbos_async._executor.telemetry import logs, tracing
 from dbos_async.errors import WorkflowCancelledError
 
@@ -23,29 +24,66 @@ if TYPE_CHECKING:
 _UNTRACED: AbstractContextManager[None] = nullcontext()
 
 
-@contextmanager
-def workflow_run(ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
-                 attributes: str | None) -> Iterator[None]:
-    """Log the run's start and finish and trace it as a span (continuing the trace recorded
-    in its ``attributes``); the block settles ``outcome``, the run's result or error."""
-    workflow_id = ctx.workflow_id
-    started = time.monotonic()
-    logs.workflow_started(workflow_id, name, len(ctx.checkpoints))
-    metrics.workflow_started(name)
-    span = tracing.start_workflow_span(workflow_id, name, ctx.runtime.executor_id,
-                                       attributes)
-    interrupted = False
-    try:
-        with tracing.active(span) if span is not None else _UNTRACED:
-            yield
-    except asyncio.CancelledError:
-        interrupted = True
-        raise
-    finally:
-        status, error = (logs.PENDING, None) if interrupted else _settled(outcome)
-        seconds = time.monotonic() - started
-        logs.workflow_finished(workflow_id, name, status, seconds * 1000, error)
-        metrics.workflow_finished(name, status, seconds)
+def current_telemetry() -> Telemetry:
+    """The providers' instruments and tracer as they stand now."""
+    return Telemetry(metrics.current(), tracing.current_tracer())
+
+
+def _telemetry_of_run() -> Telemetry:
+    """The telemetry of the workflow whose step runs here, or the current one outside
+    workflows."""
+    ctx = workflow_of_step()
+    if ctx is not None and ctx.telemetry is not None:
+        return ctx.telemetry
+    return current_telemetry()
+
+
+class workflow_run:
+    """Log the run's start and finish, count and time it, and trace it as a span
+    (continuing the trace recorded in its ``attributes``); the block settles ``outcome``,
+    the run's result or error. A plain class, cheaper to enter than a generator's context
+    manager: it wraps every workflow run. The run reports to its context's telemetry, read
+    now if its launch did not (its start, end and steps report to the same)."""
+
+    __slots__ = ("_active", "_attributes", "_ctx", "_instruments", "_name", "_outcome",
+                 "_span", "_started")
+
+    def __init__(self, ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
+                 attributes: str | None) -> None:
+        self._ctx = ctx
+        self._name = name
+        self._outcome = outcome
+        self._attributes = attributes
+
+    def __enter__(self) -> None:
+        ctx, name = self._ctx, self._name
+        self._started = time.monotonic()
+        logs.workflow_started(ctx.workflow_id, name, len(ctx.checkpoints))
+        telemetry = ctx.telemetry
+        if telemetry is None:
+            telemetry = ctx.telemetry = current_telemetry()
+        self._instruments = telemetry.instruments
+        metrics.workflow_started(telemetry.instruments, name)
+        span = self._span = tracing.start_workflow_span(
+            telemetry.tracer, ctx.workflow_id, name, ctx.runtime.executor_id,
+            self._attributes)
+        self._active = tracing.active(span) if span is not None else _UNTRACED
+        self._active.__enter__()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        try:
+            self._active.__exit__(kind, error, traceback)
+        finally:
+            self._finished(kind is not None and issubclass(kind, asyncio.CancelledError))
+
+    def _finished(self, interrupted: bool) -> None:
+        status, error = (logs.PENDING, None) if interrupted else _settled(self._outcome)
+        seconds = time.monotonic() - self._started
+        logs.workflow_finished(self._ctx.workflow_id, self._name, status, seconds * 1000,
+                               error)
+        metrics.workflow_finished(self._instruments, self._name, status, seconds)
+        span = self._span
         if span is not None:
             tracing.end_span(span, error if status == logs.ERROR else None,
                              {"dbos.workflow.status": status})
@@ -64,20 +102,22 @@ def step_attempt(name: str, step_id: int | None, attempt: int,
                  kind: str = "step") -> AbstractContextManager[None]:
     """Trace attempt ``attempt`` (from 1) of a step (of ``kind``: "step" or "transaction")
     as a span of its own, a child of the active span, and measure it; nothing while
-    tracing and metrics are off."""
-    span = tracing.start_step_span(name, step_id, attempt, kind)
+    tracing and metrics are off. A step of a workflow reports to its run's telemetry."""
+    instruments, tracer = _telemetry_of_run()
+    span = tracing.start_step_span(tracer, name, step_id, attempt, kind)
     if span is not None:
-        return _traced_attempt(span, name, attempt)
-    return _UNTRACED if metrics.current() is None else _MeasuredAttempt(name, attempt)
+        return _traced_attempt(instruments, span, name, attempt)
+    return _UNTRACED if instruments is None else _MeasuredAttempt(instruments, name, attempt)
 
 
 class _MeasuredAttempt:
     """A step attempt measured but not traced: a plain class, cheaper to enter and leave
     than a generator's context manager (it wraps every step while metrics are on)."""
 
-    __slots__ = ("_attempt", "_name", "_started")
+    __slots__ = ("_attempt", "_instruments", "_name", "_started")
 
-    def __init__(self, name: str, attempt: int) -> None:
+    def __init__(self, instruments: metrics.Instruments, name: str, attempt: int) -> None:
+        self._instruments = instruments
         self._name = name
         self._attempt = attempt
         self._started = 0.0
@@ -87,23 +127,26 @@ class _MeasuredAttempt:
 
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if kind is None or issubclass(kind, Exception):  # cancelled: no verdict on the step
-            metrics.step_finished(self._name, self._attempt,
+            metrics.step_finished(self._instruments, self._name, self._attempt,
                                   logs.SUCCESS if kind is None else logs.ERROR,
                                   time.monotonic() - self._started)
 
 
 @contextmanager
-def _traced_attempt(span: Span, name: str, attempt: int) -> Iterator[None]:
+def _traced_attempt(instruments: metrics.Instruments | None, span: Span, name: str,
+                    attempt: int) -> Iterator[None]:
     started = time.monotonic()
     try:
         with tracing.active(span):
             yield
     except Exception as error:
-        metrics.step_finished(name, attempt, logs.ERROR, time.monotonic() - started)
+        metrics.step_finished(instruments, name, attempt, logs.ERROR,
+                              time.monotonic() - started)
         tracing.end_span(span, error)
         raise
     except BaseException:  # cancelled: no verdict on the step
         tracing.end_span(span, None)
         raise
-    metrics.step_finished(name, attempt, logs.SUCCESS, time.monotonic() - started)
+    metrics.step_finished(instruments, name, attempt, logs.SUCCESS,
+                          time.monotonic() - started)
     tracing.end_span(span, None)

@@ -39,7 +39,7 @@ _propagator = TraceContextTextMapPropagator() if trace is not None else None
 _tracer_cache: tuple[TracerProvider, Tracer] | None = None
 
 
-def _tracer() -> Tracer | None:
+def current_tracer() -> Tracer | None:
     """The tracer of the application's provider, or None while tracing is off (no API, or
     no provider set: the API's proxy provider)."""
     global _tracer_cache
@@ -93,11 +93,10 @@ def _parent(attributes: str | None) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
-def start_workflow_span(workflow_id: str, name: str, executor_id: str,
-                        attributes: str | None) -> Span | None:
-    """A workflow's span, a child of the span recorded at its start (a root without one);
-    None while tracing is off."""
-    tracer = _tracer()
+def start_workflow_span(tracer: Tracer | None, workflow_id: str, name: str,
+                        executor_id: str, attributes: str | None) -> Span | None:
+    """A workflow's span from ``tracer``, a child of the span recorded at its start (a root
+    without one); None while tracing is off (no tracer)."""
     if tracer is None:
         return None
     # Never the context the task inherited (a claim loop's may hold its starter's span).
@@ -108,11 +107,11 @@ def start_workflow_span(workflow_id: str, name: str, executor_id: str,
     })
 
 
-def start_step_span(name: str, step_id: int | None, attempt: int,
+def start_step_span(tracer: Tracer | None, name: str, step_id: int | None, attempt: int,
                     kind: str = "step") -> Span | None:
-    """A step attempt's span, a child of the active span (its workflow's, or the calling
-    step's), saying its ``kind`` ("step" or "transaction"); None while tracing is off."""
-    tracer = _tracer()
+    """A step attempt's span from ``tracer``, a child of the active span (its workflow's,
+    or the calling step's), saying its ``kind`` ("step" or "transaction"); None while
+    tracing is off (no tracer)."""
     if tracer is None:
         return None
     attributes: dict[str, str | int] = {"dbos.step.name": name, "dbos.step.attempt": attempt,

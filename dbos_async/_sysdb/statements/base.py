@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from dbos_async._sysdb import shard_keys
 from dbos_async.errors import DBOSError
@@ -66,10 +66,10 @@ class Query:
     params: Sequence[Any] = field(default_factory=tuple)
 
 
-@dataclass(frozen=True)
-class Payload:
+class Payload(NamedTuple):
     """A value as stored: its text and the format it is written in (the ``serialization``
-    column beside it), which tells every reader how to decode it."""
+    column beside it), which tells every reader how to decode it (a named tuple: one is
+    built for every value written)."""
 
     text: str
     serialization: str = PORTABLE_JSON
@@ -140,9 +140,9 @@ class Checkpoint:
     serialization: str = PORTABLE_JSON
 
 
-@dataclass(frozen=True)
-class FinalOutcome:
-    """A workflow's terminal status and payload to record, fenced by its owner token."""
+class FinalOutcome(NamedTuple):
+    """A workflow's terminal status and payload to record, fenced by its owner token (a
+    named tuple: one is built for every workflow that ends)."""
 
     workflow_id: str
     status: str

@@ -90,6 +90,8 @@ class FencedWrites(RoutedWrites):
         (the batch goes to the node holding its keys, one program per write, see routed);
         on PostgreSQL one for every key (one statement per key, see _fetch_per_key). Each
         batch goes in one round trip."""
+        if not self.routes_single_tables:  # decided here: every write asks, Citus or not
+            return None
         return await self.node_of(shard_key)
 
     def _per_key(self, rows: Sequence[Keyed[T]], one: Callable[[str | None, T], Query],

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from dbos_async import _metrics as metrics
 from dbos_async._sysdb.retry import outlasts_outages
@@ -34,8 +34,9 @@ DEFAULT_MAX_BATCH = 256
 at thousands of workflows a second, small enough that one statement stays short."""
 
 
-@dataclass
-class _Entry(Generic[Item, Result]):
+class _Entry(NamedTuple, Generic[Item, Result]):
+    """A write and the future of its verdict (a named tuple: one per write)."""
+
     item: Item
     future: asyncio.Future[Result]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import uuid
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +52,9 @@ class _Template:
 
 @dataclass(frozen=True)
 class _Layout:
-    """How the arguments of one statement break into scalar values: a dataclass argument
-    into its fields, in order (read by one ``attrgetter``), any other as itself."""
+    """How the arguments of one statement break into scalar values: a dataclass or named
+    tuple argument into its fields, in order (read by one ``attrgetter``), any other as
+    itself."""
 
     getters: tuple[Callable[[Any], tuple[Any, ...]] | None, ...]
     replaceable: tuple[bool, ...]
@@ -67,8 +68,8 @@ class _Layout:
         names: list[str] = []
         values: list[Any] = []
         for position, arg in enumerate(args):
-            if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
-                fields = [f.name for f in dataclasses.fields(arg)]
+            fields = _fields_of(arg)
+            if fields is not None:
                 getters.append(operator.attrgetter(*fields))
                 names += fields
                 values += (getattr(arg, name) for name in fields)
@@ -90,6 +91,24 @@ class _Layout:
             else:
                 values += getter(arg)
         return values
+
+
+def _fields_of(arg: Any) -> list[str] | None:
+    """The fields of a dataclass or named tuple argument, in order; None for a scalar."""
+    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+        return [f.name for f in dataclasses.fields(arg)]
+    if isinstance(arg, tuple) and hasattr(arg, "_fields"):
+        return list(arg._fields)
+    return None
+
+
+def _replaced(arg: Any, values: Iterator[Any]) -> Any:
+    """A dataclass or named tuple argument with its fields, in order, taken from
+    ``values``."""
+    changes = {name: next(values) for name in _fields_of(arg) or ()}
+    if dataclasses.is_dataclass(arg) and not isinstance(arg, type):
+        return dataclasses.replace(arg, **changes)
+    return arg._replace(**changes)  # a named tuple
 
 
 def _stand_in(value: Any, index: int, name: str) -> Any:
@@ -118,9 +137,9 @@ class StatementTemplates:
         """``build(*args)``, from the template of ``name`` for the shape of ``args``.
 
         ``build`` must be a function of ``args`` alone (anything else it reads becomes a
-        constant of the text); ``args`` are scalars or dataclasses of scalars, and
-        ``exact`` names the fields whose value, not only presence, the builder branches
-        on."""
+        constant of the text); ``args`` are scalars or dataclasses (or named tuples) of
+        scalars, and ``exact`` names the fields whose value, not only presence, the
+        builder branches on."""
         layout = self._layouts.get(name)
         if layout is None:
             layout = self._layouts[name] = _Layout.of(args, exact)
@@ -140,9 +159,7 @@ def _built(name: str, build: Callable[..., Query], args: tuple[Any, ...], layout
     stand_ins = iter([_stand_in(v, i, name) if layout.replaceable[i] else v
                       for i, v in enumerate(values)])
     stood = tuple(
-        next(stand_ins) if getter is None
-        else dataclasses.replace(arg, **{f.name: next(stand_ins)
-                                         for f in dataclasses.fields(arg)})
+        next(stand_ins) if getter is None else _replaced(arg, stand_ins)
         for getter, arg in zip(layout.getters, args, strict=True))
     query = build(*stood)
     constants: list[Any] = []
