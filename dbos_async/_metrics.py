@@ -214,8 +214,8 @@ POOL_IN_USE = Metric("dbos.pool.in_use", "{connection}", "Database connections i
                      (POOL,))
 
 
-class Metrics:
-    """The store: every metric of the executor, as its exporters read them."""
+class Instruments:
+    """The store: every instrument of the executor, as its exporters read them."""
 
     def __init__(self) -> None:
         def counter(name: str, unit: str, description: str, key: str) -> Count:
@@ -284,7 +284,7 @@ def pools_in_use() -> dict[str, int]:
     return used
 
 
-def _export_to(provider: MeterProvider, store: Metrics) -> None:
+def _export_to(provider: MeterProvider, store: Instruments) -> None:
     """The OpenTelemetry exporter: ``store``'s metrics as instruments of ``provider``'s
     meter, observable counters and a gauge read at each collection, and histograms
     replayed into before the SDK reads them."""
@@ -318,15 +318,15 @@ def _export_to(provider: MeterProvider, store: Metrics) -> None:
         POOL_IN_USE.name, [replay, pools], POOL_IN_USE.unit, POOL_IN_USE.description)
 
 
-_store = Metrics()
-_current: Metrics | None = None
+_store = Instruments()
+_current: Instruments | None = None
 """The store while recording is on."""
 _UNSEEN = object()
 _provider: object = _UNSEEN
 """The API's global meter provider when last looked at (None while unset)."""
 
 
-def current() -> Metrics | None:
+def current() -> Instruments | None:
     """The store while recording is on, else None."""
     if otel_metrics is not None and otel_global._METER_PROVIDER is not _provider:
         _see_meter_provider()
@@ -344,7 +344,7 @@ def _see_meter_provider() -> None:
     _provider = otel_global._METER_PROVIDER
 
 
-def enable() -> Metrics:
+def enable() -> Instruments:
     """Turn recording on for an exporter that reads the store itself (the Prometheus
     endpoint), with or without a meter provider; it stays on for the process."""
     global _current

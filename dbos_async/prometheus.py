@@ -167,7 +167,7 @@ class PrometheusMetrics:
                 for family in _family(metric)]
 
 
-def _executor_families(store: _metrics.Metrics | None) -> list[Metric]:
+def _executor_families(store: _metrics.Instruments | None) -> list[Metric]:
     """The executor's metrics, from the process's store (none while ``store`` is None):
     its counters, histograms and the pools' connections in use; a metric nothing was
     recorded for is left out."""

@@ -137,7 +137,7 @@ def test_the_store_renders_what_the_sdk_did(database_url: str) -> None:
 def test_a_store_renders_its_known_values() -> None:
     """Known durations and counts in a store of their own: exact buckets, sums and
     counts, as Prometheus's text parser reads them."""
-    store = metrics.Metrics()
+    store = metrics.Instruments()
     for seconds in (0.0004, 0.001, 0.003, 0.003, 0.07, 2.0, 100_000.0):
         store.step_duration.record(seconds, "charge", "SUCCESS")
     store.step_duration.record(0.2, "charge", "ERROR")
