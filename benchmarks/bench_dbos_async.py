@@ -169,7 +169,7 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
 
     async with dbos:
         await measured(warmup)
-        _collect_metrics()  # the warmup's, so that the one after the run holds only its own
+        await _collect_metrics()  # the warmup's, so that the one after the run holds only its own
         pool = dbos._system_database.pool
         size_before = pool.get_size()
 
@@ -191,7 +191,7 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
         if profiler is not None:
             profiler.disable()
         values_before = _histogram_values
-        collect_cpu = _collect_metrics()
+        collect_cpu = await _collect_metrics()
         await settle_loggers()
 
         counter.phase = "post"
@@ -239,18 +239,33 @@ async def run(url: str, *, workflows: int, concurrency: int, pool_size: int, war
 
 
 _reader: Any = None
-"""The in-memory metric reader of a child run with ``--metrics``."""
+"""The in-memory metric reader of a child run with ``--metrics otel``."""
+
+_endpoint: Any = None
+"""The Prometheus endpoint of a child run with ``--metrics prometheus``."""
 
 
 _histogram_values = 0
 """How many values the histograms held at the latest collection (cumulative)."""
 
 
-def _collect_metrics() -> float | None:
+async def _collect_metrics() -> float | None:
     """The CPU time of one collection of the metrics the measured run made (what a
-    periodic reader or a scrape does once per interval), or None while metrics are off.
-    Notes in :data:`_histogram_values` how many values the histograms hold by then."""
+    periodic reader or a scrape does once per interval: the SDK's collection, or the
+    endpoint's rendering), or None while metrics are off. Notes in
+    :data:`_histogram_values` how many values the histograms hold by then."""
     global _histogram_values
+    if _endpoint is not None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        began = time.process_time()
+        text = await _endpoint.render()
+        cpu = time.process_time() - began
+        _histogram_values = int(sum(
+            sample.value for family in text_string_to_metric_families(text.decode())
+            if family.type == "histogram" for sample in family.samples
+            if sample.name.endswith("_count")))
+        return cpu
     if _reader is None:
         return None
     from opentelemetry.sdk.metrics.export import Histogram
@@ -267,15 +282,17 @@ def _collect_metrics() -> float | None:
 
 async def run_subprocess(url: str, *, workflows: int, pool_size: int, warmup: int,
                          loop: str, burst: bool = True, concurrency: int = 100,
-                         metrics: bool = False, time_limit: float = 300.0) -> dict[str, Any]:
+                         metrics: str | None = None,
+                         time_limit: float = 300.0) -> dict[str, Any]:
     """One measured round in a child process on the event loop ``loop`` names; with
-    ``metrics``, under an OpenTelemetry meter provider (metrics on)."""
+    ``metrics`` (``otel`` or ``prometheus``), the executor's metrics on and exported that
+    way."""
     from bench_dbos import run_child
 
     return await run_child(SCRIPT, [
         "--url", url, "--workflows", str(workflows), "--pool-size", str(pool_size),
         "--warmup", str(warmup), "--loop", loop, "--concurrency", str(concurrency),
-        *(["--burst"] if burst else []), *(["--metrics"] if metrics else []),
+        *(["--burst"] if burst else []), *(["--metrics", metrics] if metrics else []),
     ], time_limit)
 
 
@@ -333,18 +350,23 @@ def main() -> None:
     parser.add_argument("--loop", choices=("default", "asyncio", "uvloop"), default="default",
                         help="default: what dbos_async.run picks (uvloop when installed, "
                              "unless DBOS_UVLOOP is false)")
-    parser.add_argument("--metrics", action="store_true",
-                        help="set a meter provider (an SDK one, with an in-memory reader): "
-                             "dbos_async's metrics on")
+    parser.add_argument("--metrics", choices=("otel", "prometheus"),
+                        help="dbos_async's metrics on: otel sets a meter provider (an SDK "
+                             "one, with an in-memory reader); prometheus creates a "
+                             "Prometheus endpoint (no OpenTelemetry SDK)")
     args = parser.parse_args()
-    if args.metrics:
+    global _reader, _endpoint
+    if args.metrics == "otel":
         from opentelemetry import metrics
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-        global _reader
         _reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[_reader]))
+    elif args.metrics == "prometheus":
+        from dbos_async.prometheus import PrometheusMetrics
+
+        _endpoint = PrometheusMetrics()
     choice = {"default": None, "asyncio": False, "uvloop": True}[args.loop]
     result = dbos_async.run(run(args.url, workflows=args.workflows,
                                 concurrency=args.concurrency, pool_size=args.pool_size,

@@ -1,14 +1,18 @@
-"""OpenTelemetry metrics of the executor: workflows and steps, queues, group commits,
-notifications, background tasks and connection pools.
+"""The executor's metrics: workflows and steps, queues, group commits, notifications,
+background tasks and connection pools.
 
-Native instrumentation, as for spans (``executor/telemetry/tracing.py``): only the API is used,
-through the application's global meter provider. Without the API installed, or before the
-application sets a provider, :func:`current` returns None and every call site skips its
-one line. With a provider, nothing on the hot path calls the SDK (its ``add`` or ``record``
-costs some microseconds, and a workflow counts a dozen things and measures four durations):
-a count is a dict increment, read by an observable counter when the provider collects; a
-duration or size goes into a bucket of a :class:`Distribution` in process, whose records
-the provider receives when it collects.
+One store in process, read by two exporters: OpenTelemetry (native instrumentation, as for
+spans in ``executor/telemetry/tracing.py``: only the API is used, through the application's
+global meter provider) and the Prometheus endpoint (``dbos_async/prometheus.py``, which
+reads the store itself, without the SDK). Recording is on once the application sets an SDK
+meter provider or creates a Prometheus endpoint of the executor's metrics (:func:`enable`);
+until then :func:`current` returns None and every call site skips its one line.
+
+Nothing on the hot path calls an exporter (the SDK's ``add`` or ``record`` costs some
+microseconds, and a workflow counts a dozen things and measures four durations): a count is
+a dict increment, read by an observable counter when the provider collects or by a scrape;
+a duration or size goes into a bucket of a :class:`Distribution`, whose records the
+provider receives when it collects and whose totals a scrape renders.
 
 Attributes are bounded, as metrics need: workflow, step and queue names, a status, a
 channel, a task's name; never a workflow ID. Their keys are those of the spans.
@@ -18,20 +22,24 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import asyncpg
-    from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider
+    from opentelemetry.metrics import CallbackOptions, MeterProvider
 
 try:
     from opentelemetry import metrics as otel_metrics
     from opentelemetry.metrics import Observation
 
-    # The API's stand-in until the application sets a provider: metrics are off.
+    # The API's global provider, None until set (read directly: the public getter looks
+    # the environment up while it is None, a microsecond per hook with metrics off), and
+    # its stand-in until the application sets a provider: no OpenTelemetry export.
+    from opentelemetry.metrics import _internal as otel_global
     from opentelemetry.metrics._internal import _ProxyMeterProvider
-except ImportError:  # the `otel` extra is not installed: metrics are off
+except ImportError:  # the `otel` extra is not installed: no OpenTelemetry export
     otel_metrics = None  # type: ignore[assignment]
 
 INSTRUMENTATION = "dbos_async"
@@ -53,52 +61,76 @@ COUNT_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 _pools: dict[asyncpg.Pool, str] = {}
 """The pools reported, until they close (asyncpg's pools take no weak reference)."""
 
+Record = Callable[[float, dict[str, str]], None]
+"""A histogram's ``record`` (value, attributes), as the OpenTelemetry API's."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """What an exporter names and describes a metric by."""
+
+    name: str
+    unit: str
+    description: str
+    keys: tuple[str, ...]
+    """The attribute keys, in the order the values are recorded."""
+
 
 class Count:
-    """A monotonic count per value of one attribute, kept in process and reported by an
-    observable counter."""
+    """A monotonic count per value of one attribute, kept in process."""
 
-    def __init__(self, meter: Meter, name: str, unit: str, description: str,
-                 key: str) -> None:
-        self._key = key
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
         self._counts: dict[str, int] = {}
-        meter.create_observable_counter(name, [self._observe], unit, description)
 
     def add(self, value: int, attribute: str) -> None:
         self._counts[attribute] = self._counts.get(attribute, 0) + value
 
-    def _observe(self, _options: CallbackOptions) -> Iterable[Observation]:
-        # list() copies under the GIL: the reader's thread never sees the dict change size.
-        return [Observation(count, {self._key: attribute})
-                for attribute, count in list(self._counts.items())]
+    def totals(self) -> list[tuple[str, int]]:
+        """Each attribute value's count since recording began."""
+        # list() copies under the GIL: a reader's thread never sees the dict change size.
+        return list(self._counts.items())
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A distribution's values under one set of attribute values, since recording began."""
+
+    attributes: tuple[str, ...]
+    count: int
+    sum: float
+    buckets: tuple[int, ...]
+    """The values per bucket (not cumulative): one per bound, the values up to it and
+    above the one before, then those above the last bound."""
 
 
 class Distribution:
-    """A histogram kept in process and handed to the SDK's histogram when the provider
-    collects, in as many records as it holds values.
+    """A histogram kept in process: bounded memory however long nothing reads it.
 
-    Per attribute values and bucket (the advisory bounds, the SDK's unless a view changes
-    them) it keeps the count, sum, min and max: bounded memory however long the provider
-    goes without collecting. It replays a bucket as its min, its max and the rest at their
-    mean (which lies in the bucket), so the SDK's count, sum, min, max and bucket counts
-    come out those of the values recorded. The SDK's own work per value is not saved, only
-    moved off the hot path to the collection (the reader's thread, or the scrape).
+    A record goes into a cell per attribute values and bucket (count, sum, min, max).
+    Readers fold the cells into the running :class:`Totals` (what a scrape renders) and,
+    once :meth:`bind` gave it an SDK histogram, into those not yet replayed. :meth:`replay`
+    hands the SDK a cell as its min, its max and the rest at their mean (which lies in the
+    bucket), so the SDK's count, sum, min, max and bucket counts come out those of the
+    values recorded. The SDK's own work per value is not saved, only moved off the hot path
+    to the collection (the reader's thread, or the scrape).
     """
 
-    def __init__(self, meter: Meter, name: str, unit: str, description: str,
-                 bounds: tuple[float, ...], keys: tuple[str, ...]) -> None:
-        self._histogram = meter.create_histogram(
-            name, unit, description, explicit_bucket_boundaries_advisory=bounds)
-        self._bounds = bounds
-        self._keys = keys
+    def __init__(self, metric: Metric, bounds: tuple[float, ...]) -> None:
+        self.metric = metric
+        self.bounds = bounds
         self._cells: dict[tuple[tuple[str, ...], int], list[float]] = {}
+        self._totals: dict[tuple[str, ...], list[float]] = {}
+        self._buckets: dict[tuple[str, ...], list[int]] = {}
+        self._unreplayed: dict[tuple[tuple[str, ...], int], list[float]] | None = None
+        self._record: Record | None = None
         self._attributes: dict[tuple[str, ...], dict[str, str]] = {}
-        # Records come from the event loop, the collection from the reader's thread.
+        # Records come from the event loop, the readers from a scrape or a reader's thread.
         self._lock = threading.Lock()
 
     def record(self, value: float, *attribute: str) -> None:
         """``value`` under the attribute values ``attribute`` (one per key)."""
-        key = (attribute, bisect_left(self._bounds, value))
+        key = (attribute, bisect_left(self.bounds, value))
         with self._lock:
             cell = self._cells.get(key)
             if cell is None:
@@ -111,16 +143,32 @@ class Distribution:
             elif value > cell[3]:
                 cell[3] = value
 
-    def replay(self) -> None:
-        """Hand the values recorded since the last replay to the SDK's histogram."""
+    def bind(self, record: Record) -> None:
+        """Replay into ``record`` (an SDK histogram's) from now on."""
         with self._lock:
-            cells, self._cells = self._cells, {}
-        record = self._histogram.record
+            self._record = record
+            self._unreplayed = {}
+
+    def totals(self) -> list[Totals]:
+        """Every attribute values' totals since recording began."""
+        with self._lock:
+            self._fold()
+            return [Totals(attribute, int(count), total, tuple(self._buckets[attribute]))
+                    for attribute, (count, total) in self._totals.items()]
+
+    def replay(self) -> None:
+        """Hand the values recorded since the last replay to the bound SDK histogram."""
+        with self._lock:
+            self._fold()
+            record, cells = self._record, self._unreplayed
+            if record is None or cells is None:
+                return
+            self._unreplayed = {}
         for (attribute, _), (count, total, low, high) in cells.items():
             attributes = self._attributes.get(attribute)
             if attributes is None:
-                attributes = self._attributes[attribute] = dict(zip(self._keys, attribute,
-                                                                    strict=True))
+                attributes = self._attributes[attribute] = dict(
+                    zip(self.metric.keys, attribute, strict=True))
             record(low, attributes)
             if count > 1:
                 record(high, attributes)
@@ -130,19 +178,52 @@ class Distribution:
                 for _ in range(rest):
                     record(middle, attributes)
 
+    def _fold(self) -> None:
+        """Move the cells recorded since the last read into the totals and, when bound,
+        into those to replay (under the lock)."""
+        cells, self._cells = self._cells, {}
+        unreplayed = self._unreplayed
+        for key, cell in cells.items():
+            attribute, bucket = key
+            count, total = cell[0], cell[1]
+            totals = self._totals.get(attribute)
+            if totals is None:
+                totals = self._totals[attribute] = [0, 0.0]
+                self._buckets[attribute] = [0] * (len(self.bounds) + 1)
+            totals[0] += count
+            totals[1] += total
+            self._buckets[attribute][bucket] += int(count)
+            if unreplayed is not None:
+                kept = unreplayed.get(key)
+                if kept is None:
+                    unreplayed[key] = cell
+                else:
+                    _merge(kept, *cell)
+
+
+def _merge(cell: list[float], count: float, total: float, low: float, high: float) -> None:
+    cell[0] += count
+    cell[1] += total
+    if low < cell[2]:
+        cell[2] = low
+    if high > cell[3]:
+        cell[3] = high
+
+
+POOL_IN_USE = Metric("dbos.pool.in_use", "{connection}", "Database connections in use, by pool",
+                     (POOL,))
+
 
 class Instruments:
-    """The instruments of one meter provider."""
+    """The store: every instrument of the executor, as its exporters read them."""
 
-    def __init__(self, provider: MeterProvider) -> None:
-        meter = provider.get_meter(INSTRUMENTATION)
-
+    def __init__(self) -> None:
         def counter(name: str, unit: str, description: str, key: str) -> Count:
-            return Count(meter, name, unit, description, key)
+            return Count(Metric(name, unit, description, (key,)))
 
         def histogram(name: str, unit: str, description: str, bounds: tuple[float, ...],
                       *keys: str) -> Distribution:
-            return Distribution(meter, name, unit, description, bounds, keys)
+            return Distribution(Metric(name, unit, description, keys), bounds)
 
         self.workflows_started = counter(
             "dbos.workflow.started", "{workflow}", "Workflow runs started (first runs, "
@@ -186,41 +267,89 @@ class Instruments:
         self.task_restarts = counter(
             "dbos.task.restarts", "{restart}", "Background task restarts after a failure",
             TASK_NAME)
-        self._distributions = (self.workflow_duration, self.step_duration,
-                               self.claim_latency, self.claims_per_round, self.batch_size)
-        # Its first callback replays the histograms: the SDK runs every observable
-        # instrument's callbacks before it reads the histograms, at each collection.
-        meter.create_observable_up_down_counter(
-            "dbos.pool.in_use", [self._replay, _pool_usage], "{connection}",
-            "Database connections in use, by pool")
-
-    def _replay(self, _options: CallbackOptions) -> Iterable[Observation]:
-        for distribution in self._distributions:
-            distribution.replay()
-        return ()
+        self.counts = (self.workflows_started, self.workflows_completed,
+                       self.workflows_failed, self.workflows_cancelled,
+                       self.workflows_recovered, self.step_attempts, self.step_retries,
+                       self.wakeups, self.task_restarts)
+        self.distributions = (self.workflow_duration, self.step_duration,
+                              self.claim_latency, self.claims_per_round, self.batch_size)
 
 
-def _pool_usage(_options: CallbackOptions) -> Iterable[Observation]:
+def pools_in_use() -> dict[str, int]:
+    """The connections in use now, by pool name (the gauge :data:`POOL_IN_USE`)."""
     _forget_closed()
     used: dict[str, int] = {}
     for pool, name in list(_pools.items()):
         used[name] = used.get(name, 0) + pool.get_size() - pool.get_idle_size()
-    return [Observation(count, {POOL: name}) for name, count in used.items()]
+    return used
 
 
-_state: tuple[Any, Instruments | None] = (None, None)
+def _export_to(provider: MeterProvider, store: Instruments) -> None:
+    """The OpenTelemetry exporter: ``store``'s metrics as instruments of ``provider``'s
+    meter, observable counters and a gauge read at each collection, and histograms
+    replayed into before the SDK reads them."""
+    meter = provider.get_meter(INSTRUMENTATION)
+
+    def observer(count: Count) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        key = count.metric.keys[0]
+        return lambda _options: [Observation(n, {key: attribute})
+                                 for attribute, n in count.totals()]
+
+    for count in store.counts:
+        m = count.metric
+        meter.create_observable_counter(m.name, [observer(count)], m.unit, m.description)
+    for distribution in store.distributions:
+        m = distribution.metric
+        distribution.bind(meter.create_histogram(
+            m.name, m.unit, m.description,
+            explicit_bucket_boundaries_advisory=distribution.bounds).record)
+
+    def replay(_options: CallbackOptions) -> Iterable[Observation]:
+        for distribution in store.distributions:
+            distribution.replay()
+        return ()
+
+    def pools(_options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {POOL: name}) for name, n in pools_in_use().items()]
+
+    # Its first callback replays the histograms: the SDK runs every observable
+    # instrument's callbacks before it reads the histograms, at each collection.
+    meter.create_observable_up_down_counter(
+        POOL_IN_USE.name, [replay, pools], POOL_IN_USE.unit, POOL_IN_USE.description)
+
+
+_store = Instruments()
+_current: Instruments | None = None
+"""The store while recording is on."""
+_UNSEEN = object()
+_provider: object = _UNSEEN
+"""The API's global meter provider when last looked at (None while unset)."""
 
 
 def current() -> Instruments | None:
-    """The instruments of the application's meter provider; None while metrics are off."""
-    global _state
-    if otel_metrics is None:
-        return None
+    """The store while recording is on, else None."""
+    if otel_metrics is not None and otel_global._METER_PROVIDER is not _provider:
+        _see_meter_provider()
+    return _current
+
+
+def _see_meter_provider() -> None:
+    """Export to the application's meter provider, if it is the SDK's (the getter also
+    loads one the environment configures), and record from now on."""
+    global _provider, _current
     provider = otel_metrics.get_meter_provider()
-    if provider is not _state[0]:
-        off = isinstance(provider, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider)
-        _state = (provider, None if off else Instruments(provider))
-    return _state[1]
+    if not isinstance(provider, _ProxyMeterProvider | otel_metrics.NoOpMeterProvider):
+        _export_to(provider, _store)
+        _current = _store
+    _provider = otel_global._METER_PROVIDER
+
+
+def enable() -> Instruments:
+    """Turn recording on for an exporter that reads the store itself (the Prometheus
+    endpoint), with or without a meter provider; it stays on for the process."""
+    global _current
+    _current = _store
+    return _store
 
 
 def watch_pool(pool: asyncpg.Pool, name: str) -> None:

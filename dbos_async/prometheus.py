@@ -2,12 +2,14 @@
 
 :class:`PrometheusMetrics` renders, in Prometheus's text format:
 
-- the executor's OpenTelemetry metrics (``dbos_async/_metrics.py``), read through
-  :attr:`PrometheusMetrics.reader`, an SDK metric reader the application gives its meter
-  provider; names as Prometheus spells them (``dbos.workflow.started`` becomes
-  ``dbos_workflow_started_total``, ``dbos.step.duration`` in seconds
+- the executor's metrics (``dbos_async/_metrics.py``), read from the process's store at
+  each scrape, without OpenTelemetry's SDK (creating the endpoint turns their recording
+  on); names as Prometheus spells the OpenTelemetry ones (``dbos.workflow.started``
+  becomes ``dbos_workflow_started_total``, ``dbos.step.duration`` in seconds
   ``dbos_step_duration_seconds``, attribute ``dbos.workflow.name`` label
   ``dbos_workflow_name``);
+- optionally, the application's own OpenTelemetry metrics, through
+  :attr:`PrometheusMetrics.reader` given to its meter provider;
 - optionally, the system database's aggregates through an operator (a
   :class:`~dbos_async.DBOS` or :class:`~dbos_async.DBOSClient`): each queue's backlog by
   status and its oldest waiting workflow's age, and the workflows created in a recent
@@ -26,6 +28,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from dbos_async import _metrics
 from dbos_async._extras import needs_extra
 from dbos_async.errors import InvalidArgumentError, MissingExtraError
 
@@ -61,19 +64,25 @@ class PrometheusMetrics:
     """The executor's metrics and the database's aggregates in Prometheus's text format.
     An ASGI app serving them (``app.add_route("/metrics", prometheus)``).
 
+    Create it before the executor runs workflows: the executor's metrics are recorded
+    from then on (for every endpoint in the process, which all render the same counts).
+
     Args:
         aggregates: the operator (a DBOS or DBOSClient, or a function returning one) whose
             system database's aggregates to add; None leaves them out.
         window_seconds: how far back the workflow aggregates count (default an hour).
+        executor: whether to render this process's executor metrics (and so record them);
+            False serves only the aggregates (and the reader's metrics), as the console
+            does.
 
     Raises:
-        InvalidArgumentError: a window that is not a positive number of seconds, or
-            ``aggregates`` neither an operator nor a function.
+        InvalidArgumentError: a window that is not a positive number of seconds,
+            ``aggregates`` neither an operator nor a function, or ``executor`` not a bool.
         MissingExtraError: the ``prometheus`` extra is not installed.
     """
 
     def __init__(self, *, aggregates: Operator | Callable[[], Operator] | None = None,
-                 window_seconds: float = 3600.0) -> None:
+                 window_seconds: float = 3600.0, executor: bool = True) -> None:
         if (not isinstance(window_seconds, int | float) or isinstance(window_seconds, bool)
                 or not math.isfinite(window_seconds) or window_seconds <= 0):
             raise InvalidArgumentError("window_seconds",
@@ -83,17 +92,26 @@ class PrometheusMetrics:
             raise InvalidArgumentError(
                 "aggregates", f"must be a DBOS, a DBOSClient or a function returning one, "
                               f"not {type(aggregates).__name__}")
+        if not isinstance(executor, bool):
+            raise InvalidArgumentError("executor",
+                                       f"must be True or False, not {executor!r}")
         self._aggregates = aggregates
         self._window_ms = int(window_seconds * 1000)
         self._reader: InMemoryMetricReader | None = None
+        self._store = _metrics.enable() if executor else None
 
     content_type = CONTENT_TYPE
 
     @property
     def reader(self) -> InMemoryMetricReader:
-        """The metric reader to give the application's meter provider
-        (``MeterProvider(metric_readers=[prometheus.reader])``): what it collects is
-        rendered at each scrape.
+        """A metric reader for the application's own OpenTelemetry metrics: given to its
+        meter provider (``MeterProvider(metric_readers=[prometheus.reader])``), what that
+        collects is rendered at each scrape beside the executor's metrics.
+
+        The executor's metrics need no reader: they are read from the store, and the
+        provider's copy of them is left out of the scrape (nothing appears twice). A
+        provider given this reader still receives them at each scrape, at the SDK's cost
+        per histogram value; without metrics of its own, the application gives none.
 
         Raises:
             MissingExtraError: the ``otel`` extra (the OpenTelemetry SDK) is not installed.
@@ -115,7 +133,7 @@ class PrometheusMetrics:
         Raises:
             QueryTimeoutError: an aggregate read ran over the observability query timeout.
         """
-        families = self._executor_families()
+        families = [*_executor_families(self._store), *self._reader_families()]
         if self._aggregates is not None:
             operator = (self._aggregates if isinstance(self._aggregates, Operator)
                         else self._aggregates())
@@ -136,7 +154,7 @@ class PrometheusMetrics:
         body = await self.render()
         await _respond(send, 200, b"" if scope["method"] == "HEAD" else body, CONTENT_TYPE)
 
-    def _executor_families(self) -> list[Metric]:
+    def _reader_families(self) -> list[Metric]:
         if self._reader is None:
             return []
         data = self._reader.get_metrics_data()
@@ -144,8 +162,64 @@ class PrometheusMetrics:
             return []
         return [family for resource in data.resource_metrics
                 for scope in resource.scope_metrics
+                if scope.scope.name != _metrics.INSTRUMENTATION  # rendered from the store
                 for metric in scope.metrics
                 for family in _family(metric)]
+
+
+def _executor_families(store: _metrics.Instruments | None) -> list[Metric]:
+    """The executor's metrics, from the process's store (none while ``store`` is None):
+    its counters, histograms and the pools' connections in use; a metric nothing was
+    recorded for is left out."""
+    if store is None:
+        return []
+    families: list[Metric] = []
+    for count in store.counts:
+        totals = count.totals()
+        if totals:
+            m = count.metric
+            counter = CounterMetricFamily(_family_name(m.name, m.unit), m.description,
+                                          labels=[prometheus_name(m.keys[0])])
+            for attribute, n in totals:
+                counter.add_metric([attribute], n)
+            families.append(counter)
+    for distribution in store.distributions:
+        points = distribution.totals()
+        if points:
+            families.append(_histogram(distribution, points))
+    in_use = _metrics.pools_in_use()
+    if in_use:
+        m = _metrics.POOL_IN_USE
+        gauge = GaugeMetricFamily(_family_name(m.name, m.unit), m.description,
+                                  labels=[prometheus_name(m.keys[0])])
+        for name, n in in_use.items():
+            gauge.add_metric([name], n)
+        families.append(gauge)
+    return families
+
+
+def _histogram(distribution: _metrics.Distribution,
+               points: list[_metrics.Totals]) -> HistogramMetricFamily:
+    m = distribution.metric
+    order = sorted(range(len(m.keys)), key=lambda i: m.keys[i])  # labels sorted by key
+    family = HistogramMetricFamily(_family_name(m.name, m.unit), m.description,
+                                   labels=[prometheus_name(m.keys[i]) for i in order])
+    for point in points:
+        family.add_metric([point.attributes[i] for i in order],
+                          _buckets(distribution.bounds, point.buckets, point.count), point.sum)
+    return family
+
+
+def _buckets(bounds: Iterable[float], counts: Iterable[int],
+             total: int) -> list[tuple[str, float]]:
+    """Prometheus's cumulative buckets (``le``, values up to it) from the values per
+    bucket, ending with ``+Inf``, all ``total`` of them."""
+    cumulative, buckets = 0, []
+    for bound, count in zip(bounds, counts, strict=False):
+        cumulative += count
+        buckets.append((repr(float(bound)), float(cumulative)))
+    buckets.append(("+Inf", float(total)))
+    return buckets
 
 
 class _Families:
@@ -166,15 +240,19 @@ async def _respond(send: Callable[[dict[str, Any]], Any], status: int, body: byt
     await send({"type": "http.response.body", "body": body})
 
 
+def _family_name(name: str, unit: str) -> str:
+    """A metric's Prometheus name: its name as Prometheus spells it, with its unit's."""
+    spelled = prometheus_name(name)
+    suffix = _UNIT_SUFFIXES.get(unit)
+    return f"{spelled}_{suffix}" if suffix and not spelled.endswith(f"_{suffix}") else spelled
+
+
 def _family(metric: Any) -> list[Metric]:
     """One OpenTelemetry metric as a Prometheus family (none for a kind it has no match
     for)."""
     from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
 
-    name = prometheus_name(metric.name)
-    suffix = _UNIT_SUFFIXES.get(metric.unit or "")
-    if suffix and not name.endswith(f"_{suffix}"):
-        name = f"{name}_{suffix}"
+    name = _family_name(metric.name, metric.unit or "")
     points = list(metric.data.data_points)
     keys = sorted({k for p in points for k in (p.attributes or {})})
     labels = [prometheus_name(k) for k in keys]
@@ -188,12 +266,8 @@ def _family(metric: Any) -> list[Metric]:
     if isinstance(data, Histogram):
         family = HistogramMetricFamily(name, metric.description or "", labels=labels)
         for p in points:
-            cumulative, buckets = 0, []
-            for bound, count in zip(p.explicit_bounds, p.bucket_counts, strict=False):
-                cumulative += count
-                buckets.append((repr(float(bound)), cumulative))
-            buckets.append(("+Inf", p.count))
-            family.add_metric(values(p), buckets, p.sum)
+            family.add_metric(values(p), _buckets(p.explicit_bounds, p.bucket_counts,
+                                                  p.count), p.sum)
     elif isinstance(data, Sum) and data.is_monotonic:
         family = CounterMetricFamily(name, metric.description or "", labels=labels)
         for p in points:

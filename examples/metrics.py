@@ -1,27 +1,24 @@
-"""Metrics of workflows: the executor's, through OpenTelemetry, rendered for Prometheus,
-and the database's aggregates.
+"""Metrics of workflows: the executor's, rendered for Prometheus, and the database's
+aggregates.
 
 Run: python examples/metrics.py (needs the `prometheus` extra:
-pip install 'dbos_async[prometheus]'). The application sets an OpenTelemetry meter provider
-whose reader is a PrometheusMetrics, runs an order workflow (its payment step fails once
-and is retried), then prints what a Prometheus scrape of /metrics would read, and the
-aggregates of the last hour from the system database. A second run finds the order
-finished: nothing runs, so the executor counts nothing, and the aggregates still count it.
+pip install 'dbos_async[prometheus]'). The application creates a PrometheusMetrics (which
+turns the executor's metrics on, no OpenTelemetry needed), runs an order workflow (its
+payment step fails once and is retried), then prints what a Prometheus scrape of /metrics
+would read, and the aggregates of the last hour from the system database. A second run
+finds the order finished: nothing runs, so the executor counts nothing, and the aggregates
+still count it.
 """
 
 from __future__ import annotations
-
-from opentelemetry import metrics
-from opentelemetry.sdk.metrics import MeterProvider
 
 import dbos_async
 from dbos_async import DBOS, SetWorkflowID
 from dbos_async.prometheus import PrometheusMetrics
 
 dbos = DBOS(name="metered_shop")  # system_database_url=... or DBOS_SYSTEM_DATABASE_URL
-# The executor's metrics and, through the executor, the database's aggregates.
+# The executor's metrics (recorded from now on) and, through it, the database's aggregates.
 prometheus = PrometheusMetrics(aggregates=dbos)
-metrics.set_meter_provider(MeterProvider(metric_readers=[prometheus.reader]))
 
 attempts = 0
 

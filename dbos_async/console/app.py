@@ -402,7 +402,7 @@ class Console:
     async def prometheus(self, request: Request) -> Response:
         """The system database's aggregates in Prometheus's text format (a console runs
         no workflows: the executors' own metrics are theirs to serve)."""
-        exposition = PrometheusMetrics(aggregates=self.operator)
+        exposition = PrometheusMetrics(aggregates=self.operator, executor=False)
         return Response(await exposition.render(), media_type=exposition.content_type)
 
     async def executors(self, request: Request) -> Response:

@@ -18,10 +18,15 @@ Scenarios:
   ``jobs``;
 - ``recover``: the tracing worker's: an executor that recovers the PENDING workflow
   ``WORKFLOW_ID`` (``waiting``, left by the test under the same executor ID);
-- ``serve``: the meter provider reads through a
-  :class:`~dbos_async.prometheus.PrometheusMetrics`; after the workload, an aiohttp app
-  serves it at ``/metrics`` on a free port (with the database's aggregates) until the
-  process is stopped; it prints ``serving PORT`` once it answers.
+- ``serve``: no meter provider, and the OpenTelemetry SDK's metrics never imported: a
+  :class:`~dbos_async.prometheus.PrometheusMetrics` created before the workload records
+  the executor's metrics; after it, an aiohttp app serves them at ``/metrics`` on a free
+  port (with the database's aggregates) until the process is stopped; it prints
+  ``serving PORT SDK`` once it answers, SDK ``True`` if the SDK's metrics were imported;
+- ``compare``: the workload under both exporters, a meter provider given the endpoint's
+  reader (with a counter of the application's own, ``shop.orders``, at 2) and the
+  endpoint; prints ``{"store": TEXT, "sdk": TEXT}``, the endpoint's scrape and the
+  executor's metrics rendered from what the SDK collected.
 """
 
 from __future__ import annotations
@@ -30,11 +35,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
-
-from opentelemetry import metrics
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from typing import TYPE_CHECKING, Any
 
 from dbos_async import DBOSClient, WorkflowCancelledError
 from dbos_async.prometheus import PrometheusMetrics
@@ -43,11 +44,15 @@ from dbos_async.prometheus import PrometheusMetrics
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers.tracing_worker import define_waiting, failure, new_dbos, recover, retry
 
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
 NAP = 0.05
 Points = dict[str, list[dict[str, Any]]]
 
 
-async def workload(url: str, reader: InMemoryMetricReader) -> Points:
+async def workload(url: str, reader: InMemoryMetricReader | None) -> Points:
+    """The workload; what ``reader`` collected while its executor ran (none without)."""
     await failure(url)  # workflow "failing", its step "explode" raising
     await retry(url)  # workflow "retrying", its step "flaky" failing twice
     dbos = new_dbos(url)
@@ -83,10 +88,12 @@ async def workload(url: str, reader: InMemoryMetricReader) -> Points:
             raise AssertionError("the workflow was not cancelled")
         handles = [await jobs.enqueue(queued, i) for i in range(4)]
         assert [await h.get_result() for h in handles] == [1, 2, 3, 4]
-        return collected(reader)  # while the pools are open
+        return {} if reader is None else collected(reader)  # while the pools are open
 
 
 def point_json(point: Any) -> dict[str, Any]:
+    from opentelemetry.sdk.metrics.export import HistogramDataPoint
+
     found: dict[str, Any] = {"attributes": dict(point.attributes or {})}
     if isinstance(point, HistogramDataPoint):
         found.update(count=point.count, sum=point.sum, min=point.min, max=point.max)
@@ -113,8 +120,7 @@ async def serve(url: str) -> None:
 
     clients: list[DBOSClient] = []
     prometheus = PrometheusMetrics(aggregates=lambda: clients[0])
-    metrics.set_meter_provider(MeterProvider(metric_readers=[prometheus.reader]))
-    await workload(url, prometheus.reader)
+    await workload(url, None)
     async with DBOSClient(system_database_url=url) as client:
         clients.append(client)
         app = web.Application()
@@ -123,8 +129,33 @@ async def serve(url: str) -> None:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         _, port = runner.addresses[0][:2]
-        print(f"serving {port}", flush=True)
+        sdk = "opentelemetry.sdk.metrics" in sys.modules
+        print(f"serving {port} {sdk}", flush=True)
         await asyncio.Event().wait()  # until the test stops the process
+
+
+async def compare(url: str) -> dict[str, str]:
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from dbos_async import _metrics
+    from dbos_async import prometheus as endpoint
+
+    prometheus = PrometheusMetrics()
+    metrics.set_meter_provider(MeterProvider(metric_readers=[prometheus.reader]))
+    # The application's own metric, which the reader is for.
+    metrics.get_meter("shop").create_counter("shop.orders", "{order}", "Orders").add(2)
+    await workload(url, None)
+    rendered = (await prometheus.render()).decode()
+    data = prometheus.reader.get_metrics_data()
+    assert data is not None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(endpoint._Families([  # what the endpoint rendered before the store
+        family for resource in data.resource_metrics for scope in resource.scope_metrics
+        if scope.scope.name == _metrics.INSTRUMENTATION
+        for metric in scope.metrics for family in endpoint._family(metric)]))
+    return {"store": rendered, "sdk": generate_latest(registry).decode()}
 
 
 def main() -> None:
@@ -134,6 +165,13 @@ def main() -> None:
     if scenario == "serve":
         asyncio.run(serve(url))
         return
+    if scenario == "compare":
+        print(json.dumps(asyncio.run(compare(url))), flush=True)
+        return
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
     reader = InMemoryMetricReader()
     metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
     during: Points = {}

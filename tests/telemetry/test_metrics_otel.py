@@ -115,14 +115,18 @@ def test_metrics_are_off_without_a_meter_provider() -> None:
 def test_histogram_values_reach_the_sdk_as_recorded() -> None:
     """The histograms are kept in process and replayed when the provider collects: what the
     SDK aggregates is what recording each value straight into it gives (count, sum, min,
-    max and every bucket), however the values fall, over several collections."""
+    max and every bucket), however the values fall, over several collections; and the
+    store's own totals (what a Prometheus scrape renders, read here before each replay)
+    are the SDK's count, sum and buckets too."""
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     reader = InMemoryMetricReader()
     meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-    kept = metrics.Distribution(meter, "kept", "s", "", metrics.DURATION_BUCKETS,
-                                ("name", "status"))
+    kept = metrics.Distribution(metrics.Metric("kept", "s", "", ("name", "status")),
+                                metrics.DURATION_BUCKETS)
+    kept.bind(meter.create_histogram(
+        "kept", "s", "", explicit_bucket_boundaries_advisory=metrics.DURATION_BUCKETS).record)
     straight = meter.create_histogram(
         "straight", "s", "", explicit_bucket_boundaries_advisory=metrics.DURATION_BUCKETS)
     # On the bounds, between them, repeated, beyond the last; three attribute sets.
@@ -134,6 +138,7 @@ def test_histogram_values_reach_the_sdk_as_recorded() -> None:
             attributes = ("w", ("SUCCESS", "ERROR", "CANCELLED")[(i + number) % 3])
             kept.record(value, *attributes)
             straight.record(value, {"name": attributes[0], "status": attributes[1]})
+        totals = {t.attributes[1]: t for t in kept.totals()}
         kept.replay()
         data = reader.get_metrics_data()
         assert data is not None
@@ -147,3 +152,6 @@ def test_histogram_values_reach_the_sdk_as_recorded() -> None:
             assert list(got[status].bucket_counts) == list(point.bucket_counts)
             assert (got[status].min, got[status].max) == (point.min, point.max)
             assert abs(got[status].sum - point.sum) <= 1e-9 * point.sum
+            assert (totals[status].count, totals[status].buckets) == (
+                point.count, tuple(point.bucket_counts))
+            assert abs(totals[status].sum - point.sum) <= 1e-9 * point.sum
