@@ -140,12 +140,14 @@ async def import_lines(url: str, lines: list[str], **options: Any) -> ImportSumm
 
 @pytest.fixture
 async def source(database_url: str) -> str:
-    """A database filled by :meth:`Shop.fill`, its executor gone (``wait-1`` PENDING)."""
+    """A database filled by :meth:`Shop.fill`, its executor gone (``wait-1`` PENDING), and
+    ``queued-1`` ENQUEUED by a client once it has gone (an executor serving the queue could
+    start it at once)."""
     shop = Shop(database_url)
     async with shop.dbos:
         await shop.fill()
-        with SetWorkflowID("queued-1"):
-            await shop.queue.enqueue(shop.order, "never")
+    async with DBOSClient(database_url) as client:
+        await client.enqueue("exports-jobs", "order", "never", workflow_id="queued-1")
     return database_url
 
 
