@@ -75,9 +75,59 @@ class OpenTransaction:
         await self._tx.commit()
 
 
-OPEN_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+OPEN_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError,
+               OSError, TimeoutError)
 """What opening a transaction raises when no connection can be had (refused, not accepting
 connections, timed out) or the one the pool gave was lost before the transaction began."""
+
+
+@contextlib.asynccontextmanager
+async def _begun(pool: asyncpg.Pool, isolation: IsolationLevel,
+                 read_only: bool) -> AsyncIterator[OpenTransaction]:
+    """A pooled connection in a new transaction, rolled back at the exit unless the block
+    committed it (a connection whose rollback fails is closed).
+
+    A connection the server ended while it sat in the pool (terminated, the server
+    restarted) fails to begin one: it is discarded and another taken, so the caller meets
+    what a new connection meets, not a stale one's state. At most as many tries as the pool
+    holds connections, and one more."""
+    tries = pool.get_max_size() + 1
+    for left in range(tries - 1, -1, -1):
+        async with pool.acquire() as conn:
+            tx = conn.transaction(isolation=ISOLATION_LEVELS[isolation],  # type: ignore[arg-type]
+                                  readonly=read_only)
+            try:
+                await tx.start()
+            except OPEN_ERRORS as error:
+                if not left or not _ended_in_pool(conn, error):
+                    raise
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
+                continue
+            opened = OpenTransaction(conn, tx)
+            try:
+                yield opened
+            finally:
+                if not opened.committed:
+                    try:
+                        await tx.rollback()
+                    except OPEN_ERRORS:
+                        # Unusable: closed (a lost one is already detached from the pool).
+                        with contextlib.suppress(asyncpg.InterfaceError):
+                            conn.terminate()
+            return
+
+
+def _ended_in_pool(conn: Connection, error: BaseException) -> bool:
+    """Whether ``conn`` failed to begin a transaction because it had ended already: closed,
+    or its protocol still consuming the server's farewell (asyncpg's "another operation is
+    in progress")."""
+    if isinstance(error, asyncpg.InternalClientError):
+        return True
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True  # a proxy detached from its closed connection
 
 
 @contextlib.asynccontextmanager
@@ -95,24 +145,11 @@ async def transaction(pool: asyncpg.Pool, isolation: IsolationLevel, read_only: 
     """
     began = False
     try:
-        async with pool.acquire() as conn:
-            tx = conn.transaction(isolation=ISOLATION_LEVELS[isolation],  # type: ignore[arg-type]
-                                  readonly=read_only)
-            await tx.start()
-            opened = OpenTransaction(conn, tx)
-            try:
-                if idle_timeout is not None:
-                    await conn.execute(idle_timeout.sql, *idle_timeout.params)
-                began = True
-                yield opened
-            finally:
-                if not opened.committed:
-                    try:
-                        await tx.rollback()
-                    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                        # Unusable: closed (a lost one is already detached from the pool).
-                        with contextlib.suppress(asyncpg.InterfaceError):
-                            conn.terminate()
+        async with _begun(pool, isolation, read_only) as opened:
+            if idle_timeout is not None:
+                await opened.conn.execute(idle_timeout.sql, *idle_timeout.params)
+            began = True
+            yield opened
     except OPEN_ERRORS as error:
         if began:
             raise  # the block's own, or its end's

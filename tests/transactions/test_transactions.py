@@ -952,6 +952,33 @@ async def test_a_database_refusing_connections_is_never_the_outcome(database_url
     assert await _orders(app_url) == []
 
 
+async def test_sessions_ended_in_the_pool_are_replaced_not_retried(
+        database_url: str, app_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The application database's sessions terminated while idle in the pool, the next
+    transaction started right after: it begins on a new connection (no retry, no error),
+    whatever state the driver found the ended one in (closed, or still reading the
+    server's farewell)."""
+    caplog.set_level(logging.WARNING, logger="dbos_async")
+    name = app_url.rsplit("/", 1)[1]
+    dbos = new_dbos(database_url)
+    dbos.data_source("shop", app_url)
+    _, place, runs = _ordering(dbos, "shop")
+    admin = await asyncpg.connect(database_url)
+    try:
+        async with dbos:
+            for i in range(20):
+                assert await place(f"o{i}", i) == i + 1
+                ended = await admin.fetchval("SELECT count(pg_terminate_backend(pid)) FROM "
+                                             "pg_stat_activity WHERE datname = $1", name)
+                assert ended >= 1
+    finally:
+        await admin.close()
+    assert runs["n"] == 20
+    assert [r.getMessage() for r in caplog.records if "failed (attempt" in r.getMessage()] \
+        == []
+    assert len(await _orders(app_url)) == 20
+
+
 async def test_retention_deletes_old_application_records(database_url: str,
                                                          app_url: str) -> None:
     dbos = new_dbos(database_url)
