@@ -191,10 +191,12 @@ class Storm:
 
 
 @contextlib.asynccontextmanager
-async def kill_storm(url: str, pace: tuple[float, float] = (0.02, 0.1)
-                     ) -> AsyncIterator[Storm]:
+async def kill_storm(url: str, pace: tuple[float, float] = (0.02, 0.1),
+                     easing: float = 0.0) -> AsyncIterator[Storm]:
     """Terminate every other backend of the database, again and again (every ``pace``
-    seconds, at random within it), from a separate connection, until the block ends."""
+    seconds, at random within it), from a separate connection, until the block ends.
+    ``easing``: each round's gap grows by that fraction of ``pace`` per round before it,
+    so that work slower than the storm (a loaded machine) still finishes in the end."""
     storm = Storm()
     conn = await asyncpg.connect(url)
 
@@ -205,7 +207,8 @@ async def kill_storm(url: str, pace: tuple[float, float] = (0.02, 0.1)
                 "FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"))
             storm.rounds += 1
-            await asyncio.sleep(random.uniform(*pace))  # the storm's pace, not a wait
+            # The storm's pace, not a wait.
+            await asyncio.sleep(random.uniform(*pace) * (1 + easing * storm.rounds))
 
     task = asyncio.create_task(loop())
     try:
