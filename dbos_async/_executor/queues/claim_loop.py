@@ -100,16 +100,19 @@ class ClaimLoop:
         self._announcing = False
         # The slots held by claim rounds whose workflows are not all running yet.
         self._reserved = 0
-        self.lanes = CLAIM_LANES if self._pipelined() else 1
+        # The most slots one round takes, when lanes claim at once.
+        self._lane_share = self._pipelined_share()
+        self.lanes = CLAIM_LANES if self._lane_share is not None else 1
 
-    def _pipelined(self) -> bool:
-        """Whether lanes may claim at once: nothing but this executor's own slots limits
-        the queue (a shared budget or a partition's limit is read by each claim, and two
-        claims at once would spend it twice or conflict)."""
-        queue = self.queue
-        return (queue.worker_concurrency is not None and queue.worker_concurrency > 1
-                and not queue.shared_budget and not queue.partition_queue
-                and not self.runtime.system_database.sharded)
+    def _pipelined_share(self) -> int | None:
+        """Each lane's share of the slots if lanes may claim at once: when nothing but this
+        executor's own slots limits the queue (a shared budget or a partition's limit is
+        read by each claim, and two claims at once would spend it twice or conflict)."""
+        queue, slots = self.queue, self.queue.worker_concurrency
+        if (slots is None or slots < CLAIM_LANES or queue.shared_budget
+                or queue.partition_queue or self.runtime.system_database.sharded):
+            return None
+        return -(-slots // CLAIM_LANES)
 
     def _room(self) -> int | None:
         if self.queue.worker_concurrency is None:
@@ -252,8 +255,8 @@ class ClaimLoop:
             return 0, None, False
         executor_id, version = runtime.executor_id, runtime.application_version
         if not queue.partition_queue:
-            if self.lanes > 1 and room is not None:
-                room = min(room, -(-self.queue.worker_concurrency // self.lanes))
+            if self._lane_share is not None and room is not None:
+                room = min(room, self._lane_share)
             self._reserved += room or 0
             try:
                 claim = await sysdb.claim_queued(queue, None, room=room,
