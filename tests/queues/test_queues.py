@@ -427,13 +427,13 @@ async def test_recovery_during_dispatch_runs_nothing_twice(database_url: str) ->
     assert [r["recovery_attempts"] for r in attempts] == [1]
 
 
-async def test_claim_lanes_hold_no_more_than_the_free_slots(database_url: str) -> None:
-    """A queue limited by worker concurrency alone is claimed by two lanes at once, each
-    while the other's workflows run: freed one slot at a time, the executor never runs, nor
-    holds PENDING, more workflows than its slots, and each workflow runs once."""
+async def test_claims_hold_no_more_than_the_free_slots(database_url: str) -> None:
+    """Slots freed one at a time, each claimed again while the others run: the executor
+    never runs, nor holds PENDING, more workflows than its worker concurrency, and each
+    workflow runs once."""
     dbos = new_dbos(database_url)
     slots, total = 4, 14
-    queue = dbos.queue("lanes", worker_concurrency=slots, polling_interval=0.05)
+    queue = dbos.queue("slots", worker_concurrency=slots, polling_interval=0.05)
     running: set[int] = set()
     peak = 0
     runs: Counter[int] = Counter()
@@ -451,7 +451,7 @@ async def test_claim_lanes_hold_no_more_than_the_free_slots(database_url: str) -
 
     async def pending() -> int:
         return int(await fetchval(database_url, "SELECT count(*) FROM dbos.workflow_status "
-                                                "WHERE queue_name = 'lanes' "
+                                                "WHERE queue_name = 'slots' "
                                                 "AND status = 'PENDING'"))
 
     async with dbos:

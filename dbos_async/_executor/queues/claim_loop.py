@@ -14,14 +14,6 @@ finds nothing to start makes it idle: then the queue watcher
 the DELAYED workflows in one statement, backing off while it finds nothing. A claim that
 loses a race for a shared budget (55P03 lock not available, 40001 serialization failure)
 backs off with jitter and tries again.
-
-A queue limited by this executor's worker concurrency alone (no shared budget, no
-partitions, an unsharded database) is claimed by ``CLAIM_LANES`` claim loops at once, each
-round taking at most its share of the slots: one lane's claim statement is in flight while
-the workflows another lane claimed are launched and run, so the database and this process
-work at the same time instead of in turns. A round holds its slots (reserved) from before
-its statement until its workflows run, so the lanes together never claim more than the
-free slots.
 """
 
 from __future__ import annotations
@@ -69,10 +61,6 @@ CONFLICTS = (
 SWEEP_CAP = 1000
 """Most partitions one claim round visits (and heads one sweep admits)."""
 
-CLAIM_LANES = 2
-"""Claim loops of a queue whose only limit is this executor's worker concurrency (see the
-module's docstring); a shared budget is spent by one claim at a time."""
-
 UNREGISTERED_CHECK_INTERVAL = 10.0
 """Seconds between two looks for enqueued work this executor lacks the function of (the
 first look is at the first claim round that starts nothing)."""
@@ -98,26 +86,11 @@ class ClaimLoop:
         self._partition_turns: dict[str | None, Rotation] = {}
         # Whether the slots freed in this turn of the event loop are to be announced.
         self._announcing = False
-        # The slots held by claim rounds whose workflows are not all running yet.
-        self._reserved = 0
-        # The most slots one round takes, when lanes claim at once.
-        self._lane_share = self._pipelined_share()
-        self.lanes = CLAIM_LANES if self._lane_share is not None else 1
-
-    def _pipelined_share(self) -> int | None:
-        """Each lane's share of the slots if lanes may claim at once: when nothing but this
-        executor's own slots limits the queue (a shared budget or a partition's limit is
-        read by each claim, and two claims at once would spend it twice or conflict)."""
-        queue, slots = self.queue, self.queue.worker_concurrency
-        if (slots is None or slots < CLAIM_LANES or queue.shared_budget
-                or queue.partition_queue or self.runtime.system_database.sharded):
-            return None
-        return -(-slots // CLAIM_LANES)
 
     def _room(self) -> int | None:
         if self.queue.worker_concurrency is None:
             return None
-        return max(0, self.queue.worker_concurrency - len(self.running) - self._reserved)
+        return max(0, self.queue.worker_concurrency - len(self.running))
 
     def _partition_room(self, key: str, room: int | None) -> int | None:
         limit = self.queue.partition_worker_concurrency
@@ -255,16 +228,9 @@ class ClaimLoop:
             return 0, None, False
         executor_id, version = runtime.executor_id, runtime.application_version
         if not queue.partition_queue:
-            if self._lane_share is not None and room is not None:
-                room = min(room, self._lane_share)
-            self._reserved += room or 0
-            try:
-                claim = await sysdb.claim_queued(queue, None, room=room,
-                                                 executor_id=executor_id,
-                                                 application_version=version, names=names)
-                await self._start(claim)
-            finally:
-                self._reserved -= room or 0
+            claim = await sysdb.claim_queued(queue, None, room=room, executor_id=executor_id,
+                                             application_version=version, names=names)
+            await self._start(claim)
             return len(claim.rows), claim.retry_at_ms, claim.spent
         turn = self._partition_turns.setdefault(scope, Rotation())
         # The sweep of every partition's head joins rows across keys: sharded, each
@@ -412,8 +378,7 @@ def start_claim_loops(runtime: Runtime, queues: list[QueueRecord]) -> None:
         state = runtime.claim_loops[queue.name] = ClaimLoopState(queue)
         loop = ClaimLoop(runtime, state, watcher)
         notifications.subscribe(WORKFLOW_COMPLETION_CHANNEL, loop.finished)
-        for lane in range(loop.lanes):
-            runtime.queue_tasks.supervise(loop.run, f"queue claim loop {queue.name} #{lane}")
+        runtime.queue_tasks.supervise(loop.run, f"queue claim loop {queue.name}")
     runtime.queue_tasks.supervise(watcher.run, "queue watcher")
     if runtime.system_database.depth_samples_table:
         sampler = DepthSampler(runtime, watcher, [q.name for q in queues])
