@@ -427,6 +427,50 @@ async def test_recovery_during_dispatch_runs_nothing_twice(database_url: str) ->
     assert [r["recovery_attempts"] for r in attempts] == [1]
 
 
+async def test_claims_hold_no_more_than_the_free_slots(database_url: str) -> None:
+    """Slots freed one at a time, each claimed again while the others run: the executor
+    never runs, nor holds PENDING, more workflows than its worker concurrency, and each
+    workflow runs once."""
+    dbos = new_dbos(database_url)
+    slots, total = 4, 14
+    queue = dbos.queue("slots", worker_concurrency=slots, polling_interval=0.05)
+    running: set[int] = set()
+    peak = 0
+    runs: Counter[int] = Counter()
+    gates: dict[int, asyncio.Event] = {}
+
+    @dbos.workflow(name="gated")
+    async def gated(i: int) -> int:
+        nonlocal peak
+        runs[i] += 1
+        running.add(i)
+        peak = max(peak, len(running))
+        await gates.setdefault(i, asyncio.Event()).wait()
+        running.discard(i)
+        return i
+
+    async def pending() -> int:
+        return int(await fetchval(database_url, "SELECT count(*) FROM dbos.workflow_status "
+                                                "WHERE queue_name = 'slots' "
+                                                "AND status = 'PENDING'"))
+
+    async with dbos:
+        handles = {i: await queue.enqueue(gated, i) for i in range(total)}
+        done = 0
+        while done < total:
+            async def refilled(left: int = total - done) -> bool:
+                return len(running) == min(slots, left)
+
+            await wait_until(refilled, what="the free slots filled")
+            assert await pending() == len(running)
+            released = min(running)
+            gates.setdefault(released, asyncio.Event()).set()
+            assert await handles[released].get_result() == released
+            done += 1
+    assert peak == slots
+    assert runs == Counter(range(total))
+
+
 # ---- Queues from the table, listening, missing functions ----
 
 
