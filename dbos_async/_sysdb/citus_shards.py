@@ -21,7 +21,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from typing import TypeAlias
 
 import asyncpg
@@ -47,6 +47,7 @@ def _words_of(blocks: int) -> Callable[[bytes], tuple[int, ...]]:
     return struct.Struct(f"<{3 * blocks}I").unpack
 
 
+@lru_cache(maxsize=4096)
 def hash_text(key: str) -> int:
     """PostgreSQL's ``hashtext(key)`` under a deterministic collation, which Citus uses to
     hash a ``text`` distribution column: Bob Jenkins' lookup3 ``hash_bytes`` as
@@ -58,6 +59,9 @@ def hash_text(key: str) -> int:
     left one byte (hashfn.c keeps the lowest byte of ``c`` for the length). hashfn.c reads
     an aligned key word by word and an unaligned one byte by byte; on a little-endian
     server both give these words.
+
+    The hashes of the keys met lately are kept: a write asks for its key's shard several
+    times (its lane, its batch's order, the shard its statement names).
     """
     data = key.encode()
     length = len(data)

@@ -289,9 +289,11 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
         distinct = len({WorkflowAddress(wf.workflow_id, wf.shard_key) for wf, _ in rows})
         given = keys_given([(key, None) for key in keys])
         if given is not None and distinct == len(rows):
+            columns = self.sql.start_columns(rows)
             batch = await self._batch_on_shards(
                 given, lambda indexes, p, prefix: self.sql.start_batch_parts(
-                    [rows[i] for i in indexes], [given[i] for i in indexes], p, prefix, rows),
+                    [rows[i] for i in indexes], [given[i] for i in indexes], p, prefix,
+                    columns),
                 f"starting {len(rows)} workflows")
             if batch is not None:
                 return _started_in_batch(rows, batch)

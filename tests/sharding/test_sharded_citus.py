@@ -236,7 +236,8 @@ async def representative_workload(url: str) -> tuple[list[tuple[str, tuple[Any, 
 
     def record(query: str, args: tuple[Any, ...], port: int) -> None:
         # A node's group-commit batch is one statement naming the tables of each of the
-        # node's shards, after locking and checking the batch's (its last parameter):
+        # node's shards (of its one shard, if one), after locking and checking the batch's
+        # (its last parameter):
         # recorded apart, the shards it locks, those it names and the node it went to,
         # and its statement as on the distributed tables.
         if "lock_shards_here(" in query:
@@ -359,10 +360,14 @@ async def test_per_key_statements_stay_on_one_shard(citus_url: str) -> None:
                 " USING (groupid) WHERE p.shardid = $1", shard)
             assert placed == port, (shard, placed, port)
         # A node's batch statement locks the shards it writes rows of, and names only
-        # shards placed on the node it went to.
+        # shards placed on the node it went to; a batch of one shard names that shard's
+        # tables alone (its co-located shards: one hash range).
         assert on_nodes, "no batch went as one statement on a node"
+        assert any(len(locked) == 1 for locked, _, _ in on_nodes), "no batch of one shard"
         for locked, named, port in on_nodes:
             assert locked and locked <= named, (locked, named)
+            if len(locked) == 1:
+                assert {ranges[i] for i in named} == {ranges[min(locked)]}, (locked, named)
             placed = {r["shardid"]: r["nodeport"] for r in await conn.fetch(
                 "SELECT p.shardid, n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n"
                 " USING (groupid) WHERE p.shardid = ANY($1::bigint[])", list(named))}

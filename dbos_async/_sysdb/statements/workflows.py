@@ -283,13 +283,19 @@ class WorkflowStatements(StatementBase):
         parts = self._start_batch_parts(self._unnested_starts(rows, shard_key, p), "", "", "")
         return Query(f"WITH {', '.join(parts.ctes)} {parts.rows} ORDER BY v.ord", p.values)
 
+    def start_columns(self, rows: Sequence[tuple[NewWorkflow, str]]) -> list[str]:
+        """The status columns a batch of ``rows`` writes (after its key), read once for
+        every part of its statement (see :meth:`start_batch_parts`)."""
+        return list(dict.fromkeys(c for wf, xid in rows for c in self._status_columns(wf, xid)))
+
     def start_batch_parts(self, rows: Sequence[tuple[NewWorkflow, str]],
                           shard_keys: Sequence[str], p: Params, prefix: str,
-                          like: Sequence[tuple[NewWorkflow, str]]) -> StatementParts:
+                          like: Sequence[str]) -> StatementParts:
         """:meth:`start_batch` of rows with their keys, as parts of a statement of several
-        (see :class:`StatementParts`), writing the columns of the rows of ``like`` (the
-        batch, of which ``rows`` is a part): its text is the same for any part of it. Its
-        rows come in no order (their key and ID tell them apart)."""
+        (see :class:`StatementParts`), writing the columns ``like`` (the
+        :meth:`start_columns` of the batch, of which ``rows`` is a part): its text is the
+        same for any part of it. Its rows come in no order (their key and ID tell them
+        apart)."""
         v = self._unnested_starts(rows, None, p, shard_keys, like)
         return self._start_batch_parts(
             v, prefix, "".join(f" AND status.{c} = v.{c}" for c in self.workflow_key_columns),
@@ -333,12 +339,12 @@ class WorkflowStatements(StatementBase):
     def _unnested_starts(self, rows: Sequence[tuple[NewWorkflow, str]],
                          shard_key: str | None, p: Params,
                          shard_keys: Sequence[str] | None = None,
-                         like: Sequence[tuple[NewWorkflow, str]] | None = None
+                         like: Sequence[str] | None = None
                          ) -> _UnnestedStarts:
         """New workflows of one key as a row source: the columns go as arrays, so the
         statement's size does not grow with the batch. With ``shard_keys`` (each row's
         key) the rows may be of several keys, their key one more column; with ``like``,
-        the columns are those of its rows (a batch of which ``rows`` is a part)."""
+        the columns are those (of a batch of which ``rows`` is a part)."""
         own: list[str] = []
         if shard_keys is None:
             keys = {col: p(val, "text") for col, val in
@@ -348,8 +354,8 @@ class WorkflowStatements(StatementBase):
             keys = {key_column: f"v.{key_column}"}
             own = [p(list(shard_keys), "text[]")]
         given = [self._status_columns(wf, xid) for wf, xid in rows]
-        shaped = given if like is None else [self._status_columns(wf, xid) for wf, xid in like]
-        columns = [c for c in dict.fromkeys(c for g in shaped for c in g) if c not in keys]
+        shaped = dict.fromkeys(c for g in given for c in g) if like is None else like
+        columns = [c for c in shaped if c not in keys]
         columns.append("inputs")
         for g, (wf, _) in zip(given, rows, strict=True):
             g["inputs"] = wf.inputs

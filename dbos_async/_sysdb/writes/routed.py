@@ -460,8 +460,9 @@ class RoutedWrites(DatabaseCore):
         whatever its keys: ``statement`` of each shard's rows, for every shard of the node
         (none for most), on the shard's own tables, where a statement may write the rows of
         every key of the shard, as the statement of one key does on PostgreSQL (see
-        ``record_steps``). The text is one per node, so one prepared statement and plan
-        serve every batch. It takes the lock and placement check of the batch's shards
+        ``record_steps``). The text is one per node (or per shard, see
+        :meth:`_node_statement`), so one prepared statement and plan serve every batch. It
+        takes the lock and placement check of the batch's shards
         first (see :meth:`~dbos_async._sysdb.statements.RoutedStatements.on_node`), so it
         is as strict as the statements it replaces. By key, the rows the statement
         returned, or the error that ended the batch; None where no shard can be named (the
@@ -497,9 +498,16 @@ class RoutedWrites(DatabaseCore):
                         groups: Mapping[int, list[int]], statement: NodeStatement) -> Query:
         """:meth:`_batch_on_shards`' statement on ``node``: ``statement`` of the rows of each
         of the node's shards (``groups``: by shard, its rows' indexes), in shard order,
-        each naming its shard's tables, with the lock and check of the batch's shards."""
+        each naming its shard's tables, with the lock and check of the batch's shards.
+
+        A batch of one shard (a lone write, most batches at low load) has that shard's
+        part alone: one text per shard, each prepared once per connection, and a part
+        instead of one per shard of the node, each of which costs the server to set up
+        even without rows. A batch of several shards has the part of every shard of the
+        node: a text per set of shards would be prepared anew nearly every batch (measured:
+        twice the node's CPU)."""
         shards = {shard.shard_id: shard for shard in batch}
-        if self._shard_map is not None:
+        if len(shards) > 1 and self._shard_map is not None:
             shards |= {shard.shard_id: shard for shard in self._shard_map.shards
                        if shard.node == node and shard.shard_id not in shards}
         p = Params()
