@@ -444,6 +444,18 @@ class WorkflowStatements(StatementBase):
         them without rows, see routed writes)."""
         return f"cardinality({ids}) > 0"
 
+    @staticmethod
+    def _owned_pending(alias: str, p: Params) -> str:
+        """The fence of a batch statement: the status row ``alias`` is PENDING and owned by
+        its batch row's execution (``v.owner_xid``). IS NOT DISTINCT FROM, not =: alike here
+        (the row's status is compared with a value, never NULL), but the planner cannot prove
+        it implies the predicate of the partial index on PENDING rows, so it finds each batch
+        row by primary key, rather than read every PENDING row through that index and hash
+        them with the batch (a plan it picks when the statistics count few PENDING rows,
+        whose cost grows with the PENDING workflows of a busy system)."""
+        return (f"{alias}.status IS NOT DISTINCT FROM {p(PENDING)} "
+                f"AND {alias}.owner_xid = v.owner_xid")
+
     def record_steps(self, rows: Sequence[Checkpoint],
                      shard_keys: Sequence[str] | None = None) -> Query:
         """:meth:`record_step` for a batch of checkpoints of one shard key (under the
@@ -499,7 +511,7 @@ class WorkflowStatements(StatementBase):
                 JOIN {self.table('workflow_status')} ws
                   ON {scope} AND ws.workflow_uuid = v.workflow_uuid
                      AND {self._any_rows(ids)}
-                     AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
+                     AND {self._owned_pending('ws', p)}
                 ORDER BY {own.order}ws.workflow_uuid, v.ord
                 FOR NO KEY UPDATE OF ws
                 {self._checkpoint_conflict()}
@@ -629,7 +641,7 @@ class WorkflowStatements(StatementBase):
                   FROM {_named(v, 'v')}
                   WHERE {scope} AND ws.workflow_uuid = v.workflow_uuid
                     AND {self._any_rows(refs[0])}
-                    AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
+                    AND {self._owned_pending('ws', p)}
                   RETURNING ws.workflow_uuid{self.key_columns('ws')}
                 )""",
              f"""{prefix}stored AS (
