@@ -444,17 +444,10 @@ class WorkflowStatements(StatementBase):
         them without rows, see routed writes)."""
         return f"cardinality({ids}) > 0"
 
-    @staticmethod
-    def _owned_pending(alias: str, p: Params) -> str:
+    def _owned_pending(self, alias: str, p: Params) -> str:
         """The fence of a batch statement: the status row ``alias`` is PENDING and owned by
-        its batch row's execution (``v.owner_xid``). IS NOT DISTINCT FROM, not =: alike here
-        (the row's status is compared with a value, never NULL), but the planner cannot prove
-        it implies the predicate of the partial index on PENDING rows, so it finds each batch
-        row by primary key, rather than read every PENDING row through that index and hash
-        them with the batch (a plan it picks when the statistics count few PENDING rows,
-        whose cost grows with the PENDING workflows of a busy system)."""
-        return (f"{alias}.status IS NOT DISTINCT FROM {p(PENDING)} "
-                f"AND {alias}.owner_xid = v.owner_xid")
+        its batch row's execution (``v.owner_xid``), checked as a row found by primary key."""
+        return f"{self.batch_status_is(alias, PENDING, p)} AND {alias}.owner_xid = v.owner_xid"
 
     def record_steps(self, rows: Sequence[Checkpoint],
                      shard_keys: Sequence[str] | None = None) -> Query:
