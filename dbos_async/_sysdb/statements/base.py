@@ -356,6 +356,17 @@ class StatementBase:
             )
         return ", ".join(columns), " ".join(joins)
 
+    @staticmethod
+    def batch_status_is(alias: str, status: str, p: Params) -> str:
+        """A batch statement's check that its status row ``alias`` has ``status``. IS NOT
+        DISTINCT FROM, not =: alike here (the value compared is never NULL), but the planner
+        cannot prove it implies the predicate of a partial index on that status (such as
+        idx_workflow_status_pending), so it finds the batch's rows by primary key, rather
+        than read every row of that status through such an index and hash or filter them
+        against the batch: a plan it picks when the statistics count few rows of that
+        status, whose cost grows with the PENDING (or ENQUEUED) workflows of a busy system."""
+        return f"{alias}.status IS NOT DISTINCT FROM {p(status)}"
+
     # ---- Application ownership (application_name) ----
 
     def app_scope(self, alias: str | None, p: Params,

@@ -344,8 +344,9 @@ class QueueStatements(StatementBase):
                       WHERE {self.scoped('running', p)} AND running.queue_name = ws.queue_name
                         AND running.status = {p(PENDING)}
                         AND running.queue_partition_key = ws.queue_partition_key)"""
-        target = (f"{self.wf_in('ws', workflow_ids, p)} AND status = {p(ENQUEUED)} "
-                  f"AND queue_name = {p(queue_name)}")
+        target = (f"{self.wf_in('ws', workflow_ids, p)} "
+                  f"AND {self.batch_status_is('ws', ENQUEUED, p)} "
+                  f"AND ws.queue_name = {p(queue_name)}")
         return Query(self._flip(target, executor_id, application_version, rate_limited,
                                 now_ms, guard, p),
                      p.values)

@@ -450,6 +450,11 @@ class WorkflowStatements(StatementBase):
         them without rows, see routed writes)."""
         return f"cardinality({ids}) > 0"
 
+    def _owned_pending(self, alias: str, p: Params) -> str:
+        """The fence of a batch statement: the status row ``alias`` is PENDING and owned by
+        its batch row's execution (``v.owner_xid``), checked as a row found by primary key."""
+        return f"{self.batch_status_is(alias, PENDING, p)} AND {alias}.owner_xid = v.owner_xid"
+
     def record_steps(self, rows: Sequence[Checkpoint],
                      shard_keys: Sequence[str] | None = None) -> Query:
         """:meth:`record_step` for a batch of checkpoints of one shard key (under the
@@ -505,7 +510,7 @@ class WorkflowStatements(StatementBase):
                 JOIN {self.table('workflow_status')} ws
                   ON {scope} AND ws.workflow_uuid = v.workflow_uuid
                      AND {self._any_rows(ids)}
-                     AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
+                     AND {self._owned_pending('ws', p)}
                 ORDER BY {own.order}ws.workflow_uuid, v.ord
                 FOR NO KEY UPDATE OF ws
                 {self._checkpoint_conflict()}
@@ -635,7 +640,7 @@ class WorkflowStatements(StatementBase):
                   FROM {_named(v, 'v')}
                   WHERE {scope} AND ws.workflow_uuid = v.workflow_uuid
                     AND {self._any_rows(refs[0])}
-                    AND ws.status = {p(PENDING)} AND ws.owner_xid = v.owner_xid
+                    AND {self._owned_pending('ws', p)}
                   RETURNING ws.workflow_uuid{self.key_columns('ws')}
                 )""",
              f"""{prefix}stored AS (

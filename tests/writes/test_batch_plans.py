@@ -1,0 +1,126 @@
+"""The batch statements that write workflows' outcomes and steps, and the flip of a queue's
+claimed workflows, find each status row by primary key, whatever the statistics say: at
+120,000 rows of which 5,000 PENDING and 5,000 ENQUEUED, with statistics taken when few
+were and with fresh ones, in the plan PostgreSQL makes for the prepared statement with its
+values (custom) and without (generic), on the unsharded and the sharded schema. Never a
+read of every row of a status (through a partial index on it) hashed with or filtered
+against the batch: its cost grows with the PENDING and ENQUEUED workflows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+import pytest
+
+from dbos_async import DBOSClient, migrate
+from dbos_async._sysdb.shard_keys import shard_key_scope
+from dbos_async._sysdb.statements import Checkpoint, FinalOutcome, Query, Statements
+
+ROWS, BUSY = 120_000, 5_000  # BUSY PENDING workflows, then BUSY ENQUEUED
+KEY = "tenant"
+BATCHES = (25, 256)  # a busy group commit's batch, and its largest
+
+FILL = """
+INSERT INTO dbos.workflow_status (workflow_uuid, status, name, owner_xid, queue_name,
+                                  created_at, application_name{key})
+SELECT 'wf-' || i, 'SUCCESS', 'work', 'owner-' || i, 'jobs', i, 'plans-app'{key_value}
+FROM generate_series(1, $1::int) AS i
+"""
+# The first ``$1`` workflows PENDING, the next ``$1`` ENQUEUED.
+BUSY_STATUSES = """
+UPDATE dbos.workflow_status
+SET status = CASE WHEN created_at <= $1 THEN 'PENDING' ELSE 'ENQUEUED' END
+WHERE created_at <= 2 * $1
+"""
+
+
+@pytest.fixture(params=[False, True], ids=["unsharded", "sharded"])
+def sharding(request: pytest.FixtureRequest) -> bool:
+    value: bool = request.param
+    return value
+
+
+def literal(value: Any) -> str:
+    """``value`` as an SQL literal of unknown type, which EXECUTE casts to its parameter's."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, list):
+        value = "{" + ",".join("NULL" if v is None else '"' + str(v).replace(
+            "\\", "\\\\").replace('"', '\\"') + '"' for v in value) + "}"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def batch_statements(sql: Statements, size: int, sharding: bool) -> dict[str, Query]:
+    """The batch statements of ``size`` PENDING (or ENQUEUED) workflows, as they are built:
+    under the batch's key scope, and (sharded) with each row's own key, as on Citus."""
+    ids = [f"wf-{i}" for i in range(1, size + 1)]
+    outcomes = [FinalOutcome(w, "SUCCESS", f"owner-{w[3:]}", '"done"', None) for w in ids]
+    steps = [Checkpoint(w, 1, "step", f"owner-{w[3:]}", '"out"', None, 1, 2) for w in ids]
+    claimed = [f"wf-{BUSY + i}" for i in range(1, size + 1)]
+    with shard_key_scope(KEY if sharding else None):
+        statements = {"record_outcomes": sql.record_outcomes(outcomes, 3),
+                      "record_steps": sql.record_steps(steps),
+                      "flip_claimed": sql.flip_claimed(claimed, "jobs", "executor", None,
+                                                       False, 3)}
+    if sharding:
+        keys = [KEY] * size
+        statements["record_outcomes, own keys"] = sql.record_outcomes(outcomes, 3, keys)
+        statements["record_steps, own keys"] = sql.record_steps(steps, keys)
+    return statements
+
+
+async def prepared_plans(conn: asyncpg.Connection, query: Query) -> dict[str, str]:
+    """The custom and the generic plan of ``query`` as a prepared statement."""
+    await conn.execute(f"PREPARE batch AS {query.sql}")
+    args = ", ".join(literal(v) for v in query.params)
+    plans = {}
+    try:
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            await conn.execute(f"SET plan_cache_mode = {mode}")
+            plans[mode] = "\n".join(row[0] for row in await conn.fetch(
+                f"EXPLAIN EXECUTE batch({args})"))
+    finally:
+        await conn.execute("DEALLOCATE batch")
+        await conn.execute("RESET plan_cache_mode")
+    return plans
+
+
+def assert_by_primary_key(plans: dict[str, str]) -> None:
+    for name, plan in plans.items():
+        shown = f"{name}:\n{plan}"
+        lines = plan.splitlines()
+        assert any("Index Scan" in line and "workflow_status_pkey" in line
+                   for line in lines), shown
+        assert "idx_workflow_status" not in plan, shown  # no partial (or other) index
+        assert "Seq Scan on workflow_status" not in plan, shown
+        assert not [line for line in lines if "Hash Cond" in line and "ws." in line], shown
+
+
+async def test_batches_find_their_rows_by_primary_key(database_url: str,
+                                                      sharding: bool) -> None:
+    await migrate(database_url, sharding=sharding)
+    key, key_value = (", shard_key", f", '{KEY}'") if sharding else ("", "")
+    async with DBOSClient(system_database_url=database_url, sharding=sharding,
+                          application_name="plans-app") as client:
+        sql = client._peer().system_database.sql
+        conn = await asyncpg.connect(database_url)
+        try:
+            # Statistics of a quiet moment (10 PENDING, 10 ENQUEUED), then a busy one.
+            await conn.execute(FILL.format(key=key, key_value=key_value), ROWS)
+            await conn.execute(BUSY_STATUSES, 10)
+            await conn.execute("VACUUM ANALYZE dbos.workflow_status")
+            await conn.execute("UPDATE dbos.workflow_status SET status = 'SUCCESS'")
+            await conn.execute(BUSY_STATUSES, BUSY)
+            plans: dict[str, str] = {}
+            for statistics in ("stale", "fresh"):
+                if statistics == "fresh":
+                    await conn.execute("ANALYZE dbos.workflow_status")
+                for size in BATCHES:
+                    for name, query in batch_statements(sql, size, sharding).items():
+                        for mode, plan in (await prepared_plans(conn, query)).items():
+                            plans[f"{name} of {size}, {statistics}, {mode}"] = plan
+        finally:
+            await conn.close()
+    assert len(plans) == 2 * len(BATCHES) * (5 if sharding else 3) * 2
+    assert_by_primary_key(plans)
