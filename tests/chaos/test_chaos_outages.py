@@ -26,6 +26,8 @@ from tests.helpers.cluster import Cluster
 pytestmark = pytest.mark.chaos
 
 RETRY_TIMEOUT = 1.0
+ENTRY_RETRY_TIMEOUT = 8.0
+"""db_retry_timeout of an entry that must wait out an outage of half of it."""
 
 
 class Outage:
@@ -172,8 +174,15 @@ async def test_an_outage_while_entering_is_waited_out_or_said_clearly(
     checkpointed step runs again."""
     outage = Outage()
     url = cluster.url(f"entry_outage_{int(multiple * 10)}")
-    dbos = new_dbos(url, db_retry_timeout=RETRY_TIMEOUT, connect_timeout=1.0,
-                    shutdown_grace_period=0)
+    # The outage lasts ``multiple`` retry timeouts and then as long as the server takes to
+    # start, which a loaded machine stretches by a second or more: a retry timeout long
+    # enough that half of it leaves that room, where the outage must be waited out (and
+    # a startup_wait as long: the new entry's pool has not met this server yet).
+    waits: dict[str, float] = ({"db_retry_timeout": ENTRY_RETRY_TIMEOUT,
+                                "startup_wait": ENTRY_RETRY_TIMEOUT} if multiple < 1
+                               else {"db_retry_timeout": RETRY_TIMEOUT})
+    retry_timeout = waits["db_retry_timeout"]
+    dbos = new_dbos(url, connect_timeout=1.0, shutdown_grace_period=0, **waits)
     _, workflows = register(dbos, outage)
     async with dbos:
         handles = [await dbos.start_workflow(workflows["stepper"], f"e{i}") for i in range(3)]
@@ -183,8 +192,9 @@ async def test_an_outage_while_entering_is_waited_out_or_said_clearly(
     outage.down.set()
     cluster.stop()
     entry = asyncio.create_task(dbos.__aenter__())
-    await asyncio.sleep(multiple * RETRY_TIMEOUT)
-    cluster.start()
+    await asyncio.sleep(multiple * retry_timeout)  # the outage's length, not a wait
+    # In a thread: the entry keeps retrying (on its own clock) while the server starts.
+    await asyncio.to_thread(cluster.start)
     if multiple < 1:
         await entry
     else:
