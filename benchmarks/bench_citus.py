@@ -41,7 +41,12 @@ this cluster, with its number of workers), a cluster of N workers runs at most
 whatever N, the workers' N * K bound it in proportion. Linear scaling is ``N * K / w``
 (the coordinator never the limit); the ratio to linear is ``min(1, w / (N * c))``. It
 assumes a workflow costs the workers the same at any N (every statement of a key goes to
-one node) and that the executors, which scale by adding processes, are not the limit.
+one node), that each worker holds as many shards as measured (a batch's cost grows with the
+shards it spans: shards are split as workers are added, see docs/operations/citus.md) and
+that the executors, which scale by adding processes, are not the limit.
+
+The migration distributes the tables in one shard per worker node, its default, unless
+``--shard-count`` sets ``citus.shard_count`` for the benchmark's database.
 
 Nothing here asserts a timing: the script prints the figures of the run.
 """
@@ -79,6 +84,7 @@ from dbos_async.testing import (
     drop_citus_database,
     node_url,
 )
+from dbos_async.testing.databases import quoted_name
 
 CITUS_URL_ENV = "DBOS_BENCH_CITUS_URL"
 STEPS = 3
@@ -88,8 +94,11 @@ PROJECTED_WORKERS = (2, 4, 8, 16)
 PER = 1000
 """CPU is reported per this many workflows."""
 DATABASE_BACKENDS = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-CITUS_FACTS = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'citus') AS citus, "
-               "current_setting('citus.shard_count') AS shard_count")
+CITUS_FACTS = ("SELECT (SELECT extversion FROM pg_extension WHERE extname = 'citus') AS citus")
+SHARD_COUNT = ("SELECT count(*) FROM pg_dist_shard "
+               "WHERE logicalrelid = 'dbos.workflow_status'::regclass")
+"""How many shards the migration gave ``workflow_status`` (and each table co-located with
+it)."""
 
 
 @dataclass(frozen=True)
@@ -232,6 +241,25 @@ async def citus_facts(url: str) -> dict[str, Any]:
         await conn.close()
 
 
+async def set_shard_count(url: str, name: str, shards: int) -> None:
+    """Have the migration distribute the tables in ``shards`` shards (``citus.shard_count``
+    is read when a table is distributed)."""
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(f"ALTER DATABASE {quoted_name(name)} "
+                           f"SET citus.shard_count = {int(shards)}")
+    finally:
+        await conn.close()
+
+
+async def shard_count(url: str) -> int:
+    conn = await asyncpg.connect(url)
+    try:
+        return int(await conn.fetchval(SHARD_COUNT))
+    finally:
+        await conn.close()
+
+
 def cluster_nodes(url: str, nodes: Sequence[CitusNode]) -> list[Node]:
     """The nodes of the cluster with the benchmark's database, the coordinator first."""
     made, workers = [], 0
@@ -268,6 +296,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         plain_url = await recreate_database(args.plain_url, f"{name}_plain")
         await drop_citus_database(args.citus_url, name)
         citus_url = await create_citus_database(args.citus_url, name)
+        workers = sum(1 for node in nodes if not node.is_coordinator)
+        if args.shard_count is not None:
+            await set_shard_count(citus_url, name, args.shard_count)
         plain_server = parse_database_url(plain_url).hosts[0]
         plain_nodes = [Node("plain", f"plain {plain_server}", plain_url)]
         cluster = cluster_nodes(citus_url, nodes)
@@ -279,6 +310,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         _progress(f"Citus, executor on the {args.executor_node}: {args.warmup} + "
                   f"{args.workflows} workflows")
         results["citus"] = await measure(executor_url, cluster, args)
+        results["citus_server"]["shard_count"] = await shard_count(citus_url)
+        results["citus_server"]["workers"] = workers
     finally:
         if not args.keep:
             await drop_database(args.plain_url, f"{name}_plain")
@@ -342,8 +375,8 @@ def report(results: dict[str, Any]) -> str:
         f"{results['machine']['event_loop']}, {results['machine']['cpus']} CPUs, Python "
         f"{results['machine']['python']}",
         f"  plain: PostgreSQL {results['plain_server']['server_version']}; Citus "
-        f"{facts['citus']} on PostgreSQL {facts['server_version']}, shard_count "
-        f"{facts['shard_count']}, executor on the {p['executor_node']}",
+        f"{facts['citus']} on PostgreSQL {facts['server_version']}, {facts['shard_count']} "
+        f"shards over {facts['workers']} worker nodes, executor on the {p['executor_node']}",
         "",
         "Throughput and CPU (CPU seconds per 1,000 workflows; 'this db': the backends "
         "connected to the benchmark's database)",
@@ -420,7 +453,9 @@ def projection_report(projection: dict[str, Any] | None) -> list[str]:
         "  method: every node has the same K cores and CPU limits it; "
         "throughput(N) = min(K / c, N * K / w);",
         "  linear = N * K / w (the coordinator never the limit); the workers' cost per "
-        f"workflow taken as at the measured size; K = {k:g} here, figures scale with K",
+        f"workflow taken as at the measured size; K = {k:g} here, figures scale with K;",
+        "  the shards per worker as measured: a cluster of N workers has as many shards per "
+        "worker (split when workers are added)",
     ]
     rows: list[tuple[str, ...]] = [("workers", "wf/s", "bound by", "linear wf/s",
                                     "ratio to linear")]
@@ -455,6 +490,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="workflow i runs under the key tenant-{i %% K} (default 100)")
     parser.add_argument("--pool-size", type=int, default=10,
                         help="the executor's connection pool (default 10, dbos_async's)")
+    parser.add_argument("--shard-count", type=int, default=None,
+                        help="shards of each distributed table (default: the migration's, "
+                             "one per worker node)")
     parser.add_argument("--cores-per-node", type=float, default=1.0,
                         help="K of the capacity projection (default 1: wf/s per core)")
     parser.add_argument("--db-prefix", default="bench_citus",

@@ -39,8 +39,10 @@ from tests.helpers.cluster import clear_killed_server, kill_postmaster
 DATABASE = "citus"
 COORDINATOR = 0
 
-# How many hash ranges the keys fall into: few, so that the tables are distributed fast and
-# a handful of keys already shares a shard (what moves with it).
+# How many hash ranges the keys of database DATABASE fall into: few, so that the tables are
+# distributed fast and a handful of keys already shares a shard (what moves with it); more
+# than one per worker, so that a batch may span several shards of a node. Set on that
+# database alone: another database of the cluster gets the migration's default.
 SHARD_COUNT = 8
 
 NODE_SETTINGS = (
@@ -48,7 +50,6 @@ NODE_SETTINGS = (
     "max_prepared_transactions=100",
     "wal_level=logical",
     "synchronous_commit=on",
-    f"citus.shard_count={SHARD_COUNT}",
 )
 
 GROUP_OF_PORT = "SELECT groupid FROM pg_dist_node WHERE nodeport = $1"
@@ -180,6 +181,7 @@ class CitusCluster:
                 await conn.execute("SELECT citus_add_node('127.0.0.1', $1)", port)
                 group = await conn.fetchval(GROUP_OF_PORT, port)
                 assert group == number, f"worker {number} joined as group {group}"
+            await conn.execute(f"ALTER DATABASE {DATABASE} SET citus.shard_count = {SHARD_COUNT}")
         finally:
             await conn.close()
 

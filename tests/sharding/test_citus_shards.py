@@ -375,13 +375,29 @@ async def test_a_role_not_owning_the_tables_writes_on_the_distributed_ones(citus
         assert [s.name for s in steps] == ["double", "double"]
 
 
+async def set_shard_count(url: str, shards: int) -> None:
+    """Have the migration of ``url``'s database distribute its tables in ``shards`` shards
+    (the migration reads ``citus.shard_count`` where it is set)."""
+    conn = await asyncpg.connect(url)
+    try:
+        name = await conn.fetchval("SELECT quote_ident(current_database())")
+        await conn.execute(f"ALTER DATABASE {name} SET citus.shard_count = {int(shards)}")
+    finally:
+        await conn.close()
+
+
 @pytest.mark.citus
-async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_statement(
-        citus_url: str) -> None:
+@pytest.mark.parametrize("spread", ["one shard", "several shards of a node"])
+async def test_a_batch_writes_the_rows_of_several_keys_of_a_node_in_one_statement(
+        citus_url: str, spread: str) -> None:
     """Checkpoints queued behind a blocked one go as the next batch of their node: one
-    statement for the node, whose part on the shard's own table writes the rows of all
+    statement for the node, whose part on each shard's own table writes the rows of all
     its keys, each judged on its own: a cancelled workflow's and a fenced-out one's are
-    refused, the others land."""
+    refused, the others land. Their keys share one shard, or are on several shards of one
+    node (the tables then have several shards per node: the statement has a part for each
+    of the node's shards, and locks those it writes)."""
+    if spread != "one shard":
+        await set_shard_count(citus_url, 8)
     dbos = new_dbos(citus_url, sharding=True)
     release_lead, release_rest = asyncio.Event(), asyncio.Event()
     arrived: set[str] = set()
@@ -409,8 +425,21 @@ async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_stateme
         shards = await sysdb._current_shard_map()
         assert shards is not None
         shard = shards.shard_of("tenant-0")
-        keys = [key for key in (f"tenant-{i}" for i in range(5000))
-                if shards.shard_of(key) == shard][:4]
+        candidates = [f"tenant-{i}" for i in range(5000)]
+        if spread == "one shard":
+            keys = [key for key in candidates if shards.shard_of(key) == shard][:4]
+        else:
+            # The lead's key on one shard, each of the other three on another shard of the
+            # same node.
+            keys, used = ["tenant-0"], {shard.shard_id}
+            for key in candidates:
+                other = shards.shard_of(key)
+                if other.node == shard.node and other.shard_id not in used and len(keys) < 4:
+                    keys.append(key)
+                    used.add(other.shard_id)
+            assert len(keys) == 4, "the node needs four shards"
+        # The shards the queued checkpoints (the three others' keys) are written on.
+        locked = {str(shards.shard_of(key).shard_id) for key in keys[1:]}
         # Four keys of one shard; two workflows under one of them.
         placed = {"lead": keys[0], "healthy-1": keys[1], "healthy-2": keys[2],
                   "cancelled": keys[3], "fenced": keys[1]}
@@ -456,12 +485,14 @@ async def test_a_batch_writes_the_rows_of_several_keys_of_a_shard_in_one_stateme
             await blocker.close()
     assert results == {w: w + "!" for w in ("lead", "healthy-1", "healthy-2")}
     # The queued checkpoints (step 0 of the four others) went as one statement of the
-    # node, naming the shard and locking it alone (its last parameter): several keys' rows
-    # of that one shard.
+    # node, naming their shards and locking them (its last parameter; the lead's next
+    # checkpoint may join them): several keys' rows of one shard, or of several shards of
+    # the node.
     batched: list[set[str]] = []
     for sql, args in logged:
-        if ("lock_shards_here(" in sql and f"workflow_status_{shard.shard_id}" in sql
-                and args[-1] == [str(shard.shard_id)]):
+        if ("lock_shards_here(" in sql
+                and all(f"workflow_status_{shard_id}" in sql for shard_id in locked)
+                and locked <= set(args[-1])):
             batched.append({word for arg in args if isinstance(arg, list)
                             for word in arg if isinstance(word, str)})
     assert any({"healthy-1", "healthy-2", "cancelled", "fenced", *keys[1:]} <= words

@@ -18,6 +18,8 @@ from dbos_async import EnqueueRequest, SendMessage, SetShardKey, SetWorkflowID
 from dbos_async._sysdb.database import SystemDatabase
 from dbos_async._sysdb.migrations import LATEST_VERSION, migrate, verify
 from dbos_async.errors import ConfigurationError
+from dbos_async.testing import create_citus_database
+from tests.helpers.citus_cluster import CitusCluster
 
 pytestmark = pytest.mark.citus
 
@@ -85,6 +87,53 @@ async def test_sharded_migrate_distributes_by_shard_key(citus_url: str) -> None:
         assert await verify(conn, sharded=True) == LATEST_VERSION
         assert [tuple(r) for r in await conn.fetch(shards)] == before
         assert await conn.fetchval("SELECT xmin::text FROM dbos.dbos_migrations") == row_version
+    finally:
+        await conn.close()
+
+
+SHARDS_PER_NODE = ("SELECT nodeport, count(*) AS shards FROM citus_shards "
+                   "WHERE table_name = 'dbos.workflow_status'::regclass GROUP BY nodeport")
+WORKERS = ("SELECT nodeport FROM pg_dist_node "
+           "WHERE groupid <> 0 AND isactive AND noderole = 'primary'")
+
+
+async def shards_per_node(conn: asyncpg.Connection) -> dict[int, int]:
+    """How many shards of the per-workflow tables each node holds, after checking that every
+    one of them is co-located with workflow_status (as many shards)."""
+    placed = {r["nodeport"]: r["shards"] for r in await conn.fetch(SHARDS_PER_NODE)}
+    counts = await conn.fetch(
+        "SELECT logicalrelid::text AS name, count(*) AS shards FROM pg_dist_shard GROUP BY 1")
+    assert {r["name"]: r["shards"] for r in counts
+            if r["name"].split(".")[-1] in PER_WORKFLOW_TABLES} == {
+        f"dbos.{t}": sum(placed.values()) for t in PER_WORKFLOW_TABLES}
+    return placed
+
+
+async def test_tables_get_one_shard_per_worker_node_by_default(
+        citus_cluster: CitusCluster) -> None:
+    """A batch costs a node about the same for each of its shards it writes, so where the
+    operator has not set ``citus.shard_count``, each worker node holds one shard."""
+    url = await create_citus_database(citus_cluster.url(), "fresh")
+    conn = await asyncpg.connect(url)
+    try:
+        assert await conn.fetchval(
+            "SELECT source FROM pg_settings WHERE name = 'citus.shard_count'") == "default"
+        await migrate(conn, sharded=True)
+        workers = {r["nodeport"] for r in await conn.fetch(WORKERS)}
+        assert len(workers) == 2
+        assert await shards_per_node(conn) == dict.fromkeys(workers, 1)
+    finally:
+        await conn.close()
+
+
+async def test_tables_get_the_shard_count_the_operator_set(citus_url: str) -> None:
+    conn = await asyncpg.connect(citus_url, server_settings={"citus.shard_count": "6"})
+    try:
+        await migrate(conn, sharded=True)
+        workers = {r["nodeport"] for r in await conn.fetch(WORKERS)}
+        placed = await shards_per_node(conn)
+        assert sum(placed.values()) == 6
+        assert set(placed) == workers
     finally:
         await conn.close()
 
