@@ -1,7 +1,7 @@
 """Routing by shard key on Citus (dbos_async/_sysdb/citus_shards.py): ``hash_text`` is the
 server's ``hashtext()``, a ``ShardMap`` names the node Citus itself says holds a key (read
-on the coordinator or on a worker, before and after a shard moves), and ``NodePools`` opens
-one pool per node."""
+on the coordinator or on a worker, before and after a shard moves or splits), and
+``NodePools`` opens one pool per node."""
 
 from __future__ import annotations
 
@@ -369,7 +369,16 @@ async def test_a_program_naming_a_split_shard_is_refused_where_its_tables_linger
     shards = await load_map(cluster.url)
     shard = shards.shards[0]
     [other] = [node for node in cluster.workers if node != shard.node]
-    split = await split_shard(cluster.url, shard, (shard.node, other))
+    on_old_node = await asyncpg.connect(cluster.on(shard.node))
+    try:
+        split = await split_shard(cluster.url, shard, (shard.node, other))
+        # Dropped only by the cleanup, every 15 s by default: looked for at once.
+        lingers = await on_old_node.fetchval(
+            "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
+            SCHEMA, f"workflow_status_{shard.shard_id}")
+    finally:
+        await on_old_node.close()
+    assert lingers
     after = await load_map(cluster.url)
     low, high = after.shards[0], after.shards[1]
     assert (low.min_hash, low.max_hash, high.min_hash, high.max_hash) == (
@@ -388,14 +397,6 @@ async def test_a_program_naming_a_split_shard_is_refused_where_its_tables_linger
         finally:
             await conn.close()
 
-    on_old_node = await asyncpg.connect(cluster.on(shard.node))
-    try:
-        lingers = await on_old_node.fetchval(
-            "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
-            SCHEMA, f"workflow_status_{shard.shard_id}")
-    finally:
-        await on_old_node.close()
-    assert lingers  # dropped only by the cleanup, seconds later
     with pytest.raises(asyncpg.PostgresError, match="has no placement") as refused:
         await run_on(shard.node, shard)
     assert refused.value.sqlstate == SHARD_MOVED
