@@ -175,8 +175,11 @@ $dbos_fn$;
 -- the placement. It then reads the placements in a new snapshot, after the lock (each
 -- statement of a function gets its own): if a shard's only placement is not on this node
 -- (moved, split, or kept in several copies), the call fails with SQLSTATE DBS01, for the
--- caller to look the shard up again, and its transaction writes nothing. Shards go in the
--- order given, which callers keep ascending, so two callers cannot deadlock on them.
+-- caller to look the shard up again, and its transaction writes nothing. A shard split since
+-- the caller looked it up is gone from the metadata (its tables may linger here until Citus's
+-- cleanup drops them); Citus then cannot name its lock and raises an internal error, which
+-- becomes DBS01 too. Shards go in the order given, which callers keep ascending, so two
+-- callers cannot deadlock on them.
 -- Returns true. Callers: run_routed, and the statements of a node's group-commit batch,
 -- which call it first (see dbos_async's routed writes).
 CREATE FUNCTION {{schema}}.lock_shards_here(shards bigint[])
@@ -187,8 +190,17 @@ AS $dbos_fn$
 DECLARE
     moved bigint;
 BEGIN
-    -- ShareLock (5), to commit: no move or split of a shard commits until this write has.
-    PERFORM lock_shard_metadata(5, shards);
+    BEGIN
+        -- ShareLock (5), to commit: no move or split of a shard commits until this write has.
+        PERFORM lock_shard_metadata(5, shards);
+    EXCEPTION WHEN internal_error THEN
+        -- A shard gone from the metadata (split) is refused below; any other error stands.
+        IF NOT EXISTS (SELECT 1 FROM unnest(shards) AS s(id)
+                       WHERE NOT EXISTS (SELECT 1 FROM pg_dist_shard d WHERE d.shardid = s.id))
+        THEN
+            RAISE;
+        END IF;
+    END;
     moved := (SELECT s.id FROM unnest(shards) AS s(id)
               WHERE (SELECT array_agg(p.groupid) FROM pg_dist_placement p
                      WHERE p.shardid = s.id)

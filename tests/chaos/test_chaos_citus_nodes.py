@@ -1,6 +1,7 @@
 """Faults of a Citus cluster's nodes under a sharded system database: a shard moved to
-another worker while its keys' workflows run, and a worker node stopped (or killed) and
-started again while workflows run over keys on both workers.
+another worker, or split in two across the workers, while its keys' workflows run, and a
+worker node stopped (or killed) and started again while workflows run over keys on both
+workers.
 
 Each test has a private cluster (:class:`tests.helpers.citus_cluster.CitusCluster`: a
 coordinator and two workers), since it stops and moves what other tests would use. The
@@ -30,6 +31,8 @@ from dbos_async import (
     SetWorkflowID,
     migrate,
 )
+from dbos_async._sysdb.citus_shards import hash_text
+from dbos_async._sysdb.writes import routed as routed_writes
 from tests.helpers.citus_cluster import CitusCluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.citus]
@@ -47,6 +50,12 @@ STATUSES = ("SELECT ws.shard_key, ws.workflow_uuid, ws.status, wo.output "
             "LEFT JOIN dbos.workflow_output wo USING (shard_key, workflow_uuid)")
 MOVE_SHARD = ("SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, "
               "shard_transfer_mode => $4::citus.shard_transfer_mode)")
+SHARD_INTERVAL = ("SELECT shardminvalue::integer AS min_hash, shardmaxvalue::integer AS max_hash "
+                  "FROM pg_dist_shard WHERE shardid = $1")
+NODE_IDS = ("SELECT array_agg(nodeid ORDER BY array_position($1::integer[], nodeport)) "
+            "FROM pg_dist_node WHERE nodeport = ANY($1::integer[])")
+SPLIT_SHARD = ("SELECT citus_split_shard_by_split_points($1, ARRAY[$2::text], $3::integer[], "
+               "shard_transfer_mode => $4::citus.shard_transfer_mode)")
 
 
 async def checkpoints(url: str) -> Counter[str]:
@@ -200,6 +209,119 @@ async def test_a_shard_moved_under_load_loses_and_repeats_nothing(
     assert sum(after[wf] - before[wf] for wf in others) > 0
     chaos_figures["workflows_checked"] += len(keys)
     chaos_figures["steps_rerun_after_checkpoint"] += sum(c - 1 for c in app.runs.values())
+
+
+# ---- A shard split in two while its keys' workflows run ----
+
+
+async def test_a_shard_split_under_load_loses_and_repeats_nothing(
+        citus_cluster: CitusCluster, chaos_figures: Counter[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ticker under each of 16 keys, and of more keys of the shard holding the most of
+    them until each half of its hash interval has two; once every one has checkpointed
+    steps, that shard is split in two at its interval's midpoint (Citus splits its
+    co-located shards of every per-workflow table with it, under new shard IDs), the lower
+    half staying on its worker and the upper half going to the other one, blocking writes
+    to it during the copy (``block_writes``). The executor's map names the old shard until
+    a write is refused for it. A second executor, idle during the split, has a gated chain
+    under a key of each half waiting at its gate: its next checkpoints go by its map of
+    before the split, naming the old shard. Every workflow ends SUCCESS with its result
+    equal to the steps it checkpointed, each step body ran once, the split keys took steps
+    before and after the split, and the other shards' keys went on during it, where they
+    were."""
+    # The maps are read again only when a write is refused, not for their age.
+    monkeypatch.setattr(routed_writes, "SHARD_MAP_MAX_AGE", 3600.0)
+    cluster = citus_cluster
+    url = cluster.url()
+    await migrate(url, sharding=True)  # the tables distributed: the keys' shards known
+    keys = [f"tenant-{i}" for i in range(16)]
+    shard_of = {key: await cluster.shard_of(key) for key in keys}
+    shard, _ = Counter(shard_of.values()).most_common(1)[0]
+    conn = await asyncpg.connect(url)
+    try:
+        interval = await conn.fetchrow(SHARD_INTERVAL, shard)
+    finally:
+        await conn.close()
+    split = (interval["min_hash"] + interval["max_hash"]) // 2
+    low = [key for key in keys if shard_of[key] == shard and hash_text(key) <= split]
+    high = [key for key in keys if shard_of[key] == shard and hash_text(key) > split]
+    candidate = len(keys)
+    while len(low) < 2 or len(high) < 2:  # two keys in each half at least
+        key = f"tenant-{candidate}"
+        candidate += 1
+        if interval["min_hash"] <= hash_text(key) <= interval["max_hash"]:
+            half = low if hash_text(key) <= split else high
+            if len(half) < 2:
+                half.append(key)
+                keys.append(key)
+    assert {key for key in keys if await cluster.shard_of(key) == shard} == {*low, *high}
+    staying = [key for key in keys if key not in (*low, *high)]
+    node_of = {key: await cluster.node_of(key) for key in keys}
+    source = node_of[low[0]]
+    [target] = [number for number in cluster.workers if number != source]
+    assert staying
+
+    dbos = new_dbos(url, sharding=True)
+    app = Tickers(dbos)
+    idle = new_dbos(url, sharding=True, executor_id="idle")
+    gated = Gated(idle)
+    async with dbos, idle:
+        handles = await app.start(dbos, keys)
+        chains = {}
+        for key in (low[0], high[0]):
+            with SetShardKey(key), SetWorkflowID(f"chain-{key}"):
+                chains[f"chain-{key}"] = await idle.start_workflow(gated.chain, f"chain-{key}")
+
+        async def every_key_busy() -> bool:
+            done = await checkpoints(url)
+            return (all(done[f"ticker-{key}"] >= 2 for key in keys)
+                    and len(gated.at_gate) == len(chains))
+
+        await wait_until(every_key_busy, patience=60,
+                         what="every key's ticker to tick and the chains at their gate")
+        before = await checkpoints(url)
+        conn = await asyncpg.connect(url)
+        try:
+            node_ids = await conn.fetchval(NODE_IDS, [cluster.nodes[source].port,
+                                                      cluster.nodes[target].port])
+            await conn.execute(SPLIT_SHARD, shard, str(split), node_ids, "block_writes")
+        finally:
+            await conn.close()
+        after = await checkpoints(url)
+        gated.gate.set()
+        app.over.set()
+        results = {wf: await asyncio.wait_for(handle.get_result(), 60)
+                   for wf, handle in handles.items()}
+        statuses = {wf: (await handle.get_status()).status for wf, handle in handles.items()}
+        chained = {wf: await asyncio.wait_for(handle.get_result(), 60)
+                   for wf, handle in chains.items()}
+
+    # The lower half's keys stayed on the worker, the upper half's went to the other one,
+    # each under a new shard; the other keys stayed in their shards, where they were.
+    new_shards = {key: await cluster.shard_of(key) for key in keys}
+    assert {new_shards[key] for key in low} & {new_shards[key] for key in high} == set()
+    assert shard not in {new_shards[key] for key in (*low, *high)}
+    assert {key: new_shards[key] for key in staying} == {key: shard_of[key] for key in staying}
+    assert {key: await cluster.node_of(key) for key in keys} == {
+        key: target if key in high else node_of[key] for key in keys}
+    final = await checkpoints(url)
+    states = await final_states(url)
+    assert statuses == dict.fromkeys(handles, "SUCCESS")
+    assert {wf: status for wf, (status, _) in states.items()} == dict.fromkeys(
+        [*handles, *chains], "SUCCESS")
+    app.check(results, final)  # on the split keys as on the others
+    assert chained == dict.fromkeys(chains, RESULT)
+    assert dict(gated.runs) == {(wf, step): 1 for wf in chains
+                                for step in ("first", "gated", "last")}
+    # The split happened mid-workflow: the split keys had checkpointed steps before it and
+    # took more after it; the other shards' keys went on during it.
+    split_workflows = [f"ticker-{key}" for key in (*low, *high)]
+    others = [f"ticker-{key}" for key in staying]
+    assert all(before[wf] >= 2 and final[wf] > after[wf] for wf in split_workflows)
+    assert sum(after[wf] - before[wf] for wf in others) > 0
+    chaos_figures["workflows_checked"] += len(keys) + len(chains)
+    chaos_figures["steps_rerun_after_checkpoint"] += sum(
+        c - 1 for c in (*app.runs.values(), *gated.runs.values()))
 
 
 # ---- A worker node stopped, or killed, and started again ----

@@ -1,7 +1,7 @@
 """Routing by shard key on Citus (dbos_async/_sysdb/citus_shards.py): ``hash_text`` is the
 server's ``hashtext()``, a ``ShardMap`` names the node Citus itself says holds a key (read
-on the coordinator or on a worker, before and after a shard moves), and ``NodePools`` opens
-one pool per node."""
+on the coordinator or on a worker, before and after a shard moves or splits), and
+``NodePools`` opens one pool per node."""
 
 from __future__ import annotations
 
@@ -276,6 +276,25 @@ async def move_shard(url: str, shard: ShardInterval, target: Host) -> None:
         await conn.close()
 
 
+NODE_ID = "SELECT nodeid FROM pg_dist_node WHERE nodename = $1 AND nodeport = $2"
+
+
+async def split_shard(url: str, shard: ShardInterval, targets: tuple[Host, Host]) -> int:
+    """Split ``shard`` (with its co-located shards of every table) at the midpoint of its
+    hash interval, the lower half onto ``targets[0]`` and the upper onto ``targets[1]``,
+    blocking writes to it during the copy; the split point (the lower half's last hash)."""
+    midpoint = (shard.min_hash + shard.max_hash) // 2
+    conn = await asyncpg.connect(url)
+    try:
+        node_ids = [await conn.fetchval(NODE_ID, node.address, node.port) for node in targets]
+        await conn.execute(
+            "SELECT citus_split_shard_by_split_points($1, $2, $3, 'block_writes')",
+            shard.shard_id, [str(midpoint)], node_ids)
+    finally:
+        await conn.close()
+    return midpoint
+
+
 @pytest.mark.citus
 async def test_a_program_naming_a_shard_runs_only_where_the_shard_is(cluster: Cluster) -> None:
     shards = await load_map(cluster.url)
@@ -339,6 +358,109 @@ async def test_writes_by_a_stale_map_follow_a_moved_shard(citus_url: str,
         assert await sysdb.node_of("tenant-7") == target
         steps = await dbos.list_workflow_steps("after-move", shard_key="tenant-7")
         assert [s.name for s in steps] == ["double", "double"]
+
+
+@pytest.mark.citus
+async def test_a_program_naming_a_split_shard_is_refused_where_its_tables_linger(
+        cluster: Cluster) -> None:
+    """After a split the old shard's tables stay on its node until Citus's deferred cleanup
+    drops them; a program naming them is refused there (its shard has no placement any
+    more), while a program naming a new half runs where that half is."""
+    shards = await load_map(cluster.url)
+    shard = shards.shards[0]
+    [other] = [node for node in cluster.workers if node != shard.node]
+    on_old_node = await asyncpg.connect(cluster.on(shard.node))
+    try:
+        split = await split_shard(cluster.url, shard, (shard.node, other))
+        # Dropped only by the cleanup, every 15 s by default: looked for at once.
+        lingers = await on_old_node.fetchval(
+            "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
+            SCHEMA, f"workflow_status_{shard.shard_id}")
+    finally:
+        await on_old_node.close()
+    assert lingers
+    after = await load_map(cluster.url)
+    low, high = after.shards[0], after.shards[1]
+    assert (low.min_hash, low.max_hash, high.min_hash, high.max_hash) == (
+        shard.min_hash, split, split + 1, shard.max_hash)
+    assert (low.node, high.node) == (shard.node, other)
+    assert shard.shard_id not in {low.shard_id, high.shard_id}
+    assert after.shards[2:] == shards.shards[1:]
+
+    async def run_on(node: Host, on: ShardInterval) -> Any:
+        table = f"{quoted(SCHEMA)}.workflow_status_{on.shard_id}"
+        count = Step(Query(f"SELECT count(*) AS n FROM {table}"), rows=True)
+        sql = ShardedStatements(quoted(SCHEMA)).run_routed("k", encode([count]), on.shard_id)
+        conn = await asyncpg.connect(cluster.on(node))
+        try:
+            return await conn.fetchval(sql.sql, *sql.params)
+        finally:
+            await conn.close()
+
+    with pytest.raises(asyncpg.PostgresError, match="has no placement") as refused:
+        await run_on(shard.node, shard)
+    assert refused.value.sqlstate == SHARD_MOVED
+    assert json.loads(await run_on(shard.node, low)) == [{"n": 0}]
+    assert json.loads(await run_on(other, high)) == [{"n": 0}]
+
+
+@pytest.mark.citus
+async def test_writes_by_a_stale_map_follow_a_split_shard(citus_url: str,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A shard split in two, its lower half kept on its node and its upper half put on the
+    other worker: the next workflow under a key of either half finishes, the program the
+    stale map sent naming the old shard refused (its tables linger on the old node until
+    Citus's cleanup drops them) and sent again by a map read anew, which names the new
+    shards and places each key's half."""
+    monkeypatch.setattr(routed_writes, "SHARD_MAP_MAX_AGE", 3600.0)
+    dbos = new_dbos(citus_url, sharding=True)
+
+    @dbos.step(name="double")
+    async def double(n: int) -> int:
+        return 2 * n
+
+    @dbos.workflow(name="twice")
+    async def twice(n: int) -> int:
+        return await double(await double(n))
+
+    async with dbos:
+        sysdb = dbos._system_database
+        stale = await sysdb._current_shard_map()
+        assert stale is not None
+        shard = stale.shard_of("tenant-7")
+        midpoint = (shard.min_hash + shard.max_hash) // 2
+        keys = [key for key in (f"tenant-{i}" for i in range(5000))
+                if stale.shard_of(key) == shard]
+        low = next(key for key in keys if hash_text(key) <= midpoint)
+        high = next(key for key in keys if hash_text(key) > midpoint)
+        for key in (low, high):
+            with SetShardKey(key), SetWorkflowID(f"before-{key}"):
+                assert await twice(1) == 4
+        assert sysdb._shard_map is stale
+        [other] = [node for node in stale.nodes() if node != shard.node]
+        assert await split_shard(citus_url, shard, (shard.node, other)) == midpoint
+        # Each program goes to the shard's old node, naming the old shard's tables, by the
+        # stale map; the node refuses it, and it is sent again by a map read anew.
+        for key in (low, high):
+            with SetShardKey(key), SetWorkflowID(f"after-{key}"):
+                assert await twice(2) == 8
+        fresh = sysdb._shard_map
+        assert fresh is not None and fresh is not stale
+        assert (await sysdb.node_of(low), await sysdb.node_of(high)) == (shard.node, other)
+        halves = (fresh.shard_of(low), fresh.shard_of(high))
+        assert [(half.min_hash, half.max_hash) for half in halves] == [
+            (shard.min_hash, midpoint), (midpoint + 1, shard.max_hash)]
+        assert shard.shard_id not in {half.shard_id for half in halves}
+        assert len(fresh.shards) == len(stale.shards) + 1
+        for key in (low, high):
+            for workflow_id in (f"before-{key}", f"after-{key}"):
+                steps = await dbos.list_workflow_steps(workflow_id, shard_key=key)
+                assert [s.name for s in steps] == ["double", "double"]
+    statuses = await fetch(citus_url, "SELECT workflow_uuid, status "
+                                      "FROM dbos.workflow_status ORDER BY 1")
+    assert [tuple(r) for r in statuses] == sorted(
+        (f"{when}-{key}", "SUCCESS") for key in (low, high) for when in ("before", "after"))
 
 
 @pytest.mark.citus
