@@ -45,8 +45,10 @@ one node), that each worker holds as many shards as measured (a batch's cost gro
 shards it spans: shards are split as workers are added, see docs/operations/citus.md) and
 that the executors, which scale by adding processes, are not the limit.
 
-The migration distributes the tables in one shard per worker node, its default, unless
-``--shard-count`` sets ``citus.shard_count`` for the benchmark's database.
+The tables are distributed in one shard per worker node (``citus.shard_count`` set so for
+the benchmark's database): the migration's default, which a ``citus.shard_count`` in the
+cluster's own configuration would override. ``--shard-count N`` measures N shards, and
+``--shard-count 0`` whatever the cluster's configuration gives.
 
 Nothing here asserts a timing: the script prints the figures of the run.
 """
@@ -297,8 +299,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await drop_citus_database(args.citus_url, name)
         citus_url = await create_citus_database(args.citus_url, name)
         workers = sum(1 for node in nodes if not node.is_coordinator)
-        if args.shard_count is not None:
-            await set_shard_count(citus_url, name, args.shard_count)
+        if args.shard_count != 0:
+            await set_shard_count(citus_url, name, args.shard_count or workers)
         plain_server = parse_database_url(plain_url).hosts[0]
         plain_nodes = [Node("plain", f"plain {plain_server}", plain_url)]
         cluster = cluster_nodes(citus_url, nodes)
@@ -491,8 +493,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool-size", type=int, default=10,
                         help="the executor's connection pool (default 10, dbos_async's)")
     parser.add_argument("--shard-count", type=int, default=None,
-                        help="shards of each distributed table (default: the migration's, "
-                             "one per worker node)")
+                        help="shards of each distributed table (default: one per worker "
+                             "node, the migration's default; 0: the cluster's "
+                             "citus.shard_count)")
     parser.add_argument("--cores-per-node", type=float, default=1.0,
                         help="K of the capacity projection (default 1: wf/s per core)")
     parser.add_argument("--db-prefix", default="bench_citus",
