@@ -45,7 +45,9 @@ from dbos_async import (
     current_shard_key,
     current_workflow_id,
 )
+from dbos_async._database_url import parse_database_url
 from dbos_async._sysdb.core import MIN_KEYS_PER_ROUND_TRIP
+from dbos_async._sysdb.statements.sharded import CLAIM_LOCK_CLASS
 from dbos_async.testing import TestClock
 
 PATIENCE = 15.0
@@ -250,6 +252,46 @@ async def test_queues_and_deduplication_per_key(database_url: str) -> None:
                 pytest.raises(QueueDeduplicatedError):
             await app.queue.enqueue(app.child, "acme")
         assert [await h.get_result() for h in handles] == ["acme:child", "globex:child"]
+
+
+async def test_one_claimer_at_a_time_per_key(database_url: str) -> None:
+    """A claim of a queue's key runs only while no other claimer holds that key's gate (the
+    advisory lock of its transaction): a claimer that finds it held claims nothing there
+    and goes on to the queue's other keys; once the gate is free the key's work is taken."""
+    dbos = new_dbos(database_url, sharding=True)
+    queue = dbos.queue("gated", polling_interval=0.05)
+
+    @dbos.workflow(name="job")
+    async def job(key: str) -> str:
+        return key
+
+    async with dbos:
+        sysdb = dbos._system_database
+        gate = sysdb.sql.claim_gate_name("gated", None, "held")
+        # On Citus the key's claims run on the node holding it, and so does its gate.
+        node = await sysdb.node_of("held")
+        other = await asyncpg.connect(
+            database_url if node is None
+            else parse_database_url(database_url).with_server(node))  # type: ignore[arg-type]
+        try:
+            transaction = other.transaction()
+            await transaction.start()
+            # Another claimer of the key "held", in the middle of its claim.
+            assert await other.fetchval(
+                "SELECT pg_try_advisory_xact_lock($1, hashtext($2))", CLAIM_LOCK_CLASS, gate)
+            with SetShardKey("held"):
+                held = await queue.enqueue(job, "held")
+            with SetShardKey("free"):
+                free = await queue.enqueue(job, "free")
+            # The round that claimed "free" read both keys (both were enqueued before it)
+            # and left the held one.
+            assert await asyncio.wait_for(free.get_result(), PATIENCE) == "free"
+            status = await held.get_status()
+            assert status is not None and status.status == "ENQUEUED"
+            await transaction.rollback()
+            assert await asyncio.wait_for(held.get_result(), PATIENCE) == "held"
+        finally:
+            await other.close()
 
 
 async def test_a_finished_workflow_is_announced_under_its_key(database_url: str) -> None:

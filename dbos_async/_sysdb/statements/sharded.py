@@ -12,6 +12,7 @@ or, with none, spans every key (listings, recovery, maintenance).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,10 @@ from dbos_async._sysdb import shard_keys
 from dbos_async._sysdb.statements import Statements
 from dbos_async._sysdb.statements.base import Params, WorkflowAddress, qualify
 from dbos_async.errors import DBOSError
+
+CLAIM_LOCK_CLASS = 0x44425143
+"""The first half of a claim gate's advisory lock key (``DBQC``): its second half hashes the
+claim's schema, queue, partition and shard key."""
 
 
 class ShardedStatements(Statements):
@@ -120,6 +125,25 @@ class ShardedStatements(Statements):
     def key_columns(self, alias: str | None = None,
                     names: Sequence[str] = ("shard_key",)) -> str:
         return "".join(f", {qualify(alias, name)}" for name in names)
+
+    def claim_gate(self, queue_name: str, partition_key: str | None, p: Params) -> str:
+        """One claimer at a time per key (and partition) of a queue: an advisory lock of
+        the claim's transaction, tried once before the scan (a subquery that reads no row
+        runs once). Executors claiming the same key at once would each scan past the rows
+        the others locked; the one that does not get the lock claims nothing from this key
+        this round and goes on to its other keys. All claims of a key run on the node that
+        holds it, so on Citus the lock is that node's, as the rows are."""
+        scope = shard_keys.current_scope()
+        if scope is None:
+            return "TRUE"
+        name = p(self.claim_gate_name(queue_name, partition_key, scope))
+        return (f"(SELECT pg_catalog.pg_try_advisory_xact_lock({CLAIM_LOCK_CLASS}, "
+                f"pg_catalog.hashtext({name})))")
+
+    def claim_gate_name(self, queue_name: str, partition_key: str | None,
+                        shard_key: str) -> str:
+        """What the claim gate's lock of a queue's key (and partition) is named by."""
+        return json.dumps([self.schema, queue_name, partition_key, shard_key])
 
     def key_in(self, alias: str | None, keys: Sequence[str], p: Params,
                column: str = "shard_key") -> str:
