@@ -399,7 +399,7 @@ class Signature:
         if not self._checks_arguments:
             return args, kwargs
         positional, named = self._parameter_names(len(args), kwargs)
-        return (tuple(self._check(n, v) for n, v in zip(positional, args, strict=True)),
+        return (tuple([self._check(positional[index], v) for index, v in enumerate(args)]),
                 {k: self._check(named[k], v) for k, v in kwargs.items()})
 
     def _check(self, name: str, value: Any) -> Any:
