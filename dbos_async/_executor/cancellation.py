@@ -116,10 +116,14 @@ class CancellationWatcher:
     def detach(self, ctx: Execution) -> None:
         waiter = _waiter(ctx)
         contexts = self._contexts.get(waiter)
-        if contexts is not None:
-            contexts[:] = [c for c in contexts if c is not ctx]
-            if not contexts:
-                del self._contexts[waiter]
+        if contexts is None:
+            return
+        if len(contexts) == 1 and contexts[0] is ctx:  # the common case: its only one here
+            del self._contexts[waiter]
+            return
+        contexts[:] = [c for c in contexts if c is not ctx]
+        if not contexts:
+            del self._contexts[waiter]
 
     def _add(self, region: Region) -> None:
         self._regions.setdefault(region.waiter, set()).add(region)

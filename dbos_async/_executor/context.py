@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from dbos_async import _metrics as metrics
 from dbos_async._executor.authentication import NO_AUTHENTICATION, Authentication, running_as
 from dbos_async._sysdb.database import StepRecord
-from dbos_async._sysdb.shard_keys import WorkflowAddress
+from dbos_async._sysdb.shard_keys import routed_as_stored
 from dbos_async._validation import check_identifier, check_jsonb, check_seconds
 from dbos_async.errors import DBOSError, InvalidArgumentError
 
@@ -67,7 +67,7 @@ class WorkflowContext:
     def routed(self) -> AbstractContextManager[None]:
         """Route the statements of this execution by its own key, whatever its starter had
         bound (workflow IDs repeat across keys)."""
-        return WorkflowAddress(self.workflow_id, self.shard_key).routed()
+        return routed_as_stored(self.workflow_id, self.shard_key)
 
     def allocate_step_id(self) -> int:
         step_id = self.next_step_id

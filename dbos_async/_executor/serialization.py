@@ -22,7 +22,7 @@ import json
 import pickle
 from collections.abc import Callable, Collection
 from enum import StrEnum
-from functools import cached_property, partial
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, get_type_hints
 
 from pydantic import PydanticUserError, TypeAdapter, ValidationError
@@ -46,6 +46,7 @@ _JSON_SCALARS = frozenset((str, int, float, bool, type(None)))
 _JSON_CONSTANTS = {None: "null", True: "true", False: "false"}
 # ``json.dumps`` with these options builds this encoder at each call; it keeps no state.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_DECODER = json.JSONDecoder()
 
 
 def to_json_value(value: Any, what: str) -> Any:
@@ -102,7 +103,16 @@ class PortableJSON:
         return to_json(data, "a value")
 
     def deserialize(self, serialized_data: str) -> Any:
-        return json.loads(serialized_data)
+        # The decoder's own scan, without json.loads's checks around it (a third of its
+        # cost on a workflow's inputs); text it does not take whole (surrounding
+        # whitespace, or not JSON) goes to json.loads, which reads it or says why not.
+        try:
+            value, end = _DECODER.raw_decode(serialized_data)
+        except ValueError:
+            return json.loads(serialized_data)
+        if end != len(serialized_data):
+            return json.loads(serialized_data)
+        return value
 
 
 class PythonPickle:
@@ -332,17 +342,16 @@ class Signature:
                 adapters[name] = None
         return adapters[name]
 
-    def coerce(self, name: str, value: Any, what: str | Callable[[], str]) -> Any:
+    def coerce(self, name: str, value: Any, what: str) -> Any:
         """``value`` validated against the annotation of ``name`` (``what`` names it in
-        the error; a callable, to build that name only if there is one)."""
+        the error)."""
         adapter = self._adapter(name)
         if adapter is None:
             return value
         try:
             return adapter.validate_python(value)
         except ValidationError as error:
-            label = what if isinstance(what, str) else what()
-            raise SerializationError(f"{label} does not match its annotation: {error}") from None
+            raise SerializationError(f"{what} does not match its annotation: {error}") from None
 
     @cached_property
     def _checks_arguments(self) -> bool:
@@ -390,7 +399,7 @@ class Signature:
         if not self._checks_arguments:
             return args, kwargs
         positional, named = self._parameter_names(len(args), kwargs)
-        return (tuple(self._check(n, v) for n, v in zip(positional, args, strict=True)),
+        return (tuple([self._check(positional[index], v) for index, v in enumerate(args)]),
                 {k: self._check(named[k], v) for k, v in kwargs.items()})
 
     def _check(self, name: str, value: Any) -> Any:
@@ -419,14 +428,22 @@ class Signature:
         if not self._checks_arguments:  # nothing to coerce: no parameter to look up
             return tuple(positional), named
         names, keywords = self._parameter_names(len(positional), named)
-        args = tuple(self.coerce(name, value, partial(self._argument_label, index))
-                     for index, (name, value) in enumerate(zip(names, positional, strict=True)))
-        kwargs = {k: self.coerce(keywords[k], v, partial(self._argument_label, repr(k)))
-                  for k, v in named.items()}
+        args = tuple([self._stored_argument(names[index], value, index)
+                      for index, value in enumerate(positional)])
+        kwargs = {k: self._stored_argument(keywords[k], v, repr(k)) for k, v in named.items()}
         return args, kwargs
 
-    def _argument_label(self, position: int | str) -> str:
-        return f"argument {position} of {self.qualname}"
+    def _stored_argument(self, name: str, value: Any, position: int | str) -> Any:
+        """:meth:`coerce` of a stored argument, named by its ``position`` in the error (the
+        name built only then: every argument of every claimed workflow passes here)."""
+        adapter = self._adapter(name)
+        if adapter is None:
+            return value
+        try:
+            return adapter.validate_python(value)
+        except ValidationError as error:
+            raise SerializationError(f"argument {position} of {self.qualname} does not match "
+                                     f"its annotation: {error}") from None
 
     def serialize_result(self, value: Any, formats: Formats,
                          serialization: str | None = None) -> Payload:

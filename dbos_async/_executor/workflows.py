@@ -39,10 +39,11 @@ from dbos_async.errors import (
 logger = logging.getLogger("dbos_async")
 
 
-def _seen(result: asyncio.Future[Any]) -> None:
-    """Mark an unawaited failure as seen: the outcome is in the database either way."""
-    if not result.cancelled():
-        result.exception()
+def _fail(result: asyncio.Future[Any], error: BaseException) -> None:
+    """Fail ``result`` with ``error``, marked as seen (no warning if nobody awaits it): the
+    outcome is in the database either way."""
+    result.set_exception(error)
+    result.exception()
 
 
 @dataclass
@@ -54,9 +55,6 @@ class Execution:
     on_body_end: Callable[[], None] | None = None
     """Called once the body has returned or raised, before its outcome is recorded (a
     queue's claim loop frees the workflow's worker slot there)."""
-
-    def __post_init__(self) -> None:
-        self.result.add_done_callback(_seen)
 
     def body_ended(self) -> None:
         callback, self.on_body_end = self.on_body_end, None
@@ -137,7 +135,7 @@ async def _refuse(runtime: Runtime, info: WorkflowInfo, row: WorkflowRow, owner_
     with bind_shard_keys({row.workflow_id: row.shard_key}):
         await runtime.system_database.record_outcome(row.workflow_id, owner_xid, error=text)
     execution = Execution(info)
-    execution.result.set_exception(recorded)
+    _fail(execution.result, recorded)
     return execution
 
 
@@ -154,7 +152,7 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
         except asyncio.CancelledError:
             # The executor is shutting down: the workflow stays PENDING and resumes on
             # recovery.
-            future.set_exception(DBOSError(
+            _fail(future, DBOSError(
                 f"Workflow {workflow_id!r} was interrupted by executor shutdown; it resumes "
                 "from its last checkpoint when an executor recovers it"
             ))
@@ -163,8 +161,7 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
             with contextlib.suppress(NonExistentWorkflowError):  # deleted meanwhile
                 await runtime.system_database.cancel([workflow_id], children=False)
             runtime.notify_completion(workflow_id, ctx.shard_key)
-            future.set_exception(WorkflowCancelledError(workflow_id,
-                                                        "cancelled: its deadline passed"))
+            _fail(future, WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
         except Exception as error:
             await _finish(ctx, execution, error=error)
         else:
@@ -221,7 +218,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
                                                       output=output.text)
         if recorded:  # (and announced: handles waiting elsewhere wake on it)
             if error is not None:
-                future.set_exception(error)
+                _fail(future, error)
             else:
                 future.set_result(value)
             return
@@ -237,7 +234,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = No
         raise
     except Exception as failure:
         if not future.done():
-            future.set_exception(failure)
+            _fail(future, failure)
 
 
 def _stops_execution(ctx: WorkflowContext, error: Exception) -> bool:

@@ -11,7 +11,6 @@ queues, schedules, transfer, observability, and the write path
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
@@ -107,7 +106,7 @@ def _with_child_key(key: str, r: Checkpoint) -> Checkpoint:
     batch of one key's scope reads it."""
     if r.child_workflow_id is None or r.child_shard_key is not None:
         return r
-    return dataclasses.replace(r, child_shard_key=key)
+    return r._replace(child_shard_key=key)
 
 
 def _started_in_batch(rows: Sequence[tuple[NewWorkflow, str]],

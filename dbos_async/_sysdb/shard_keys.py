@@ -109,25 +109,31 @@ class WorkflowAddress(NamedTuple):
         """Statements naming this workflow's ID route by its key alone inside the block,
         whatever the surrounding context bound to the same ID: cleared, then bound to
         this workflow's key alone (both at once: a workflow's body runs in this block)."""
-        return _Routed(self.workflow_id, self.shard_key)
+        _checked_bindings({self.workflow_id: self.shard_key})
+        return routed_as_stored(self.workflow_id, self.shard_key)
 
 
 _UNBOUND: Mapping[str, str] = MappingProxyType({})
+
+
+def routed_as_stored(workflow_id: str, shard_key: str | None) -> AbstractContextManager[None]:
+    """:meth:`WorkflowAddress.routed` of a workflow whose row holds this ID and key (an
+    execution's own), which are then valid: nothing to check (every workflow run enters
+    one)."""
+    return _Routed(_UNBOUND if shard_key is None else MappingProxyType({workflow_id: shard_key}))
 
 
 class _Routed:
     """The block of :meth:`WorkflowAddress.routed`: a plain class, cheaper to enter than a
     generator's context manager (every workflow run enters one)."""
 
-    __slots__ = ("_bound", "_scope", "_shard_key", "_workflow_id")
+    __slots__ = ("_bound", "_given", "_scope")
 
-    def __init__(self, workflow_id: str, shard_key: str | None) -> None:
-        self._workflow_id = workflow_id
-        self._shard_key = shard_key
+    def __init__(self, given: Mapping[str, str]) -> None:
+        self._given = given
 
     def __enter__(self) -> None:
-        given = _checked_bindings({self._workflow_id: self._shard_key})
-        self._bound = _bound.set(MappingProxyType(given) if given else _UNBOUND)
+        self._bound = _bound.set(self._given)
         self._scope = _scope.set(None)
 
     def __exit__(self, *exc: object) -> None:

@@ -218,6 +218,27 @@ async def test_client_enqueues_are_checked_where_they_run(database_url: str) -> 
             await client.enqueue("checked", "guarded", authenticated_roles="admin")
 
 
+async def test_a_refused_queued_workflow_frees_its_worker_slot(database_url: str) -> None:
+    # Without notifications: the refused workflow's completion is announced here only
+    # before its claim loop counts it, so nothing else frees its slot.
+    dbos = new_dbos(database_url, use_listen_notify=False)
+    dbos.queue("one-at-a-time", worker_concurrency=1, polling_interval=0.1)
+
+    @dbos.workflow(name="guarded", required_roles=["admin"])
+    async def guarded() -> list[Any]:
+        return identity()
+
+    async with dbos, DBOSClient(system_database_url=database_url) as client:
+        refused = await client.enqueue("one-at-a-time", "guarded", authenticated_user="eve")
+        with pytest.raises(NotAuthorizedError):
+            await asyncio.wait_for(refused.get_result(), PATIENCE)
+        # The only slot was the refused workflow's: the next one runs only if it was freed.
+        allowed = await client.enqueue("one-at-a-time", "guarded", authenticated_user="alice",
+                                       authenticated_roles=["admin"])
+        assert await asyncio.wait_for(allowed.get_result(), PATIENCE) \
+            == ["alice", ["admin"], "admin"]
+
+
 def test_bad_identities_and_requirements_are_refused() -> None:
     with pytest.raises(DBOSError, match="list of role names"):
         SetAuthentication("alice", "admin")  # type: ignore[arg-type]

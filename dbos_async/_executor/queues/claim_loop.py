@@ -333,17 +333,20 @@ class ClaimLoop:
                 await sysdb.record_outcome(workflow_id, row.owner_xid, error=text)
             self._freed()
             return
+        if execution.result.done():  # refused its identity: ended without running
+            self._freed()
+            return
         running = keyed(workflow_id, row.shard_key)
         self.running[running] = partition_key
         # The slot is free as soon as the body is done: the next claim goes while the
         # outcomes are being written (the row stays PENDING under this execution's owner
-        # token until they commit, so a shared concurrency budget still counts it).
+        # token until they commit, so a shared concurrency budget still counts it). A run
+        # that started always gets there, the executor's shutdown included.
         execution.on_body_end = lambda: self.finished(running)
-        execution.result.add_done_callback(lambda _: self.finished(running))
 
     def finished(self, running: str) -> None:
-        """A workflow of this loop ended (its body returned or raised, its completion was
-        announced, or its execution stopped): its worker slot is free."""
+        """A workflow of this loop ended (its body returned or raised, or its completion
+        was announced): its worker slot is free."""
         if running in self.running:
             del self.running[running]
             self._freed()

@@ -132,11 +132,11 @@ class ParentStep:
     shard_key: str | None = None
 
 
-@dataclass(frozen=True)
-class Checkpoint:
+class Checkpoint(NamedTuple):
     """A step's outcome to record, fenced by its execution's owner token (see
     ``WorkflowStatements.record_steps``), with the keys of its workflow's child if it
-    started one."""
+    started one (a named tuple: one is built for every step, and a batch's are read
+    column by column)."""
 
     workflow_id: str
     function_id: int

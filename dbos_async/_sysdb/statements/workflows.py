@@ -481,22 +481,26 @@ class WorkflowStatements(StatementBase):
     def _record_steps_insert(self, rows: Sequence[Checkpoint], shard_keys: Sequence[str] | None,
                              p: Params) -> str:
         # Every column goes whatever the rows hold (a child's key is NULL without a child),
-        # so the text is one for every batch.
-        names = ["workflow_uuid", "function_id", "function_name", "owner_xid", "output",
-                 "error", "child_workflow_id",
-                 *(f"child_{c}" for c in self.workflow_key_columns),
-                 "started_at_epoch_ms", "completed_at_epoch_ms", "serialization"]
-        given = [{"workflow_uuid": r.workflow_id, "function_id": r.function_id,
-                  "function_name": r.function_name, "owner_xid": r.owner_xid,
-                  "output": r.output, "error": r.error,
-                  "child_workflow_id": r.child_workflow_id,
-                  **self.child_values(r.child_workflow_id, r.child_shard_key),
-                  "started_at_epoch_ms": r.started_at_ms,
-                  "completed_at_epoch_ms": r.completed_at_ms,
-                  "serialization": r.serialization} for r in rows]
+        # so the text is one for every batch. The rows are read column by column (named
+        # tuples, transposed at once).
+        given = dict(zip(Checkpoint._fields, zip(*rows, strict=True), strict=True)) if rows \
+            else dict.fromkeys(Checkpoint._fields, ())
+        children = [self.child_values(r.child_workflow_id, r.child_shard_key)
+                    for r in rows] if self.workflow_key_columns else []
+        values: dict[str, Sequence[Any]] = {
+            "workflow_uuid": given["workflow_id"], "function_id": given["function_id"],
+            "function_name": given["function_name"], "owner_xid": given["owner_xid"],
+            "output": given["output"], "error": given["error"],
+            "child_workflow_id": given["child_workflow_id"],
+            **{f"child_{c}": [child.get(f"child_{c}") for child in children]
+               for c in self.workflow_key_columns},
+            "started_at_epoch_ms": given["started_at_ms"],
+            "completed_at_epoch_ms": given["completed_at_ms"],
+            "serialization": given["serialization"]}
+        names = list(values)
         casts = {"function_id": "integer", "started_at_epoch_ms": "bigint",
                  "completed_at_epoch_ms": "bigint"}
-        refs = {c: p.array([g.get(c) for g in given], casts.get(c, "text")) for c in names}
+        refs = {c: p.array(v, casts.get(c, "text")) for c, v in values.items()}
         arrays, ids = ", ".join(refs.values()), refs["workflow_uuid"]
         stored = [c for c in names if c != "owner_xid"]
         keys = self._key_values_of("ws")
@@ -614,11 +618,12 @@ class WorkflowStatements(StatementBase):
                               ) -> StatementParts:
         """:meth:`record_outcomes` as parts of a statement of several (see
         :class:`StatementParts`); its text is the same for any rows, none included."""
+        # FinalOutcome's fields, in order: the rows (named tuples) transposed at once.
         names = {"workflow_uuid": "text", "status": "text", "owner_xid": "text",
                  "output": "text", "error": "text"}
-        refs = [p.array([getattr(r, f) for r in rows], cast) for f, cast in zip(
-            ("workflow_id", "status", "owner_xid", "output", "error"), names.values(),
-            strict=True)]
+        columns = zip(*rows, strict=True) if rows else [()] * len(names)
+        refs = [p.array(column, cast)
+                for column, cast in zip(columns, names.values(), strict=True)]
         arrays = ", ".join(refs)
         keys = self._key_values_of("updated")
         output_columns = [*keys, "workflow_uuid", "output", "error"]
