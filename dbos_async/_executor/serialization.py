@@ -428,22 +428,12 @@ class Signature:
         if not self._checks_arguments:  # nothing to coerce: no parameter to look up
             return tuple(positional), named
         names, keywords = self._parameter_names(len(positional), named)
-        args = tuple([self._stored_argument(names[index], value, index)
+        label = self.qualname
+        args = tuple([self.coerce(names[index], value, f"argument {index} of {label}")
                       for index, value in enumerate(positional)])
-        kwargs = {k: self._stored_argument(keywords[k], v, repr(k)) for k, v in named.items()}
+        kwargs = {k: self.coerce(keywords[k], v, f"argument {k!r} of {label}")
+                  for k, v in named.items()}
         return args, kwargs
-
-    def _stored_argument(self, name: str, value: Any, position: int | str) -> Any:
-        """:meth:`coerce` of a stored argument, named by its ``position`` in the error (the
-        name built only then: every argument of every claimed workflow passes here)."""
-        adapter = self._adapter(name)
-        if adapter is None:
-            return value
-        try:
-            return adapter.validate_python(value)
-        except ValidationError as error:
-            raise SerializationError(f"argument {position} of {self.qualname} does not match "
-                                     f"its annotation: {error}") from None
 
     def serialize_result(self, value: Any, formats: Formats,
                          serialization: str | None = None) -> Payload:
