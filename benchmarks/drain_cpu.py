@@ -12,6 +12,10 @@ the server share. Each round runs on a fresh scratch database:
   SQL function ``dbos.enqueue_workflow`` in one transaction onto a queue nobody drains
   (the enqueue's own cost), then N onto the drained queue, measured from before that
   enqueue until all N are SUCCESS; the enqueue's cost is taken off.
+- the schema floor: N workflows enqueued the same way, then drained by raw SQL in batches of
+  100, a claim and an outcome statement each (``FLOOR_CLAIM_SQL``, ``FLOOR_OUTCOME_SQL``):
+  the least the `dbos`-compatible schema has the server do per workflow, whatever the
+  client.
 - pgqueuer: N trivial jobs enqueued in one call, then drained by a ``QueueManager`` in
   drain mode at batch size 100 (as ``bench_pgqueuer.py``), measured over the drain.
 
@@ -36,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg
 import server_cpu
-from common import DEFAULT_URL, drop_database, recreate_database, table
+from common import DEFAULT_URL, UNFINISHED_SQL, drop_database, recreate_database, table
 from queue_child import ENQUEUE_SQL, WORKFLOW, ZERO_STEP, dbos_async_workflows
 
 import dbos_async
@@ -93,11 +97,9 @@ async def dbos_async_round(url: str, workflow: str, jobs: int) -> dict[str, Any]
                 await _enqueue(conn, workflow, UNDRAINED, jobs)
             with Window(postmaster) as drain:
                 await _enqueue(conn, workflow, QUEUE, jobs)
-                while True:  # polled: no handle waits on workflows the SQL enqueued
-                    left = await conn.fetchval(
-                        "SELECT count(*) FROM dbos.workflow_status "
-                        "WHERE queue_name = $1 AND status <> 'SUCCESS'", QUEUE)
-                    if not left:
+                # Polled: no handle waits on workflows the SQL enqueued.
+                while True:
+                    if not await conn.fetchval(UNFINISHED_SQL, QUEUE):
                         break
                     await asyncio.sleep(0.02)
         finally:
@@ -105,6 +107,57 @@ async def dbos_async_round(url: str, workflow: str, jobs: int) -> dict[str, Any]
     server = (None if drain.server is None or enqueue.server is None
               else drain.server - enqueue.server)
     return _figures(jobs, drain.wall, drain.client - enqueue.client, server)
+
+
+# The schema floor: the least a drain on the `dbos`-compatible schema must write per
+# workflow, sent by a client that does nothing else. A claim flips a batch to PENDING and
+# reads its inputs; an outcome flips it to SUCCESS and stores its output. One statement
+# each per batch of FLOOR_BATCH, autocommitted: fewer round trips and commits per
+# workflow than any real executor, so its server CPU per workflow bounds ours from below.
+FLOOR_BATCH = 100
+FLOOR_CLAIM_SQL = """
+    UPDATE dbos.workflow_status ws
+    SET status = 'PENDING', executor_id = 'floor', started_at_epoch_ms = $2,
+        updated_at = $2, recovery_attempts = recovery_attempts + 1
+    WHERE ws.workflow_uuid = ANY(ARRAY(
+        -- SKIP LOCKED, as a claimer among others must.
+        SELECT workflow_uuid FROM dbos.workflow_status
+        WHERE queue_name = $1 AND status = 'ENQUEUED'
+        ORDER BY priority, created_at LIMIT $3 FOR UPDATE SKIP LOCKED))
+    RETURNING ws.workflow_uuid,
+              (SELECT wi.inputs FROM dbos.workflow_input wi
+               WHERE wi.workflow_uuid = ws.workflow_uuid) AS inputs"""
+FLOOR_OUTCOME_SQL = """
+    WITH finished AS (
+        UPDATE dbos.workflow_status ws
+        SET status = 'SUCCESS', updated_at = $3, completed_at = $3
+        FROM unnest($1::text[]) AS v(workflow_uuid)
+        WHERE ws.workflow_uuid = v.workflow_uuid
+        RETURNING ws.workflow_uuid)
+    INSERT INTO dbos.workflow_output (workflow_uuid, output)
+    SELECT finished.workflow_uuid, o.output
+    FROM finished JOIN unnest($1::text[], $2::text[]) AS o(workflow_uuid, output)
+      ON o.workflow_uuid = finished.workflow_uuid"""
+
+
+async def floor_round(url: str, jobs: int) -> dict[str, Any]:
+    await dbos_async.migrate(url)
+    conn = await asyncpg.connect(url)
+    try:
+        await _enqueue(conn, ZERO_STEP, QUEUE, jobs)
+        postmaster = await server_cpu.local_postmaster(conn)
+        with Window(postmaster) as drain:
+            done = 0
+            while done < jobs:
+                now_ms = int(time.time() * 1000)
+                claimed = await conn.fetch(FLOOR_CLAIM_SQL, QUEUE, now_ms, FLOOR_BATCH)
+                ids = [row["workflow_uuid"] for row in claimed]
+                outputs = [row["inputs"] for row in claimed]
+                await conn.execute(FLOOR_OUTCOME_SQL, ids, outputs, now_ms)
+                done += len(ids)
+    finally:
+        await conn.close()
+    return _figures(jobs, drain.wall, drain.client, drain.server)
 
 
 async def pgqueuer_round(url: str, jobs: int) -> dict[str, Any]:
@@ -157,6 +210,7 @@ async def main() -> None:
     systems: list[tuple[str, Callable[[str], Awaitable[dict[str, Any]]]]] = [
         ("dbos_async, zero-step", lambda url: dbos_async_round(url, ZERO_STEP, args.jobs)),
         ("dbos_async, one-step", lambda url: dbos_async_round(url, WORKFLOW, args.jobs)),
+        (f"dbos schema floor, raw SQL b{FLOOR_BATCH}", lambda url: floor_round(url, args.jobs)),
         (f"pgqueuer, batch size {PGQUEUER_BATCH}", lambda url: pgqueuer_round(url, args.jobs)),
     ]
     rows: list[tuple[str, ...]] = [("system", "round", "jobs/s", "client µs/job",

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg
-from common import DEFAULT_URL, drop_database, recreate_database
+from common import DEFAULT_URL, UNFINISHED_SQL, drop_database, recreate_database
 from profile_steps import add_report_options, publish, report
 from queue_child import ENQUEUE_SQL, WORKFLOW, ZERO_STEP, dbos_async_workflows
 
@@ -61,11 +61,9 @@ async def profile(url: str, *, workflows: int, workflow: str, worker_concurrency
             profiler.enable()
         async with conn.transaction():
             await conn.executemany(ENQUEUE_SQL, rows)
-        while True:  # polled: the workflows were enqueued by SQL, no handle waits on them
-            left = await conn.fetchval(
-                "SELECT count(*) FROM dbos.workflow_status WHERE queue_name = $1 "
-                "AND status <> 'SUCCESS'", QUEUE)
-            if not left:
+        # Polled: the workflows were enqueued by SQL, no handle waits on them.
+        while True:
+            if not await conn.fetchval(UNFINISHED_SQL, QUEUE):
                 break
             await asyncio.sleep(0.05)
         if profiler is not None:

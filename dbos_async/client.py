@@ -107,8 +107,9 @@ class DBOSClient(Operator):
                             or DBOSConfig.load(settings.get("config_file")).application_name)
         self.config = DBOSConfig.load(
             system_database_url=system_database_url, schema_name=schema_name,
-            connection_name=application_name or "dbos_async_client", run_migrations=False,
-            application_name=application_name, **settings)
+            connection_name=(settings.pop("connection_name", None) or application_name
+                             or "dbos_async_client"),
+            run_migrations=False, application_name=application_name, **settings)
         self.application_name = self.config.application_name
         self._sysdb: SystemDatabase | None = None
         self._data_sources: dict[str, DataSource] = {}

@@ -49,6 +49,10 @@ STREAMS_CHANNEL = "dbos_streams_channel"
 """Payload ``<workflow>::<key>``, sent after a stream write or close."""
 WORKFLOW_COMPLETION_CHANNEL = "dbos_workflow_completion_channel"
 """Payload: the workflow ID, sent when a workflow reaches a terminal status."""
+WORKFLOW_COMPLETIONS_CHANNEL = "dbos_workflow_completions_channel"
+"""Payload: a JSON list of workflow IDs, each as on ``WORKFLOW_COMPLETION_CHANNEL``: the
+completions of one notifier batch packed into as few notifications as fit (see
+:data:`PACKED_CHANNELS`)."""
 ENQUEUE_CHANNEL = "dbos_enqueue_channel"
 """Payload: a queue name, sent when a workflow is enqueued."""
 WORKFLOW_CANCEL_CHANNEL = "dbos_workflow_cancel_channel"
@@ -58,11 +62,22 @@ TRIGGER_FED_CHANNELS = frozenset({NOTIFICATIONS_CHANNEL})
 """Channels the database notifies itself (a trigger), whoever writes: while the listener is
 up, their waiters need no periodic re-read."""
 
+PACKED_CHANNELS = {WORKFLOW_COMPLETION_CHANNEL: WORKFLOW_COMPLETIONS_CHANNEL}
+"""Channels whose keys a batch sends packed, several to a notification, on another channel:
+a queue drain ends thousands of workflows a second, and every NOTIFY costs the server and
+every listening session, this process's own listener included, about as much as a write.
+A batch's lone key still goes on its own channel, as older releases expect. Only channels
+of this SDK: other SDKs listen on the rest."""
+_UNPACKED = {packed: channel for channel, packed in PACKED_CHANNELS.items()}
+PACKED_PAYLOAD_BYTES = 7_000
+"""The most a packed payload holds (the server refuses a NOTIFY payload of 8,000 bytes)."""
+
 CHANNELS = (
     NOTIFICATIONS_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     STREAMS_CHANNEL,
     WORKFLOW_COMPLETION_CHANNEL,
+    WORKFLOW_COMPLETIONS_CHANNEL,
     ENQUEUE_CHANNEL,
     WORKFLOW_CANCEL_CHANNEL,
 )
@@ -90,6 +105,37 @@ _NOTIFY_SQL = "SELECT pg_notify(n ->> 0, n ->> 1) FROM json_array_elements($1::j
 """A batch of notifications, sent as one JSON list of [channel, payload] pairs: one
 parameter, which costs the client less to encode than two text arrays (a completion
 announces every workflow that ends, thousands a second)."""
+
+
+def packed(notifications: Sequence[Target]) -> list[Target]:
+    """The notifications to send for a batch: the keys of a :data:`PACKED_CHANNELS`
+    channel, when there are several, as JSON lists of at most
+    :data:`PACKED_PAYLOAD_BYTES` on its packed channel; every other one as it is."""
+    sent: list[Target] = []
+    keys: dict[str, list[str]] = {}
+    for channel, key in notifications:
+        if channel in PACKED_CHANNELS:
+            keys.setdefault(channel, []).append(key)
+        else:
+            sent.append((channel, key))
+    for channel, group in keys.items():
+        chunks: list[list[tuple[str, str]]] = [[]]
+        size = 0
+        for key in group:
+            encoded = json.dumps(key, ensure_ascii=False)
+            cost = len(encoded.encode()) + 1  # and a comma or a bracket
+            if chunks[-1] and size + cost >= PACKED_PAYLOAD_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((key, encoded))
+            size += cost
+        for chunk in chunks:
+            if len(chunk) == 1:  # alone (or too long to share): on its own channel
+                sent.append((channel, chunk[0][0]))
+            else:
+                payload = ",".join(encoded for _, encoded in chunk)
+                sent.append((PACKED_CHANNELS[channel], f"[{payload}]"))
+    return sent
 
 
 def keyed(workflow_id: str, shard_key: str | None = None) -> str:
@@ -369,8 +415,9 @@ class NotificationDispatcher:
         batch, self._pending = self._pending, []
         self._pending_event.clear()
         unique = list(dict.fromkeys(batch))
+        sent = packed(unique)
         try:
-            await self._pool().execute(_NOTIFY_SQL, json.dumps(unique, ensure_ascii=False))
+            await self._pool().execute(_NOTIFY_SQL, json.dumps(sent, ensure_ascii=False))
         except asyncio.CancelledError:
             # Stopped mid-send (a client leaving right after a write): the batch goes back,
             # for stop()'s final flush. A notification sent twice only wakes twice.
@@ -389,7 +436,7 @@ class NotificationDispatcher:
                                     error)
             return
         self._send_failures.reset()
-        self.notifications_sent += len(unique)
+        self.notifications_sent += len(sent)
         self.batches_sent += 1
 
     async def _run_notifier(self) -> None:
@@ -404,7 +451,20 @@ class NotificationDispatcher:
     # ---- The listener ----
 
     def _on_notification(self, _conn: object, _pid: int, channel: str, payload: object) -> None:
-        self.wake(channel, str(payload))
+        unpacked = _UNPACKED.get(channel)
+        if unpacked is None:
+            self.wake(channel, str(payload))
+            return
+        try:
+            keys = json.loads(str(payload))
+        except ValueError:
+            keys = None
+        if not isinstance(keys, list):
+            logger.debug("Ignored a malformed notification on %s: %.100r", channel, payload)
+            return
+        for key in keys:
+            if isinstance(key, str):
+                self.wake(unpacked, key)
 
     async def _read_nodes(self, conn: asyncpg.Connection) -> None:
         """The check of the listener on the system database URL's server, on a Citus

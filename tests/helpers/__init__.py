@@ -20,6 +20,10 @@ import asyncpg
 
 from dbos_async import DBOS, DBOSClient
 from dbos_async._database_url import Host, parse_database_url
+from dbos_async._sysdb.notifications import (
+    WORKFLOW_COMPLETION_CHANNEL,
+    WORKFLOW_COMPLETIONS_CHANNEL,
+)
 
 EXECUTOR_ID = "test-executor"
 APP_VERSION = "test-version-1"
@@ -285,3 +289,18 @@ def processes_mentioning(text: str) -> list[int]:
             if text in cmdline and int(entry.name) != os.getpid():
                 found.append(int(entry.name))
     return found
+
+
+async def listen_for_completions(conn: asyncpg.Connection, heard: Callable[[str], None]) -> None:
+    """LISTEN on ``conn`` as another process does for workflow completions: ``heard`` gets
+    each workflow's key, whether announced alone or packed with others ending together."""
+
+    def alone(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        heard(str(payload))
+
+    def packed(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        for key in json.loads(str(payload)):
+            heard(key)
+
+    await conn.add_listener(WORKFLOW_COMPLETION_CHANNEL, alone)
+    await conn.add_listener(WORKFLOW_COMPLETIONS_CHANNEL, packed)

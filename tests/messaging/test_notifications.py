@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -10,11 +11,15 @@ import asyncpg
 import pytest
 from helpers import messaging_settings, new_dbos, unique_name, wait_no_connections, wait_until
 
-from dbos_async import DBOS, SetWorkflowID
+from dbos_async import DBOS, DBOSClient, SetWorkflowID
 from dbos_async._sysdb.notifications import (
     NOTIFICATIONS_CHANNEL,
+    PACKED_PAYLOAD_BYTES,
+    WORKFLOW_COMPLETION_CHANNEL,
+    WORKFLOW_COMPLETIONS_CHANNEL,
     WORKFLOW_EVENTS_CHANNEL,
     NotificationDispatcher,
+    packed,
 )
 
 
@@ -73,6 +78,83 @@ async def test_notifier_coalesces_into_batches(database_url: str,
                 await asyncio.sleep(0.01)
         assert sorted(heard) == sorted(f"wf::{i}" for i in range(10))
         assert dispatcher.batches_sent == 1 and dispatcher.notifications_sent == 10
+
+
+async def test_completions_ending_together_wake_another_process_in_packed_notifications(
+        database_url: str, conn: asyncpg.Connection) -> None:
+    """Workflows ending together are announced a few JSON lists at a time, and the waiters
+    of a client that re-reads only every minute wake for each of them; a malformed packed
+    payload (another writer's) is ignored and leaves the listener working."""
+    heard: list[tuple[str, str]] = []
+    for channel in (WORKFLOW_COMPLETION_CHANNEL, WORKFLOW_COMPLETIONS_CHANNEL):
+        await conn.add_listener(channel, lambda *a: heard.append((a[2], a[3])))
+    dbos = new_dbos(database_url, **messaging_settings())
+    gate = asyncio.Event()
+
+    @dbos.workflow()
+    async def gated(i: int) -> int:
+        await gate.wait()
+        return i
+
+    # Long IDs: 100 of them take several payloads.
+    ids = [f"{unique_name('packed')}-{'x' * 150}-{i}" for i in range(100)]
+    async with dbos, DBOSClient(database_url, listening_poll_interval=60,
+                                connection_name=unique_name("packed_client")) as client:
+        for i, workflow_id in enumerate(ids):
+            with SetWorkflowID(workflow_id):
+                await dbos.start_workflow(gated, i)
+        await conn.execute(
+            f"SELECT pg_notify('{WORKFLOW_COMPLETIONS_CHANNEL}', 'not a list'), "
+            f"pg_notify('{WORKFLOW_COMPLETIONS_CHANNEL}', '{{\"a\": 1}}')")
+        # The client's waiters, registered before the workflows end, re-read only after a
+        # minute unless notified.
+        dispatcher = client._peer().system_database.notifications
+        assert dispatcher is not None
+        waiters = [dispatcher.register(WORKFLOW_COMPLETION_CHANNEL, i) for i in ids]
+        gate.set()
+        async with asyncio.timeout(10):
+            assert all(await asyncio.gather(*(w.wait(None) for w in waiters)))
+            handles = [await client.retrieve_workflow(i) for i in ids]
+            assert [await h.get_result() for h in handles] == list(range(100))
+        for waiter in waiters:
+            waiter.close()
+
+        def lists() -> list[str]:  # the packed payloads heard (not the malformed two)
+            return [p for c, p in heard if c == WORKFLOW_COMPLETIONS_CHANNEL
+                    and p.startswith('["')]
+
+        async def all_heard() -> bool:
+            alone = {p for c, p in heard if c == WORKFLOW_COMPLETION_CHANNEL}
+            return alone | {k for p in lists() for k in json.loads(p)} >= set(ids)
+
+        await wait_until(all_heard, what="every completion announced")
+    payloads = lists()
+    assert len(payloads) >= 3
+    assert all(len(p.encode()) < PACKED_PAYLOAD_BYTES for p in payloads)
+
+
+def test_packing_keeps_every_key_and_each_payload_under_the_limit() -> None:
+    long_keys = [f"{i}-{'é' * 3000}" for i in range(5)]  # 6 KB each once encoded
+    oversized = "k" * 9000
+    notifications = [(WORKFLOW_EVENTS_CHANNEL, "wf::a"), (WORKFLOW_EVENTS_CHANNEL, "wf::b"),
+                     *((WORKFLOW_COMPLETION_CHANNEL, k) for k in [*long_keys, oversized]),
+                     *((WORKFLOW_COMPLETION_CHANNEL, f"short-{i}") for i in range(3))]
+    sent = packed(notifications)
+    # Other channels as they were; no packed payload over the limit; every key once.
+    assert sent[:2] == notifications[:2]
+    keys: list[str] = []
+    for channel, payload in sent[2:]:
+        if channel == WORKFLOW_COMPLETIONS_CHANNEL:
+            assert len(payload.encode()) < PACKED_PAYLOAD_BYTES
+            keys += json.loads(payload)
+        else:
+            assert channel == WORKFLOW_COMPLETION_CHANNEL
+            keys.append(payload)
+    assert sorted(keys) == sorted(k for _, k in notifications[2:])
+    assert (WORKFLOW_COMPLETION_CHANNEL, oversized) in sent  # too long to share: alone
+    # A lone completion keeps its own channel, as older releases listen there.
+    assert packed([(WORKFLOW_COMPLETION_CHANNEL, "one")]) == [
+        (WORKFLOW_COMPLETION_CHANNEL, "one")]
 
 
 async def test_listener_killed_mid_wait(database_url: str, conn: asyncpg.Connection) -> None:

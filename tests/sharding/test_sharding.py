@@ -24,6 +24,7 @@ import pytest
 from helpers import (
     execute,
     fetch,
+    listen_for_completions,
     new_dbos,
     pool_statements,
     take_executor_id_away,
@@ -300,8 +301,7 @@ async def test_a_finished_workflow_is_announced_under_its_key(database_url: str)
     heard: asyncio.Queue[str] = asyncio.Queue()
     listener = await asyncpg.connect(database_url)
     try:
-        await listener.add_listener("dbos_workflow_completion_channel",
-                                    lambda *args: heard.put_nowait(args[-1]))
+        await listen_for_completions(listener, heard.put_nowait)
         app = Tenants(database_url)
         async with app.dbos as dbos:
             for key in ("acme", "globex"):

@@ -14,7 +14,7 @@ import pytest
 
 from dbos_async import DBOS, ExecutorHealth, SetWorkflowID
 from dbos_async._sysdb.notifications import WORKFLOW_COMPLETION_CHANNEL
-from tests.helpers import new_dbos, wait_until
+from tests.helpers import listen_for_completions, new_dbos, wait_until
 
 
 @contextlib.asynccontextmanager
@@ -22,8 +22,7 @@ async def completions(url: str) -> AsyncIterator[asyncio.Queue[str]]:
     """Another client of the database, LISTENing to completion notifications."""
     conn = await asyncpg.connect(url)
     received: asyncio.Queue[str] = asyncio.Queue()
-    await conn.add_listener(WORKFLOW_COMPLETION_CHANNEL,
-                            lambda _c, _p, _ch, payload: received.put_nowait(str(payload)))
+    await listen_for_completions(conn, received.put_nowait)
     try:
         yield received
     finally:
