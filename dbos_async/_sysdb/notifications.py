@@ -119,23 +119,20 @@ def packed(notifications: Sequence[Target]) -> list[Target]:
         else:
             sent.append((channel, key))
     for channel, group in keys.items():
-        chunks: list[list[tuple[str, str]]] = [[]]
-        size = 0
-        for key in group:
-            encoded = json.dumps(key, ensure_ascii=False)
-            cost = len(encoded.encode()) + 1  # and a comma or a bracket
-            if chunks[-1] and size + cost >= PACKED_PAYLOAD_BYTES:
-                chunks.append([])
-                size = 0
-            chunks[-1].append((key, encoded))
-            size += cost
-        for chunk in chunks:
-            if len(chunk) == 1:  # alone (or too long to share): on its own channel
-                sent.append((channel, chunk[0][0]))
-            else:
-                payload = ",".join(encoded for _, encoded in chunk)
-                sent.append((PACKED_CHANNELS[channel], f"[{payload}]"))
+        sent += _packed_lists(channel, group)
     return sent
+
+
+def _packed_lists(channel: str, keys: list[str]) -> list[Target]:
+    """``keys`` of ``channel`` in as few payloads as fit, halving a list that does not (one
+    encoding per list: a batch's IDs usually fit in one)."""
+    if len(keys) == 1:  # alone, or too long to share: on its own channel
+        return [(channel, keys[0])]
+    payload = json.dumps(keys, ensure_ascii=False)
+    if len(payload) < PACKED_PAYLOAD_BYTES // 4 or len(payload.encode()) < PACKED_PAYLOAD_BYTES:
+        return [(PACKED_CHANNELS[channel], payload)]
+    half = len(keys) // 2
+    return _packed_lists(channel, keys[:half]) + _packed_lists(channel, keys[half:])
 
 
 def keyed(workflow_id: str, shard_key: str | None = None) -> str:
