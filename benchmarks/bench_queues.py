@@ -54,6 +54,9 @@ IDLE_SECONDS = 8.0
 """How long the executor sits idle before the idle run's enqueue: its idle poll, doubling
 from the polling interval, has backed off to several seconds by then."""
 IDLE_WORKFLOWS = 1000
+WIDE_CONCURRENCY = 1000
+"""The worker_concurrency of the wide drains: pgqueuer's drain caps no jobs in flight, and
+at the default cap of 100 a round's claim waits for the slots of the previous one."""
 
 
 class Executor:
@@ -256,23 +259,31 @@ async def run(admin_url: str, prefix: str, *, workflows: int, dbos_workflows: in
                        "polling_interval": polling_interval, "pool_size": pool_size},
         "throughput": {},
     }
-    runs = [("dbos_async", workflows, 1, "one_step", 0.0),
-            ("dbos_async", workflows, 2, "one_step", 0.0),
-            ("dbos_async", workflows, 1, "zero_step", 0.0),
-            ("dbos_async", min(workflows, IDLE_WORKFLOWS), 1, "one_step", IDLE_SECONDS)]
+    wide = max(worker_concurrency, WIDE_CONCURRENCY)
+    runs = [("dbos_async", workflows, 1, "one_step", 0.0, worker_concurrency),
+            ("dbos_async", workflows, 2, "one_step", 0.0, worker_concurrency),
+            ("dbos_async", workflows, 1, "zero_step", 0.0, worker_concurrency),
+            ("dbos_async", min(workflows, IDLE_WORKFLOWS), 1, "one_step", IDLE_SECONDS,
+             worker_concurrency),
+            ("dbos_async", workflows, 1, "one_step", 0.0, wide),
+            ("dbos_async", workflows, 1, "zero_step", 0.0, wide)]
     if not skip_dbos:
-        runs += [("dbos", dbos_workflows, 1, "one_step", 0.0),
-                 ("dbos", dbos_workflows, 2, "one_step", 0.0)]
-    for system, count, processes, workflow, idle in runs:
+        runs += [("dbos", dbos_workflows, 1, "one_step", 0.0, worker_concurrency),
+                 ("dbos", dbos_workflows, 2, "one_step", 0.0, worker_concurrency)]
+    for system, count, processes, workflow, idle, concurrency in runs:
         progress(f"queues: {system}, drain {count} {workflow} workflows with {processes} "
-                 f"executor process(es)" + (f", enqueued after {idle:g} s idle" if idle else ""))
+                 f"executor process(es)" + (f", enqueued after {idle:g} s idle" if idle else "")
+                 + (f", worker_concurrency {concurrency}"
+                    if concurrency != worker_concurrency else ""))
         key = f"{system}_{processes}" if workflow == "one_step" else f"{system}_0step_{processes}"
         if idle:
             key = f"{system}_idle_{processes}"
+        if concurrency != worker_concurrency:
+            key = key.replace(f"{system}_", f"{system}_wide_", 1)
         try:
             out["throughput"][key] = await drain(
                 admin_url, f"{prefix}_queues_{system}", system, processes=processes,
-                workflows=count, worker_concurrency=worker_concurrency,
+                workflows=count, worker_concurrency=concurrency,
                 polling_interval=polling_interval, pool_size=pool_size, workflow=workflow,
                 idle_seconds=idle)
         except RuntimeError as error:

@@ -605,6 +605,13 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
             ratio = r["workflows_per_s"] / pgq100["jobs_per_s"]
             rows.append((f"{label} drain wf/s, dbos_async / pgqueuer at batch size 100",
                          f"{ratio:.2f}x", f">= {target:g}x", ratio >= target))
+    for label, r in (("0-step", drains.get("dbos_async_wide_0step_1")),
+                     ("1-step", drains.get("dbos_async_wide_1"))):
+        if r and pgq100:  # no target: pgqueuer's drain caps no jobs in flight
+            ratio = r["workflows_per_s"] / pgq100["jobs_per_s"]
+            rows.append((f"{label} drain wf/s at worker_concurrency "
+                         f"{r['worker_concurrency']}, dbos_async / pgqueuer at batch size 100",
+                         f"{ratio:.2f}x", "", None))
     for label, r in (("1-step", one), ("0-step", zero)):
         if r and r.get("server"):
             per = r["server"]["transactions_per_workflow"]
@@ -889,6 +896,8 @@ def queue_report(q: dict[str, Any]) -> list[str]:
         workflow = r.get("workflow", "one_step")
         if r.get("idle_seconds"):
             workflow += f", {r['idle_seconds']:g} s idle"
+        if r.get("worker_concurrency", p["worker_concurrency"]) != p["worker_concurrency"]:
+            workflow += f", worker_concurrency {r['worker_concurrency']}"
         rows.append((r["system"], workflow, str(r["processes"]),
                      str(r["workflows"]), f"{r['drain_seconds']:.2f}",
                      f"{r['workflows_per_s']:,.0f}", _commits(r),
