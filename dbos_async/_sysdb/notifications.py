@@ -71,6 +71,8 @@ of this SDK: other SDKs listen on the rest."""
 _UNPACKED = {packed: channel for channel, packed in PACKED_CHANNELS.items()}
 PACKED_PAYLOAD_BYTES = 7_000
 """The most a packed payload holds (the server refuses a NOTIFY payload of 8,000 bytes)."""
+OWN_PACKED_KEPT = 64
+"""How many of its own packed payloads a process remembers until its listener hears them."""
 
 CHANNELS = (
     NOTIFICATIONS_CHANNEL,
@@ -268,6 +270,9 @@ class NotificationDispatcher:
         self.notifications_sent = 0
         """How many payloads the notifier sent (after coalescing)."""
         self.batches_sent = 0
+        # The packed payloads sent from here that the listener has yet to hear: their keys
+        # were woken here when notified, so their echo is dropped (oldest forgotten first).
+        self._own_packed: dict[str, None] = {}
 
     # ---- Waiters ----
 
@@ -413,6 +418,11 @@ class NotificationDispatcher:
         self._pending_event.clear()
         unique = list(dict.fromkeys(batch))
         sent = packed(unique)
+        for channel, payload in sent:
+            if channel in _UNPACKED:
+                self._own_packed[payload] = None
+                if len(self._own_packed) > OWN_PACKED_KEPT:
+                    del self._own_packed[next(iter(self._own_packed))]
         try:
             await self._pool().execute(_NOTIFY_SQL, json.dumps(sent, ensure_ascii=False))
         except asyncio.CancelledError:
@@ -451,6 +461,9 @@ class NotificationDispatcher:
         unpacked = _UNPACKED.get(channel)
         if unpacked is None:
             self.wake(channel, str(payload))
+            return
+        if str(payload) in self._own_packed:  # sent from here: woken when notified
+            del self._own_packed[str(payload)]
             return
         try:
             keys = json.loads(str(payload))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from typing import Any
 
 import asyncpg
@@ -83,8 +84,9 @@ async def test_notifier_coalesces_into_batches(database_url: str,
 async def test_completions_ending_together_wake_another_process_in_packed_notifications(
         database_url: str, conn: asyncpg.Connection) -> None:
     """Workflows ending together are announced a few JSON lists at a time, and the waiters
-    of a client that re-reads only every minute wake for each of them; a malformed packed
-    payload (another writer's) is ignored and leaves the listener working."""
+    of a client that re-reads only every minute wake for each of them; the executor's own
+    wake once (its listener drops the echo of its own lists); a malformed packed payload
+    (another writer's) is ignored and leaves the listener working."""
     heard: list[tuple[str, str]] = []
     for channel in (WORKFLOW_COMPLETION_CHANNEL, WORKFLOW_COMPLETIONS_CHANNEL):
         await conn.add_listener(channel, lambda *a: heard.append((a[2], a[3])))
@@ -111,6 +113,11 @@ async def test_completions_ending_together_wake_another_process_in_packed_notifi
         dispatcher = client._peer().system_database.notifications
         assert dispatcher is not None
         waiters = [dispatcher.register(WORKFLOW_COMPLETION_CHANNEL, i) for i in ids]
+        # The executor's own waiters are woken once per workflow: when it notifies, not
+        # again by its listener's echo of its own packed lists.
+        woken: Counter[str] = Counter()
+        dispatcher_of(dbos).subscribe(WORKFLOW_COMPLETION_CHANNEL,
+                                      lambda key: woken.update([key]))
         gate.set()
         async with asyncio.timeout(10):
             assert all(await asyncio.gather(*(w.wait(None) for w in waiters)))
@@ -128,6 +135,15 @@ async def test_completions_ending_together_wake_another_process_in_packed_notifi
             return alone | {k for p in lists() for k in json.loads(p)} >= set(ids)
 
         await wait_until(all_heard, what="every completion announced")
+        # A list sent after the executor's: its listener has heard theirs once it hears this.
+        await conn.execute(f"SELECT pg_notify('{WORKFLOW_COMPLETIONS_CHANNEL}', "
+                           "'[\"sentinel-1\", \"sentinel-2\"]')")
+
+        async def sentinel_heard() -> bool:
+            return woken["sentinel-1"] == 1
+
+        await wait_until(sentinel_heard, what="the executor's listener caught up")
+        assert {woken[i] for i in ids} == {1}
     payloads = lists()
     assert len(payloads) >= 3
     assert all(len(p.encode()) < PACKED_PAYLOAD_BYTES for p in payloads)
