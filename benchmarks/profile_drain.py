@@ -27,7 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg
-from common import DEFAULT_URL, UNFINISHED_SQL, drop_database, recreate_database
+from common import (
+    DEFAULT_URL,
+    UNFINISHED_SQL,
+    CollectorTime,
+    drop_database,
+    recreate_database,
+)
 from profile_steps import add_report_options, publish, report
 from queue_child import ENQUEUE_SQL, WORKFLOW, ZERO_STEP, dbos_async_workflows
 
@@ -45,9 +51,10 @@ def _process_cpu() -> float:
 
 
 async def profile(url: str, *, workflows: int, workflow: str, worker_concurrency: int,
-                  pool_size: int) -> tuple[cProfile.Profile, float, float]:
-    """The profile of the drain, its wall seconds and the process's CPU seconds (without
-    cProfile: a second, unprofiled drain of the same size)."""
+                  pool_size: int) -> tuple[cProfile.Profile, float, float, CollectorTime]:
+    """The profile of the drain, its wall seconds, the process's CPU seconds and the
+    garbage collector's share of them (without cProfile: a second, unprofiled drain of the
+    same size)."""
     dbos = DBOS(system_database_url=url, pool_size=pool_size, name="profile_drain",
                 application_version="bench")
     dbos.queue(QUEUE, worker_concurrency=worker_concurrency, polling_interval=0.1)
@@ -75,11 +82,12 @@ async def profile(url: str, *, workflows: int, workflow: str, worker_concurrency
         conn = await asyncpg.connect(url)
         try:
             await drain(conn, None)  # warm-up: connections, statement caches
-            wall, cpu = await drain(conn, None)
+            with CollectorTime() as collector:
+                wall, cpu = await drain(conn, None)
             await drain(conn, profiler)
         finally:
             await conn.close()
-    return profiler, wall, cpu
+    return profiler, wall, cpu, collector
 
 
 async def main() -> None:
@@ -93,14 +101,15 @@ async def main() -> None:
     args = parser.parse_args()
     url = await recreate_database(args.url, args.database)
     try:
-        profiler, wall, cpu = await profile(
+        profiler, wall, cpu, collector = await profile(
             url, workflows=args.workflows, workflow=args.workflow,
             worker_concurrency=args.worker_concurrency, pool_size=args.pool_size)
     finally:
         await drop_database(args.url, args.database)
     publish(f"Unprofiled drain of {args.workflows} {args.workflow} workflows: "
             f"{args.workflows / wall:,.0f} wf/s wall, {cpu / args.workflows * 1e6:.0f} µs "
-            f"of the process's CPU per workflow (the enqueue's included)\n"
+            f"of the process's CPU per workflow (the enqueue's included), of which "
+            f"{collector.per(args.workflows)}\n"
             + report(profiler, args.workflows, args.limit,
                      f"claimed {args.workflow} workflows"), args.out)
 

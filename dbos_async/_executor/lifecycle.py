@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Mapping, Set
 
 import anyio
@@ -153,9 +154,13 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
     sysdb = runtime.system_database
     runtime.state = "stopping"
     _say_stopping(runtime, grace_period)
+    ends = time.monotonic() + grace_period
     try:
         await runtime.queue_tasks.close(0)
         await runtime.workflows.close(grace_period)
+        # A workflow's run ends with its body; its outcome is written after it, within
+        # the same grace period, and announced before notifications stop.
+        await sysdb.outcomes_written(max(0.0, ends - time.monotonic()))
     finally:
         try:
             with anyio.CancelScope(shield=True):
@@ -165,6 +170,7 @@ async def close_runtime(runtime: Runtime, grace_period: float) -> None:
                 # log a traceback at every short program's exit.
                 await runtime.queue_tasks.close(0)
                 await runtime.workflows.close(0)
+                await sysdb.outcomes_written(0)
                 if sysdb.notifications is not None:
                     await sysdb.notifications.stop()
                 await runtime.background.close(0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,10 +144,11 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
                kwargs: dict[str, Any], attributes: str | None) -> None:
     runtime, workflow_id = ctx.runtime, ctx.workflow_id
     future = execution.result
+    run = observe.workflow_run(ctx, execution.info.name, future, attributes)
+    handed_over = False
     # Everything the workflow writes, its outcome included, waits out a database outage:
     # an infrastructure error is never its outcome (see dbos_async/_sysdb/retry.py).
-    with ctx.routed(), outlasting_outages(), observe.workflow_run(
-            ctx, execution.info.name, future, attributes):
+    with ctx.routed(), outlasting_outages(), run:
         try:
             value = await _body_within_deadline(ctx, execution, args, kwargs)
         except asyncio.CancelledError:
@@ -163,12 +165,12 @@ async def _run(ctx: WorkflowContext, execution: Execution, args: tuple[Any, ...]
             runtime.notify_completion(workflow_id, ctx.shard_key)
             _fail(future, WorkflowCancelledError(workflow_id, "cancelled: its deadline passed"))
         except Exception as error:
-            await _finish(ctx, execution, error=error)
+            handed_over = await _finish(ctx, execution, run, error=error)
         else:
-            await _finish(ctx, execution, value=value)
+            handed_over = await _finish(ctx, execution, run, value=value)
         finally:
-            runtime.untrack(workflow_id, ctx.shard_key, future)
-            runtime.cancellation.detach(ctx)
+            if not handed_over:
+                _release(ctx, future)
 
 
 class _DeadlineExceeded(Exception):
@@ -194,47 +196,113 @@ async def _body_within_deadline(ctx: WorkflowContext, execution: Execution,
         execution.body_ended()
 
 
-async def _finish(ctx: WorkflowContext, execution: Execution, *, value: Any = None,
-                  error: Exception | None = None) -> None:
-    """Record the outcome under the fence, or adopt the recorded one if the fence was lost."""
+async def _finish(ctx: WorkflowContext, execution: Execution, run: observe.workflow_run, *,
+                  value: Any = None, error: Exception | None = None) -> bool:
+    """Record the outcome under the fence, or adopt the recorded one if the fence was lost.
+
+    Where it can, the write is handed over to the group commit and the task ends here
+    (True): the body is done, and the outcome's verdict settles the run when its batch
+    commits (:func:`_settle`). A round of workflows then costs no second step of each
+    task, and what they held is freed at once."""
     runtime, workflow_id, future = ctx.runtime, ctx.workflow_id, execution.result
     sysdb = runtime.system_database
     try:
         if error is not None and _stops_execution(ctx, error):
-            recorded = False
-        elif error is not None:
+            await _adopt(ctx, execution)
+            return False
+        output: str | None = None
+        text: str | None = None
+        if error is not None:
             # The caller gets the failure as a replay will: in its recorded form.
             text, error = recorded_error(error, runtime.formats, ctx.serialization)
-            recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
         else:
             try:
                 output = execution.info.signature.serialize_result(value, runtime.formats,
-                                                                   ctx.serialization)
+                                                                   ctx.serialization).text
             except SerializationError as bad:
                 text, error = recorded_error(bad, runtime.formats, ctx.serialization)
-                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid, error=text)
-            else:
-                recorded = await sysdb.record_outcome(workflow_id, ctx.owner_xid,
-                                                      output=output.text)
-        if recorded:  # (and announced: handles waiting elsewhere wake on it)
-            if error is not None:
-                _fail(future, error)
-            else:
-                future.set_result(value)
-            return
-        # Another execution owns the workflow now, or it was cancelled: report what is recorded.
-        logger.info("Workflow %s is recorded by another execution; adopting its outcome",
-                    workflow_id)
-        outcome = await sysdb.wait_outcome(workflow_id, runtime.config.result_poll_interval)
-        adopted = outcome_value(workflow_id, outcome, execution.info.signature,
-                                runtime.formats)
-        future.set_result(adopted)
+        verdict = sysdb.outcome_handed_over(workflow_id, ctx.owner_xid, output=output,
+                                            error=text)
+        if verdict is not None:
+            run.report_later()
+            verdict.add_done_callback(functools.partial(_settle, ctx, execution, run, value,
+                                                        error))
+            return True
+        if await sysdb.record_outcome(workflow_id, ctx.owner_xid, output=output, error=text):
+            _resolve(future, value, error)
+        else:
+            await _adopt(ctx, execution)
     except asyncio.CancelledError:
         future.cancel()
         raise
     except Exception as failure:
         if not future.done():
             _fail(future, failure)
+    return False
+
+
+def _settle(ctx: WorkflowContext, execution: Execution, run: observe.workflow_run,
+            value: Any, error: Exception | None, verdict: asyncio.Future[bool]) -> None:
+    """The verdict of a handed-over outcome is in: settle the run as :func:`_finish` would
+    have. A lost fence is adopted in a task of the runtime's workflow owner."""
+    future = execution.result
+    if verdict.cancelled():  # the executor closed before the write was made
+        future.cancel()
+    elif (failure := verdict.exception()) is not None:
+        _fail(future, failure)
+    elif verdict.result():
+        _resolve(future, value, error)
+    else:
+        try:
+            ctx.runtime.workflows.spawn(_adopted(ctx, execution, run),
+                                        name=f"workflow {ctx.workflow_id} adoption")
+        except RuntimeError as closing:  # the executor is closing: nothing starts
+            _fail(future, DBOSError(f"Workflow {ctx.workflow_id!r}: {closing}"))
+        else:
+            return
+    _release(ctx, future)
+    run.report()
+
+
+async def _adopted(ctx: WorkflowContext, execution: Execution,
+                   run: observe.workflow_run) -> None:
+    try:
+        await _adopt(ctx, execution)
+    except asyncio.CancelledError:
+        execution.result.cancel()
+        raise
+    except Exception as failure:
+        if not execution.result.done():
+            _fail(execution.result, failure)
+    finally:
+        _release(ctx, execution.result)
+        run.report()
+
+
+async def _adopt(ctx: WorkflowContext, execution: Execution) -> None:
+    """Another execution owns the workflow now, or it was cancelled: report what is
+    recorded."""
+    runtime, workflow_id = ctx.runtime, ctx.workflow_id
+    logger.info("Workflow %s is recorded by another execution; adopting its outcome",
+                workflow_id)
+    outcome = await runtime.system_database.wait_outcome(
+        workflow_id, runtime.config.result_poll_interval)
+    execution.result.set_result(outcome_value(workflow_id, outcome, execution.info.signature,
+                                              runtime.formats))
+
+
+def _resolve(future: asyncio.Future[Any], value: Any, error: Exception | None) -> None:
+    """The recorded outcome, as the run's result."""
+    if error is not None:
+        _fail(future, error)
+    else:
+        future.set_result(value)
+
+
+def _release(ctx: WorkflowContext, future: asyncio.Future[Any]) -> None:
+    """The run is over here: no longer running in this process, nor cancellable."""
+    ctx.runtime.untrack(ctx.workflow_id, ctx.shard_key, future)
+    ctx.runtime.cancellation.detach(ctx)
 
 
 def _stops_execution(ctx: WorkflowContext, error: Exception) -> bool:

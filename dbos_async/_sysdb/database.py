@@ -10,6 +10,7 @@ queues, schedules, transfer, observability, and the write path
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -701,10 +702,32 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
 
         A recorded outcome is announced on the completion channel as soon as its batch has
         committed, before any caller of the batch continues."""
-        status = ERROR if error is not None else SUCCESS
-        row = FinalOutcome(workflow_id, status, owner_xid, output, error)
-        key = self.sql.key_hint(workflow_id)
+        key, row = self._outcome_row(workflow_id, owner_xid, output, error)
         return await self._outcomes.submit(await self._lane(key), (key, row))
+
+    def outcome_handed_over(self, workflow_id: str, owner_xid: str, *,
+                            output: str | None = None, error: str | None = None
+                            ) -> asyncio.Future[bool] | None:
+        """:meth:`record_outcome` without waiting, for a caller with nothing else to do
+        until it lands: the future of its verdict. None where the write's lane is a Citus
+        node, which may take a read of the shard map to find: await
+        :meth:`record_outcome` there."""
+        if self.routes_single_tables:
+            return None
+        key, row = self._outcome_row(workflow_id, owner_xid, output, error)
+        return self._outcomes.enqueue(None, (key, row))
+
+    async def outcomes_written(self, grace: float) -> None:
+        """Wait for the outcomes handed over (:meth:`outcome_handed_over`) to be written,
+        for at most ``grace`` seconds; then stop the writes left (as a workflow's own
+        wait for its write is stopped by the executor's shutdown)."""
+        await self._outcomes.aclose(grace)
+
+    def _outcome_row(self, workflow_id: str, owner_xid: str, output: str | None,
+                     error: str | None) -> Keyed[FinalOutcome]:
+        status = ERROR if error is not None else SUCCESS
+        return self.sql.key_hint(workflow_id), FinalOutcome(workflow_id, status, owner_xid,
+                                                            output, error)
 
     async def _write_outcomes(self, lane: Hashable, rows: Sequence[Keyed[FinalOutcome]]
                               ) -> list[bool | BaseException]:

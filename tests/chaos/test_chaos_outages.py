@@ -216,3 +216,33 @@ async def test_an_outage_while_entering_is_waited_out_or_said_clearly(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_an_exit_during_an_outage_gives_the_outcomes_being_written_the_grace_period(
+        cluster: Cluster) -> None:
+    """A workflow's run ends with its body, and its outcome is written after it. Exiting
+    while the outcome meets an outage waits for it as long as the grace period lasts, then
+    stops the write, rather than wait for the database forever: the workflow stays
+    PENDING, and the next entry recovers it without running its step again."""
+    outage = Outage()
+    url = cluster.url("exit_outage")
+    dbos = new_dbos(url, db_retry_timeout=RETRY_TIMEOUT, connect_timeout=1.0,
+                    shutdown_grace_period=0.5)
+    _, workflows = register(dbos, outage)
+    async with asyncio.timeout(60):
+        async with dbos:
+            handle = await dbos.start_workflow(workflows["finisher"], "x")
+            await wait_until(lambda: _true(outage.arrived["finisher"] == 1), patience=60,
+                             what="the workflow to reach its end")
+            cluster.stop()
+            outage.down.set()  # the body returns: its outcome meets the outage
+            await wait_until(lambda: _state(dbos, "unreachable"), patience=30,
+                             what="the outcome to meet the outage")
+    await asyncio.to_thread(cluster.start)
+    statuses = await fetch(url, "SELECT status FROM dbos.workflow_status "
+                                "WHERE workflow_uuid = $1", handle.workflow_id)
+    assert [r["status"] for r in statuses] == ["PENDING"]
+    async with dbos:
+        recovered = await dbos.retrieve_workflow(handle.workflow_id)
+        assert await recovered.get_result() == "finished"
+    assert outage.runs == Counter({"x:1": 1})

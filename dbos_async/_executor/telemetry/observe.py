@@ -45,8 +45,8 @@ class workflow_run:
     manager: it wraps every workflow run. The run reports to its context's telemetry, read
     now if its launch did not (its start, end and steps report to the same)."""
 
-    __slots__ = ("_active", "_attributes", "_ctx", "_instruments", "_name", "_outcome",
-                 "_span", "_started")
+    __slots__ = ("_active", "_attributes", "_ctx", "_instruments", "_later", "_name",
+                 "_outcome", "_span", "_started")
 
     def __init__(self, ctx: WorkflowContext, name: str, outcome: asyncio.Future[Any],
                  attributes: str | None) -> None:
@@ -54,6 +54,7 @@ class workflow_run:
         self._name = name
         self._outcome = outcome
         self._attributes = attributes
+        self._later = False
 
     def __enter__(self) -> None:
         ctx, name = self._ctx, self._name
@@ -75,7 +76,18 @@ class workflow_run:
         try:
             self._active.__exit__(kind, error, traceback)
         finally:
-            self._finished(kind is not None and issubclass(kind, asyncio.CancelledError))
+            interrupted = kind is not None and issubclass(kind, asyncio.CancelledError)
+            if interrupted or not self._later:
+                self._finished(interrupted)
+
+    def report_later(self) -> None:
+        """Leaving the block does not report the run's end: its outcome is still being
+        recorded, and :meth:`report` reports it once settled."""
+        self._later = True
+
+    def report(self) -> None:
+        """Report the end of a run whose block was left with :meth:`report_later`."""
+        self._finished(False)
 
     def _finished(self, interrupted: bool) -> None:
         status, error = (logs.PENDING, None) if interrupted else _settled(self._outcome)

@@ -9,7 +9,10 @@ so on until the queue is empty. There is no timer: the batch is whatever arrived
 turn of the loop, then during one round trip.
 
 Each caller waits for its own row's verdict (a batch statement judges every row on its
-own), so a workflow continues only after its write has committed, exactly as alone.
+own), so a workflow continues only after its write has committed, exactly as alone. A
+writer with nothing left to do after its write (a workflow whose body has ended) hands it
+over instead (:meth:`GroupCommit.enqueue`): a flusher task writes it, and the verdict's
+future settles what depended on it.
 
 Workflows wait out an outage and other callers do not (see
 :func:`~dbos_async._sysdb.retry.outlasting_outages`), so the two never share a batch: each
@@ -62,15 +65,30 @@ class GroupCommit(Generic[Item, Result]):
         self._lanes: dict[tuple[Hashable, bool], _Lane[Item, Result]] = {}
         self._flushers: set[asyncio.Task[None]] = set()
 
-    async def submit(self, lane_key: Hashable, item: Item) -> Result:
-        """Write ``item`` with the others of its lane; its verdict once its batch committed."""
+    def _queued(self, lane_key: Hashable, item: Item
+                ) -> tuple[tuple[Hashable, bool], _Lane[Item, Result], asyncio.Future[Result]]:
+        """``item`` queued in its lane: the lane, its key, and the future of its verdict."""
         key = (lane_key, outlasts_outages())
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane()
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        entry = _Entry(item, future)
-        lane.waiting.append(entry)
+        lane.waiting.append(_Entry(item, future))
+        return key, lane, future
+
+    def enqueue(self, lane_key: Hashable, item: Item) -> asyncio.Future[Result]:
+        """Hand ``item`` over to be written with the others of its lane, without waiting:
+        the future of its verdict, set once its batch committed. A flusher task writes
+        it, from the next turn of the loop (the writes of this turn join it)."""
+        key, lane, future = self._queued(lane_key, item)
+        if not lane.busy:
+            lane.busy = True
+            self._start_flusher(key, lane)
+        return future
+
+    async def submit(self, lane_key: Hashable, item: Item) -> Result:
+        """Write ``item`` with the others of its lane; its verdict once its batch committed."""
+        key, lane, future = self._queued(lane_key, item)
         if lane.busy:
             return await future
         lane.busy = True
@@ -97,6 +115,10 @@ class GroupCommit(Generic[Item, Result]):
             if lane_key in self._lanes and self._lanes[lane_key] is lane:
                 del self._lanes[lane_key]
             return
+        self._start_flusher(lane_key, lane)
+
+    def _start_flusher(self, lane_key: tuple[Hashable, bool], lane: _Lane[Item, Result]
+                       ) -> None:
         task = asyncio.get_running_loop().create_task(self._flush(lane_key, lane),
                                                       name="dbos-group-commit")
         self._flushers.add(task)
@@ -141,7 +163,13 @@ class GroupCommit(Generic[Item, Result]):
             else:
                 entry.future.set_result(verdict)
 
-    async def aclose(self) -> None:
-        """Wait for the batches in flight (called before the pool closes)."""
+    async def aclose(self, grace: float | None = None) -> None:
+        """Wait for the batches in flight (called before the pool closes); with a
+        ``grace`` period, for at most that many seconds, then stop those left (their
+        writers' futures are cancelled: what they wrote may or may not have committed)."""
+        if grace is not None and self._flushers:
+            await asyncio.wait(self._flushers, timeout=grace)
+            for task in self._flushers:
+                task.cancel()
         while self._flushers:
             await asyncio.gather(*self._flushers, return_exceptions=True)
