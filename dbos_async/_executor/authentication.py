@@ -108,10 +108,14 @@ class running_as:
         self._authentication = authentication
 
     def __enter__(self) -> None:
-        self._token = _authentication.set(self._authentication)
+        # Set only when it changes: a set allocates, and a workflow usually runs under the
+        # identity its starter had (most often none).
+        self._token = (None if _authentication.get() is self._authentication
+                       else _authentication.set(self._authentication))
 
     def __exit__(self, *exc: object) -> None:
-        _authentication.reset(self._token)
+        if self._token is not None:
+            _authentication.reset(self._token)
 
 
 class SetAuthentication:

@@ -158,6 +158,9 @@ _attributes: ContextVar[str | None] = ContextVar("dbos_workflow_attributes", def
 _added_attributes: ContextVar[dict[str, Any] | None] = ContextVar(
     "dbos_added_workflow_attributes", default=None)
 _shard_key: ContextVar[str | None] = ContextVar("dbos_next_shard_key", default=None)
+# What a workflow's body does not inherit from its starter's context.
+_NOT_INHERITED: tuple[ContextVar[Any], ...] = (_step, _attributes, _added_attributes,
+                                               _shard_key)
 
 
 def current_workflow() -> WorkflowContext | None:
@@ -177,26 +180,29 @@ class running_workflow:
     class, cheaper to enter than a generator's context manager: it wraps every workflow
     body."""
 
-    __slots__ = ("_ctx", "_identity", "_tokens")
+    __slots__ = ("_cleared", "_ctx", "_identity", "_token")
 
     def __init__(self, ctx: WorkflowContext) -> None:
         self._ctx = ctx
         self._identity = running_as(ctx.authentication)
 
     def __enter__(self) -> None:
-        # Attributes and shard keys are not inherited by the workflow's children.
-        self._tokens = (_workflow.set(self._ctx), _step.set(None), _attributes.set(None),
-                        _added_attributes.set(None), _shard_key.set(None))
+        self._token = _workflow.set(self._ctx)
+        # Attributes and shard keys are not inherited by the workflow's children. Only
+        # those set are cleared: a set allocates (a token, a new context), and a run
+        # usually starts with none.
+        cleared: tuple[tuple[ContextVar[Any], Token[Any]], ...] = ()
+        for var in _NOT_INHERITED:
+            if var.get() is not None:
+                cleared += ((var, var.set(None)),)
+        self._cleared = cleared
         self._identity.__enter__()
 
     def __exit__(self, *exc: object) -> None:
         self._identity.__exit__()
-        workflow, step, attributes, added, key = self._tokens
-        _shard_key.reset(key)
-        _added_attributes.reset(added)
-        _attributes.reset(attributes)
-        _step.reset(step)
-        _workflow.reset(workflow)
+        for var, token in reversed(self._cleared):
+            var.reset(token)
+        _workflow.reset(self._token)
 
 
 def running_step(step_id: int | None) -> StepContext:

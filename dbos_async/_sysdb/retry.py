@@ -56,10 +56,13 @@ class outlasting_outages:
     __slots__ = ("_token",)
 
     def __enter__(self) -> None:
-        self._token = _outlasting.set(True)
+        # Set only when it changes (a set allocates): a child started by a workflow's body
+        # inherits it.
+        self._token = None if _outlasting.get() else _outlasting.set(True)
 
     def __exit__(self, *exc: object) -> None:
-        _outlasting.reset(self._token)
+        if self._token is not None:
+            _outlasting.reset(self._token)
 
 
 def outlasts_outages() -> bool:

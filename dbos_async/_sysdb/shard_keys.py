@@ -17,7 +17,8 @@ from typing import NamedTuple, TypeVar
 
 from dbos_async._validation import check_identifier, check_lookup
 
-_bound: ContextVar[Mapping[str, str]] = ContextVar("dbos_shard_keys", default=MappingProxyType({}))
+_UNBOUND: Mapping[str, str] = MappingProxyType({})
+_bound: ContextVar[Mapping[str, str]] = ContextVar("dbos_shard_keys", default=_UNBOUND)
 _scope: ContextVar[str | None] = ContextVar("dbos_shard_key_scope", default=None)
 
 
@@ -69,7 +70,7 @@ def shard_key_scope(key: str | None) -> Iterator[None]:
 def cleared_shard_keys() -> Iterator[None]:
     """No binding and no scope inside the block: a background task or a workflow body
     binds the keys it needs itself, never inheriting its starter's."""
-    bound, scope = _bound.set(MappingProxyType({})), _scope.set(None)
+    bound, scope = _bound.set(_UNBOUND), _scope.set(None)
     try:
         yield
     finally:
@@ -113,9 +114,6 @@ class WorkflowAddress(NamedTuple):
         return routed_as_stored(self.workflow_id, self.shard_key)
 
 
-_UNBOUND: Mapping[str, str] = MappingProxyType({})
-
-
 def routed_as_stored(workflow_id: str, shard_key: str | None) -> AbstractContextManager[None]:
     """:meth:`WorkflowAddress.routed` of a workflow whose row holds this ID and key (an
     execution's own), which are then valid: nothing to check (every workflow run enters
@@ -133,9 +131,13 @@ class _Routed:
         self._given = given
 
     def __enter__(self) -> None:
-        self._bound = _bound.set(self._given)
-        self._scope = _scope.set(None)
+        # Each set only when it changes (a set allocates): unsharded, a run's context
+        # usually binds nothing already.
+        self._bound = None if _bound.get() is self._given else _bound.set(self._given)
+        self._scope = None if _scope.get() is None else _scope.set(None)
 
     def __exit__(self, *exc: object) -> None:
-        _scope.reset(self._scope)
-        _bound.reset(self._bound)
+        if self._scope is not None:
+            _scope.reset(self._scope)
+        if self._bound is not None:
+            _bound.reset(self._bound)
