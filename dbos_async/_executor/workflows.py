@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -202,7 +201,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, run: observe.workf
 
     Where it can, the write is handed over to the group commit and the task ends here
     (True): the body is done, and the outcome's verdict settles the run when its batch
-    commits (:func:`_settle`). A round of workflows then costs no second step of each
+    commits (:class:`_Settling`). A round of workflows then costs no second step of each
     task, and what they held is freed at once."""
     runtime, workflow_id, future = ctx.runtime, ctx.workflow_id, execution.result
     sysdb = runtime.system_database
@@ -225,8 +224,7 @@ async def _finish(ctx: WorkflowContext, execution: Execution, run: observe.workf
                                             error=text)
         if verdict is not None:
             run.report_later()
-            verdict.add_done_callback(functools.partial(_settle, ctx, execution, run, value,
-                                                        error))
+            verdict.add_done_callback(_Settling(ctx, execution, run, value, error))
             return True
         if await sysdb.record_outcome(workflow_id, ctx.owner_xid, output=output, error=text):
             _resolve(future, value, error)
@@ -241,27 +239,37 @@ async def _finish(ctx: WorkflowContext, execution: Execution, run: observe.workf
     return False
 
 
-def _settle(ctx: WorkflowContext, execution: Execution, run: observe.workflow_run,
-            value: Any, error: Exception | None, verdict: asyncio.Future[bool]) -> None:
-    """The verdict of a handed-over outcome is in: settle the run as :func:`_finish` would
-    have. A lost fence is adopted in a task of the runtime's workflow owner."""
-    future = execution.result
-    if verdict.cancelled():  # the executor closed before the write was made
-        future.cancel()
-    elif (failure := verdict.exception()) is not None:
-        _fail(future, failure)
-    elif verdict.result():
-        _resolve(future, value, error)
-    else:
-        try:
-            ctx.runtime.workflows.spawn(_adopted(ctx, execution, run),
-                                        name=f"workflow {ctx.workflow_id} adoption")
-        except RuntimeError as closing:  # the executor is closing: nothing starts
-            _fail(future, DBOSError(f"Workflow {ctx.workflow_id!r}: {closing}"))
+class _Settling:
+    """An outcome handed over to be written: settles the run as :func:`_finish` would have
+    once the verdict of its write is in (called with the verdict's future). A lost fence
+    is adopted in a task of the runtime's workflow owner."""
+
+    __slots__ = ("_ctx", "_error", "_execution", "_run", "_value")
+
+    def __init__(self, ctx: WorkflowContext, execution: Execution, run: observe.workflow_run,
+                 value: Any, error: Exception | None) -> None:
+        self._ctx, self._execution, self._run = ctx, execution, run
+        self._value, self._error = value, error
+
+    def __call__(self, verdict: asyncio.Future[bool]) -> None:
+        ctx, execution, run = self._ctx, self._execution, self._run
+        future = execution.result
+        if verdict.cancelled():  # the executor closed before the write was made
+            future.cancel()
+        elif (failure := verdict.exception()) is not None:
+            _fail(future, failure)
+        elif verdict.result():
+            _resolve(future, self._value, self._error)
         else:
-            return
-    _release(ctx, future)
-    run.report()
+            try:
+                ctx.runtime.workflows.spawn(_adopted(ctx, execution, run),
+                                            name=f"workflow {ctx.workflow_id} adoption")
+            except RuntimeError as closing:  # the executor is closing: nothing starts
+                _fail(future, DBOSError(f"Workflow {ctx.workflow_id!r}: {closing}"))
+            else:
+                return
+        _release(ctx, future)
+        run.report()
 
 
 async def _adopted(ctx: WorkflowContext, execution: Execution,

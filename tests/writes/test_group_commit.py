@@ -121,6 +121,48 @@ async def test_each_row_of_a_batch_gets_its_own_verdict(database_url: str) -> No
     assert row is not None and row["status"] == "ERROR"
 
 
+async def test_a_run_whose_fence_moved_adopts_the_outcome_its_new_owner_records(
+        database_url: str) -> None:
+    """A workflow's outcome is handed over as its body ends. When the fence moved meanwhile
+    (another execution took the workflow over), the write is refused, and the run waits for
+    what the new owner records and reports that, not its own value."""
+    dbos = new_dbos(database_url)
+    waiting, release = asyncio.Event(), asyncio.Event()
+
+    @dbos.workflow()
+    async def finishing() -> str:
+        waiting.set()
+        await release.wait()
+        return "mine"
+
+    async with dbos:
+        with SetWorkflowID("taken-over"):
+            handle = await dbos.start_workflow(finishing)
+        await asyncio.wait_for(waiting.wait(), 30)
+        await execute(database_url, "UPDATE dbos.workflow_status SET owner_xid = 'elsewhere' "
+                                    "WHERE workflow_uuid = 'taken-over'")
+        async with pool_statements(dbos) as logged:
+            release.set()
+            await wait_until(lambda: _true(any("workflow_output" in sql for sql, _ in logged)),
+                             what="the outcome's write to be refused")
+        result = asyncio.ensure_future(handle.get_result())
+        await asyncio.sleep(0)
+        assert not result.done()  # it waits for the new owner
+        await execute(database_url, "INSERT INTO dbos.workflow_output (workflow_uuid, output) "
+                                    "VALUES ('taken-over', '\"theirs\"')")
+        await execute(database_url, "UPDATE dbos.workflow_status SET status = 'SUCCESS', "
+                                    "owner_xid = NULL WHERE workflow_uuid = 'taken-over'")
+        await execute(database_url, "SELECT pg_notify('dbos_workflow_completion_channel', "
+                                    "'taken-over')")
+        assert await asyncio.wait_for(result, 30) == "theirs"
+    row = await workflow_row(database_url, "taken-over")
+    assert row is not None and row["status"] == "SUCCESS"
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
 async def _at_least(count: Any, n: int) -> bool:
     return int(await count) >= n
 

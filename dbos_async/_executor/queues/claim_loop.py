@@ -19,6 +19,7 @@ backs off with jitter and tries again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -342,7 +343,7 @@ class ClaimLoop:
         # outcomes are being written (the row stays PENDING under this execution's owner
         # token until they commit, so a shared concurrency budget still counts it). A run
         # that started always gets there, the executor's shutdown included.
-        execution.on_body_end = lambda: self.finished(running)
+        execution.on_body_end = functools.partial(self.finished, running)
 
     def finished(self, running: str) -> None:
         """A workflow of this loop ended (its body returned or raised, or its completion
