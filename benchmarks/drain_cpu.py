@@ -19,8 +19,7 @@ the server share. Each round runs on a fresh scratch database:
 - pgqueuer: N trivial jobs enqueued in one call, then drained by a ``QueueManager`` in
   drain mode at batch size 100 (as ``bench_pgqueuer.py``), measured over the drain.
 
-Client CPU: this process's (``getrusage``), with the share its garbage collector took;
-server CPU: the server's whole process tree
+Client CPU: this process's (``getrusage``); server CPU: the server's whole process tree
 (``server_cpu.py``; only for a server on this machine, and it counts whatever else that
 server does meanwhile). Figures per job, µs, each round printed. Nothing is asserted.
 """
@@ -41,14 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg
 import server_cpu
-from common import (
-    DEFAULT_URL,
-    UNFINISHED_SQL,
-    CollectorTime,
-    drop_database,
-    recreate_database,
-    table,
-)
+from common import DEFAULT_URL, UNFINISHED_SQL, drop_database, recreate_database, table
 from queue_child import ENQUEUE_SQL, WORKFLOW, ZERO_STEP, dbos_async_workflows
 
 import dbos_async
@@ -66,15 +58,12 @@ def _client_cpu() -> float:
 
 
 class Window:
-    """The client's and the server's CPU seconds over a stretch of time, and the client's
-    garbage collections."""
+    """The client's and the server's CPU seconds over a stretch of time."""
 
     def __init__(self, postmaster: int | None) -> None:
         self._postmaster = postmaster
-        self.collector = CollectorTime()
 
     def __enter__(self) -> Window:
-        self.collector.__enter__()
         self._client = _client_cpu()
         self._server = (server_cpu.read_trees([self._postmaster])[self._postmaster]
                         if self._postmaster is not None else None)
@@ -84,7 +73,6 @@ class Window:
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self._wall
         self.client = _client_cpu() - self._client
-        self.collector.__exit__()
         self.server: float | None = None
         if self._postmaster is not None and self._server is not None:
             after = server_cpu.read_trees([self._postmaster])[self._postmaster]
@@ -118,8 +106,7 @@ async def dbos_async_round(url: str, workflow: str, jobs: int) -> dict[str, Any]
             await conn.close()
     server = (None if drain.server is None or enqueue.server is None
               else drain.server - enqueue.server)
-    return _figures(jobs, drain.wall, drain.client - enqueue.client, server,
-                    drain.collector.seconds - enqueue.collector.seconds)
+    return _figures(jobs, drain.wall, drain.client - enqueue.client, server)
 
 
 # The schema floor: the least a drain on the `dbos`-compatible schema must have the server do
@@ -179,7 +166,7 @@ async def floor_round(url: str, jobs: int) -> dict[str, Any]:
     finally:
         await claims.close()
         await outcomes.close()
-    return _figures(jobs, drain.wall, drain.client, drain.server, drain.collector.seconds)
+    return _figures(jobs, drain.wall, drain.client, drain.server)
 
 
 async def pgqueuer_round(url: str, jobs: int) -> dict[str, Any]:
@@ -206,14 +193,12 @@ async def pgqueuer_round(url: str, jobs: int) -> dict[str, Any]:
     finally:
         await worker.close()
         await reader.close()
-    return _figures(jobs, drain.wall, drain.client, drain.server, drain.collector.seconds)
+    return _figures(jobs, drain.wall, drain.client, drain.server)
 
 
-def _figures(jobs: int, wall: float, client: float, server: float | None,
-             collector: float) -> dict[str, Any]:
+def _figures(jobs: int, wall: float, client: float, server: float | None) -> dict[str, Any]:
     return {"jobs_per_s": jobs / wall, "client_us": client / jobs * 1e6,
-            "server_us": None if server is None else server / jobs * 1e6,
-            "collector_us": collector / jobs * 1e6}
+            "server_us": None if server is None else server / jobs * 1e6}
 
 
 async def _fresh(base_url: str, measure: Callable[[str], Awaitable[dict[str, Any]]]
@@ -238,18 +223,18 @@ async def main() -> None:
         (f"pgqueuer, batch size {PGQUEUER_BATCH}", lambda url: pgqueuer_round(url, args.jobs)),
     ]
     rows: list[tuple[str, ...]] = [("system", "round", "jobs/s", "client µs/job",
-                                    "of which GC", "server µs/job", "both µs/job")]
+                                    "server µs/job", "both µs/job")]
     for number in range(1, args.rounds + 1):  # interleaved: the machine's load falls on all
         for name, measure in systems:
             r = await _fresh(args.url, measure)
             server = r["server_us"]
             rows.append((name, str(number), f"{r['jobs_per_s']:,.0f}",
-                         f"{r['client_us']:.0f}", f"{r['collector_us']:.1f}",
+                         f"{r['client_us']:.0f}",
                          "n/a" if server is None else f"{server:.0f}",
                          "n/a" if server is None else f"{r['client_us'] + server:.0f}"))
     print(f"CPU per drained job, {args.jobs:,} jobs a drain, each on a fresh database "
           "(server: the whole server's process tree)")
-    print("\n".join(table(rows, "<>>>>>>")))
+    print("\n".join(table(rows, "<>>>>>")))
 
 
 if __name__ == "__main__":
