@@ -79,7 +79,7 @@ from dbos_async._sysdb.writes.fenced import (
     programs_landed,
 )
 from dbos_async._sysdb.writes.group_commit import GroupCommit
-from dbos_async._sysdb.writes.routed import RoutedWrites, Row
+from dbos_async._sysdb.writes.routed import MAP_DUE, RoutedWrites, Row
 from dbos_async.errors import (
     DBOSError,
     NonExistentWorkflowError,
@@ -709,13 +709,14 @@ class SystemDatabase(MessagingOperations, FencedWrites, RecoveryOperations, Rout
                             output: str | None = None, error: str | None = None
                             ) -> asyncio.Future[bool] | None:
         """:meth:`record_outcome` without waiting, for a caller with nothing else to do
-        until it lands: the future of its verdict. None where the write's lane is a Citus
-        node, which may take a read of the shard map to find: await
+        until it lands: the future of its verdict. None where the write's lane, a Citus
+        node, takes a read of the shard map to find (it is due to be read again): await
         :meth:`record_outcome` there."""
-        if self.routes_single_tables:
-            return None
         key, row = self._outcome_row(workflow_id, owner_xid, output, error)
-        return self._outcomes.enqueue(None, (key, row))
+        lane = self.known_node_of(key)  # the lane (see _lane), if known without a read
+        if lane is MAP_DUE:
+            return None
+        return self._outcomes.enqueue(lane, (key, row))
 
     async def outcomes_written(self, grace: float) -> None:
         """Wait for the outcomes handed over (:meth:`outcome_handed_over`) to be written,

@@ -213,6 +213,9 @@ SHARD_MAP_MAX_AGE = 10.0
 again: a shard moved meanwhile is still written correctly through its old node (Citus
 forwards the statements), only less cheaply, until then."""
 
+MAP_DUE: Hashable = object()
+"""What :meth:`RoutedWrites.known_node_of` returns where the shard map is to be read first."""
+
 
 class RoutedWrites(DatabaseCore):
     """The routed writes, each with the retry policy of a statement, sent to the node that
@@ -277,8 +280,21 @@ class RoutedWrites(DatabaseCore):
 
     async def node_of(self, shard_key: str | None) -> Hashable:
         """Which node runs ``shard_key``'s writes: one group-commit lane per node."""
+        node = self.known_node_of(shard_key)
+        if node is not MAP_DUE:
+            return node
         shards = await self._current_shard_map()
         return None if shards is None or shard_key is None else shards.node_of(shard_key)
+
+    def known_node_of(self, shard_key: str | None) -> Hashable:
+        """:meth:`node_of` without a read: :data:`MAP_DUE` where the shard map is to be
+        read (again) first."""
+        if not self.routes_single_tables:
+            return None
+        if not self._fresh(None):
+            return MAP_DUE
+        assert self._shard_map is not None
+        return None if shard_key is None else self._shard_map.node_of(shard_key)
 
     async def _on_node(self, shard_key: str | None, what: str) -> str:
         """``what``, naming the Citus node that runs ``shard_key``'s writes (what a caller
