@@ -358,14 +358,22 @@ class StatementBase:
 
     @staticmethod
     def batch_status_is(alias: str, status: str, p: Params) -> str:
-        """A batch statement's check that its status row ``alias`` has ``status``. IS NOT
-        DISTINCT FROM, not =: alike here (the value compared is never NULL), but the planner
-        cannot prove it implies the predicate of a partial index on that status (such as
-        idx_workflow_status_pending), so it finds the batch's rows by primary key, rather
-        than read every row of that status through such an index and hash or filter them
-        against the batch: a plan it picks when the statistics count few rows of that
-        status, whose cost grows with the PENDING (or ENQUEUED) workflows of a busy system."""
-        return f"{alias}.status IS NOT DISTINCT FROM {p(status)}"
+        """A batch statement's check that its status row ``alias`` has ``status``, written
+        on an expression of the column (alike here: the status is never NULL) so that the
+        plan of the batch does not rest on the column's statistics, which lag behind a
+        queue's traffic.
+
+        - The planner cannot prove it implies the predicate of a partial index on that
+          status (such as idx_workflow_status_pending), so it never reads every row of
+          that status through such an index to find the batch among them, a plan whose
+          cost grows with the PENDING (or ENQUEUED) workflows of a busy system.
+        - It estimates the check at a fixed share of the rows, not by the statistics. With
+          a test of the column itself, statistics taken when no row had that status (right
+          after a large enqueue) made the planner expect a single row, read the table, and
+          match every row of that status against every row of the batch: 0.3-0.4 s for one
+          batch of 256 outcomes with 3,000 PENDING of 20,000 rows, against 12 ms now.
+        """
+        return f"COALESCE({alias}.status, '') = {p(status)}"
 
     # ---- Application ownership (application_name) ----
 

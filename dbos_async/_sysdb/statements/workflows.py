@@ -431,23 +431,13 @@ class WorkflowStatements(StatementBase):
         return Query(f"{insert} RETURNING workflow_uuid, function_id{self.key_columns()}",
                      p.values)
 
-    def _rows_scope(self, alias: str, ids: str, shard_keys: Sequence[str] | None, p: Params
+    def _rows_scope(self, alias: str, shard_keys: Sequence[str] | None, p: Params
                     ) -> tuple[str, _OwnKeys]:
         """How a batch statement confines the status rows ``alias`` it joins: to the
-        caller's shard-key scope and the batch's IDs (``ids``, its array parameter), or with
-        ``shard_keys`` to each row's own key, one more column of its rows (and first in its
-        lock order: (key, ID)).
-
-        In one scope the rows are looked up in the primary key by the batch's IDs, given as
-        a subquery's array: its length unknown when planned, the lookup is costed as a few
-        probes, whatever the table's size. Joined to the batch alone, the rows were read by
-        a scan of the whole table whenever the statistics counted few PENDING rows (as right
-        after a large enqueue is analyzed), and that scan was matched against every row of
-        the batch: 0.4 s for a batch of 256 with 3,000 PENDING of 20,000 rows, where the
-        lookup by key takes 8 ms."""
+        caller's shard-key scope, or with ``shard_keys`` to each row's own key, one more
+        column of its rows (and first in its lock order: (key, ID))."""
         if shard_keys is None:
-            return (f"{self.scoped(alias, p)} "
-                    f"AND {alias}.workflow_uuid = ANY(ARRAY(SELECT unnest({ids})))", _OwnKeys())
+            return self.scoped(alias, p), _OwnKeys()
         return (f"{alias}.shard_key = v.shard_key",
                 _OwnKeys(f", {p(list(shard_keys), 'text[]')}", ", shard_key",
                          f"{alias}.shard_key, "))
@@ -516,7 +506,7 @@ class WorkflowStatements(StatementBase):
         keys = self._key_values_of("ws")
         columns = [*keys, *stored, "application_name"]
         selected = [*keys.values(), *(f"v.{c}" for c in stored), p(self.app_name, "text")]
-        scope, own = self._rows_scope("ws", ids, shard_keys, p)
+        scope, own = self._rows_scope("ws", shard_keys, p)
         return f"""INSERT INTO {self.table('operation_outputs')} ({', '.join(columns)})
                 SELECT {', '.join(selected)}
                 FROM unnest({arrays}{own.arrays})
@@ -637,7 +627,7 @@ class WorkflowStatements(StatementBase):
         arrays = ", ".join(refs)
         keys = self._key_values_of("updated")
         output_columns = [*keys, "workflow_uuid", "output", "error"]
-        scope, own = self._rows_scope("ws", refs[0], shard_keys, p)
+        scope, own = self._rows_scope("ws", shard_keys, p)
         same_key = "" if shard_keys is None else " AND updated.shard_key = v.shard_key"
         v, updated = f"{prefix}v", f"{prefix}updated"
         return StatementParts(
