@@ -9,6 +9,7 @@ import math
 from collections import Counter
 from typing import Any
 
+import asyncpg
 import pytest
 from helpers import APP_VERSION, EXECUTOR_ID, execute, fetch, fetchval, new_dbos, wait_until
 
@@ -469,6 +470,52 @@ async def test_claims_hold_no_more_than_the_free_slots(database_url: str) -> Non
             done += 1
     assert peak == slots
     assert runs == Counter(range(total))
+
+
+async def test_claims_wait_for_outcomes_that_cannot_be_written(database_url: str) -> None:
+    """A slot is free once its body ends, while its outcome is being written. With the
+    outcomes' table locked, no outcome can be written: the claims stop once as many
+    outcomes again as the worker concurrency are waiting, instead of claiming the whole
+    queue, and every workflow finishes once the writes go through."""
+    dbos = new_dbos(database_url)
+    slots, total = 2, 12
+    queue = dbos.queue("held", worker_concurrency=slots, polling_interval=0.05)
+
+    @dbos.workflow(name="quick")
+    async def quick(i: int) -> int:
+        return i
+
+    async def counted(status: str) -> int:
+        return int(await fetchval(database_url, "SELECT count(*) FROM dbos.workflow_status "
+                                                "WHERE queue_name = 'held' AND status = $1",
+                                  status))
+
+    blocker = await asyncpg.connect(database_url)
+    try:
+        async with dbos:
+            held = blocker.transaction()
+            await held.start()
+            await blocker.execute("LOCK TABLE dbos.workflow_output IN EXCLUSIVE MODE")
+            handles = [await queue.enqueue(quick, i) for i in range(total)]
+
+            async def claimed_twice_the_slots() -> bool:
+                return await counted("PENDING") >= 2 * slots
+
+            await wait_until(claimed_twice_the_slots, what="the first claims")
+            loop_state = dbos._current_runtime.claim_loops["held"]
+            rounds = loop_state.rounds
+
+            async def claim_rounds_went_by() -> bool:  # or the queue was claimed whole
+                return loop_state.rounds >= rounds + 5 or not await counted("ENQUEUED")
+
+            await wait_until(claim_rounds_went_by, what="more claim rounds")
+            assert await counted("PENDING") == 2 * slots
+            assert await counted("ENQUEUED") == total - 2 * slots
+            await held.rollback()
+            assert [await handle.get_result() for handle in handles] == list(range(total))
+    finally:
+        await blocker.close()
+    assert await counted("SUCCESS") == total
 
 
 # ---- Queues from the table, listening, missing functions ----

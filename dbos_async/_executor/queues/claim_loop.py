@@ -77,6 +77,8 @@ class ClaimLoop:
         self.queue = state.queue
         # The running workflows (as notifications name them) -> partition key
         self.running: dict[str, str | None] = {}
+        # The workflows whose bodies have ended and whose outcomes are being written.
+        self._recording: set[str] = set()
         self._next_unregistered_check = 0.0
         # Sharded: the keys with work on the queue, and when to read them again.
         self._scope_keys: list[str] = []
@@ -89,9 +91,15 @@ class ClaimLoop:
         self._announcing = False
 
     def _room(self) -> int | None:
-        if self.queue.worker_concurrency is None:
+        """The workflows a claim may start now: the worker slots free, less the outcomes
+        being written beyond as many again. A slot is free once its body ends, so that the
+        next claim overlaps the outcome's write; the bound keeps claims from running ahead
+        of a lagging outcome writer with ever more PENDING workflows."""
+        limit = self.queue.worker_concurrency
+        if limit is None:
             return None
-        return max(0, self.queue.worker_concurrency - len(self.running))
+        behind = max(0, len(self._recording) - limit)
+        return max(0, limit - len(self.running) - behind)
 
     def _partition_room(self, key: str, room: int | None) -> int | None:
         limit = self.queue.partition_worker_concurrency
@@ -339,6 +347,7 @@ class ClaimLoop:
             return
         running = keyed(workflow_id, row.shard_key)
         self.running[running] = partition_key
+        execution.result.add_done_callback(functools.partial(self._recorded, running))
         # The slot is free as soon as the body is done: the next claim goes while the
         # outcomes are being written (the row stays PENDING under this execution's owner
         # token until they commit, so a shared concurrency budget still counts it). A run
@@ -347,9 +356,20 @@ class ClaimLoop:
 
     def finished(self, running: str) -> None:
         """A workflow of this loop ended (its body returned or raised, or its completion
-        was announced): its worker slot is free."""
+        was announced): its worker slot is free, and its outcome is being written."""
         if running in self.running:
             del self.running[running]
+            self._recording.add(running)
+            self._freed()
+
+    def _recorded(self, running: str, _result: object) -> None:
+        """A workflow of this loop is settled here (its outcome written, or its run
+        given up): it no longer counts against the outcomes being written."""
+        self.finished(running)  # nothing, once its body's end was seen
+        limit = self.queue.worker_concurrency
+        behind = limit is not None and len(self._recording) > limit
+        self._recording.discard(running)
+        if behind:
             self._freed()
 
     def _freed(self) -> None:
